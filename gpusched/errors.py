@@ -1,0 +1,136 @@
+"""The one error hierarchy of gpusched.
+
+Every exception gpusched raises on purpose derives from :class:`GpuschedError`, so callers can
+catch the whole family with one clause, and each message names the problem *and* the fix.
+
+Hierarchy::
+
+    GpuschedError
+    ├── ConfigurationError          bad settings, environment or files
+    │   └── FleetFileError          a fleet YAML that cannot be read or is inconsistent
+    ├── CatalogError                an accelerator model the catalog does not know
+    ├── GPURequestError             a GPU request field that is invalid (raised at DAG parse time)
+    ├── HardwareError               a vendor library failed (translated at the backend boundary)
+    │   └── BackendUnavailableError the vendor library or its devices are absent
+    ├── PlacementError              the placement engine was called wrongly
+    │   └── UnschedulableError      a request can never fit this fleet (carries the reason)
+    ├── LedgerError                 the allocation ledger refused or failed an operation
+    │   ├── AllocationConflictError capacity was taken by someone else (retry next cycle)
+    │   └── UnknownAllocationError  no such allocation / lease
+    ├── QuotaError                  a tenant budget or partition rule refuses a request
+    ├── TelemetryError              sampling, exporting or alerting failed
+    ├── ForecastError               demand data failed validation or no model could be fitted
+    └── ScalingError                a scaler provider could not apply a plan
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "AllocationConflictError",
+    "BackendUnavailableError",
+    "CatalogError",
+    "ConfigurationError",
+    "FleetFileError",
+    "ForecastError",
+    "GPURequestError",
+    "GpuschedError",
+    "HardwareError",
+    "LedgerError",
+    "PlacementError",
+    "QuotaError",
+    "ScalingError",
+    "TelemetryError",
+    "UnknownAllocationError",
+    "UnschedulableError",
+]
+
+
+class GpuschedError(Exception):
+    """Base of every error gpusched raises deliberately."""
+
+
+class ConfigurationError(GpuschedError):
+    """A setting, environment variable or configuration file is wrong."""
+
+
+class FleetFileError(ConfigurationError):
+    """A fleet description file cannot be read or describes an impossible fleet."""
+
+
+class CatalogError(GpuschedError):
+    """An accelerator model name that the catalog does not know."""
+
+
+class GPURequestError(GpuschedError, ValueError):
+    """One invalid field of a GPU request.
+
+    Attributes:
+        field: the request field at fault (for example ``"memory"``).
+        value: the value that was given.
+        accepted: a human description of what the field accepts.
+    """
+
+    def __init__(self, field: str, value: object, accepted: str, problem: str | None = None) -> None:
+        self.field = field
+        self.value = value
+        self.accepted = accepted
+        what = problem or f"{value!r} is not valid"
+        super().__init__(f"GPURequest.{field}: {what}; accepted: {accepted}")
+
+
+class HardwareError(GpuschedError):
+    """A vendor management library (NVML, AMD SMI, simulated) reported a failure."""
+
+
+class BackendUnavailableError(HardwareError):
+    """The vendor library is not installed or finds no device on this host."""
+
+
+class PlacementError(GpuschedError):
+    """The placement engine was called with inconsistent arguments."""
+
+
+class UnschedulableError(PlacementError):
+    """A request can never be placed on this fleet, even when it is empty.
+
+    Attributes:
+        reason: the human-readable reason, e.g. "needs 4 NVLink-connected ≥80 GB; largest island: 2".
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class LedgerError(GpuschedError):
+    """The allocation ledger refused or failed an operation."""
+
+
+class AllocationConflictError(LedgerError):
+    """The capacity chosen was taken meanwhile; nothing was written. Re-plan and retry."""
+
+    def __init__(self, message: str, devices: Iterable[str] = ()) -> None:
+        self.devices = tuple(devices)
+        super().__init__(message)
+
+
+class UnknownAllocationError(LedgerError):
+    """No allocation or lease exists under the given key."""
+
+
+class QuotaError(GpuschedError):
+    """A tenant GPU-hour budget or a partition rule refuses the request."""
+
+
+class TelemetryError(GpuschedError):
+    """Sampling, exporting or evaluating alert rules failed."""
+
+
+class ForecastError(GpuschedError):
+    """Demand history failed validation, or no forecasting model could be fitted."""
+
+
+class ScalingError(GpuschedError):
+    """A scaler provider could not apply a pre-scaling plan."""

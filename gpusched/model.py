@@ -1,0 +1,219 @@
+"""The fleet vocabulary: devices, nodes, an immutable fleet snapshot and device samples.
+
+Units are integers throughout: bytes for memory, milli-GPU for compute share (1000 = one whole
+device), milli-watts for power, milli-degrees Celsius for temperature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from types import MappingProxyType
+
+from gpusched.catalog import LinkKind, Vendor
+
+__all__ = [
+    "MILLI",
+    "Device",
+    "DeviceSample",
+    "DeviceShare",
+    "DeviceUsage",
+    "FleetSnapshot",
+    "Health",
+    "Node",
+]
+
+MILLI = 1000
+"""Compute share of one whole device, in milli-GPU."""
+
+
+class Health(StrEnum):
+    """Device health as the hardware backend or the fault chain last judged it."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    UNHEALTHY = "unhealthy"
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One accelerator as discovered, with its place in the node's topology.
+
+    Attributes:
+        uuid: globally unique id (``GPU-…`` for NVIDIA, the AMD/Ascend serial-based id otherwise).
+        index: the device index on its node, as ``*_VISIBLE_DEVICES`` counts it.
+        node: host name of the node holding the device.
+        model: canonical catalog name (see :mod:`gpusched.catalog`).
+        numa_node: NUMA node the device's PCIe root hangs off (-1 if unknown).
+        pcie_switch: id of the closest PCIe switch / host bridge shared with siblings.
+        island: id of the high-speed link island (NVLink/NVSwitch, xGMI, HCCS), or None.
+        peers: uuids of devices reachable over a direct high-speed link.
+    """
+
+    uuid: str
+    index: int
+    node: str
+    model: str
+    vendor: Vendor
+    architecture: str
+    memory_bytes: int
+    numa_node: int = -1
+    pcie_switch: str | None = None
+    island: str | None = None
+    link: LinkKind = LinkKind.PCIE
+    peers: tuple[str, ...] = ()
+    health: Health = Health.HEALTHY
+    mig_enabled: bool = False
+    cordoned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One host: its rack, labels, CPU/RAM and devices.
+
+    ``standby`` nodes exist in the inventory but take no work until a scaler activates them.
+    """
+
+    name: str
+    rack: str
+    devices: tuple[Device, ...]
+    labels: tuple[tuple[str, str], ...] = ()
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+    cordoned: bool = False
+    standby: bool = False
+
+    def label(self, key: str) -> str | None:
+        """The value of label ``key``, or None."""
+        for name, value in self.labels:
+            if name == key:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUsage:
+    """How much of one device is taken: compute share and memory."""
+
+    used_milli: int = 0
+    used_memory_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceShare:
+    """A piece of one device handed to one task: whole (``milli == 1000``) or a fraction."""
+
+    uuid: str
+    node: str
+    index: int
+    milli: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSample:
+    """One telemetry reading of one device (what ``HardwareBackend.sample`` returns)."""
+
+    uuid: str
+    taken_at: float
+    utilization_pct: int
+    memory_used_bytes: int
+    memory_total_bytes: int
+    temperature_mc: int
+    power_mw: int
+    ecc_uncorrected: int = 0
+    xid_errors: tuple[int, ...] = ()
+
+
+_EMPTY_USAGE = DeviceUsage()
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """The fleet at one instant: nodes with topology plus what is taken on each device.
+
+    Immutable: :meth:`with_usage` returns a new snapshot. Indexes are built once per snapshot.
+    """
+
+    nodes: tuple[Node, ...]
+    usage: Mapping[str, DeviceUsage] = field(default_factory=dict)
+    source: str = "unknown"
+    taken_at: float = 0.0
+    _devices: Mapping[str, Device] = field(init=False, repr=False, compare=False)
+    _nodes: Mapping[str, Node] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "usage", MappingProxyType(dict(self.usage)))
+        object.__setattr__(self, "_nodes", MappingProxyType({n.name: n for n in self.nodes}))
+        object.__setattr__(
+            self, "_devices", MappingProxyType({d.uuid: d for n in self.nodes for d in n.devices})
+        )
+
+    def _with_usage_dict(self, usage: dict[str, DeviceUsage]) -> FleetSnapshot:
+        # Same nodes: share the indexes instead of rebuilding them (O(changed), not O(fleet)).
+        clone = object.__new__(FleetSnapshot)
+        object.__setattr__(clone, "nodes", self.nodes)
+        object.__setattr__(clone, "usage", MappingProxyType(usage))
+        object.__setattr__(clone, "source", self.source)
+        object.__setattr__(clone, "taken_at", self.taken_at)
+        object.__setattr__(clone, "_nodes", self._nodes)
+        object.__setattr__(clone, "_devices", self._devices)
+        return clone
+
+    def devices(self) -> Iterator[Device]:
+        """All devices, node by node."""
+        for node in self.nodes:
+            yield from node.devices
+
+    def device(self, uuid: str) -> Device:
+        """The device with ``uuid`` (KeyError if absent)."""
+        return self._devices[uuid]
+
+    def node(self, name: str) -> Node:
+        """The node called ``name`` (KeyError if absent)."""
+        return self._nodes[name]
+
+    def has_device(self, uuid: str) -> bool:
+        """Whether the fleet holds a device with ``uuid``."""
+        return uuid in self._devices
+
+    def used(self, uuid: str) -> DeviceUsage:
+        """What is taken on the device (nothing if it has no entry)."""
+        return self.usage.get(uuid, _EMPTY_USAGE)
+
+    def free_milli(self, uuid: str) -> int:
+        """Compute share still free on the device, in milli-GPU."""
+        return MILLI - self.used(uuid).used_milli
+
+    def free_memory(self, uuid: str) -> int:
+        """Device memory still free, in bytes."""
+        return self._devices[uuid].memory_bytes - self.used(uuid).used_memory_bytes
+
+    def total_devices(self) -> int:
+        """Number of devices in the fleet (standby nodes included)."""
+        return len(self._devices)
+
+    def with_usage(self, shares: Iterable[DeviceShare], *, release: bool = False) -> FleetSnapshot:
+        """A new snapshot with ``shares`` added to (or, with ``release``, removed from) usage."""
+        usage = dict(self.usage)
+        sign = -1 if release else 1
+        for share in shares:
+            old = usage.get(share.uuid, _EMPTY_USAGE)
+            usage[share.uuid] = DeviceUsage(
+                old.used_milli + sign * share.milli,
+                old.used_memory_bytes + sign * share.memory_bytes,
+            )
+        return self._with_usage_dict(usage)
+
+    def with_nodes(self, nodes: Iterable[Node]) -> FleetSnapshot:
+        """A new snapshot with the given nodes replacing those of the same name (or added)."""
+        replaced = {n.name: n for n in nodes}
+        kept = tuple(replaced.pop(n.name, n) for n in self.nodes)
+        return FleetSnapshot(kept + tuple(replaced.values()), self.usage, self.source, self.taken_at)
+
+    def with_device(self, device: Device) -> FleetSnapshot:
+        """A new snapshot with one device replaced (for health or cordon changes)."""
+        node = self._nodes[device.node]
+        devices = tuple(device if d.uuid == device.uuid else d for d in node.devices)
+        return self.with_nodes([replace(node, devices=devices)])
