@@ -1,0 +1,138 @@
+"""Pool sync: pure slot computation, and writes into a real (migrated) Airflow metadata DB."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from gpusched.airflow.pool_sync import PoolSyncer, desired_pool_slots, sync_pools, usable_devices
+from gpusched.catalog import Vendor
+from gpusched.errors import ConfigurationError
+from gpusched.model import Device, FleetSnapshot, Health, Node
+from gpusched.request import Partition
+
+GIB = 1024**3
+
+
+def _node(name: str, n: int, *, standby: bool = False, cordoned: bool = False) -> Node:
+    devices = tuple(
+        Device(
+            uuid=f"GPU-{name}-{i}", index=i, node=name, model="a100-sxm4-80gb", vendor=Vendor.NVIDIA,
+            architecture="sm_80", memory_bytes=80 * GIB,
+        )
+        for i in range(n)
+    )
+    return Node(name=name, rack="r1", devices=devices, standby=standby, cordoned=cordoned)
+
+
+def _fleet(*nodes: Node) -> FleetSnapshot:
+    return FleetSnapshot(nodes=nodes, source="test")
+
+
+def _slots(snapshot: FleetSnapshot) -> dict[str, int]:
+    return {name: spec.slots for name, spec in desired_pool_slots(snapshot).items()}
+
+
+def test_split_of_ten_devices_is_7_2_1() -> None:
+    assert _slots(_fleet(_node("a", 8), _node("b", 2))) == {"gpu_training": 7, "gpu_burst": 2, "gpu_dev": 1}
+
+
+def test_largest_remainder_keeps_the_total() -> None:
+    # 13 devices: exact 9.1 / 2.6 / 1.3 -> 9 / 3 / 1 (burst has the largest remainder)
+    slots = _slots(_fleet(_node("a", 8), _node("b", 5)))
+    assert slots == {"gpu_training": 9, "gpu_burst": 3, "gpu_dev": 1}
+    for n in range(0, 40):
+        assert sum(_slots(_fleet(_node("a", n))).values()) == n
+
+
+def test_unusable_capacity_is_not_counted() -> None:
+    a = _node("a", 8)
+    faulty = replace(a.devices[0], health=Health.UNHEALTHY)
+    cordoned = replace(a.devices[1], cordoned=True)
+    degraded = replace(a.devices[2], health=Health.DEGRADED)
+    snap = _fleet(a, _node("spare", 8, standby=True), _node("off", 4, cordoned=True))
+    snap = snap.with_device(faulty).with_device(cordoned).with_device(degraded)
+    assert usable_devices(snap) == 6
+    assert _slots(snap) == {"gpu_training": 4, "gpu_burst": 1, "gpu_dev": 1}
+
+
+def test_custom_split_and_invalid_split() -> None:
+    snap = _fleet(_node("a", 10))
+    split = {Partition.TRAINING: 500, Partition.BURST: 500, Partition.DEV: 0}
+    slots = {k: v.slots for k, v in desired_pool_slots(snap, split).items()}
+    assert slots == {"gpu_training": 5, "gpu_burst": 5, "gpu_dev": 0}
+    with pytest.raises(ConfigurationError, match="summing to 1000"):
+        desired_pool_slots(snap, {Partition.TRAINING: 700, Partition.BURST: 200, Partition.DEV: 50})
+
+
+# ---- against a real Airflow metadata database ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def airflow_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A freshly migrated SQLite Airflow DB, with the in-process ORM pointed at it."""
+    home = tmp_path_factory.mktemp("af_home")
+    url = f"sqlite:///{home / 'airflow.db'}"
+    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
+                   capture_output=True, timeout=300)
+    from airflow import settings
+    from airflow.configuration import conf
+
+    previous = conf.get("database", "sql_alchemy_conn")
+    conf.set("database", "sql_alchemy_conn", url)
+    settings.configure_vars()
+    settings.reconfigure_orm()
+    yield url
+    conf.set("database", "sql_alchemy_conn", previous)
+    settings.configure_vars()
+    settings.reconfigure_orm()
+
+
+def _pools() -> dict[str, tuple[int, str]]:
+    from airflow.models.pool import Pool
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return {p.pool: (p.slots, p.description) for p in Pool.get_pools(session=session)}
+
+
+@pytest.mark.airflow
+def test_sync_creates_then_updates_only_on_change(airflow_db: str) -> None:
+    snap = _fleet(_node("a", 8), _node("b", 2))
+    assert sync_pools(snap) == {"gpu_training": 7, "gpu_burst": 2, "gpu_dev": 1}
+    pools = _pools()
+    assert pools["gpu_training"][0] == 7 and pools["gpu_burst"][0] == 2 and pools["gpu_dev"][0] == 1
+    assert "10 usable GPUs" in pools["gpu_training"][1]
+    assert "default_pool" in pools  # Airflow's own pool is left alone
+
+    assert sync_pools(snap) == {}  # nothing changed: nothing written
+
+    smaller = snap.with_device(replace(snap.device("GPU-a-0"), health=Health.UNHEALTHY))
+    changed = sync_pools(smaller)
+    assert changed == {"gpu_training": 6, "gpu_burst": 2, "gpu_dev": 1}
+    assert _pools()["gpu_training"][0] == 6
+
+
+@pytest.mark.airflow
+def test_sync_inside_callers_session_and_rate_limit(airflow_db: str) -> None:
+    from airflow.utils.session import create_session
+
+    snap = _fleet(_node("c", 20))
+    with create_session() as session:
+        sync_pools(snap, session)
+    assert _pools()["gpu_training"][0] == 14
+
+    syncer = PoolSyncer(interval_s=60)
+    assert syncer.maybe_sync(_fleet(_node("c", 30)), now=0.0) is True
+    assert _pools()["gpu_training"][0] == 21
+    assert syncer.maybe_sync(_fleet(_node("c", 30)), now=10.0) is False  # not due, same capacity
+    assert syncer.maybe_sync(_fleet(_node("c", 10)), now=20.0) is True  # capacity changed: at once
+    assert _pools()["gpu_training"][0] == 7
+    assert syncer.maybe_sync(_fleet(_node("c", 10)), now=90.0) is True  # interval elapsed
