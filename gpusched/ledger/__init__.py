@@ -1,0 +1,12 @@
+"""The allocation ledger: the single source of truth for who holds which devices.
+
+``Ledger(url)`` stores inventory, health, cordons, allocations with leases, the pending queue,
+telemetry samples and events in SQLite (embedded default, WAL) or PostgreSQL
+(``GPUSCHED_DB_URL``); schema migrations run through Alembic (:meth:`Ledger.migrate`).
+Allocating is one transaction that re-checks free capacity, so no device is ever over-committed.
+"""
+
+from gpusched.ledger.records import Allocation, AllocationStatus, LedgerEvent, QueueEntry
+from gpusched.ledger.store import Ledger
+
+__all__ = ["Allocation", "AllocationStatus", "Ledger", "LedgerEvent", "QueueEntry"]

@@ -1,0 +1,107 @@
+"""Database engines for the ledger: where it lives, and how a write transaction begins.
+
+SQLite (the embedded default) runs in WAL mode with a busy timeout; pysqlite's own transaction
+handling is switched off so that the ledger emits ``BEGIN`` itself — ``BEGIN IMMEDIATE`` for every
+write transaction, which takes SQLite's single write lock up front, so concurrent writers (threads
+or processes) queue up instead of interleaving their reads and writes. PostgreSQL uses the
+``psycopg`` (3) driver and row locks (``SELECT … FOR UPDATE``) taken by the callers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from gpusched.errors import ConfigurationError
+from gpusched.paths import state_dir
+
+__all__ = ["BUSY_TIMEOUT_S", "default_url", "make_engine", "read_tx", "write_tx"]
+
+BUSY_TIMEOUT_S = 60.0
+"""How long a SQLite writer waits for the write lock before giving up."""
+
+
+def default_url() -> str:
+    """``$GPUSCHED_DB_URL``, else SQLite at ``state_dir()/ledger.db`` (the folder is created)."""
+    url = os.environ.get("GPUSCHED_DB_URL", "").strip()
+    if url:
+        return url
+    folder = state_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'ledger.db'}"
+
+
+def make_engine(url: str) -> sa.Engine:
+    """An engine for ``url`` set up for the ledger's transaction discipline."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise ConfigurationError(
+            f"ledger database URL {url!r} is not a SQLAlchemy URL ({exc}); "
+            "set GPUSCHED_DB_URL to e.g. postgresql://user:pass@host/db or sqlite:////path/ledger.db"
+        ) from exc
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(parsed)
+    if backend == "postgresql":
+        try:
+            return sa.create_engine(parsed, pool_pre_ping=True)
+        except ModuleNotFoundError as exc:
+            raise ConfigurationError(
+                f"the PostgreSQL driver for {parsed.drivername!r} is not installed ({exc}); "
+                "install it with `pip install 'psycopg[binary]'`"
+            ) from exc
+    raise ConfigurationError(
+        f"ledger database {backend!r} is not supported; use sqlite:///… or postgresql://… in GPUSCHED_DB_URL"
+    )
+
+
+def _sqlite_engine(url: sa.URL) -> sa.Engine:
+    if url.database and url.database != ":memory:":
+        os.makedirs(os.path.dirname(os.path.abspath(url.database)), exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let the ledger emit BEGIN itself (pysqlite would otherwise begin lazily, in DEFERRED mode).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        mode = conn.get_execution_options().get("gpusched_sqlite_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+@contextmanager
+def write_tx(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A transaction that will write: ``BEGIN IMMEDIATE`` on SQLite, plain ``BEGIN`` elsewhere.
+
+    Commits when the block ends normally, rolls back (writing nothing) when it raises.
+    """
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.execution_options(gpusched_sqlite_begin="IMMEDIATE")
+        with conn.begin():
+            yield conn
+
+
+@contextmanager
+def read_tx(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A read-only transaction: one consistent view of the database for the whole block."""
+    with engine.connect() as conn, conn.begin():
+        yield conn

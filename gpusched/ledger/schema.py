@@ -1,0 +1,153 @@
+"""The ledger's tables, as SQLAlchemy Core metadata (the Alembic migrations create the same).
+
+Every table carries the ``gpusched_`` prefix so the ledger can share a PostgreSQL database with
+Airflow's metadata without a name clash; Alembic's version table is ``gpusched_alembic_version``
+for the same reason. Times are epoch seconds (or a simulation clock) as floating point numbers;
+memory is bytes and compute share milli-GPU, both integers.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+__all__ = [
+    "ALLOCATIONS",
+    "DEVICES",
+    "EVENTS",
+    "METADATA",
+    "NODES",
+    "QUEUE",
+    "SAMPLES",
+    "SHARES",
+    "VERSION_TABLE",
+]
+
+VERSION_TABLE = "gpusched_alembic_version"
+"""Alembic's bookkeeping table for the ledger schema."""
+
+METADATA = sa.MetaData()
+
+NODES = sa.Table(
+    "gpusched_nodes",
+    METADATA,
+    sa.Column("name", sa.String(255), primary_key=True),
+    sa.Column("rack", sa.String(255), nullable=False),
+    sa.Column("labels", sa.JSON, nullable=False),
+    sa.Column("cpu_milli", sa.BigInteger, nullable=False),
+    sa.Column("memory_bytes", sa.BigInteger, nullable=False),
+    sa.Column("standby", sa.Boolean, nullable=False),
+    sa.Column("cordoned", sa.Boolean, nullable=False),
+    sa.Column("cordon_reason", sa.Text, nullable=True),
+    sa.Column("source", sa.String(255), nullable=False),
+    sa.Column("position", sa.Integer, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+DEVICES = sa.Table(
+    "gpusched_devices",
+    METADATA,
+    sa.Column("uuid", sa.String(255), primary_key=True),
+    sa.Column(
+        "node",
+        sa.String(255),
+        sa.ForeignKey("gpusched_nodes.name", ondelete="CASCADE"),
+        nullable=False,
+        index=True,
+    ),
+    sa.Column("idx", sa.Integer, nullable=False),
+    sa.Column("model", sa.String(255), nullable=False),
+    sa.Column("vendor", sa.String(32), nullable=False),
+    sa.Column("architecture", sa.String(64), nullable=False),
+    sa.Column("memory_bytes", sa.BigInteger, nullable=False),
+    sa.Column("numa_node", sa.Integer, nullable=False),
+    sa.Column("pcie_switch", sa.String(255), nullable=True),
+    sa.Column("island", sa.String(255), nullable=True),
+    sa.Column("link", sa.String(32), nullable=False),
+    sa.Column("peers", sa.JSON, nullable=False),
+    sa.Column("mig_enabled", sa.Boolean, nullable=False),
+    # Health as the hardware backend last reported it, and the override set by the fault chain;
+    # the effective health is the worse of the two.
+    sa.Column("reported_health", sa.String(16), nullable=False),
+    sa.Column("health_override", sa.String(16), nullable=True),
+    sa.Column("health_reason", sa.Text, nullable=True),
+    sa.Column("cordoned", sa.Boolean, nullable=False),
+    sa.Column("cordon_reason", sa.Text, nullable=True),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+ALLOCATIONS = sa.Table(
+    "gpusched_allocations",
+    METADATA,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("key", sa.String(1024), nullable=False, index=True),
+    sa.Column("request", sa.JSON, nullable=False),
+    sa.Column("holder", sa.String(255), nullable=False, index=True),
+    sa.Column("created_at", sa.Double, nullable=False, index=True),
+    sa.Column("lease_expires_at", sa.Double, nullable=False),
+    sa.Column("released_at", sa.Double, nullable=True),
+    sa.Column("release_reason", sa.Text, nullable=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    # At most one active allocation per key: the database itself refuses a second one.
+    sa.Index(
+        "ix_gpusched_allocations_active_key",
+        "key",
+        unique=True,
+        sqlite_where=sa.text("released_at IS NULL"),
+        postgresql_where=sa.text("released_at IS NULL"),
+    ),
+)
+
+SHARES = sa.Table(
+    "gpusched_allocation_shares",
+    METADATA,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column(
+        "allocation_id",
+        sa.Integer,
+        sa.ForeignKey("gpusched_allocations.id", ondelete="CASCADE"),
+        nullable=False,
+        index=True,
+    ),
+    # Not a foreign key: history must outlive a device that leaves the inventory.
+    sa.Column("device_uuid", sa.String(255), nullable=False, index=True),
+    sa.Column("node", sa.String(255), nullable=False),
+    sa.Column("idx", sa.Integer, nullable=False),
+    sa.Column("milli", sa.Integer, nullable=False),
+    sa.Column("memory_bytes", sa.BigInteger, nullable=False),
+)
+
+QUEUE = sa.Table(
+    "gpusched_queue",
+    METADATA,
+    sa.Column("key", sa.String(1024), primary_key=True),
+    sa.Column("request", sa.JSON, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("since", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+SAMPLES = sa.Table(
+    "gpusched_samples",
+    METADATA,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("uuid", sa.String(255), nullable=False),
+    sa.Column("taken_at", sa.Double, nullable=False, index=True),
+    sa.Column("utilization_pct", sa.Integer, nullable=False),
+    sa.Column("memory_used_bytes", sa.BigInteger, nullable=False),
+    sa.Column("memory_total_bytes", sa.BigInteger, nullable=False),
+    sa.Column("temperature_mc", sa.Integer, nullable=False),
+    sa.Column("power_mw", sa.BigInteger, nullable=False),
+    sa.Column("ecc_uncorrected", sa.Integer, nullable=False),
+    sa.Column("xid_errors", sa.JSON, nullable=False),
+    sa.Index("ix_gpusched_samples_uuid_taken_at", "uuid", "taken_at"),
+)
+
+EVENTS = sa.Table(
+    "gpusched_events",
+    METADATA,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Double, nullable=False, index=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("subject", sa.String(1024), nullable=False),
+    sa.Column("detail", sa.JSON, nullable=False),
+)

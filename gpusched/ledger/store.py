@@ -1,0 +1,319 @@
+"""The Ledger: the single source of truth for who holds which devices, backed by SQL.
+
+Every method is one database transaction. Writes begin with ``BEGIN IMMEDIATE`` on SQLite, so
+concurrent writers from any number of processes are serialised by SQLite's write lock; on
+PostgreSQL :meth:`Ledger.allocate` locks the device rows it touches with ``SELECT … FOR UPDATE``.
+Either way the capacity re-check and the insert of the allocation see the same state, which is
+why two schedulers can never hand out the same milli-GPU or byte twice (see ``docs/ledger.md``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from types import TracebackType
+from typing import Any
+
+import sqlalchemy as sa
+
+from gpusched.errors import AllocationConflictError, LedgerError, UnknownAllocationError
+from gpusched.ledger import capacity, inventory
+from gpusched.ledger.engine import default_url, make_engine, read_tx, write_tx
+from gpusched.ledger.extras import LedgerExtras
+from gpusched.ledger.migrate import upgrade
+from gpusched.ledger.records import Allocation, AllocationStatus, request_from_json
+from gpusched.ledger.schema import ALLOCATIONS, DEVICES, EVENTS, NODES, SHARES
+from gpusched.model import DeviceShare, FleetSnapshot, Health, Node
+from gpusched.request import GPURequest
+
+__all__ = ["Ledger"]
+
+
+def _now(now: float | None) -> float:
+    return time.time() if now is None else float(now)
+
+
+def _event(conn: sa.Connection, at: float, kind: str, subject: str, **detail: Any) -> None:
+    conn.execute(sa.insert(EVENTS).values(at=at, kind=kind, subject=subject, detail=detail))
+
+
+def _share_key(shares: Sequence[DeviceShare]) -> list[tuple[str, int, int]]:
+    return sorted((s.uuid, s.milli, s.memory_bytes) for s in shares)
+
+
+class Ledger(LedgerExtras):
+    """Allocations, leases, inventory, health, cordons, queue, samples and events in one database.
+
+    ``Ledger(url)``: ``url`` None means ``$GPUSCHED_DB_URL``, else SQLite (WAL) at
+    ``state_dir()/ledger.db``. Call :meth:`migrate` once before use (it is idempotent). A Ledger
+    holds a connection pool; create it in the process that uses it (after a fork, make a new one)
+    and :meth:`close` it when done (or use it as a context manager).
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or default_url()
+        self.engine = make_engine(self.url)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest revision (idempotent; safe from several processes)."""
+        upgrade(self.engine)
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Ledger({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    # ---- inventory -----------------------------------------------------------------------------
+
+    def sync_inventory(self, nodes: Sequence[Node], source: str, *, now: float | None = None) -> None:
+        """Record the nodes ``source`` discovered; that source's nodes not listed are removed.
+
+        Cordons and health overrides survive a sync; the reported health is replaced.
+        """
+        at = _now(now)
+        with write_tx(self.engine) as conn:
+            changes = inventory.write_inventory(conn, nodes, source, at)
+            if changes["added"] or changes["removed"]:
+                _event(conn, at, "inventory", source, added=changes["added"], removed=changes["removed"])
+            for line in changes["health"]:
+                _event(conn, at, "health", line.split(":", 1)[0], reported=line, source=source)
+
+    def snapshot(self, now: float | None = None) -> FleetSnapshot:
+        """The fleet now: inventory with health and cordons, plus usage of active allocations."""
+        with read_tx(self.engine) as conn:
+            nodes, sources = inventory.load_nodes(conn)
+            usage = capacity.active_usage(conn)
+        known = {d.uuid for n in nodes for d in n.devices}
+        return FleetSnapshot(
+            nodes,
+            {u: v for u, v in usage.items() if u in known},
+            source="+".join(sources) or "empty",
+            taken_at=_now(now),
+        )
+
+    def set_health(self, uuid: str, health: Health, reason: str, *, now: float | None = None) -> None:
+        """Override a device's health (the snapshot shows the worse of this and the reported one)."""
+        at = _now(now)
+        with write_tx(self.engine) as conn:
+            result = conn.execute(
+                sa.update(DEVICES).where(DEVICES.c.uuid == uuid)
+                .values(health_override=str(Health(health)), health_reason=reason)
+            )
+            if result.rowcount == 0:
+                raise LedgerError(f"device {uuid!r} is not in the inventory; sync the inventory first")
+            _event(conn, at, "health", uuid, health=str(health), reason=reason)
+
+    def cordon(self, target: str, reason: str, *, now: float | None = None) -> None:
+        """Stop new allocations on a device (by uuid) or a whole node (by name)."""
+        self._set_cordon(target, True, reason, _now(now))
+
+    def uncordon(self, target: str, *, now: float | None = None) -> None:
+        """Allow new allocations again on a device (uuid) or node (name)."""
+        self._set_cordon(target, False, None, _now(now))
+
+    def _set_cordon(self, target: str, cordoned: bool, reason: str | None, at: float) -> None:
+        with write_tx(self.engine) as conn:
+            values = {"cordoned": cordoned, "cordon_reason": reason}
+            hit = conn.execute(sa.update(DEVICES).where(DEVICES.c.uuid == target).values(**values)).rowcount
+            if not hit:
+                hit = conn.execute(sa.update(NODES).where(NODES.c.name == target).values(**values)).rowcount
+            if not hit:
+                raise LedgerError(
+                    f"{target!r} is neither a device uuid nor a node name in the inventory; "
+                    "check `gpusched fleet` for the names"
+                )
+            _event(conn, at, "cordon" if cordoned else "uncordon", target, reason=reason)
+
+    # ---- allocations ---------------------------------------------------------------------------
+
+    def allocate(
+        self,
+        key: str,
+        request: GPURequest,
+        shares: Sequence[DeviceShare],
+        *,
+        holder: str,
+        lease_s: int = 600,
+        now: float | None = None,
+    ) -> Allocation:
+        """Hand ``shares`` to task ``key`` in one transaction that re-checks capacity.
+
+        Idempotent: if ``key`` already holds exactly these shares, that allocation is returned.
+        Raises AllocationConflictError (nothing written) when ``key`` holds other shares, or when a
+        device is gone, cordoned, unhealthy, on a standby node, or lacks the free milli-GPU or
+        memory; LedgerError for malformed shares.
+        """
+        ordered = capacity.validate_shares(key, shares)
+        at = _now(now)
+        try:
+            with write_tx(self.engine) as conn:
+                existing = self._active_row(conn, key)
+                if existing is not None:
+                    return self._same_or_conflict(conn, existing, key, ordered)
+                capacity.check_fit(conn, key, ordered)
+                allocation_id = conn.execute(
+                    sa.insert(ALLOCATIONS).values(
+                        key=key, request=request.to_dict(), holder=holder, created_at=at,
+                        lease_expires_at=at + lease_s, released_at=None, release_reason=None,
+                        status=AllocationStatus.ACTIVE,
+                    ).returning(ALLOCATIONS.c.id)
+                ).scalar_one()
+                conn.execute(sa.insert(SHARES), [
+                    {"allocation_id": allocation_id, "device_uuid": s.uuid, "node": s.node, "idx": s.index,
+                     "milli": s.milli, "memory_bytes": s.memory_bytes}
+                    for s in ordered
+                ])
+                _event(conn, at, "allocate", key, holder=holder, devices=[s.uuid for s in ordered],
+                       milli=sum(s.milli for s in ordered))
+        except sa.exc.IntegrityError:
+            # PostgreSQL only: another transaction committed the same key meanwhile (the partial
+            # unique index refused ours). Decide as if we had come second.
+            with read_tx(self.engine) as conn:
+                existing = self._active_row(conn, key)
+                if existing is None:
+                    raise
+                return self._same_or_conflict(conn, existing, key, ordered)
+        return Allocation(key, request, ordered, holder, at, at + lease_s)
+
+    def _same_or_conflict(
+        self, conn: sa.Connection, row: Any, key: str, shares: Sequence[DeviceShare]
+    ) -> Allocation:
+        allocation = self._to_allocation(conn, row)
+        if _share_key(allocation.shares) != _share_key(shares):
+            raise AllocationConflictError(
+                f"task {key!r} already holds {list(allocation.devices)}, not {[s.uuid for s in shares]}; "
+                "release it first, or re-plan and retry",
+                devices=[s.uuid for s in shares],
+            )
+        return allocation
+
+    def release(self, key: str, *, reason: str, now: float | None = None) -> Allocation | None:
+        """Release the active allocation of ``key`` (None if it has none: releasing is idempotent)."""
+        at = _now(now)
+        with write_tx(self.engine) as conn:
+            row = self._active_row(conn, key)
+            if row is None:
+                return None
+            return self._release_row(conn, row, reason, AllocationStatus.RELEASED, at)
+
+    def renew(self, key: str, lease_s: int = 600, *, now: float | None = None) -> None:
+        """Extend the lease of ``key`` to ``now + lease_s`` (UnknownAllocationError if not active)."""
+        at = _now(now)
+        with write_tx(self.engine) as conn:
+            result = conn.execute(
+                sa.update(ALLOCATIONS)
+                .where(ALLOCATIONS.c.key == key, ALLOCATIONS.c.released_at.is_(None))
+                .values(lease_expires_at=at + lease_s)
+            )
+            if result.rowcount == 0:
+                raise UnknownAllocationError(
+                    f"task {key!r} holds no active allocation to renew (released or expired); "
+                    "stop the task or allocate again"
+                )
+
+    def get(self, key: str) -> Allocation | None:
+        """The active allocation of ``key``, else its most recent one, else None."""
+        with read_tx(self.engine) as conn:
+            row = conn.execute(
+                sa.select(ALLOCATIONS).where(ALLOCATIONS.c.key == key)
+                .order_by(ALLOCATIONS.c.released_at.is_(None).desc(), ALLOCATIONS.c.id.desc()).limit(1)
+            ).first()
+            return None if row is None else self._to_allocation(conn, row)
+
+    def active(self, holder: str | None = None) -> list[Allocation]:
+        """Every active allocation (optionally only ``holder``'s), oldest first."""
+        query = sa.select(ALLOCATIONS).where(ALLOCATIONS.c.released_at.is_(None))
+        if holder is not None:
+            query = query.where(ALLOCATIONS.c.holder == holder)
+        with read_tx(self.engine) as conn:
+            return self._to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all())
+
+    def history(self, since: float, until: float | None = None) -> list[Allocation]:
+        """Allocations alive at some point in ``[since, until)``, released ones included."""
+        query = sa.select(ALLOCATIONS).where(
+            sa.or_(ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.released_at > since)
+        )
+        if until is not None:
+            query = query.where(ALLOCATIONS.c.created_at < until)
+        with read_tx(self.engine) as conn:
+            return self._to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all())
+
+    def expire_leases(self, now: float | None = None) -> list[Allocation]:
+        """Release every active allocation whose lease ended before ``now``; return them."""
+        at = _now(now)
+        with write_tx(self.engine) as conn:
+            rows = conn.execute(
+                sa.select(ALLOCATIONS).where(
+                    ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.lease_expires_at < at
+                ).order_by(ALLOCATIONS.c.id)
+            ).all()
+            return [self._release_row(conn, r, "lease expired", AllocationStatus.EXPIRED, at) for r in rows]
+
+    def reconcile(
+        self, live_keys: Collection[str], *, holder: str, now: float | None = None
+    ) -> list[Allocation]:
+        """Release ``holder``'s active allocations whose key is not in ``live_keys`` (after a restart)."""
+        at = _now(now)
+        live = set(live_keys)
+        with write_tx(self.engine) as conn:
+            rows = conn.execute(
+                sa.select(ALLOCATIONS).where(
+                    ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.holder == holder
+                ).order_by(ALLOCATIONS.c.id)
+            ).all()
+            return [
+                self._release_row(conn, r, "reconciled: task no longer live", AllocationStatus.RELEASED, at)
+                for r in rows if r.key not in live
+            ]
+
+    def _active_row(self, conn: sa.Connection, key: str) -> Any:
+        return conn.execute(
+            sa.select(ALLOCATIONS).where(ALLOCATIONS.c.key == key, ALLOCATIONS.c.released_at.is_(None))
+        ).first()
+
+    def _release_row(self, conn: sa.Connection, row: Any, reason: str, status: str, at: float) -> Allocation:
+        conn.execute(
+            sa.update(ALLOCATIONS).where(ALLOCATIONS.c.id == row.id)
+            .values(released_at=at, release_reason=reason, status=status)
+        )
+        allocation = self._to_allocation(conn, row)
+        _event(conn, at, "expire" if status == AllocationStatus.EXPIRED else "release", row.key,
+               holder=row.holder, reason=reason, devices=list(allocation.devices))
+        return Allocation(
+            allocation.key, allocation.request, allocation.shares, allocation.holder,
+            allocation.created_at, allocation.lease_expires_at, at, reason, status,
+        )
+
+    def _to_allocation(self, conn: sa.Connection, row: Any) -> Allocation:
+        return self._to_allocations(conn, [row])[0]
+
+    def _to_allocations(self, conn: sa.Connection, rows: Sequence[Any]) -> list[Allocation]:
+        shares: dict[int, list[DeviceShare]] = {r.id: [] for r in rows}
+        ids = list(shares)
+        for chunk in range(0, len(ids), 500):
+            for s in conn.execute(
+                sa.select(SHARES).where(SHARES.c.allocation_id.in_(ids[chunk:chunk + 500]))
+                .order_by(SHARES.c.device_uuid)
+            ):
+                shares[s.allocation_id].append(
+                    DeviceShare(s.device_uuid, s.node, s.idx, s.milli, s.memory_bytes)
+                )
+        return [
+            Allocation(
+                r.key, request_from_json(r.request), tuple(shares[r.id]), r.holder, r.created_at,
+                r.lease_expires_at, r.released_at, r.release_reason, r.status,
+            )
+            for r in rows
+        ]
