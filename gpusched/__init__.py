@@ -5,6 +5,7 @@ edges and Airflow faces live in their sub-packages (see ARCHITECTURE.md).
 """
 
 from gpusched.catalog import AcceleratorModel, Catalog, LinkKind, Vendor, default_catalog
+from gpusched.envexport import devices_env
 from gpusched.errors import GPURequestError, GpuschedError
 from gpusched.model import Device, DeviceSample, DeviceShare, DeviceUsage, FleetSnapshot, Health, Node
 from gpusched.request import GPURequest, Interconnect, Partition
@@ -27,6 +28,7 @@ __all__ = [
     "Partition",
     "Vendor",
     "default_catalog",
+    "devices_env",
 ]
 
 __version__ = "0.1.0"

@@ -21,6 +21,7 @@ from gpusched.model import MILLI
 
 __all__ = [
     "PRIORITY_NAMES",
+    "REQUEST_KEYS",
     "GPURequest",
     "Interconnect",
     "Partition",
@@ -287,6 +288,8 @@ _ACCEPTED_KEYS = frozenset({
     "min_arch", "min_compute_capability", "interconnect", "gang", "tenant", "priority",
     "partition", "expected_duration",
 })
+REQUEST_KEYS: frozenset[str] = _ACCEPTED_KEYS
+"""Every keyword :meth:`GPURequest.build` accepts (for helpers that split request from other kwargs)."""
 
 
 def _parse_gpus(kwargs: Mapping[str, Any]) -> tuple[int, int]:

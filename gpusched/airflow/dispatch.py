@@ -1,0 +1,86 @@
+"""Per-task environment for LocalExecutor workers.
+
+LocalExecutor workers are long-lived processes that take workloads off one shared queue and fork
+the task process, which inherits the worker's ``os.environ``. So the executor puts
+``(workload, env)`` pairs on the queue for GPU tasks, and each worker reads the queue through
+:class:`EnvApplyingQueue`: it sets the pair's variables just before the workload runs and puts
+the previous values back before it takes the next item. Plain workloads and the ``None`` poison
+pill pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, MutableMapping
+from typing import Any, Protocol
+
+__all__ = ["EnvApplyingQueue", "QueueLike", "apply_env", "restore_env", "run_gpu_worker"]
+
+
+class QueueLike(Protocol):
+    """The one method a worker uses on its input queue."""
+
+    def get(self) -> Any:
+        """Block until an item is available and return it."""
+        ...
+
+
+def apply_env(env: Mapping[str, str], environ: MutableMapping[str, str]) -> dict[str, str | None]:
+    """Set ``env`` in ``environ``; return what to put back (None = the key was absent)."""
+    previous: dict[str, str | None] = {}
+    for name, value in env.items():
+        previous[name] = environ.get(name)
+        environ[name] = value
+    return previous
+
+
+def restore_env(previous: Mapping[str, str | None], environ: MutableMapping[str, str]) -> None:
+    """Undo :func:`apply_env`."""
+    for name, value in previous.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+
+
+class EnvApplyingQueue:
+    """Worker-side view of the activity queue that applies each GPU workload's environment.
+
+    ``get`` first restores the environment changed for the previous item (the worker only asks
+    for the next item once the previous task has finished), then returns the next item: for a
+    ``(workload, env)`` pair it applies ``env`` to ``environ`` and returns the workload.
+    """
+
+    def __init__(self, inner: QueueLike, environ: MutableMapping[str, str] | None = None) -> None:
+        self._inner = inner
+        self._environ: MutableMapping[str, str] = os.environ if environ is None else environ
+        self._previous: dict[str, str | None] = {}
+
+    def get(self) -> Any:
+        """The next workload (or poison pill), with its environment applied."""
+        self.clear()
+        item = self._inner.get()
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
+            workload, env = item
+            self._previous = apply_env(env, self._environ)
+            return workload
+        return item
+
+    def clear(self) -> None:
+        """Put back the variables changed for the last workload."""
+        if self._previous:
+            restore_env(self._previous, self._environ)
+            self._previous = {}
+
+
+def run_gpu_worker(
+    logger_name: str,
+    input: QueueLike,  # the keyword LocalExecutor passes it under
+    output: Any,
+    unread_messages: Any,
+    team_conf: Any,
+) -> None:
+    """LocalExecutor's worker loop, reading its queue through :class:`EnvApplyingQueue`."""
+    from airflow.executors.local_executor import _run_worker
+
+    _run_worker(logger_name, EnvApplyingQueue(input), output, unread_messages, team_conf)  # type: ignore[arg-type]

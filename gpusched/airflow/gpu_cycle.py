@@ -1,0 +1,134 @@
+"""One scheduling cycle of the GPU executor, as a pure decision.
+
+Input: the GPU workloads waiting in the executor, the fleet snapshot from the ledger, the tasks
+already holding devices and the policy. Output: which workloads to launch (with their shares
+and task environment) and which to hold (with the reason the UI shows). The executor does the
+I/O around it: it records the launches in the ledger, dispatches them, and records the holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpusched.envexport import devices_env
+from gpusched.errors import PlacementError
+from gpusched.model import DeviceShare, FleetSnapshot
+from gpusched.placement import PendingTask, Policy, RunningTask, place
+from gpusched.request import GPURequest
+
+__all__ = ["CycleDecision", "Hold", "Launch", "PendingWork", "decide", "running_tasks"]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingWork:
+    """A GPU workload waiting in the executor.
+
+    ``existing`` holds the shares of an allocation the ledger already has under ``key`` (a
+    workload queued again after a scheduler restart): it is launched on them, not placed anew.
+    """
+
+    key: str
+    request: GPURequest
+    submitted_at: float
+    existing: tuple[DeviceShare, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Start ``key`` on ``shares`` with ``env`` in its process (``reused``: already allocated)."""
+
+    key: str
+    request: GPURequest
+    shares: tuple[DeviceShare, ...]
+    env: Mapping[str, str]
+    reused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Keep ``key`` waiting this cycle; ``permanent`` when it can never fit this fleet."""
+
+    key: str
+    reason: str
+    permanent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CycleDecision:
+    """Every pending key appears once: in ``launches`` or in ``holds``."""
+
+    launches: tuple[Launch, ...]
+    holds: tuple[Hold, ...]
+
+
+def decide(
+    pending: Sequence[PendingWork],
+    snapshot: FleetSnapshot,
+    policy: Policy,
+    *,
+    now: float,
+    running: Sequence[RunningTask] = (),
+    use_uuids: bool = False,
+    seed: int = 0,
+) -> CycleDecision:
+    """Decide one cycle: place what waits on what is free and build each launch's environment.
+
+    Workloads that already own an allocation are launched on it first; the rest go to
+    :func:`gpusched.placement.place` against ``snapshot`` (whose usage already counts every
+    active allocation).
+    """
+    launches: list[Launch] = []
+    holds: list[Hold] = []
+    to_place: list[PendingTask] = []
+    by_key: dict[str, PendingWork] = {}
+    for work in pending:
+        by_key[work.key] = work
+        if work.existing:
+            _launch_or_hold(work, work.existing, snapshot, use_uuids, True, launches, holds)
+        else:
+            to_place.append(PendingTask(work.key, work.request, work.submitted_at))
+    if to_place:
+        plan = place(to_place, snapshot, policy, now=now, running=running, seed=seed)
+        for assignment in plan.assignments:
+            work = by_key[assignment.key]
+            _launch_or_hold(work, assignment.shares, snapshot, use_uuids, False, launches, holds)
+        for rejection in plan.rejections:
+            holds.append(Hold(rejection.key, rejection.reason, rejection.permanent))
+    return CycleDecision(tuple(launches), tuple(holds))
+
+
+def running_tasks(allocations: Iterable[object]) -> list[RunningTask]:
+    """Placement's view of active ledger allocations (``expected_end`` from the request's estimate)."""
+    result = []
+    for alloc in allocations:
+        request: GPURequest = alloc.request  # type: ignore[attr-defined]
+        started = float(alloc.created_at)  # type: ignore[attr-defined]
+        duration = request.expected_duration_s
+        result.append(
+            RunningTask(
+                key=alloc.key,  # type: ignore[attr-defined]
+                request=request,
+                shares=tuple(alloc.shares),  # type: ignore[attr-defined]
+                started_at=started,
+                expected_end=started + duration if duration else None,
+            )
+        )
+    return result
+
+
+def _launch_or_hold(
+    work: PendingWork,
+    shares: Sequence[DeviceShare],
+    snapshot: FleetSnapshot,
+    use_uuids: bool,
+    reused: bool,
+    launches: list[Launch],
+    holds: list[Hold],
+) -> None:
+    try:
+        env = devices_env(shares, snapshot, key=work.key, use_uuids=use_uuids)
+    except PlacementError as exc:
+        holds.append(Hold(work.key, f"cannot expose the chosen devices: {exc}"))
+        return
+    launches.append(Launch(work.key, work.request, tuple(shares), env, reused))

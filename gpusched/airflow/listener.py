@@ -1,0 +1,153 @@
+"""Task-side listener: exports the assigned devices into the task process and releases them.
+
+``on_task_instance_running`` runs in the task process after template rendering and before
+``execute()``. Under the GPU executor the devices' variables are already in the environment
+(``GPUSCHED_ALLOCATION`` and ``CUDA_VISIBLE_DEVICES`` …); under any other executor the
+listener looks the allocation up in the ledger by task-instance key and exports it into
+``os.environ``. Either way it writes the devices to the task log.
+
+``on_task_instance_success`` / ``_failed`` / ``_skipped`` release the allocation (idempotent with
+the executor's own release), so the devices are free as soon as the task's work is done.
+
+Registered by ``plugins/gpusched_plugin.py``. Light at import: Airflow's hook marker and the
+standard library; the ledger is imported only for GPU tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from airflow.listeners import hookimpl
+
+from gpusched.envexport import ALLOCATION_VAR, allocation_from_env
+
+__all__ = [
+    "export_devices",
+    "on_task_instance_failed",
+    "on_task_instance_running",
+    "on_task_instance_skipped",
+    "on_task_instance_success",
+    "release_devices",
+]
+
+_log = logging.getLogger("gpusched.listener")
+
+
+def _is_gpu_task(task_instance: Any) -> bool:
+    task = getattr(task_instance, "task", None)
+    config = getattr(task, "executor_config", None) if task is not None else None
+    if config is None:
+        config = getattr(task_instance, "executor_config", None)
+    return isinstance(config, dict) and "gpusched" in config
+
+
+def _logger(task_instance: Any) -> Any:
+    return getattr(task_instance, "log", None) or _log
+
+
+def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | None:
+    """Make sure the task's devices are in ``environ`` (default ``os.environ``); return the allocation.
+
+    Returns None for a task that asked for no GPU, or when no allocation is found.
+    """
+    from gpusched.airflow.keys import ti_key_of
+
+    env = os.environ if environ is None else environ
+    key = ti_key_of(task_instance)
+    allocation = allocation_from_env(env)
+    if allocation is not None and allocation.get("key") not in (None, key):
+        allocation = None  # left over from another task: never trust it
+    if allocation is None:
+        if not _is_gpu_task(task_instance):
+            return None
+        from gpusched.envexport import devices_env
+        from gpusched.ledger import Ledger
+
+        ledger = Ledger()
+        try:
+            found = ledger.get(key)
+            if found is None or found.released_at is not None:
+                _logger(task_instance).warning(
+                    "gpusched: no active GPU allocation for %s; the task runs without device "
+                    "restriction. Run it under gpusched.airflow.executor.GPUExecutor.", key,
+                )
+                return None
+            variables = devices_env(found.shares, ledger.snapshot(), key=key)
+        finally:
+            ledger.close()
+        env.update(variables)
+        allocation = allocation_from_env(env)
+    visible = {
+        name: env[name]
+        for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                     "ASCEND_RT_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                     "GPUSCHED_MEMORY_LIMIT_BYTES")
+        if name in env
+    }
+    assert allocation is not None
+    _logger(task_instance).info(
+        "gpusched: devices for %s on node %s: %s (%s)",
+        key, allocation.get("node"), " ".join(f"{k}={v}" for k, v in visible.items()),
+        ", ".join(allocation.get("models") or []),
+    )
+    return allocation
+
+
+def release_devices(task_instance: Any, reason: str) -> bool:
+    """Release the task's allocation in the ledger; True when one was active."""
+    from gpusched.airflow.keys import ti_key_of
+
+    key = ti_key_of(task_instance)
+    allocation = allocation_from_env(os.environ)
+    if not _is_gpu_task(task_instance) and (allocation is None or allocation.get("key") != key):
+        return False
+    from gpusched.ledger import Ledger
+
+    ledger = Ledger()
+    try:
+        released = ledger.release(key, reason=reason)
+    finally:
+        ledger.close()
+    if released is not None:
+        _logger(task_instance).info("gpusched: released the devices of %s (%s)", key, reason)
+    return released is not None
+
+
+@hookimpl
+def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
+    """Export (or confirm) the task's devices and log them."""
+    if ALLOCATION_VAR not in os.environ and not _is_gpu_task(task_instance):
+        return
+    try:
+        export_devices(task_instance)
+    except Exception:
+        _logger(task_instance).exception("gpusched: could not export the task's devices")
+
+
+@hookimpl
+def on_task_instance_success(previous_state: Any, task_instance: Any) -> None:
+    """Release the devices of a task that succeeded."""
+    _release_quietly(task_instance, "task succeeded")
+
+
+@hookimpl
+def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any) -> None:
+    """Release the devices of a task that failed (or will be retried)."""
+    _release_quietly(task_instance, "task failed")
+
+
+@hookimpl
+def on_task_instance_skipped(previous_state: Any, task_instance: Any) -> None:
+    """Release the devices of a task that skipped itself."""
+    _release_quietly(task_instance, "task skipped")
+
+
+def _release_quietly(task_instance: Any, reason: str) -> None:
+    if ALLOCATION_VAR not in os.environ and not _is_gpu_task(task_instance):
+        return
+    try:
+        release_devices(task_instance, reason)
+    except Exception:
+        _logger(task_instance).exception("gpusched: could not release the task's devices")
