@@ -1,0 +1,435 @@
+"""Demand forecasting: hourly GPU demand, model choice by rolling-origin backtest, intervals.
+
+Policy module: pure functions over immutable series. numpy, pandas, statsmodels and matplotlib
+are imported inside the functions that need them.
+
+The candidate models are
+
+* ``seasonal_naive`` — the value one day earlier (the baseline every score is scaled by);
+* ``ets`` — additive Holt-Winters with a damped trend and daily seasonality (statsmodels ETSModel);
+* ``sarimax`` — SARIMAX(1,1,1)(1,0,0)\\ :sub:`24` with weekly Fourier terms as regressors, so
+  both daily and weekly seasonality fit in seconds on two cores.
+
+:func:`backtest` scores each on rolling origins with MASE (mean absolute error scaled by the
+in-sample MAE of the daily seasonal-naive forecast); :func:`forecast_demand` refits the best one
+on the whole window and returns a :class:`Forecast` with prediction intervals.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpusched.errors import ForecastError
+from gpusched.model import MILLI
+
+__all__ = [
+    "MODELS",
+    "Backtest",
+    "DemandSeries",
+    "Forecast",
+    "ModelScore",
+    "backtest",
+    "demand_from_history",
+    "demand_from_jobs",
+    "fit_forecast",
+    "forecast_demand",
+    "load_philly_demand",
+    "plot_forecast",
+    "synthetic_demand",
+]
+
+MODELS: tuple[str, ...] = ("seasonal_naive", "ets", "sarimax")
+"""Candidate model names, baseline first."""
+
+DAY = 24
+WEEK_S = 7 * 86400
+
+
+@dataclass(frozen=True, slots=True)
+class DemandSeries:
+    """GPU demand on a regular grid: ``values[i]`` = average GPUs in use in ``[t_i, t_i + step_s)``.
+
+    Attributes:
+        start: epoch seconds of the first step.
+        step_s: step length in seconds (3600 for hourly).
+        values: demand per step, in GPUs (fractions allowed).
+        capacity: fleet size in GPUs, when known (the validation upper bound).
+    """
+
+    start: float
+    step_s: int
+    values: tuple[float, ...]
+    capacity: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def timestamps(self) -> tuple[float, ...]:
+        """Epoch seconds of each step's start."""
+        return tuple(self.start + i * self.step_s for i in range(len(self.values)))
+
+    def window(self, first: int, stop: int) -> DemandSeries:
+        """Steps ``first`` .. ``stop - 1`` as a series of their own."""
+        first = max(0, first)
+        return DemandSeries(
+            self.start + first * self.step_s, self.step_s, self.values[first:stop], self.capacity
+        )
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame with columns ``timestamp`` (UTC datetime) and ``gpus``."""
+        import pandas as pd
+
+        stamps = pd.to_datetime([int(t) for t in self.timestamps()], unit="s", utc=True)
+        return pd.DataFrame({"timestamp": stamps, "gpus": list(self.values)})
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """Predicted demand for the steps after a series, with a central prediction interval."""
+
+    model: str
+    start: float
+    step_s: int
+    mean: tuple[float, ...]
+    lower: tuple[float, ...]
+    upper: tuple[float, ...]
+    level: float
+
+    def timestamps(self) -> tuple[float, ...]:
+        """Epoch seconds of each forecast step's start."""
+        return tuple(self.start + i * self.step_s for i in range(len(self.mean)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (what the UI's ``/forecast`` endpoint serves)."""
+        return {
+            "model": self.model, "start": self.start, "step_s": self.step_s, "level": self.level,
+            "mean": list(self.mean), "lower": list(self.lower), "upper": list(self.upper),
+            "timestamps": [datetime.fromtimestamp(t, UTC).isoformat() for t in self.timestamps()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Forecast:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            str(data["model"]), float(data["start"]), int(data["step_s"]),
+            tuple(float(v) for v in data["mean"]), tuple(float(v) for v in data["lower"]),
+            tuple(float(v) for v in data["upper"]), float(data["level"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelScore:
+    """Backtest result of one model: mean MAE and MASE over the origins, fitting time."""
+
+    model: str
+    mae: float
+    mase: float
+    fit_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Backtest:
+    """Rolling-origin backtest of every candidate; ``chosen`` has the lowest MASE."""
+
+    horizon: int
+    origins: int
+    train_window: int
+    scores: tuple[ModelScore, ...]
+    chosen: str
+
+    def score(self, model: str) -> ModelScore:
+        """The score of ``model`` (KeyError when it was not a candidate)."""
+        for item in self.scores:
+            if item.model == model:
+                return item
+        raise KeyError(model)
+
+    def relative_mase(self, model: str) -> float:
+        """MASE of ``model`` divided by seasonal-naive's on the same origins (< 1 is better)."""
+        base = self.score("seasonal_naive").mase
+        return self.score(model).mase / base if base > 0 else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form."""
+        return {
+            "horizon": self.horizon, "origins": self.origins, "train_window": self.train_window,
+            "chosen": self.chosen,
+            "scores": [
+                {"model": s.model, "mae": s.mae, "mase": s.mase, "fit_seconds": s.fit_seconds,
+                 "relative_mase": self.relative_mase(s.model) if any(
+                     x.model == "seasonal_naive" for x in self.scores) else None}
+                for s in self.scores
+            ],
+        }
+
+
+# ---- building series ----------------------------------------------------------------------
+
+
+def demand_from_jobs(
+    jobs: Iterable[tuple[float, float, float]],
+    *,
+    step_s: int = 3600,
+    start: float | None = None,
+    end: float | None = None,
+    capacity: float | None = None,
+) -> DemandSeries:
+    """Average GPUs busy per step from ``(start_s, duration_s, gpus)`` job records.
+
+    ``start`` defaults to the first job's start floored to the step; ``end`` (exclusive) to the
+    last job's end. Each job contributes ``gpus × overlap / step_s`` to every step it overlaps.
+    """
+    import numpy as np
+
+    rows = np.asarray(list(jobs), dtype=float).reshape(-1, 3)
+    if rows.size == 0:
+        raise ForecastError("no jobs to build a demand series from; give at least one job record")
+    t0, t1, gpus = rows[:, 0], rows[:, 0] + np.maximum(rows[:, 1], 0.0), rows[:, 2]
+    first = math.floor((t0.min() if start is None else start) / step_s) * step_s
+    stop = t1.max() if end is None else end
+    n = max(1, math.ceil((stop - first) / step_s))
+    edges = first + np.arange(n + 1) * step_s
+    # Integral of the busy-GPU step function, evaluated at the grid edges, differenced.
+    times = np.concatenate([t0, t1])
+    weights = np.concatenate([gpus, -gpus])
+    order = np.argsort(times, kind="stable")
+    times, weights = times[order], weights[order]
+    level = np.cumsum(weights)
+    area = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
+    idx = np.clip(np.searchsorted(times, edges, side="right") - 1, 0, len(times) - 1)
+    integral = np.where(edges < times[0], 0.0, area[idx] + level[idx] * (edges - times[idx]))
+    values = np.maximum(np.diff(integral) / step_s, 0.0)
+    return DemandSeries(float(first), step_s, tuple(float(v) for v in values), capacity)
+
+
+def demand_from_history(
+    rows: Sequence[tuple[float, int]], *, step_s: int = 3600, capacity: float | None = None
+) -> DemandSeries:
+    """A series from ``Ledger.demand_history`` rows ``(step start, milli-GPU in use)``."""
+    if not rows:
+        raise ForecastError("the ledger returned no demand history; run the scheduler for a while "
+                            "or configure a trace as the demand source")
+    ordered = sorted(rows)
+    return DemandSeries(
+        float(ordered[0][0]), step_s, tuple(milli / MILLI for _, milli in ordered), capacity
+    )
+
+
+def load_philly_demand(path: str | Path, *, step_s: int = 3600) -> DemandSeries:
+    """Hourly GPUs busy from the Philly trace (``timestamp,duration,num_gpus,…``, UTC times).
+
+    Jobs are counted from their recorded timestamp for their duration. The series ends at the
+    last submission: after it the trace only drains, which no live fleet would show.
+    """
+    jobs: list[tuple[float, float, float]] = []
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle):
+                stamp = datetime.strptime(row["timestamp"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+                jobs.append((stamp.timestamp(), float(row["duration"]), float(row["num_gpus"])))
+    except (OSError, KeyError, ValueError) as exc:
+        raise ForecastError(
+            f"cannot read Philly trace {path}: {exc}; pass --trace pointing at philly_jobs.csv"
+        ) from exc
+    last = max(j[0] for j in jobs) if jobs else 0.0
+    return demand_from_jobs(jobs, step_s=step_s, end=math.floor(last / step_s) * step_s)
+
+
+def synthetic_demand(
+    hours: int = 24 * 21, *, seed: int = 0, base: float = 40.0, daily: float = 15.0,
+    weekly: float = 8.0, noise: float = 3.0, capacity: float = 128.0, start: float = 1_700_000_000.0,
+) -> DemandSeries:
+    """A reproducible hourly series with daily and weekly cycles (for tests and demos)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    begin = math.floor(start / 3600) * 3600
+    t = np.arange(hours) * 3600 + begin
+    values = (base + daily * np.sin(2 * np.pi * (t % 86400) / 86400)
+              + weekly * np.sin(2 * np.pi * (t % WEEK_S) / WEEK_S) + rng.normal(0, noise, hours))
+    values = np.clip(values, 0, capacity)
+    return DemandSeries(float(begin), 3600, tuple(float(v) for v in values), capacity)
+
+
+# ---- models -------------------------------------------------------------------------------
+
+
+def _z(level: float) -> float:
+    from scipy.stats import norm
+
+    return float(norm.ppf(0.5 + level / 2))
+
+
+def _weekly_terms(stamps: Any, k: int = 2) -> Any:
+    import numpy as np
+
+    phase = 2 * np.pi * (np.asarray(stamps) % WEEK_S) / WEEK_S
+    return np.column_stack([f(j * phase) for j in range(1, k + 1) for f in (np.sin, np.cos)])
+
+
+def _fit(model: str, history: Any, stamps: Any, future: Any, level: float) -> tuple[Any, Any, Any]:
+    """Mean, lower, upper arrays for ``len(future)`` steps after ``history`` (numpy arrays)."""
+    import numpy as np
+
+    horizon = len(future)
+    if model == "seasonal_naive":
+        mean = np.tile(history[-DAY:], horizon // DAY + 1)[:horizon]
+        sigma = float(np.std(history[DAY:] - history[:-DAY]))
+        spread = _z(level) * sigma * np.sqrt(np.arange(horizon) // DAY + 1)
+        return mean, mean - spread, mean + spread
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if model == "ets":
+            import pandas as pd
+            from statsmodels.tsa.exponential_smoothing.ets import ETSModel
+
+            fitted = ETSModel(
+                pd.Series(history), error="add", trend="add", damped_trend=True, seasonal="add",
+                seasonal_periods=DAY,
+            ).fit(disp=False, maxiter=200)
+            frame = fitted.get_prediction(start=len(history), end=len(history) + horizon - 1)
+            table = frame.summary_frame(alpha=1 - level)
+            return (table["mean"].to_numpy(), table["pi_lower"].to_numpy(),
+                    table["pi_upper"].to_numpy())
+        if model == "sarimax":
+            from statsmodels.tsa.statespace.sarimax import SARIMAX
+
+            fitted = SARIMAX(
+                history, exog=_weekly_terms(stamps), order=(1, 1, 1), seasonal_order=(1, 0, 0, DAY),
+            ).fit(disp=False, maxiter=100)
+            pred = fitted.get_forecast(horizon, exog=_weekly_terms(future))
+            bounds = np.asarray(pred.conf_int(alpha=1 - level))
+            return np.asarray(pred.predicted_mean), bounds[:, 0], bounds[:, 1]
+    raise ForecastError(f"unknown forecasting model {model!r}; choose one of {', '.join(MODELS)}")
+
+
+def fit_forecast(
+    series: DemandSeries, model: str, horizon: int = 24, *, level: float = 0.9,
+    train_window: int | None = 24 * 21,
+) -> Forecast:
+    """Fit ``model`` on the last ``train_window`` steps of ``series`` and forecast ``horizon`` steps.
+
+    Forecasts and bounds are clipped at 0 and, when known, the series' capacity.
+    """
+    import numpy as np
+
+    if model not in MODELS:
+        raise ForecastError(f"unknown forecasting model {model!r}; choose one of {', '.join(MODELS)}")
+    hist = series if train_window is None else series.window(len(series) - train_window, len(series))
+    if len(hist) < 3 * DAY:
+        raise ForecastError(
+            f"demand history has {len(hist)} steps; forecasting needs at least {3 * DAY} "
+            "(three days of hourly data) — collect more history or use a longer trace"
+        )
+    values = np.asarray(hist.values, dtype=float)
+    stamps = np.asarray(hist.timestamps())
+    begin = hist.start + len(hist) * hist.step_s
+    future = begin + np.arange(horizon) * hist.step_s
+    try:
+        mean, lower, upper = _fit(model, values, stamps, future, level)
+    except (ValueError, np.linalg.LinAlgError) as exc:
+        raise ForecastError(f"model {model} could not be fitted: {exc}; try another model") from exc
+    cap = series.capacity if series.capacity is not None else np.inf
+    clip = lambda a: tuple(float(v) for v in np.clip(np.nan_to_num(a, nan=0.0), 0, cap))  # noqa: E731
+    return Forecast(model, float(begin), hist.step_s, clip(mean), clip(lower), clip(upper), level)
+
+
+def backtest(
+    series: DemandSeries, models: Sequence[str] = MODELS, *, horizon: int = 24, origins: int = 14,
+    spacing: int = 96, train_window: int = 24 * 21, progress: bool = False,
+) -> Backtest:
+    """Rolling-origin evaluation: the last ``origins`` cut points, ``spacing`` steps apart.
+
+    At each origin every model is fitted on the preceding ``train_window`` steps and scored on
+    the next ``horizon``; MASE divides its MAE by the in-sample MAE of the daily seasonal-naive
+    forecast. Origins without enough history are skipped.
+    """
+    import numpy as np
+
+    values = np.asarray(series.values, dtype=float)
+    cuts = [len(values) - horizon - spacing * i for i in range(origins)]
+    cuts = sorted(c for c in cuts if c >= 3 * DAY)
+    if not cuts:
+        raise ForecastError(
+            f"series of {len(values)} steps is too short to backtest {horizon}-step forecasts; "
+            f"it needs at least {3 * DAY + horizon} steps"
+        )
+    errors: dict[str, list[float]] = {m: [] for m in models}
+    scaled: dict[str, list[float]] = {m: [] for m in models}
+    seconds: dict[str, float] = dict.fromkeys(models, 0.0)
+    iterator: Iterable[int] = cuts
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(cuts, desc="backtest origins", unit="origin")
+    for cut in iterator:
+        train = series.window(cut - train_window, cut)
+        actual = values[cut:cut + horizon]
+        hist = np.asarray(train.values)
+        scale = float(np.mean(np.abs(hist[DAY:] - hist[:-DAY]))) or 1e-9
+        for model in models:
+            began = time.perf_counter()
+            fc = fit_forecast(train, model, horizon, train_window=None)
+            seconds[model] += time.perf_counter() - began
+            mae = float(np.mean(np.abs(np.asarray(fc.mean) - actual)))
+            errors[model].append(mae)
+            scaled[model].append(mae / scale)
+    scores = tuple(
+        ModelScore(m, float(np.mean(errors[m])), float(np.mean(scaled[m])), seconds[m] / len(cuts))
+        for m in models
+    )
+    chosen = min(scores, key=lambda s: s.mase).model
+    return Backtest(horizon, len(cuts), train_window, scores, chosen)
+
+
+def forecast_demand(
+    series: DemandSeries, horizon: int = 24, *, models: Sequence[str] = MODELS, level: float = 0.9,
+    origins: int = 7, spacing: int = 24, train_window: int = 24 * 21,
+) -> tuple[Forecast, Backtest]:
+    """Choose the model by :func:`backtest`, refit it on the latest window, forecast ``horizon``."""
+    result = backtest(series, models, horizon=horizon, origins=origins, spacing=spacing,
+                      train_window=train_window)
+    return fit_forecast(series, result.chosen, horizon, level=level, train_window=train_window), result
+
+
+def plot_forecast(
+    series: DemandSeries, forecast: Forecast, path: str | Path, *, history_steps: int = 24 * 7,
+    title: str = "GPU demand forecast",
+) -> Path:
+    """Write a PNG of the recent history, the forecast and its interval; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recent = series.window(len(series) - history_steps, len(series))
+    import numpy as np
+
+    as_dt = lambda ts: np.array([np.datetime64(int(t), "s") for t in ts])  # noqa: E731
+    fig, ax = plt.subplots(figsize=(10, 4))
+    try:
+        ax.plot(as_dt(recent.timestamps()), recent.values, color="#333", lw=1, label="history")
+        stamps = as_dt(forecast.timestamps())
+        ax.plot(stamps, forecast.mean, color="#1f77b4", lw=1.5, label=f"forecast ({forecast.model})")
+        ax.fill_between(stamps, forecast.lower, forecast.upper, color="#1f77b4", alpha=0.25,
+                        label=f"{forecast.level:.0%} interval")
+        if series.capacity:
+            ax.axhline(series.capacity, color="#d62728", ls="--", lw=1, label="capacity")
+        ax.set_ylabel("GPUs in use")
+        ax.set_title(title)
+        ax.legend(loc="upper left")
+        fig.autofmt_xdate()
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return out
