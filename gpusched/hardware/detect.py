@@ -1,0 +1,77 @@
+"""Choosing the hardware backend: real devices when the host has them, the simulated fleet otherwise.
+
+``detect_backend()`` reads ``GPUSCHED_BACKEND`` (``auto`` | ``nvidia`` | ``amd`` | ``simulated``,
+default ``auto``). In ``auto`` mode NVML is tried first, then AMD SMI; only when neither finds a
+device is the simulated fleet used (``GPUSCHED_FLEET``, default ``include/fleets/default.yaml``),
+and then it says so: a logged warning, ``backend.name == "simulated"`` and a ``description``
+naming the fleet file. Asking for ``nvidia`` or ``amd`` explicitly never falls back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from gpusched.errors import BackendUnavailableError, ConfigurationError
+from gpusched.hardware.base import HardwareBackend
+
+__all__ = ["BACKEND_KINDS", "detect_backend", "fleet_path_from_env"]
+
+log = logging.getLogger(__name__)
+
+BACKEND_KINDS = ("auto", "nvidia", "amd", "simulated")
+"""Values ``GPUSCHED_BACKEND`` and ``detect_backend(kind)`` accept."""
+
+
+def fleet_path_from_env() -> Path:
+    """The simulated fleet file: ``GPUSCHED_FLEET`` or ``include/fleets/default.yaml``."""
+    from gpusched.hardware.simulated import default_fleet_path
+
+    override = os.environ.get("GPUSCHED_FLEET")
+    return Path(override) if override else default_fleet_path()
+
+
+def detect_backend(kind: str | None = None, *, fleet: str | Path | None = None) -> HardwareBackend:
+    """The backend for this host (see the module docstring for the rules).
+
+    Args:
+        kind: ``auto``, ``nvidia``, ``amd`` or ``simulated``; None reads ``GPUSCHED_BACKEND``.
+        fleet: the fleet file for the simulated backend (default :func:`fleet_path_from_env`).
+
+    Raises:
+        ConfigurationError: an unknown ``kind``.
+        BackendUnavailableError: ``nvidia`` or ``amd`` was asked for and is not there.
+        FleetFileError: the simulated fleet file is invalid.
+    """
+    chosen = (kind or os.environ.get("GPUSCHED_BACKEND") or "auto").strip().lower()
+    if chosen not in BACKEND_KINDS:
+        raise ConfigurationError(
+            f"unknown hardware backend {chosen!r}; set GPUSCHED_BACKEND to one of {', '.join(BACKEND_KINDS)}"
+        )
+    fleet_path = Path(fleet) if fleet is not None else fleet_path_from_env()
+    if chosen == "nvidia":
+        from gpusched.hardware.nvidia import NvidiaBackend
+
+        return NvidiaBackend()
+    if chosen == "amd":
+        from gpusched.hardware.amd import AmdBackend
+
+        return AmdBackend()
+    if chosen == "simulated":
+        return _simulated(fleet_path, "the simulated backend was asked for")
+    reasons = []
+    for name in ("nvidia", "amd"):
+        try:
+            return detect_backend(name)
+        except BackendUnavailableError as exc:
+            reasons.append(f"{name}: {exc}")
+    return _simulated(fleet_path, "no NVIDIA or AMD device found (" + "; ".join(reasons) + ")")
+
+
+def _simulated(fleet_path: Path, why: str) -> HardwareBackend:
+    from gpusched.hardware.simulated import SimulatedBackend
+
+    backend = SimulatedBackend(fleet_path)
+    log.warning("using the %s: %s", backend.description, why)
+    return backend

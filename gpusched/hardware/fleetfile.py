@@ -1,0 +1,299 @@
+"""The fleet file: a YAML description of racks, nodes and devices with their topology.
+
+Format (see ``docs/hardware.md`` for the full reference)::
+
+    racks:
+      - name: rack-a
+        labels: {zone: a}                 # optional, inherited by every node of the rack
+        nodes:
+          - name: a-h100-1
+            cpu: 112                      # cores
+            memory: 2TiB
+            numa_nodes: 2                 # default 1
+            labels: {pool: training}
+            standby: false                # true: in the inventory, idle until scaled out
+            devices:                      # one group, or a list of groups
+              model: H100-SXM-80GB        # catalog name or alias
+              count: 8
+              numa: [0, 0, 0, 0, 1, 1, 1, 1]        # default: spread evenly over numa_nodes
+              pcie_switches: [[0, 1], [2, 3], [4, 5], [6, 7]]   # default: pairs
+              islands: [[0, 1, 2, 3, 4, 5, 6, 7]]   # default: one island if the model has
+                                                    # NVLink/NVSwitch/xGMI/HCCS, none for PCIe
+              memory: 80GiB               # optional override of the catalog figure
+
+Indices inside a group count from 0 within that group; devices are numbered across groups in
+file order. UUIDs are deterministic: ``GPU-sim-<node>-<i>`` (NVIDIA), ``AMD-sim-<node>-<i>``,
+``NPU-sim-<node>-<i>`` (Ascend). Every problem raises :class:`~gpusched.errors.FleetFileError`
+naming the file, the node, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpusched.catalog import AcceleratorModel, Catalog, LinkKind, Vendor, default_catalog
+from gpusched.errors import FleetFileError, GPURequestError
+from gpusched.model import Device, Node
+from gpusched.request import parse_size
+
+__all__ = ["UUID_PREFIX", "load_fleet", "parse_fleet"]
+
+UUID_PREFIX: Mapping[Vendor, str] = {Vendor.NVIDIA: "GPU", Vendor.AMD: "AMD", Vendor.ASCEND: "NPU"}
+"""UUID prefix of simulated devices per vendor (NVIDIA's real UUIDs also start with ``GPU-``)."""
+
+_TOP_KEYS = frozenset({"name", "description", "racks"})
+_RACK_KEYS = frozenset({"name", "labels", "nodes"})
+_NODE_KEYS = frozenset({"name", "cpu", "memory", "numa_nodes", "labels", "standby", "devices"})
+_GROUP_KEYS = frozenset({"model", "count", "numa", "pcie_switches", "islands", "memory"})
+
+
+class _Where:
+    """Where in the file we are, so every error can say it."""
+
+    def __init__(self, path: str, node: str | None = None) -> None:
+        self.path = path
+        self.node = node
+
+    def error(self, field: str, problem: str, fix: str) -> FleetFileError:
+        at = f" node {self.node!r}," if self.node else ""
+        return FleetFileError(f"fleet file {self.path}:{at} field {field!r}: {problem}; fix: {fix}")
+
+
+def load_fleet(path: str | Path, *, catalog: Catalog | None = None) -> list[Node]:
+    """Read and validate the fleet file at ``path`` into nodes (standby nodes included).
+
+    Raises:
+        FleetFileError: the file is missing, not YAML, or describes an impossible fleet.
+    """
+    import yaml
+
+    where = _Where(str(path))
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise where.error("<file>", f"cannot be read ({exc.strerror or exc})",
+                          "pass an existing fleet file, e.g. include/fleets/default.yaml") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise where.error("<file>", f"is not valid YAML ({exc})", "correct the YAML syntax") from exc
+    return parse_fleet(data, source=str(path), catalog=catalog)
+
+
+def parse_fleet(data: object, *, source: str = "<fleet>", catalog: Catalog | None = None) -> list[Node]:
+    """Validate an already-loaded fleet mapping (the YAML document) into nodes."""
+    cat = catalog or default_catalog()
+    where = _Where(source)
+    if not isinstance(data, Mapping):
+        raise where.error("<file>", "the document is not a mapping", "start the file with 'racks:'")
+    _check_keys(data, _TOP_KEYS, "<file>", where)
+    racks = data.get("racks")
+    if not isinstance(racks, list) or not racks:
+        raise where.error("racks", "missing or not a non-empty list", "add 'racks:' with at least one rack")
+    nodes: list[Node] = []
+    seen_racks: set[str] = set()
+    seen_nodes: set[str] = set()
+    for position, rack in enumerate(racks):
+        if not isinstance(rack, Mapping):
+            raise where.error(f"racks[{position}]", "is not a mapping", "give each rack 'name:' and 'nodes:'")
+        _check_keys(rack, _RACK_KEYS, f"racks[{position}]", where)
+        rack_name = _name(rack.get("name"), f"racks[{position}].name", where)
+        if rack_name in seen_racks:
+            raise where.error(f"racks[{position}].name", f"rack {rack_name!r} appears twice",
+                              "give every rack a unique name")
+        seen_racks.add(rack_name)
+        rack_labels = _labels(rack.get("labels"), f"rack {rack_name!r} labels", where)
+        rack_nodes = rack.get("nodes")
+        if not isinstance(rack_nodes, list) or not rack_nodes:
+            raise where.error(f"rack {rack_name!r} nodes", "missing or empty",
+                              "list the rack's nodes under 'nodes:'")
+        for node_position, entry in enumerate(rack_nodes):
+            node = _parse_node(entry, rack_name, rack_labels, f"{rack_name}.nodes[{node_position}]",
+                               source, cat)
+            if node.name in seen_nodes:
+                raise _Where(source, node.name).error(
+                    "name", "the node name appears twice", "give every node a unique host name")
+            seen_nodes.add(node.name)
+            nodes.append(node)
+    return nodes
+
+
+def _parse_node(entry: object, rack: str, rack_labels: dict[str, str], position: str, source: str,
+                cat: Catalog) -> Node:
+    where = _Where(source)
+    if not isinstance(entry, Mapping):
+        raise where.error(position, "is not a mapping", "give each node 'name:' and 'devices:'")
+    name = _name(entry.get("name"), f"{position}.name", where)
+    where = _Where(source, name)
+    _check_keys(entry, _NODE_KEYS, "<node>", where)
+    numa_nodes = _int(entry.get("numa_nodes", 1), "numa_nodes", where, minimum=1)
+    cpu = _int(entry.get("cpu", 0), "cpu", where, minimum=0)
+    memory = _size(entry.get("memory"), "memory", where) if entry.get("memory") is not None else 0
+    standby = entry.get("standby", False)
+    if not isinstance(standby, bool):
+        raise where.error("standby", f"{standby!r} is not true or false", "write 'standby: true' or omit it")
+    labels = dict(rack_labels)
+    labels.update(_labels(entry.get("labels"), "labels", where))
+    groups = entry.get("devices")
+    if isinstance(groups, Mapping):
+        groups = [groups]
+    if not isinstance(groups, list) or not groups:
+        raise where.error("devices", "missing or empty", "add 'devices: {model: H100-SXM-80GB, count: 8}'")
+    devices: list[Device] = []
+    switch_offset = 0
+    island_offset = 0
+    for group_number, group in enumerate(groups):
+        built, switches, islands = _parse_group(
+            group, f"devices[{group_number}]", name, numa_nodes, len(devices),
+            switch_offset, island_offset, where, cat,
+        )
+        devices.extend(built)
+        switch_offset += switches
+        island_offset += islands
+    return Node(
+        name=name, rack=rack, devices=tuple(devices), labels=tuple(sorted(labels.items())),
+        cpu_milli=cpu * 1000, memory_bytes=memory, standby=standby,
+    )
+
+
+def _parse_group(group: object, field: str, node: str, numa_nodes: int, first_index: int,
+                 switch_offset: int, island_offset: int, where: _Where,
+                 cat: Catalog) -> tuple[list[Device], int, int]:
+    if not isinstance(group, Mapping):
+        raise where.error(field, "is not a mapping", "write '{model: <catalog name>, count: <n>}'")
+    _check_keys(group, _GROUP_KEYS, field, where)
+    model_name = group.get("model")
+    if not isinstance(model_name, str) or cat.find(model_name) is None:
+        close = difflib.get_close_matches(str(model_name), list(cat.names), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise where.error(f"{field}.model", f"unknown accelerator model {model_name!r}",
+                          f"{hint}use a catalog name: {', '.join(cat.names)}")
+    model = cat.get(model_name)
+    count = _int(group.get("count", 1), f"{field}.count", where, minimum=1)
+    memory = (_size(group["memory"], f"{field}.memory", where)
+              if group.get("memory") is not None else model.memory_bytes)
+    numa = _numa(group.get("numa"), count, numa_nodes, f"{field}.numa", where)
+    switches = _index_groups(group.get("pcie_switches"), count, f"{field}.pcie_switches", where)
+    if switches is None:
+        switches = [list(range(i, min(i + 2, count))) for i in range(0, count, 2)]
+    switch_of = _membership(switches, count, f"{field}.pcie_switches", where, complete=True)
+    islands = _index_groups(group.get("islands"), count, f"{field}.islands", where)
+    if islands is None:
+        islands = [list(range(count))] if model.link.is_high_speed and count > 1 else []
+    elif islands and not model.link.is_high_speed:
+        raise where.error(f"{field}.islands", f"{model.name} has no peer links (PCIe only)",
+                          "remove 'islands' for this model")
+    for island in islands:
+        if len(island) < 2:
+            raise where.error(f"{field}.islands", f"island {island} has fewer than two devices",
+                              "list at least two device indices per island, or drop it")
+    island_of = _membership(islands, count, f"{field}.islands", where, complete=False)
+    prefix = UUID_PREFIX[model.vendor]
+    uuids = [f"{prefix}-sim-{node}-{first_index + i}" for i in range(count)]
+    devices = []
+    for i in range(count):
+        island_number = island_of.get(i)
+        peers: tuple[str, ...] = ()
+        island_id = None
+        link = LinkKind.PCIE
+        if island_number is not None:
+            island_id = f"{node}/{model.link.value}{island_offset + island_number}"
+            peers = tuple(uuids[j] for j in islands[island_number] if j != i)
+            link = model.link
+        devices.append(_device(model, uuids[i], first_index + i, node, memory, numa[i],
+                               f"{node}/pcie{switch_offset + switch_of[i]}", island_id, link, peers))
+    return devices, len(switches), len(islands)
+
+
+def _device(model: AcceleratorModel, uuid: str, index: int, node: str, memory: int, numa: int,
+            switch: str, island: str | None, link: LinkKind, peers: tuple[str, ...]) -> Device:
+    return Device(
+        uuid=uuid, index=index, node=node, model=model.name, vendor=model.vendor,
+        architecture=model.architecture, memory_bytes=memory, numa_node=numa, pcie_switch=switch,
+        island=island, link=link, peers=peers,
+    )
+
+
+def _check_keys(mapping: Mapping[Any, Any], allowed: frozenset[str], field: str, where: _Where) -> None:
+    for key in mapping:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise where.error(f"{field}.{key}" if field != "<node>" else str(key), "unknown key",
+                              f"{hint}allowed keys: {', '.join(sorted(allowed))}")
+
+
+def _name(value: object, field: str, where: _Where) -> str:
+    if isinstance(value, str) and value.strip() and all(c.isalnum() or c in "-_." for c in value):
+        return value
+    raise where.error(field, f"{value!r} is not a valid name",
+                      "use letters, digits, '-', '_' or '.' (a host name)")
+
+
+def _int(value: object, field: str, where: _Where, *, minimum: int) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+        return value
+    raise where.error(field, f"{value!r} is not a whole number ≥ {minimum}", f"write a number ≥ {minimum}")
+
+
+def _size(value: object, field: str, where: _Where) -> int:
+    try:
+        return parse_size(value, field)
+    except GPURequestError as exc:
+        raise where.error(field, f"{value!r} is not a size", "write bytes or a size like '80GiB'") from exc
+
+
+def _labels(value: object, field: str, where: _Where) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str | int) and not isinstance(v, bool) for k, v in value.items()
+    ):
+        raise where.error(field, f"{value!r} is not a mapping of names to values",
+                          "write labels as {key: value}")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _numa(value: object, count: int, numa_nodes: int, field: str, where: _Where) -> list[int]:
+    if value is None:
+        return [i * numa_nodes // count for i in range(count)]
+    if (not isinstance(value, list) or len(value) != count
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        raise where.error(field, f"{value!r} is not a list of {count} NUMA node numbers",
+                          f"give one NUMA node per device ({count} entries) or omit it")
+    for v in value:
+        if not 0 <= v < numa_nodes:
+            raise where.error(field, f"NUMA node {v} does not exist (numa_nodes: {numa_nodes})",
+                              f"use 0..{numa_nodes - 1} or raise numa_nodes")
+    return list(value)
+
+
+def _index_groups(value: object, count: int, field: str, where: _Where) -> list[list[int]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(g, list) for g in value):
+        raise where.error(field, f"{value!r} is not a list of index lists", "write e.g. [[0, 1], [2, 3]]")
+    for group in value:
+        for index in group:
+            if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
+                raise where.error(field, f"device index {index!r} is out of range",
+                                  f"use indices 0..{count - 1} (they count within this device group)")
+    return [list(g) for g in value]
+
+
+def _membership(groups: Sequence[Sequence[int]], count: int, field: str, where: _Where, *,
+                complete: bool) -> dict[int, int]:
+    result: dict[int, int] = {}
+    for number, group in enumerate(groups):
+        for index in group:
+            if index in result:
+                raise where.error(field, f"device {index} is listed in two groups",
+                                  "put each device in exactly one group")
+            result[index] = number
+    if complete and len(result) != count:
+        missing = sorted(set(range(count)) - set(result))
+        raise where.error(field, f"devices {missing} are in no group", "list every device index once")
+    return result
