@@ -1,0 +1,173 @@
+"""Fleet snapshots for simulation: from the openb node list, Gavel's cluster, uniform clusters.
+
+Every builder returns an empty :class:`~gpusched.model.FleetSnapshot` (no usage) whose devices
+carry catalog models, so the placement engine sees the same vocabulary as on a live fleet.
+Device uuids are ``<node>/gpu<i>``; island = the node for NVLink models (all GPUs of one node
+form one island), PCIe otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from gpusched.catalog import Catalog, LinkKind, default_catalog
+from gpusched.errors import ConfigurationError
+from gpusched.model import Device, FleetSnapshot, Node
+from gpusched.sim.traces import GAVEL_MODELS, OpenbNode
+
+__all__ = [
+    "GAVEL_GPUS_PER_SERVER",
+    "PHILLY_DEFAULT_NODES",
+    "fleet_from_spec",
+    "gavel_fleet",
+    "make_node",
+    "openb_fleet",
+    "uniform_fleet",
+]
+
+MIB = 1024**2
+GAVEL_GPUS_PER_SERVER = 4
+"""Gavel's cluster: 36 V100 + 36 P100 + 36 K80, built as 9 servers of 4 GPUs per type."""
+PHILLY_DEFAULT_NODES = 50
+"""Philly cluster size in 8-GPU nodes (400 GPUs; see docs/benchmarks.md for why)."""
+
+
+def make_node(
+    name: str,
+    model: str,
+    gpus: int,
+    *,
+    cpu_milli: int = 0,
+    memory_bytes: int = 0,
+    rack: str = "rack0",
+    labels: Iterable[tuple[str, str]] = (),
+    catalog: Catalog | None = None,
+) -> Node:
+    """One node with ``gpus`` devices of catalog ``model`` (alias accepted)."""
+    cat = catalog or default_catalog()
+    spec = cat.get(model)
+    island = name if spec.link.is_high_speed else None
+    uuids = [f"{name}/gpu{i}" for i in range(gpus)]
+    devices = tuple(
+        Device(
+            uuid=uuids[i],
+            index=i,
+            node=name,
+            model=spec.name,
+            vendor=spec.vendor,
+            architecture=spec.architecture,
+            memory_bytes=spec.memory_bytes,
+            numa_node=0 if i < max(1, gpus // 2) else 1,
+            pcie_switch=f"{name}/sw{i // 2}",
+            island=island,
+            link=spec.link if island else LinkKind.PCIE,
+            peers=tuple(u for u in uuids if u != uuids[i]) if island else (),
+        )
+        for i in range(gpus)
+    )
+    return Node(
+        name=name,
+        rack=rack,
+        devices=devices,
+        labels=tuple(labels),
+        cpu_milli=cpu_milli,
+        memory_bytes=memory_bytes,
+    )
+
+
+def openb_fleet(nodes: Sequence[OpenbNode], *, include_cpu_only: bool = False) -> FleetSnapshot:
+    """The openb cluster: one :class:`Node` per listed node, CPU and memory from the trace.
+
+    Trace model names (``V100M16``, ``G2``…) resolve through catalog aliases. CPU-only nodes are
+    skipped unless ``include_cpu_only`` (the FGD experiment uses the GPU nodes only).
+    """
+    cat = default_catalog()
+    built = []
+    for i, n in enumerate(nodes):
+        if n.gpus == 0 and not include_cpu_only:
+            continue
+        model = n.model or "T4"
+        if n.gpus and cat.find(model) is None:
+            raise ConfigurationError(
+                f"openb node {n.name} has GPU model {model!r} unknown to the catalog; "
+                "add it (or an alias) to include/catalog/accelerators.json"
+            )
+        built.append(
+            make_node(
+                n.name,
+                model,
+                n.gpus,
+                cpu_milli=n.cpu_milli,
+                memory_bytes=n.memory_mib * MIB,
+                rack=f"rack{i // 32}",
+                catalog=cat,
+            )
+        )
+    return FleetSnapshot(tuple(built), source="openb")
+
+
+def gavel_fleet(per_type: int = 36, gpus_per_server: int = GAVEL_GPUS_PER_SERVER) -> FleetSnapshot:
+    """Gavel's heterogeneous cluster: ``per_type`` V100, P100 and K80 each, in servers of ``gpus_per_server``.
+
+    Nodes are listed V100 first, then P100, then K80 (so a first-fit policy fills the fastest
+    GPUs first, like a FIFO scheduler walking its server list).
+    """
+    if per_type % gpus_per_server:
+        raise ConfigurationError(
+            f"per_type={per_type} is not a multiple of gpus_per_server={gpus_per_server}; pick divisors"
+        )
+    nodes = []
+    for short, model in GAVEL_MODELS.items():
+        for s in range(per_type // gpus_per_server):
+            nodes.append(make_node(f"{short}-{s:02d}", model, gpus_per_server, rack=f"rack-{short}"))
+    return FleetSnapshot(tuple(nodes), source="gavel")
+
+
+def uniform_fleet(n_nodes: int, gpus_per_node: int = 8, model: str = "V100-SXM2-16GB") -> FleetSnapshot:
+    """``n_nodes`` identical nodes of ``gpus_per_node`` ``model`` devices, 32 nodes per rack."""
+    if n_nodes < 1 or gpus_per_node < 1:
+        raise ConfigurationError("a fleet needs at least one node with at least one GPU")
+    nodes = tuple(
+        make_node(f"node-{i:05d}", model, gpus_per_node, rack=f"rack{i // 32}") for i in range(n_nodes)
+    )
+    return FleetSnapshot(nodes, source=f"uniform-{n_nodes}x{gpus_per_node}")
+
+
+def fleet_from_spec(spec: str) -> FleetSnapshot:
+    """A fleet from a command-line spec.
+
+    Accepted: ``gavel`` (36+36+36, 4 GPUs/server), ``gavel:GPUS_PER_SERVER``,
+    ``uniform:NODESxGPUS[:MODEL]`` (e.g. ``uniform:50x8:V100``), a path to an openb node CSV, or
+    a fleet YAML file (read by :func:`gpusched.hardware.fleetfile.load_fleet`).
+    """
+    if spec == "gavel":
+        return gavel_fleet()
+    if spec.startswith("gavel:"):
+        return gavel_fleet(gpus_per_server=int(spec.split(":", 1)[1]))
+    if spec.startswith("uniform:"):
+        parts = spec.split(":")
+        try:
+            nodes_s, gpus_s = parts[1].lower().split("x")
+            return uniform_fleet(int(nodes_s), int(gpus_s), *(parts[2:3] or []))
+        except ValueError:
+            raise ConfigurationError(
+                f"bad fleet spec {spec!r}; write uniform:NODESxGPUS[:MODEL], e.g. uniform:50x8:V100"
+            ) from None
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigurationError(
+            f"fleet {spec!r} is neither a file nor a spec; use gavel, uniform:NxG[:MODEL], "
+            "an openb node CSV or a fleet YAML"
+        )
+    if path.suffix == ".csv":
+        from gpusched.sim.traces import load_openb_nodes
+
+        return openb_fleet(load_openb_nodes(path))
+    try:
+        from gpusched.hardware.fleetfile import load_fleet  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"cannot read fleet YAML {path}: gpusched.hardware.fleetfile is not available ({exc})"
+        ) from exc
+    return FleetSnapshot(tuple(load_fleet(path)), source=str(path))
