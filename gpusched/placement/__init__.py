@@ -1,0 +1,30 @@
+"""Placement: pure functions that decide which devices each pending GPU task gets.
+
+``place(pending, snapshot, policy, now=...)`` → :class:`PlacementPlan`. See ``docs/placement.md``
+for the scoring and how to read rejection reasons.
+"""
+
+from gpusched.placement.engine import Placer, place
+from gpusched.placement.policy import Chooser, Policy, WorkloadShape
+from gpusched.placement.types import (
+    Assignment,
+    PendingTask,
+    PlacementPlan,
+    Rejection,
+    Reservation,
+    RunningTask,
+)
+
+__all__ = [
+    "Assignment",
+    "Chooser",
+    "PendingTask",
+    "PlacementPlan",
+    "Placer",
+    "Policy",
+    "Rejection",
+    "Reservation",
+    "RunningTask",
+    "WorkloadShape",
+    "place",
+]

@@ -1,0 +1,269 @@
+"""One task's decision: feasible devices now → candidate nodes → score → devices, or a reason.
+
+Used by :class:`gpusched.placement.engine.Placer`; kept apart so the engine module stays about
+ordering, reservations and quota.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpusched.model import MILLI
+from gpusched.placement import filter as flt
+from gpusched.placement.index import FleetIndex, FreeState
+from gpusched.placement.policy import Chooser
+from gpusched.placement.topology import NodeCounts, node_counts, pick_in_node, pick_nodes
+from gpusched.placement.types import PendingTask, Rejection
+from gpusched.request import GPURequest, Interconnect
+
+if TYPE_CHECKING:
+    from gpusched.placement.engine import Placer, _Choice
+
+__all__ = ["choose"]
+
+
+def choose(
+    placer: Placer,
+    task: PendingTask,
+    state: FreeState,
+    end: float,
+    rng: np.random.Generator,
+    *,
+    use_stats: bool,
+) -> _Choice | Rejection:
+    """Devices for ``task`` in ``state`` (tasks ending at ``end``; inf = unknown), or a rejection."""
+    idx = placer.index
+    policy = placer.policy
+    req = task.request
+    milli = flt.milli_need(req, policy.round_up_fractions)
+    frac = milli < MILLI
+    elig = flt.eligibility(
+        idx, req, fractional=frac, fractions_need_partitioning=policy.fractions_need_partitioning
+    )
+    reason = flt.static_reason(req, elig, fractional=frac) or _never_fits(idx, req, elig, frac)
+    if reason is not None:
+        return Rejection(task.key, reason, True)
+    if frac:
+        fits = elig.usable & (state.free_milli >= milli) & (state.free_mem >= req.memory_per_gpu)
+    else:
+        fits = elig.usable & (state.free_milli >= MILLI) & (state.free_mem >= idx.dev_mem)
+    fits_now = fits
+    if end != math.inf or np.isfinite(state.res_start).any():
+        fits = fits & (state.res_start >= end)
+    if frac:
+        return _fraction(placer, task, state, fits, fits_now, elig, milli, rng, use_stats)
+    return _whole(placer, task, state, fits, fits_now, elig, rng, use_stats)
+
+
+def _speed_terms(
+    placer: Placer, task: PendingTask, models: np.ndarray, eligible_models: np.ndarray
+) -> np.ndarray:
+    policy = placer.policy
+    speed, energy = placer.model_speed(task.job_type)
+    out = np.zeros(len(models))
+    known = task.job_type is not None and task.job_type in policy.throughput
+    if policy.speed and (known or task.request.expected_duration_s > 0) and len(eligible_models):
+        out += policy.speed * (1.0 - speed[models] / speed[eligible_models].max())
+    if policy.energy and len(eligible_models):
+        out += policy.energy * np.minimum(energy[models] / energy[eligible_models].min() - 1.0, 2.0)
+    return out
+
+
+def _fraction(
+    placer: Placer,
+    task: PendingTask,
+    state: FreeState,
+    fits: np.ndarray,
+    fits_now: np.ndarray,
+    elig: flt.Eligibility,
+    milli: int,
+    rng: np.random.Generator,
+    use_stats: bool,
+) -> _Choice | Rejection:
+    from gpusched.placement.engine import _Choice
+
+    idx = placer.index
+    policy = placer.policy
+    cand = np.flatnonzero(fits)
+    if len(cand) == 0:
+        return Rejection(task.key, _busy_reason(task.request, elig, fits, fits_now, True), False)
+    free = state.free_milli[cand]
+    score = 0.0
+    if policy.chooser is Chooser.FIRST_FIT:
+        d = int(cand[0])
+    elif policy.chooser is Chooser.RANDOM:
+        d = int(rng.choice(cand))
+    elif policy.chooser is Chooser.BEST_FIT:
+        node_free = placer.stats.total[idx.dev_node[cand]] if use_stats else free
+        d = int(cand[np.lexsort((cand, free, node_free))[0]])
+    else:
+        s = policy.packing * (free - milli) / MILLI
+        if use_stats and policy.fragmentation:
+            s = s + policy.fragmentation * placer.stats.delta_fraction(cand, milli, free) / MILLI
+        s = s + _speed_terms(placer, task, idx.dev_model[cand], idx.dev_model[cand])
+        s = s + policy.degraded_penalty * (idx.dev_health[cand] == 1)
+        best = int(np.argmin(s))
+        d, score = int(cand[best]), float(s[best])
+    return _Choice([d], milli, [task.request.memory_per_gpu], score)
+
+
+def _whole(
+    placer: Placer,
+    task: PendingTask,
+    state: FreeState,
+    fits: np.ndarray,
+    fits_now: np.ndarray,
+    elig: flt.Eligibility,
+    rng: np.random.Generator,
+    use_stats: bool,
+) -> _Choice | Rejection:
+    from gpusched.placement.engine import _Choice
+
+    idx = placer.index
+    policy = placer.policy
+    req = task.request
+    k = req.count
+    nc = node_counts(idx, fits, k)
+    nodes = np.flatnonzero(nc.feasible(k, req.interconnect))
+    local = policy.chooser is Chooser.SCORE
+    score = 0.0
+    plan: list[tuple[int, int]]
+    if len(nodes):
+        if policy.chooser is Chooser.FIRST_FIT:
+            n = int(nodes[0])
+        elif policy.chooser is Chooser.RANDOM:
+            n = int(rng.choice(nodes))
+        elif policy.chooser is Chooser.BEST_FIT:
+            free = placer.stats.total[nodes] if use_stats else nc.count[nodes] * MILLI
+            n = int(nodes[np.argmin(free)])
+        else:
+            s = policy.locality * nc.tier(k)[nodes].astype(np.float64)
+            if use_stats and policy.fragmentation:
+                s += policy.fragmentation * placer.stats.delta_whole(nodes, k) / MILLI
+            if use_stats and policy.packing:
+                s += policy.packing * (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI)
+            node_models = idx.dev_model[idx.node_start[nodes]]
+            s += _speed_terms(placer, task, node_models, node_models)
+            if policy.degraded_penalty and (fits & ~elig.healthy).any():
+                n_healthy = np.bincount(idx.dev_node[fits & elig.healthy], minlength=len(idx.nodes))[nodes]
+                s += policy.degraded_penalty * np.maximum(0, k - n_healthy)
+            best = int(np.argmin(s))
+            n, score = int(nodes[best]), float(s[best])
+        plan = [(n, k)]
+    elif req.may_span_nodes and k > 1:
+        order = {Chooser.FIRST_FIT: "first", Chooser.RANDOM: "random"}.get(policy.chooser, "best")
+        gang = pick_nodes(idx, nc.count, k, req.interconnect, order=order, rng=rng)
+        if gang is None:
+            return Rejection(task.key, _gang_reason(idx, req, elig, nc, fits, fits_now), False)
+        plan, tier = gang
+        if local:
+            score = policy.locality * tier
+    else:
+        return Rejection(task.key, _gang_reason(idx, req, elig, nc, fits, fits_now), False)
+    chosen: list[int] = []
+    for n, take in plan:
+        lo, hi = int(idx.node_start[n]), int(idx.node_start[n + 1])
+        in_node: list[int] = (np.flatnonzero(fits[lo:hi]) + lo).tolist()
+        inter = req.interconnect if len(plan) == 1 else Interconnect.ANY
+        healthy = [d for d in in_node if idx.dev_health[d] == 0]
+        pool = healthy if len(healthy) >= take and _ok(idx, healthy, take, inter) else in_node
+        if policy.chooser is Chooser.RANDOM:
+            pool = rng.permutation(pool).tolist() if inter is Interconnect.ANY or take == 1 else pool
+        chosen.extend(pick_in_node(idx, pool, take, inter, local=local))
+    return _Choice(chosen, MILLI, [int(idx.dev_mem[d]) for d in chosen], score)
+
+
+def _ok(idx: FleetIndex, devs: list[int], k: int, inter: Interconnect) -> bool:
+    if k <= 1 or inter not in (Interconnect.ISLAND, Interconnect.SAME_NUMA):
+        return True
+    groups = idx.dev_island if inter is Interconnect.ISLAND else idx.dev_numa
+    values = [int(groups[d]) for d in devs if groups[d] >= 0]
+    return any(values.count(v) >= k for v in set(values))
+
+
+def _never_fits(idx: FleetIndex, req: GPURequest, elig: flt.Eligibility, frac: bool) -> str | None:
+    """A reason when even the empty fleet (all devices in service) cannot hold the request."""
+    k = req.count
+    if frac or k == 1:
+        return None
+    key = (
+        "never",
+        req.vendors,
+        req.models,
+        req.labels,
+        req.min_arch,
+        req.memory_per_gpu,
+        k,
+        req.interconnect,
+    )
+    if key in idx.masks:
+        cached: str | None = idx.masks[key]
+        return cached
+    nc = node_counts(idx, elig.hardware, k)
+    reason = None
+    if not nc.feasible(k, req.interconnect).any():
+        what = flt.describe_request(req)
+        if req.may_span_nodes:
+            per_rack = np.bincount(idx.node_rack, weights=nc.count, minlength=len(idx.racks))
+            total = int(nc.count.sum())
+            if req.interconnect is Interconnect.SAME_RACK and per_rack.max() < k:
+                reason = f"needs {what}; the largest rack has only {int(per_rack.max())} matching devices"
+            elif total < k:
+                reason = f"needs {what}; the whole fleet has only {total} matching devices"
+        elif req.interconnect is Interconnect.ISLAND:
+            reason = f"needs {what}; the largest matching island in the fleet has {int(nc.island.max())}"
+        elif req.interconnect is Interconnect.SAME_NUMA:
+            reason = f"needs {what}; the largest matching NUMA node in the fleet has {int(nc.numa.max())}"
+        else:
+            reason = f"needs {what}; the largest matching node in the fleet has {int(nc.count.max())}"
+    idx.masks[key] = reason
+    return reason
+
+
+def _held(fits: np.ndarray, fits_now: np.ndarray) -> str:
+    held = int((fits_now & ~fits).sum())
+    return f", {held} held for a reservation" if held else ""
+
+
+def _busy_reason(
+    req: GPURequest, elig: flt.Eligibility, fits: np.ndarray, fits_now: np.ndarray, frac: bool
+) -> str:
+    what = flt.describe_request(req, fractional=frac)
+    busy = elig.n_usable - int(fits_now.sum())
+    note = flt.operational_note(elig)
+    extra = f"; {note}" if note else ""
+    return (
+        f"no {what} free now: {elig.n_usable} matching in service, {busy} busy{_held(fits, fits_now)}{extra}"
+    )
+
+
+def _gang_reason(
+    idx: FleetIndex,
+    req: GPURequest,
+    elig: flt.Eligibility,
+    nc: NodeCounts,
+    fits: np.ndarray,
+    fits_now: np.ndarray,
+) -> str:
+    k = req.count
+    if k == 1:
+        return _busy_reason(req, elig, fits, fits_now, False)
+    what = flt.describe_request(req)
+    note = flt.operational_note(elig)
+    extra = f"; {note}" if note else ""
+    free = int(nc.count.sum())
+    if req.interconnect is Interconnect.ISLAND:
+        head = f"largest free island: {int(nc.island.max(initial=0))}"
+    elif req.interconnect is Interconnect.SAME_NUMA:
+        head = f"largest free set in one NUMA node: {int(nc.numa.max(initial=0))}"
+    elif req.may_span_nodes:
+        per_rack = np.bincount(idx.node_rack, weights=nc.count, minlength=len(idx.racks))
+        head = f"{free} free in the fleet, at most {int(per_rack.max(initial=0))} in one rack"
+    else:
+        best = int(np.argmax(nc.count)) if len(nc.count) else 0
+        most = int(nc.count.max(initial=0))
+        head = f"largest free set on one node: {most}" + (f" ({idx.nodes[best].name})" if most else "")
+    return f"needs {what}; {head} ({free} matching free{_held(fits, fits_now)}){extra}"

@@ -1,0 +1,315 @@
+"""The placement engine: ``place(pending, snapshot, policy, ...) -> PlacementPlan``.
+
+Pure over its inputs. Pending tasks are considered in priority order (then submission time);
+each assignment is applied to a working copy of the free capacity, so a plan never double-books.
+For one task: filter (hard constraints) → candidate nodes/devices (topology) → score → choose;
+then quota (tenant budget, partition share). A critical task that cannot fit now reserves the
+devices that free up earliest; others may use reserved devices only if they end before it starts.
+
+:class:`Placer` is the same engine kept alive between calls (a simulator applies and releases
+shares on it instead of rebuilding state from a snapshot every decision).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpusched.catalog import Catalog
+from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.placement.index import FleetIndex, FreeState, fleet_index
+from gpusched.placement.policy import Policy
+from gpusched.placement.score import FragStats, Workload, estimate_workload
+from gpusched.placement.types import (
+    Assignment,
+    PendingTask,
+    PlacementPlan,
+    Rejection,
+    Reservation,
+    RunningTask,
+)
+from gpusched.quota import QuotaState, check_budget, check_partition
+from gpusched.request import GPURequest, Partition
+
+__all__ = ["Placer", "place"]
+
+
+def place(
+    pending: Sequence[PendingTask],
+    snapshot: FleetSnapshot,
+    policy: Policy,
+    *,
+    now: float,
+    running: Sequence[RunningTask] = (),
+    quota: QuotaState | None = None,
+    seed: int = 0,
+    catalog: Catalog | None = None,
+) -> PlacementPlan:
+    """Plan devices for ``pending`` on ``snapshot`` under ``policy``.
+
+    Every pending key appears exactly once in the plan: assigned or rejected with a reason.
+    ``running`` feeds reservations (their ``expected_end``), partition use and committed budget;
+    ``quota`` (None = no partitions or budgets) holds the quota policy and budget use so far.
+    """
+    workload = (
+        Workload.of(policy.workload)
+        if policy.workload
+        else estimate_workload([t.request for t in pending] + [r.request for r in running])
+    )
+    placer = Placer(snapshot, policy, workload=workload, catalog=catalog)
+    return placer.place(pending, now=now, running=running, quota=quota, seed=seed)
+
+
+@dataclass(slots=True)
+class _Choice:
+    devices: list[int]
+    milli: int
+    memory: list[int]
+    score: float
+
+
+class Placer:
+    """The engine with its free-capacity state kept between calls.
+
+    ``place(..., commit=True)`` keeps the plan's assignments in the state; :meth:`apply` and
+    :meth:`release` change it directly (when tasks start or end outside the engine).
+    """
+
+    def __init__(
+        self,
+        snapshot: FleetSnapshot,
+        policy: Policy,
+        *,
+        workload: Workload | None = None,
+        catalog: Catalog | None = None,
+    ) -> None:
+        self.snapshot = snapshot
+        self.policy = policy
+        self.index: FleetIndex = fleet_index(snapshot, catalog)
+        self.state = FreeState(self.index, snapshot)
+        self.workload = workload or Workload.of(policy.workload)
+        self._stats: FragStats | None = None
+        self._speed_cache: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
+
+    # ---- state -----------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> FragStats:
+        """Fragmentation aggregates (built on first use)."""
+        if self._stats is None:
+            self._stats = FragStats(self.index, self.state, self.workload)
+        return self._stats
+
+    def apply(self, shares: Iterable[DeviceShare], *, release: bool = False) -> None:
+        """Take (or, with ``release``, give back) ``shares`` in the working state."""
+        shares = tuple(shares)
+        self.state.apply(shares, release=release)
+        if self._stats is not None:
+            pos = self.index.pos
+            self._stats.refresh(
+                self.state, (int(self.index.dev_node[pos[s.uuid]]) for s in shares if s.uuid in pos)
+            )
+
+    def release(self, shares: Iterable[DeviceShare]) -> None:
+        """Give back ``shares``."""
+        self.apply(shares, release=True)
+
+    def free_milli(self, uuid: str) -> int:
+        """Free milli-GPU of one device in the working state."""
+        return int(self.state.free_milli[self.index.pos[uuid]])
+
+    # ---- planning --------------------------------------------------------------------------
+
+    def place(
+        self,
+        pending: Sequence[PendingTask],
+        *,
+        now: float,
+        running: Sequence[RunningTask] = (),
+        quota: QuotaState | None = None,
+        seed: int = 0,
+        commit: bool = True,
+    ) -> PlacementPlan:
+        """Plan ``pending`` (see :func:`place`); keep the assignments in the state if ``commit``."""
+        saved = None if commit else (self.state.copy(), self._stats)
+        if not commit:
+            self._stats = None
+        rng = np.random.default_rng(seed)
+        ctx = _Quota(self, quota, running, pending, now) if quota is not None else None
+        ordered = sorted(pending, key=lambda t: (-self._effective_priority(t, now), t.submitted_at, t.key))
+        assignments: list[Assignment] = []
+        rejections: list[Rejection] = []
+        reservations: list[Reservation] = []
+        res_start = self.state.res_start
+        res_start[:] = np.inf
+        seen: set[str] = set()
+        for task in ordered:
+            if task.key in seen:
+                continue
+            seen.add(task.key)
+            req = task.request
+            end = now + req.expected_duration_s if req.expected_duration_s > 0 else math.inf
+            outcome = self._find(task, self.state, end, rng, use_stats=True)
+            if isinstance(outcome, Rejection):
+                if not outcome.permanent and self._may_reserve(req, running):
+                    reservation = self._reserve(task, running, now, rng)
+                    if reservation is not None:
+                        reservations.append(reservation)
+                        outcome = Rejection(
+                            task.key, outcome.reason + _reserved_note(reservation, now), False
+                        )
+                if ctx is not None:
+                    ctx.done(req)
+                rejections.append(outcome)
+                continue
+            shares = self._shares(outcome)
+            if ctx is not None:
+                verdict = ctx.admit(task, shares, outcome.milli * len(shares), now)
+                if verdict is not None:
+                    rejections.append(verdict)
+                    continue
+            self.apply(shares)
+            assignments.append(Assignment(task.key, shares, float(outcome.score)))
+        res_start[:] = np.inf
+        if saved is not None:
+            self.state, self._stats = saved
+        return PlacementPlan(tuple(assignments), tuple(rejections), tuple(reservations))
+
+    def _effective_priority(self, task: PendingTask, now: float) -> float:
+        aging = self.policy.aging_per_hour
+        wait_h = max(0.0, now - task.submitted_at) / 3600.0
+        return task.request.priority + aging * wait_h
+
+    def _shares(self, choice: _Choice) -> tuple[DeviceShare, ...]:
+        devices = self.index.devices
+        return tuple(
+            DeviceShare(devices[d].uuid, devices[d].node, devices[d].index, choice.milli, mem)
+            for d, mem in zip(choice.devices, choice.memory, strict=True)
+        )
+
+    # ---- one task ----------------------------------------------------------------------------
+
+    def _find(
+        self, task: PendingTask, state: FreeState, end: float, rng: np.random.Generator, *, use_stats: bool
+    ) -> _Choice | Rejection:
+        from gpusched.placement.choose import choose
+
+        return choose(self, task, state, end, rng, use_stats=use_stats)
+
+    def _may_reserve(self, req: GPURequest, running: Sequence[RunningTask]) -> bool:
+        return (
+            self.policy.reservations
+            and req.priority >= self.policy.critical_priority
+            and any(r.expected_end is not None for r in running)
+        )
+
+    def _reserve(
+        self, task: PendingTask, running: Sequence[RunningTask], now: float, rng: np.random.Generator
+    ) -> Reservation | None:
+        """Hold the devices that free up earliest for ``task`` (binary search over end times)."""
+        ending = sorted(
+            (r for r in running if r.expected_end is not None), key=lambda r: (r.expected_end, r.key)
+        )
+
+        def future(p: int) -> FreeState:
+            state = self.state.copy()
+            for r in ending[:p]:
+                state.apply(r.shares, release=True)
+            return state
+
+        lo, hi = 1, len(ending)
+        found: tuple[int, _Choice] | None = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            outcome = self._find(task, future(mid), math.inf, rng, use_stats=False)
+            if isinstance(outcome, _Choice):
+                found = (mid, outcome)
+                hi = mid - 1
+            else:
+                lo = mid + 1
+        if found is None:
+            return None
+        p, choice = found
+        start = max(now, float(ending[p - 1].expected_end or now))
+        self.state.res_start[choice.devices] = np.minimum(self.state.res_start[choice.devices], start)
+        return Reservation(task.key, self._shares(choice), start)
+
+    # ---- speed / energy ----------------------------------------------------------------------
+
+    def model_speed(self, job_type: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """Per-model (speed, energy per unit of work) for ``job_type``."""
+        hit = self._speed_cache.get(job_type)
+        if hit is None:
+            speed = np.empty(len(self.index.model_names))
+            energy = np.empty(len(self.index.model_names))
+            for m, name in enumerate(self.index.model_names):
+                info = self.index.model_info[m]
+                s = self.policy.speed_of(job_type, name, info.a100_equiv_milli if info else MILLI)
+                speed[m] = max(s, 1e-9)
+                energy[m] = (info.tdp_milliwatts if info else 300_000) / speed[m]
+            hit = (speed, energy)
+            self._speed_cache[job_type] = hit
+        return hit
+
+
+def _reserved_note(reservation: Reservation, now: float) -> str:
+    nodes = sorted({s.node for s in reservation.shares})
+    wait = reservation.start - now
+    return (
+        f"; reserved {len(reservation.shares)} device(s) on {', '.join(nodes)} "
+        f"from t={reservation.start:.0f} (in {wait / 60:.0f} min, when running tasks end)"
+    )
+
+
+class _Quota:
+    """Partition and budget bookkeeping for one ``place`` call."""
+
+    def __init__(
+        self,
+        placer: Placer,
+        quota: QuotaState,
+        running: Sequence[RunningTask],
+        pending: Sequence[PendingTask],
+        now: float,
+    ) -> None:
+        from gpusched.quota import normalised_rate, partition_capacity
+
+        self.placer = placer
+        self.quota = quota
+        self.snapshot = placer.snapshot
+        self.capacity = partition_capacity(self.snapshot)
+        self.rate = normalised_rate
+        self.used = {p: 0 for p in Partition}
+        self.committed: dict[str, int] = {}
+        for r in running:
+            self.used[r.request.partition] += sum(s.milli for s in r.shares)
+            if r.expected_end is not None and r.expected_end > now:
+                cost = normalised_rate(r.shares, self.snapshot) * int(r.expected_end - now)
+                self.committed[r.request.tenant] = self.committed.get(r.request.tenant, 0) + cost
+        self.pending = {p: 0 for p in Partition}
+        for t in pending:
+            self.pending[t.request.partition] += t.request.total_milli
+
+    def done(self, req: GPURequest) -> None:
+        self.pending[req.partition] -= req.total_milli
+
+    def admit(
+        self, task: PendingTask, shares: tuple[DeviceShare, ...], need: int, now: float
+    ) -> Rejection | None:
+        req = task.request
+        self.done(req)
+        duration = req.expected_duration_s or self.quota.policy.default_duration_s
+        cost = self.rate(shares, self.snapshot) * duration
+        verdict = check_budget(self.quota, req.tenant, cost, committed=self.committed.get(req.tenant, 0))
+        if verdict.allowed:
+            verdict = check_partition(
+                self.quota.policy, req.partition, need, self.used, self.capacity, self.pending
+            )
+        if not verdict.allowed:
+            return Rejection(task.key, verdict.reason, verdict.permanent)
+        self.used[req.partition] += need
+        self.committed[req.tenant] = self.committed.get(req.tenant, 0) + cost
+        return None

@@ -1,0 +1,209 @@
+"""Hard constraints: which devices a request may use at all, and why others may not.
+
+:func:`eligibility` turns a request's static needs (vendor, model, labels, minimum architecture,
+memory, partitioning support) plus operational state (health, cordons, standby nodes) into a
+boolean mask over the fleet's devices, cached per request signature on the fleet index. It also
+counts how many devices each rule turned away, so a rejection can say why in plain words
+(:func:`describe_request`, :func:`shortage_reason`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpusched.catalog import Vendor, arch_rank
+from gpusched.model import MILLI
+from gpusched.placement.index import FleetIndex
+from gpusched.request import GPURequest, Interconnect
+
+__all__ = ["Eligibility", "describe_request", "eligibility", "memory_need", "milli_need"]
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class Eligibility:
+    """Devices a request may use, and counts of those turned away, rule by rule.
+
+    ``hardware`` ignores health, cordons and standby (what could ever fit); ``usable`` applies
+    them too. ``healthy`` marks usable devices that are not DEGRADED.
+    """
+
+    hardware: np.ndarray
+    usable: np.ndarray
+    healthy: np.ndarray
+    n_kind: int  # devices of an allowed vendor/model/architecture with the labels
+    n_memory: int  # ... that also have enough memory
+    n_hardware: int  # ... that also allow sharing when the request is fractional
+    n_unhealthy: int
+    n_cordoned: int
+    n_standby: int
+    n_usable: int
+
+
+def milli_need(request: GPURequest, round_up_fractions: bool) -> int:
+    """Compute share taken per device (a fraction becomes a whole device when rounding up)."""
+    return MILLI if round_up_fractions else request.milli_per_gpu
+
+
+def memory_need(request: GPURequest, milli: int) -> int:
+    """Memory that must be free per device: the request's, or the whole device (0) when whole."""
+    return request.memory_per_gpu if milli < MILLI else 0
+
+
+def eligibility(
+    index: FleetIndex, request: GPURequest, *, fractional: bool, fractions_need_partitioning: bool
+) -> Eligibility:
+    """The (cached) eligibility of ``request``'s devices on ``index``'s fleet."""
+    key = (
+        "elig",
+        request.vendors,
+        request.models,
+        request.labels,
+        request.min_arch,
+        request.memory_per_gpu,
+        fractional and fractions_need_partitioning,
+    )
+    hit = index.masks.get(key)
+    if hit is not None:
+        return hit
+    result = _compute(index, request, fractional and fractions_need_partitioning)
+    index.masks[key] = result
+    return result
+
+
+def _model_ok(
+    index: FleetIndex, request: GPURequest, need_partitioning: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    kind = np.zeros(len(index.model_names), dtype=bool)
+    share = np.ones(len(index.model_names), dtype=bool)
+    first_dev: dict[int, int] = {}
+    for i, m in enumerate(index.dev_model.tolist()):
+        first_dev.setdefault(m, i)
+    min_vendor, min_rank = _arch_floor(request.min_arch)
+    for m, name in enumerate(index.model_names):
+        dev = index.devices[first_dev[m]]
+        info = index.model_info[m]
+        vendor = info.vendor if info else dev.vendor
+        arch = info.architecture if info else dev.architecture
+        ok = (not request.models or name in request.models) and (
+            not request.vendors or vendor in request.vendors
+        )
+        if ok and min_vendor is not None:
+            ok = vendor is min_vendor and arch_rank(arch) >= min_rank
+        kind[m] = ok
+        if need_partitioning:
+            share[m] = bool(info and info.supports_fractions)
+    return kind, share
+
+
+def _arch_floor(min_arch: str | None) -> tuple[Vendor | None, int]:
+    if min_arch is None:
+        return None, 0
+    if min_arch.startswith("sm_"):
+        return Vendor.NVIDIA, arch_rank(min_arch)
+    if min_arch.startswith("gfx"):
+        return Vendor.AMD, arch_rank(min_arch)
+    return Vendor.ASCEND, arch_rank(min_arch)
+
+
+def _compute(index: FleetIndex, request: GPURequest, need_partitioning: bool) -> Eligibility:
+    if index.n_devices == 0:
+        empty = np.zeros(0, dtype=bool)
+        return Eligibility(empty, empty, empty, 0, 0, 0, 0, 0, 0, 0)
+    kind_m, share_m = _model_ok(index, request, need_partitioning)
+    kind = kind_m[index.dev_model]
+    if request.labels:
+        node_ok = np.array(
+            [all(labels.get(k) == v for k, v in request.labels) for labels in index.node_labels], dtype=bool
+        )
+        kind &= node_ok[index.dev_node]
+    memory = kind & (index.dev_mem >= request.memory_per_gpu)
+    hardware = memory & share_m[index.dev_model]
+    unhealthy = hardware & (index.dev_health == 2)
+    cordoned = hardware & ~unhealthy & index.dev_cordoned
+    standby = hardware & ~unhealthy & ~index.dev_cordoned & index.dev_standby
+    usable = hardware & ~unhealthy & ~index.dev_cordoned & ~index.dev_standby
+    return Eligibility(
+        hardware=hardware,
+        usable=usable,
+        healthy=usable & (index.dev_health == 0),
+        n_kind=int(kind.sum()),
+        n_memory=int(memory.sum()),
+        n_hardware=int(hardware.sum()),
+        n_unhealthy=int(unhealthy.sum()),
+        n_cordoned=int(cordoned.sum()),
+        n_standby=int(standby.sum()),
+        n_usable=int(usable.sum()),
+    )
+
+
+_LINK_WORDS = {
+    Interconnect.ISLAND: "NVLink/xGMI/HCCS-connected",
+    Interconnect.SAME_NUMA: "same-NUMA",
+    Interconnect.SAME_NODE: "same-node",
+    Interconnect.SAME_RACK: "same-rack",
+    Interconnect.ANY: "",
+}
+
+
+def describe_request(request: GPURequest, *, fractional: bool | None = None) -> str:
+    """A short phrase for the request, e.g. ``4 NVLink/xGMI/HCCS-connected A100-SXM-80GB ≥40 GiB``."""
+    frac = request.is_fractional if fractional is None else fractional
+    parts: list[str] = []
+    if frac:
+        parts.append(f"{request.milli_per_gpu / MILLI:g} of a")
+    else:
+        parts.append(str(request.count))
+        if request.count > 1 and _LINK_WORDS[request.interconnect]:
+            parts.append(_LINK_WORDS[request.interconnect])
+    plural = "" if frac or request.count == 1 else "s"
+    if request.models:
+        parts.append("|".join(sorted(request.models)))
+    elif request.vendors:
+        parts.append("|".join(sorted(str(v) for v in request.vendors)) + f" GPU{plural}")
+    else:
+        parts.append(f"GPU{plural}")
+    if request.min_arch:
+        parts.append(f"≥{request.min_arch}")
+    if request.memory_per_gpu:
+        parts.append(f"with ≥{_gib(request.memory_per_gpu)} free")
+    if request.labels:
+        parts.append("on " + ",".join(f"{k}={v}" for k, v in request.labels))
+    return " ".join(parts)
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:.0f} GiB" if value % GIB == 0 else f"{value / GIB:.1f} GiB"
+
+
+def static_reason(request: GPURequest, elig: Eligibility, *, fractional: bool) -> str | None:
+    """Why no device could ever serve ``request`` (None if some could)."""
+    what = describe_request(request, fractional=fractional)
+    if elig.n_kind == 0:
+        return f"needs {what}: no device in the fleet matches the vendor/model/architecture/labels"
+    if elig.n_memory == 0:
+        return (
+            f"needs {what}: none of the {elig.n_kind} matching devices has "
+            f"{_gib(request.memory_per_gpu)} of memory"
+        )
+    if elig.n_hardware == 0:
+        return (
+            f"needs {what}: none of the {elig.n_memory} matching devices supports sharing "
+            "(MIG/MPS/partitions); ask for a whole GPU"
+        )
+    return None
+
+
+def operational_note(elig: Eligibility) -> str:
+    """``"3 cordoned, 1 unhealthy"``-style note on matching devices that are out of service."""
+    parts = []
+    if elig.n_unhealthy:
+        parts.append(f"{elig.n_unhealthy} unhealthy")
+    if elig.n_cordoned:
+        parts.append(f"{elig.n_cordoned} cordoned")
+    if elig.n_standby:
+        parts.append(f"{elig.n_standby} on standby nodes")
+    return ", ".join(parts)

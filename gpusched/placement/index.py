@@ -1,0 +1,176 @@
+"""Per-fleet indexes (built once per inventory) and the mutable free-capacity state of one call.
+
+:func:`fleet_index` caches a :class:`FleetIndex` on the identity of the snapshot's ``nodes``
+tuple, which :meth:`FleetSnapshot.with_usage` shares between snapshots, so a scheduling loop that
+only changes usage never rebuilds it. :class:`FreeState` holds numpy arrays of free milli-GPU and
+memory per device that the engine updates as it assigns, so one plan never double-books.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpusched.catalog import AcceleratorModel, Catalog, default_catalog
+from gpusched.model import MILLI, Device, DeviceShare, FleetSnapshot, Health, Node
+
+__all__ = ["FleetIndex", "FreeState", "fleet_index"]
+
+_CACHE: OrderedDict[int, tuple[tuple[Node, ...], FleetIndex]] = OrderedDict()
+_CACHE_SIZE = 8
+
+
+@dataclass(eq=False)
+class FleetIndex:
+    """Static, array-shaped view of a fleet's inventory (devices grouped by node, in order)."""
+
+    nodes: tuple[Node, ...]
+    devices: tuple[Device, ...]
+    pos: dict[str, int]
+    node_pos: dict[str, int]
+    dev_node: np.ndarray  # int64 [D] node position of each device
+    node_start: np.ndarray  # int64 [N+1] device offsets
+    node_size: np.ndarray  # int64 [N]
+    dev_mem: np.ndarray  # int64 [D]
+    dev_model: np.ndarray  # int64 [D] position in model_names
+    model_names: tuple[str, ...]
+    model_info: tuple[AcceleratorModel | None, ...]
+    dev_health: np.ndarray  # int8 [D]: 0 healthy, 1 degraded, 2 unhealthy
+    dev_cordoned: np.ndarray  # bool [D] (device or its node)
+    node_standby: np.ndarray  # bool [N]
+    dev_standby: np.ndarray  # bool [D]
+    dev_island: np.ndarray  # int64 [D] global island id, -1 = none
+    island_node: np.ndarray  # int64 [I]
+    dev_numa: np.ndarray  # int64 [D] global (node, numa) id
+    numa_node: np.ndarray  # int64 [G]
+    dev_switch: np.ndarray  # int64 [D] global (node, pcie switch) id, -1 = unknown
+    switch_node: np.ndarray  # int64 [S]
+    node_rack: np.ndarray  # int64 [N]
+    racks: tuple[str, ...]
+    node_labels: tuple[dict[str, str], ...]
+    masks: dict[Any, Any] = field(default_factory=dict)  # per-request-signature caches
+
+    @property
+    def n_devices(self) -> int:
+        """Number of devices."""
+        return len(self.devices)
+
+    def node_devices(self, n: int) -> range:
+        """Device positions of node position ``n``."""
+        return range(int(self.node_start[n]), int(self.node_start[n + 1]))
+
+
+def fleet_index(snapshot: FleetSnapshot, catalog: Catalog | None = None) -> FleetIndex:
+    """The (cached) index of ``snapshot``'s inventory."""
+    nodes = snapshot.nodes
+    hit = _CACHE.get(id(nodes))
+    if hit is not None and hit[0] is nodes:
+        _CACHE.move_to_end(id(nodes))
+        return hit[1]
+    index = _build(nodes, catalog or default_catalog())
+    _CACHE[id(nodes)] = (nodes, index)
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return index
+
+
+def _build(nodes: tuple[Node, ...], catalog: Catalog) -> FleetIndex:
+    devices: list[Device] = []
+    starts = [0]
+    for node in nodes:
+        devices.extend(node.devices)
+        starts.append(len(devices))
+    model_pos: dict[str, int] = {}
+    islands: dict[tuple[int, str], int] = {}
+    numas: dict[tuple[int, int], int] = {}
+    switches: dict[tuple[int, str], int] = {}
+    racks: dict[str, int] = {}
+    dev_node, dev_model, dev_island, dev_numa, dev_switch = [], [], [], [], []
+    for n, node in enumerate(nodes):
+        racks.setdefault(node.rack, len(racks))
+        for dev in node.devices:
+            dev_node.append(n)
+            dev_model.append(model_pos.setdefault(dev.model, len(model_pos)))
+            dev_island.append(islands.setdefault((n, dev.island), len(islands)) if dev.island else -1)
+            dev_numa.append(numas.setdefault((n, dev.numa_node), len(numas)))
+            dev_switch.append(
+                switches.setdefault((n, dev.pcie_switch), len(switches)) if dev.pcie_switch else -1
+            )
+    names = tuple(model_pos)
+    i64 = np.int64
+    node_standby = np.array([n.standby for n in nodes], dtype=bool)
+    dev_node_arr = np.array(dev_node, dtype=i64)
+    return FleetIndex(
+        nodes=nodes,
+        devices=tuple(devices),
+        pos={d.uuid: i for i, d in enumerate(devices)},
+        node_pos={n.name: i for i, n in enumerate(nodes)},
+        dev_node=dev_node_arr,
+        node_start=np.array(starts, dtype=i64),
+        node_size=np.diff(np.array(starts, dtype=i64)),
+        dev_mem=np.array([d.memory_bytes for d in devices], dtype=i64),
+        dev_model=np.array(dev_model, dtype=i64),
+        model_names=names,
+        model_info=tuple(catalog.find(name) for name in names),
+        dev_health=np.array(
+            [0 if d.health is Health.HEALTHY else 1 if d.health is Health.DEGRADED else 2 for d in devices],
+            dtype=np.int8,
+        ),
+        dev_cordoned=np.array(
+            [d.cordoned or nodes[dev_node[i]].cordoned for i, d in enumerate(devices)], dtype=bool
+        ),
+        node_standby=node_standby,
+        dev_standby=node_standby[dev_node_arr] if devices else np.zeros(0, dtype=bool),
+        dev_island=np.array(dev_island, dtype=i64),
+        island_node=np.array([k[0] for k in islands], dtype=i64),
+        dev_numa=np.array(dev_numa, dtype=i64),
+        numa_node=np.array([k[0] for k in numas], dtype=i64),
+        dev_switch=np.array(dev_switch, dtype=i64),
+        switch_node=np.array([k[0] for k in switches], dtype=i64),
+        node_rack=np.array([racks[n.rack] for n in nodes], dtype=i64),
+        racks=tuple(racks),
+        node_labels=tuple(dict(n.labels) for n in nodes),
+    )
+
+
+class FreeState:
+    """Free milli-GPU and memory per device, mutable, for one placement call."""
+
+    __slots__ = ("free_mem", "free_milli", "index", "res_start")
+
+    def __init__(self, index: FleetIndex, snapshot: FleetSnapshot | None = None) -> None:
+        self.index = index
+        self.free_milli = np.full(index.n_devices, MILLI, dtype=np.int64)
+        self.free_mem = index.dev_mem.copy()
+        # Start time of a reservation holding the device (inf = not reserved).
+        self.res_start = np.full(index.n_devices, np.inf)
+        if snapshot is not None:
+            pos = index.pos
+            for uuid, used in snapshot.usage.items():
+                i = pos.get(uuid)
+                if i is not None:
+                    self.free_milli[i] -= used.used_milli
+                    self.free_mem[i] -= used.used_memory_bytes
+
+    def copy(self) -> FreeState:
+        """An independent copy."""
+        clone = FreeState.__new__(FreeState)
+        clone.index = self.index
+        clone.free_milli = self.free_milli.copy()
+        clone.free_mem = self.free_mem.copy()
+        clone.res_start = self.res_start.copy()
+        return clone
+
+    def apply(self, shares: Iterable[DeviceShare], *, release: bool = False) -> None:
+        """Take (or give back, with ``release``) the capacity of ``shares``."""
+        sign = 1 if release else -1
+        pos = self.index.pos
+        for share in shares:
+            i = pos.get(share.uuid)
+            if i is not None:
+                self.free_milli[i] += sign * share.milli
+                self.free_mem[i] += sign * share.memory_bytes

@@ -1,0 +1,157 @@
+"""Placement policies: the gpusched default and the baselines it is measured against.
+
+A :class:`Policy` is a frozen record of weights and switches; :func:`gpusched.placement.place`
+reads it. ``Policy.named(name)`` gives the presets:
+
+``gpusched``  topology locality + fragmentation (FGD-style) + heterogeneity-aware speed + energy,
+              reservations for critical tasks with backfill.
+``fgd``       fragmentation only (Weng et al., ATC '23), to compare with the published FGD.
+``best-fit``  the node (and device) with the least free capacity that still fits.
+``first-fit`` FIFO and count-based, like Airflow pools: the first node in inventory order with
+              enough free devices; no topology or model preference; a fractional request takes a
+              whole device (a pool slot).
+``random``    a uniformly random feasible node and devices (seeded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
+from types import MappingProxyType
+
+from gpusched.errors import PlacementError
+
+__all__ = ["Chooser", "Policy", "WorkloadShape"]
+
+
+class Chooser(StrEnum):
+    """How a policy picks among feasible nodes/devices."""
+
+    SCORE = "score"  # weighted score (gpusched, fgd)
+    BEST_FIT = "best-fit"
+    FIRST_FIT = "first-fit"
+    RANDOM = "random"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadShape:
+    """One class of request in the expected workload, for the fragmentation measure.
+
+    ``count`` devices of ``milli`` each (``milli < 1000`` only with ``count == 1``), seen with
+    relative frequency ``weight``.
+    """
+
+    count: int
+    milli: int
+    weight: float
+
+
+_EMPTY: Mapping[str, Mapping[str, float]] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Weights and switches of the placement engine (lower score is better).
+
+    Attributes:
+        name: preset name (free text for custom policies).
+        chooser: how candidates are picked (see :class:`Chooser`).
+        fragmentation: weight of the fragmentation increase, per GPU of fragmented capacity.
+        locality: weight per topology tier (0 one island / PCIe switch, 1 one NUMA node, 2 one
+            node, 3 one rack, 4 several racks).
+        speed: weight of slowness (1 − speed / fastest eligible speed); applied to tasks with an
+            expected duration or a throughput-table entry, where running faster matters.
+        energy: weight of energy per unit of work (TDP / speed, relative to the least).
+        packing: weight of the free capacity left on the chosen node (a best-fit tie-breaker).
+        degraded_penalty: added per DEGRADED device chosen (they are used last).
+        throughput: optional ``{job_type: {model: speed}}`` table (any unit, per job type).
+        workload: expected request shapes for the fragmentation measure; empty = estimated from
+            the pending and running tasks of the call, blended with a default prior.
+        reservations: whether critical tasks (priority ≥ ``critical_priority``) reserve devices
+            that free up earliest, with backfill by shorter tasks.
+        critical_priority: the priority from which a task may hold a reservation.
+        aging_per_hour: priority points a waiting task gains per hour of waiting (0 = pure
+            priority order, then submission time).
+        round_up_fractions: place a fractional request on a whole device (count-based pools).
+        fractions_need_partitioning: allow device sharing only on models the catalog lists with
+            a partitioning mechanism (MIG, MPS, vendor partitions). Trace replays of clusters
+            that shared devices anyway (openb) turn this off.
+    """
+
+    name: str = "gpusched"
+    chooser: Chooser = Chooser.SCORE
+    fragmentation: float = 1.0
+    locality: float = 0.6
+    speed: float = 1.0
+    energy: float = 0.05
+    packing: float = 0.01
+    degraded_penalty: float = 5.0
+    throughput: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: _EMPTY)
+    workload: tuple[WorkloadShape, ...] = ()
+    reservations: bool = True
+    critical_priority: int = 100
+    aging_per_hour: float = 0.0
+    round_up_fractions: bool = False
+    fractions_need_partitioning: bool = True
+
+    @classmethod
+    def named(cls, name: str, **overrides: object) -> Policy:
+        """The preset called ``name`` (see the module docstring), with optional field overrides.
+
+        Raises:
+            PlacementError: for an unknown name, listing the known ones.
+        """
+        key = name.strip().lower()
+        presets = _presets()
+        if key not in presets:
+            raise PlacementError(f"unknown placement policy {name!r}; use one of: {', '.join(cls.names())}")
+        base = presets[key]
+        if not overrides:
+            return base
+        valid = {f.name for f in fields(cls)}
+        unknown = set(overrides) - valid
+        if unknown:
+            raise PlacementError(f"unknown Policy field(s) {sorted(unknown)}; valid fields: {sorted(valid)}")
+        return replace(base, **overrides)  # type: ignore[arg-type]
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        """Names accepted by :meth:`named`, the default first."""
+        return tuple(_presets())
+
+    def speed_of(self, job_type: str | None, model: str, a100_equiv_milli: int) -> float:
+        """Relative speed of ``job_type`` on ``model``: the throughput table if it knows both,
+        else the catalog's A100-equivalent figure."""
+        if job_type is not None:
+            row = self.throughput.get(job_type)
+            if row is not None and model in row:
+                return float(row[model])
+        return a100_equiv_milli / 1000.0
+
+
+def _presets() -> dict[str, Policy]:
+    return {
+        "gpusched": Policy(),
+        "random": Policy(
+            name="random",
+            chooser=Chooser.RANDOM,
+            reservations=False,
+        ),
+        "first-fit": Policy(
+            name="first-fit",
+            chooser=Chooser.FIRST_FIT,
+            reservations=False,
+            round_up_fractions=True,
+        ),
+        "best-fit": Policy(name="best-fit", chooser=Chooser.BEST_FIT, reservations=False),
+        "fgd": Policy(
+            name="fgd",
+            fragmentation=1.0,
+            locality=0.0,
+            speed=0.0,
+            energy=0.0,
+            packing=0.0,
+            reservations=False,
+        ),
+    }

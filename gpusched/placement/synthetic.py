@@ -1,0 +1,111 @@
+"""Synthetic fleets and request streams for latency benchmarks and tests (seeded, no I/O).
+
+``synthetic_fleet(1000)`` gives 1,000 nodes × 8 devices of mixed models with realistic topology
+(NVSwitch/xGMI islands of 8, NVLink/HCCS islands of 4, PCIe switches and two NUMA nodes per host),
+16 nodes per rack, and about 40 % of the devices partly or wholly in use.
+"""
+
+from __future__ import annotations
+
+import random
+
+from gpusched.catalog import default_catalog
+from gpusched.model import MILLI, Device, DeviceShare, FleetSnapshot, Node
+from gpusched.placement.types import PendingTask
+from gpusched.request import GPURequest, Interconnect, Partition
+
+__all__ = ["synthetic_fleet", "synthetic_requests"]
+
+GIB = 1024**3
+
+# (model, weight, devices per high-speed island; 0 = PCIe only)
+_MODELS = (
+    ("H100-SXM-80GB", 3, 8),
+    ("A100-SXM-80GB", 4, 4),
+    ("A100-PCIE-40GB", 2, 0),
+    ("L40S", 2, 0),
+    ("T4", 2, 0),
+    ("MI300X", 1, 8),
+    ("Ascend-910B", 1, 4),
+)
+
+
+def _node(name: str, rack: str, model_name: str, island_size: int, gpus: int) -> Node:
+    model = default_catalog().get(model_name)
+    devices = []
+    for i in range(gpus):
+        numa = 0 if i < gpus / 2 else 1
+        devices.append(
+            Device(
+                uuid=f"{name}-gpu{i}",
+                index=i,
+                node=name,
+                model=model.name,
+                vendor=model.vendor,
+                architecture=model.architecture,
+                memory_bytes=model.memory_bytes,
+                numa_node=numa,
+                pcie_switch=f"sw{i // 2}",
+                island=f"isl{i // island_size}" if island_size else None,
+                link=model.link,
+            )
+        )
+    labels = (("zone", "a" if hash(rack) % 2 == 0 else "b"),)
+    return Node(name, rack, tuple(devices), labels=labels, cpu_milli=96_000, memory_bytes=1024 * GIB)
+
+
+def synthetic_fleet(
+    nodes: int, gpus_per_node: int = 8, seed: int = 0, *, used_fraction: float = 0.4
+) -> FleetSnapshot:
+    """A mixed fleet of ``nodes`` hosts with ``gpus_per_node`` devices each, partly in use."""
+    rng = random.Random(seed)
+    weights = [w for _, w, _ in _MODELS]
+    built = []
+    for n in range(nodes):
+        name, _, island = rng.choices(_MODELS, weights)[0]
+        built.append(
+            _node(f"node-{n:05d}", f"rack-{n // 16:04d}", name, min(island, gpus_per_node), gpus_per_node)
+        )
+    snapshot = FleetSnapshot(tuple(built), source="synthetic")
+    shares = []
+    for node in built:
+        for dev in node.devices:
+            if rng.random() >= used_fraction:
+                continue
+            if rng.random() < 0.6:
+                shares.append(DeviceShare(dev.uuid, dev.node, dev.index, MILLI, dev.memory_bytes))
+            else:
+                milli = rng.choice((250, 500, 750))
+                shares.append(
+                    DeviceShare(dev.uuid, dev.node, dev.index, milli, dev.memory_bytes * milli // MILLI)
+                )
+    return snapshot.with_usage(shares)
+
+
+def synthetic_requests(n: int, seed: int = 0, *, start: float = 0.0) -> list[PendingTask]:
+    """``n`` pending tasks of mixed shapes (fractions, 1–8 GPUs, some gangs across nodes)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        roll = rng.random()
+        kwargs: dict[str, object] = {
+            "priority": rng.choice(("low", "normal", "normal", "high")),
+            "partition": rng.choice(list(Partition)).value,
+            "expected_duration": rng.choice((600, 3600, 4 * 3600)),
+        }
+        if roll < 0.3:
+            kwargs.update(gpus=rng.choice((0.25, 0.5)), memory=f"{rng.choice((4, 8, 12))}GiB")
+        elif roll < 0.65:
+            kwargs.update(gpus=1)
+        elif roll < 0.8:
+            kwargs.update(gpus=2, interconnect=rng.choice(("same_node", "island", "same_numa")))
+        elif roll < 0.95:
+            kwargs.update(gpus=rng.choice((4, 8)), interconnect=rng.choice(("same_node", "island")))
+        else:
+            kwargs.update(gpus=16, interconnect=Interconnect.SAME_RACK.value)
+        if rng.random() < 0.2:
+            kwargs["vendor"] = "nvidia"
+        if rng.random() < 0.1:
+            kwargs.setdefault("memory", "40GiB")
+        out.append(PendingTask(f"task-{seed}-{i:06d}", GPURequest.from_dict(kwargs), start + i))
+    return out
