@@ -89,7 +89,7 @@ def parse_fleet(data: object, *, source: str = "<fleet>", catalog: Catalog | Non
     where = _Where(source)
     if not isinstance(data, Mapping):
         raise where.error("<file>", "the document is not a mapping", "start the file with 'racks:'")
-    _check_keys(data, _TOP_KEYS, "<file>", where)
+    _check_keys(data, _TOP_KEYS, "", where)
     racks = data.get("racks")
     if not isinstance(racks, list) or not racks:
         raise where.error("racks", "missing or not a non-empty list", "add 'racks:' with at least one rack")
@@ -128,7 +128,7 @@ def _parse_node(entry: object, rack: str, rack_labels: dict[str, str], position:
         raise where.error(position, "is not a mapping", "give each node 'name:' and 'devices:'")
     name = _name(entry.get("name"), f"{position}.name", where)
     where = _Where(source, name)
-    _check_keys(entry, _NODE_KEYS, "<node>", where)
+    _check_keys(entry, _NODE_KEYS, "", where)
     numa_nodes = _int(entry.get("numa_nodes", 1), "numa_nodes", where, minimum=1)
     cpu = _int(entry.get("cpu", 0), "cpu", where, minimum=0)
     memory = _size(entry.get("memory"), "memory", where) if entry.get("memory") is not None else 0
@@ -222,7 +222,7 @@ def _check_keys(mapping: Mapping[Any, Any], allowed: frozenset[str], field: str,
         if key not in allowed:
             close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise where.error(f"{field}.{key}" if field != "<node>" else str(key), "unknown key",
+            raise where.error(f"{field}.{key}" if field else str(key), "unknown key",
                               f"{hint}allowed keys: {', '.join(sorted(allowed))}")
 
 

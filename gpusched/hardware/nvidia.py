@@ -204,8 +204,8 @@ class NvidiaBackend:
     # ---- topology -----------------------------------------------------------------------------
 
     def _bus_id(self, handle: Any) -> str:
-        with self._translate("reading the PCI address"):
-            return normalise_bus_id(self._nvml.nvmlDeviceGetPciInfo(handle).busId)
+        """The canonical PCI address, or "" when the GPU cannot say (lost): it then has no links."""
+        return str(self._quiet(lambda: normalise_bus_id(self._nvml.nvmlDeviceGetPciInfo(handle).busId), ""))
 
     def _numa_node(self, handle: Any, bus_id: str) -> int:
         nvml = self._nvml
@@ -237,7 +237,7 @@ class NvidiaBackend:
     def _nvlink_edges(self, bus_ids: list[str]) -> tuple[set[tuple[int, int]], set[tuple[int, str]]]:
         """Direct GPU–GPU NVLink pairs, and (GPU, NVSwitch bus id) pairs, from the active links."""
         nvml = self._nvml
-        index_of_bus = {bus: i for i, bus in enumerate(bus_ids)}
+        index_of_bus = {bus: i for i, bus in enumerate(bus_ids) if bus}
         direct: set[tuple[int, int]] = set()
         switched: set[tuple[int, str]] = set()
         for i, handle in enumerate(self._handles):
