@@ -1,0 +1,173 @@
+"""Helpers shared by the ledger tests: database URLs per backend and a small test fleet."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from gpusched.catalog import LinkKind, Vendor
+from gpusched.model import Device, DeviceShare, Node
+
+GIB = 2**30
+PG_URL = os.environ.get("GPUSCHED_TEST_PG_URL", "").strip()
+
+BACKENDS = [
+    "sqlite",
+    pytest.param(
+        "postgresql",
+        marks=pytest.mark.skipif(
+            not PG_URL,
+            reason="GPUSCHED_TEST_PG_URL is not set; start a throwaway server with "
+            "`export GPUSCHED_TEST_PG_URL=$(bash scripts/start_postgres.sh $(mktemp -d))`",
+        ),
+    ),
+]
+
+
+def database_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database for one test: a SQLite file, or a new PostgreSQL database."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+        return
+    name = f"gs_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield sa.make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+def gpu(node: str, index: int, memory_gib: int = 80, island: str | None = None) -> Device:
+    """One NVIDIA device of the test fleet."""
+    return Device(
+        uuid=f"GPU-{node}-{index}",
+        index=index,
+        node=node,
+        model="A100-SXM-80GB",
+        vendor=Vendor.NVIDIA,
+        architecture="sm_80",
+        memory_bytes=memory_gib * GIB,
+        numa_node=index // 2,
+        pcie_switch=f"{node}-sw{index // 2}",
+        island=island,
+        link=LinkKind.NVLINK if island else LinkKind.PCIE,
+    )
+
+
+def fleet(nodes: int = 2, per_node: int = 4, memory_gib: int = 80) -> list[Node]:
+    """``nodes`` nodes of ``per_node`` devices each, named n0, n1, …"""
+    return [
+        Node(
+            name=f"n{n}",
+            rack=f"r{n // 2}",
+            devices=tuple(gpu(f"n{n}", i, memory_gib, island=f"n{n}-nvl") for i in range(per_node)),
+            labels=(("zone", "a"),),
+            cpu_milli=64000,
+            memory_bytes=512 * GIB,
+        )
+        for n in range(nodes)
+    ]
+
+
+def share(device: Device, milli: int = 1000, memory_bytes: int | None = None) -> DeviceShare:
+    """A share of ``device`` (the whole memory for a whole device unless told otherwise)."""
+    memory = device.memory_bytes if memory_bytes is None else memory_bytes
+    return DeviceShare(device.uuid, device.node, device.index, milli, memory)
+
+
+def stress_worker(
+    url: str, wid: int, iterations: int, shared_every: int, seed: int, barrier: Any, results: Any
+) -> None:
+    """One allocator process of the stress test; puts its outcomes on ``results``.
+
+    Unique keys ``w{wid}-{i}`` ask for random shares of the four devices of node n0 and are
+    released at random; every ``shared_every`` iterations all workers race for the same key with
+    the same shares at once (after a barrier). Outcome per key: "ok" or "conflict"; anything else
+    is reported as an error. After each success the worker checks a fresh snapshot for over-commit.
+    """
+    import random
+
+    from gpusched.errors import AllocationConflictError
+    from gpusched.ledger import Ledger
+    from gpusched.request import GPURequest
+
+    rng = random.Random(seed * 1000 + wid)
+    outcomes: dict[str, str] = {}
+    shared_created: dict[str, float] = {}
+    errors: list[str] = []
+    requests = {m: GPURequest.build(gpus=m / 1000, memory="1GiB") for m in (250, 500)}
+    requests[1000] = GPURequest.build(gpus=1)
+    requests[2000] = GPURequest.build(gpus=2)
+    held: list[str] = []
+    led = Ledger(url)
+    try:
+        devices = list(led.snapshot().node("n0").devices)
+        barrier.wait()
+        for i in range(iterations):
+            if i % shared_every == 0:
+                key = f"shared-{i}"
+                pick = devices[(i // shared_every) % len(devices)]
+                barrier.wait()
+                try:
+                    got = led.allocate(key, requests[1000], [share(pick, 1000, 40 * GIB)], holder="shared")
+                    outcomes[key] = "ok"
+                    shared_created[key] = got.created_at
+                except AllocationConflictError:
+                    outcomes[key] = "conflict"
+                barrier.wait()
+                if wid == 0:
+                    led.release(key, reason="success")
+                barrier.wait()
+                continue
+            key = f"w{wid}-{i}"
+            count = rng.choice((1, 1, 2))
+            milli = 1000 if count == 2 else rng.choice((250, 500, 1000))
+            memory = rng.choice((10, 20, 40, 80)) * GIB
+            shares = [share(d, milli, memory) for d in rng.sample(devices, count)]
+            request = requests[2000 if count == 2 else milli]
+            try:
+                got = led.allocate(key, request, shares, holder=f"w{wid}", lease_s=3600)
+                outcomes[key] = "ok"
+                held.append(key)
+                if rng.random() < 0.2 and led.allocate(key, request, shares, holder=f"w{wid}") != got:
+                    errors.append(f"{key}: idempotent allocate returned a different allocation")
+                snap = led.snapshot()
+                for d in devices:
+                    used = snap.used(d.uuid)
+                    if used.used_milli > 1000 or used.used_memory_bytes > d.memory_bytes:
+                        errors.append(f"{key}: over-commit seen on {d.uuid}: {used}")
+            except AllocationConflictError:
+                outcomes[key] = "conflict"
+            if held and (len(held) > 3 or rng.random() < 0.4):
+                gone = held.pop(rng.randrange(len(held)))
+                if led.release(gone, reason=rng.choice(("success", "failed", "killed"))) is None:
+                    errors.append(f"{gone}: release found no active allocation")
+    except Exception as exc:  # report, so the parent fails with the cause instead of hanging
+        errors.append(f"worker {wid}: {type(exc).__name__}: {exc}")
+        barrier.abort()
+    finally:
+        led.close()
+        results.put({"wid": wid, "outcomes": outcomes, "shared_created": shared_created, "errors": errors})
+
+
+def migrate_worker(url: str, barrier: Any, results: Any) -> None:
+    """Migrate the same fresh database as several processes do at once."""
+    from gpusched.ledger import Ledger
+
+    try:
+        with Ledger(url) as led:
+            barrier.wait()
+            led.migrate()
+        results.put("ok")
+    except Exception as exc:
+        results.put(f"{type(exc).__name__}: {exc}")
