@@ -1,0 +1,311 @@
+"""The objective of the batch optimiser and its encoding (see :mod:`gpusched.placement.genetic`).
+
+Per task, a short list of feasible device sets ranked by the objective (the genome's alphabet);
+:class:`Decoder` turns a genome into a feasible joint plan (repairing collisions) and its value:
+
+    α · latency (h, priority-weighted)  +  β · fragmentation (GPUs)  +  γ · energy (kWh)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.placement import filter as flt
+from gpusched.placement.index import FleetIndex, fleet_index
+from gpusched.placement.policy import Policy
+from gpusched.placement.topology import node_counts, pick_in_node, pick_nodes
+from gpusched.placement.types import PendingTask, PlacementPlan
+from gpusched.request import Interconnect
+
+__all__ = ["DEFAULT_DURATION_S", "NODE_OPEN_COST", "Candidate", "Decoder", "Problem", "plan_objective"]
+
+DEFAULT_DURATION_S = 3600
+NODE_OPEN_COST = 0.5  # GPUs of fragmentation charged for cutting into an untouched node
+
+
+@dataclass(slots=True)
+class Candidate:
+    devices: tuple[int, ...]
+    milli: int
+    memory: tuple[int, ...]
+    latency: float  # weighted hours
+    energy: float  # kWh
+
+
+class Problem:
+    """Candidates per task and the vectorised pieces of the objective."""
+
+    def __init__(self, index: FleetIndex, snapshot: FleetSnapshot, policy: Policy, now: float,
+                 weights: tuple[float, float, float], top_k: int, defer_s: float) -> None:
+        self.index = index
+        self.policy = policy
+        self.now = now
+        self.alpha, self.beta, self.gamma = weights
+        self.top_k = top_k
+        self.defer_s = defer_s
+        free_milli = np.full(index.n_devices, MILLI, dtype=np.int64)
+        free_mem = index.dev_mem.copy()
+        pos = index.pos
+        for uuid, used in snapshot.usage.items():
+            i = pos.get(uuid)
+            if i is not None:
+                free_milli[i] -= used.used_milli
+                free_mem[i] -= used.used_memory_bytes
+        self.free_milli, self.free_mem = free_milli, free_mem
+        self.base_milli = free_milli.tolist()
+        self.base_mem = free_mem.tolist()
+        node_used = np.bincount(index.dev_node, weights=(free_milli < MILLI), minlength=len(index.nodes))
+        self.node_empty_arr = node_used == 0
+        self.node_empty = self.node_empty_arr.tolist()
+        self._shapes: dict[tuple[Any, ...], list[tuple[tuple[int, ...], int, tuple[int, ...]]]] = {}
+        self.dev_node = index.dev_node.tolist()
+        info = index.model_info
+        self.speed = np.array([max(policy.speed_of(None, n, i.a100_equiv_milli if i else MILLI), 1e-3)
+                               for n, i in zip(index.model_names, info, strict=True)])
+        self.tdp_kw = np.array([(i.tdp_milliwatts if i else 300_000) / 1e6 for i in info])
+
+    def runtime_s(self, task: PendingTask, models: np.ndarray) -> np.ndarray:
+        ref = task.request.expected_duration_s or DEFAULT_DURATION_S
+        return ref / self.speed[models]
+
+    def _weight(self, task: PendingTask) -> float:
+        return max(task.request.priority, 1) / 50.0
+
+    def costs(
+        self, task: PendingTask, models: np.ndarray, share_gpus: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(weighted latency h, energy kWh) for a candidate running on ``models`` (one per device)."""
+        run = self.runtime_s(task, models)
+        wait = max(0.0, self.now - task.submitted_at)
+        latency = self._weight(task) * (wait + run) / 3600.0
+        energy = share_gpus * self.tdp_kw[models] * run / 3600.0
+        return latency, energy
+
+    def candidates(self, task: PendingTask, blocked: np.ndarray) -> list[Candidate]:
+        """The top-K feasible device sets for ``task`` on the starting capacity, best first."""
+        req = task.request
+        # Tasks of one shape share their ranking (waiting time only adds a constant per task).
+        key = (req.count, req.milli_per_gpu, req.memory_per_gpu, req.vendors, req.models, req.labels,
+               req.min_arch, req.interconnect, req.gang, req.expected_duration_s, req.priority, task.job_type)
+        sets = self._shapes.get(key)
+        if sets is None:
+            sets = [(c.devices, c.milli, c.memory) for c in self._rank(task, blocked)]
+            self._shapes[key] = sets
+        out = []
+        for devices, milli, memory in sets:
+            if milli < MILLI:
+                lat, en = self.costs(task, self.index.dev_model[list(devices)], milli / MILLI)
+                out.append(Candidate(devices, milli, memory, float(lat[0]), float(en[0])))
+            else:
+                out.append(self._whole(task, devices))
+        return out
+
+    def _rank(self, task: PendingTask, blocked: np.ndarray) -> list[Candidate]:
+        idx, req, policy = self.index, task.request, self.policy
+        milli = flt.milli_need(req, policy.round_up_fractions)
+        frac = milli < MILLI
+        elig = flt.eligibility(idx, req, fractional=frac,
+                               fractions_need_partitioning=policy.fractions_need_partitioning)
+        if frac:
+            fits = elig.usable & ~blocked & (self.free_milli >= milli) & (self.free_mem >= req.memory_per_gpu)
+            devs = np.flatnonzero(fits)
+            if len(devs) == 0:
+                return []
+            models = idx.dev_model[devs]
+            lat, en = self.costs(task, models, milli / MILLI)
+            left = self.free_milli[devs] - milli
+            free = self.free_milli[devs]
+            frag = np.where(free == MILLI, left, np.where(left > 0, -milli, -free))
+            total = self.alpha * lat + self.gamma * en + self.beta * frag / MILLI
+            best = devs[_top(total, self.top_k)]
+            out = []
+            for d in best.tolist():
+                la, e = self.costs(task, idx.dev_model[[d]], milli / MILLI)
+                out.append(Candidate((d,), milli, (req.memory_per_gpu,), float(la[0]), float(e[0])))
+            return out
+        k = req.count
+        fits = elig.usable & ~blocked & (self.free_milli >= MILLI) & (self.free_mem >= idx.dev_mem)
+        nc = node_counts(idx, fits, k)
+        nodes = np.flatnonzero(nc.feasible(k, req.interconnect))
+        out = []
+        if len(nodes):
+            models = idx.dev_model[idx.node_start[nodes]]
+            lat, en = self.costs(task, models, float(k))
+            opened = self.node_empty_arr[nodes] * NODE_OPEN_COST
+            packing = 0.01 * (nc.count[nodes] - k) / idx.node_size[nodes]
+            locality = policy.locality * nc.tier(k)[nodes]
+            total = self.alpha * lat + self.gamma * en + self.beta * opened + packing + locality
+            for n in nodes[_top(total, self.top_k)].tolist():
+                lo, hi = int(idx.node_start[n]), int(idx.node_start[n + 1])
+                cands = (np.flatnonzero(fits[lo:hi]) + lo).tolist()
+                chosen = pick_in_node(idx, cands, k, req.interconnect, local=True)
+                out.append(self._whole(task, chosen))
+        elif req.may_span_nodes and k > 1:
+            for order in ("best", "first"):
+                gang = pick_nodes(idx, nc.count, k, req.interconnect, order=order)
+                if gang is None:
+                    break
+                chosen = []
+                for n, take in gang[0]:
+                    lo, hi = int(idx.node_start[n]), int(idx.node_start[n + 1])
+                    chosen.extend(pick_in_node(idx, (np.flatnonzero(fits[lo:hi]) + lo).tolist(), take,
+                                               Interconnect.ANY, local=True))
+                cand = self._whole(task, chosen)
+                if all(c.devices != cand.devices for c in out):
+                    out.append(cand)
+        return out
+
+    def _whole(self, task: PendingTask, devices: Sequence[int]) -> Candidate:
+        models = self.index.dev_model[list(devices)]
+        slowest = models[[int(np.argmin(self.speed[models]))]]
+        lat, en = self.costs(task, slowest, float(len(devices)))
+        energy = float(np.sum(self.tdp_kw[models]) / self.tdp_kw[slowest[0]] * en[0]) / len(devices)
+        mem = tuple(int(self.index.dev_mem[d]) for d in devices)
+        return Candidate(tuple(devices), MILLI, mem, float(lat[0]), energy)
+
+    def cand_of_shares(self, task: PendingTask, shares: Sequence[DeviceShare]) -> Candidate:
+        devices = tuple(self.index.pos[s.uuid] for s in shares)
+        if shares and shares[0].milli < MILLI:
+            lat, en = self.costs(task, self.index.dev_model[list(devices)], shares[0].milli / MILLI)
+            return Candidate(devices, shares[0].milli, tuple(s.memory_bytes for s in shares),
+                         float(lat[0]), float(en[0]))
+        return self._whole(task, devices)
+
+    def unplaced_latency(self, task: PendingTask, cands: Sequence[Candidate]) -> float:
+        slowest = max((c.latency for c in cands), default=None)
+        if slowest is None:
+            ref = task.request.expected_duration_s or DEFAULT_DURATION_S
+            wait = max(0.0, self.now - task.submitted_at)
+            slowest = self._weight(task) * (wait + ref / float(self.speed.min())) / 3600.0
+        return slowest + self._weight(task) * self.defer_s / 3600.0
+
+
+def _partial(free_milli: int) -> float:
+    """Stranded GPUs on a device with ``free_milli`` free (only a partly used device strands any)."""
+    return free_milli / MILLI if 0 < free_milli < MILLI else 0.0
+
+
+def _top(values: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` smallest values, in ascending order (ties by position)."""
+    if len(values) > k:
+        part = np.argpartition(values, k - 1)[:k]
+        return part[np.lexsort((part, values[part]))]
+    return np.argsort(values, kind="stable")
+
+
+class Decoder:
+    """Genome → feasible choice per task (with repair) → objective.
+
+    Only devices that appear in candidates of two or more tasks can collide; capacity is tracked
+    for those alone, and each candidate's cost on its uncontested devices is precomputed.
+    """
+
+    def __init__(self, problem: Problem, cands: list[list[Candidate]], unplaced: list[float]) -> None:
+        self.p = problem
+        self.cands = cands
+        self.unplaced = unplaced
+        owners: dict[int, set[int]] = {}
+        node_owners: dict[int, set[int]] = {}
+        for i, options in enumerate(cands):
+            for c in options:
+                for d in c.devices:
+                    owners.setdefault(d, set()).add(i)
+                    node_owners.setdefault(problem.dev_node[d], set()).add(i)
+        contested = {d for d, who in owners.items() if len(who) > 1}
+        self.contested_nodes = {n for n, who in node_owners.items() if len(who) > 1}
+        base = problem.base_milli
+        self.fixed: list[list[float]] = []
+        self.checks: list[list[tuple[tuple[int, int, int], ...]]] = []
+        for options in cands:
+            fixed, checks = [], []
+            for c in options:
+                frag = 0.0
+                nodes = set()
+                for d in c.devices:
+                    if d in contested:
+                        continue
+                    before, after = base[d], base[d] - c.milli
+                    frag += _partial(after) - _partial(before)
+                    nodes.add(problem.dev_node[d])
+                frag += NODE_OPEN_COST * sum(
+                    1 for n in nodes if problem.node_empty[n] and n not in self.contested_nodes)
+                fixed.append(problem.alpha * c.latency + problem.gamma * c.energy + problem.beta * frag)
+                checks.append(tuple((d, c.milli, m) for d, m in zip(c.devices, c.memory, strict=True)
+                                    if d in contested))
+            self.fixed.append(fixed)
+            self.checks.append(checks)
+
+    def decode(self, genome: list[int]) -> tuple[list[int], float]:
+        p = self.p
+        used_milli: dict[int, int] = {}
+        used_mem: dict[int, int] = {}
+        base_milli, base_mem = p.base_milli, p.base_mem
+        total = 0.0
+        repaired = list(genome)
+        for i, gene in enumerate(genome):
+            checks = self.checks[i]
+            n = len(checks)
+            chosen = -1
+            for j in range(gene, gene + n) if gene < n else ():
+                j %= n
+                if all(base_milli[d] - used_milli.get(d, 0) >= milli and base_mem[d] - used_mem.get(d, 0) >= m
+                       for d, milli, m in checks[j]):
+                    chosen = j
+                    break
+            if chosen < 0:
+                repaired[i] = n
+                total += p.alpha * self.unplaced[i]
+                continue
+            repaired[i] = chosen
+            for d, milli, m in checks[chosen]:
+                used_milli[d] = used_milli.get(d, 0) + milli
+                used_mem[d] = used_mem.get(d, 0) + m
+            total += self.fixed[i][chosen]
+        frag = 0.0
+        opened = set()
+        for d, u in used_milli.items():
+            before, after = base_milli[d], base_milli[d] - u
+            frag += _partial(after) - _partial(before)
+        for i, gene in enumerate(repaired):
+            options = self.cands[i]
+            if gene < len(options):
+                for d in options[gene].devices:
+                    node = p.dev_node[d]
+                    if node in self.contested_nodes and p.node_empty[node]:
+                        opened.add(node)
+        return repaired, total + p.beta * (frag + NODE_OPEN_COST * len(opened))
+
+
+def plan_objective(
+    plan: PlacementPlan, pending: Sequence[PendingTask], snapshot: FleetSnapshot, policy: Policy, *,
+    now: float, weights: tuple[float, float, float] = (1.0, 1.0, 0.1), top_k: int = 6,
+    defer_s: float = 1800.0,
+) -> float:
+    """The objective :func:`optimise` minimises, for any plan of ``pending`` (lower is better).
+
+    Assigned tasks are charged for the devices the plan gives them; permanently rejected tasks
+    are left out (no plan can place them); other unplaced tasks pay the deferral charge.
+    """
+    index = fleet_index(snapshot)
+    problem = Problem(index, snapshot, policy, now, weights, top_k, defer_s)
+    assigned = {a.key: a for a in plan.assignments}
+    permanent = {r.key for r in plan.rejections if r.permanent}
+    tasks = sorted((t for t in {t.key: t for t in pending}.values() if t.key not in permanent),
+                   key=lambda t: (-t.request.priority, t.submitted_at, t.key))
+    blocked = np.zeros(index.n_devices, dtype=bool)
+    cands, genome, unplaced = [], [], []
+    for task in tasks:
+        options = problem.candidates(task, blocked)
+        unplaced.append(problem.unplaced_latency(task, options))
+        if task.key in assigned:
+            cands.append([problem.cand_of_shares(task, assigned[task.key].shares)])
+            genome.append(0)
+        else:
+            cands.append([])
+            genome.append(0)
+    return Decoder(problem, cands, unplaced).decode(genome)[1]

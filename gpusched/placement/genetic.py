@@ -1,0 +1,228 @@
+"""Batch re-planning with a genetic algorithm (DEAP), warm-started from the greedy plan.
+
+:func:`optimise` takes a batch of pending tasks and minimises
+
+    α · latency  +  β · fragmentation  +  γ · energy
+
+over joint assignments, where, per task, *latency* is its waiting time plus its expected
+runtime on the chosen model (hours, weighted by priority; a task left unplaced is charged its
+slowest runtime plus ``defer_s``), *fragmentation* is the capacity stranded on partly used
+devices plus a charge for breaking into an untouched node (GPUs), and *energy* is TDP × runtime
+× share (kWh).
+
+Encoding: per task, an index into a short list of feasible device sets (the top-K by the same
+objective, computed once on the starting free capacity with the placement filter and topology
+helpers), or "unplaced". Decoding walks the tasks in priority order and repairs: a set that
+collides with capacity already taken falls through to the task's next candidate that fits, so
+every decoded plan respects memory, architecture, topology and never double-books. The
+repaired genome is written back (Lamarckian repair).
+
+The greedy plan is evaluated with the same objective and seeds the population; the result is
+never worse than it — greedy is returned when the GA found nothing better. The GA stops at
+``budget_ms`` (wall clock, counted from the call) or after ``max_generations``. With a seed and
+a generation cap that binds before the budget, the result is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpusched.model import DeviceShare, FleetSnapshot
+from gpusched.placement.engine import place
+from gpusched.placement.ga_objective import Candidate, Decoder, Problem, plan_objective
+from gpusched.placement.index import fleet_index
+from gpusched.placement.policy import Policy
+from gpusched.placement.types import Assignment, PendingTask, PlacementPlan, Rejection, RunningTask
+
+__all__ = ["OptimiseResult", "optimise", "optimise_with_report", "plan_objective"]
+
+@dataclass(frozen=True, slots=True)
+class OptimiseResult:
+    """The chosen plan and how the search went (objective values: lower is better)."""
+
+    plan: PlacementPlan
+    greedy: PlacementPlan
+    greedy_objective: float
+    objective: float
+    improved: bool
+    generations: int
+    evaluations: int
+    elapsed_ms: float
+    greedy_ms: float
+
+    @property
+    def gain_pct(self) -> float:
+        """Objective reduction against greedy, in percent (0 when greedy was kept)."""
+        if not self.greedy_objective:
+            return 0.0
+        return 100.0 * (self.greedy_objective - self.objective) / abs(self.greedy_objective)
+
+
+def optimise(
+    pending: Sequence[PendingTask], snapshot: FleetSnapshot, policy: Policy, *, now: float,
+    budget_ms: float = 100.0, weights: tuple[float, float, float] = (1.0, 1.0, 0.1), seed: int = 0,
+    running: Sequence[RunningTask] = (), greedy: PlacementPlan | None = None, **kwargs: Any,
+) -> PlacementPlan:
+    """The best plan found within ``budget_ms``; never worse than the greedy plan.
+
+    ``weights`` = (α latency, β fragmentation, γ energy). Pass ``greedy`` when the caller
+    already has this cycle's greedy plan (it is then not recomputed and not counted against the
+    budget). Other keywords go to :func:`optimise_with_report`.
+    """
+    return optimise_with_report(pending, snapshot, policy, now=now, budget_ms=budget_ms, weights=weights,
+                                seed=seed, running=running, greedy=greedy, **kwargs).plan
+
+
+def optimise_with_report(
+    pending: Sequence[PendingTask], snapshot: FleetSnapshot, policy: Policy, *, now: float,
+    budget_ms: float = 100.0, weights: tuple[float, float, float] = (1.0, 1.0, 0.1), seed: int = 0,
+    running: Sequence[RunningTask] = (), greedy: PlacementPlan | None = None,
+    population: int = 24, max_generations: int = 200, top_k: int = 6, defer_s: float = 1800.0,
+) -> OptimiseResult:
+    """:func:`optimise` with the search statistics (see :class:`OptimiseResult`)."""
+    from deap import base, creator, tools
+
+    began = time.perf_counter()
+    greedy_ms = 0.0
+    if greedy is None:
+        greedy = place(pending, snapshot, policy, now=now, running=running, seed=seed)
+        greedy_ms = (time.perf_counter() - began) * 1000.0
+        began = time.perf_counter()
+    deadline = began + 0.97 * budget_ms / 1000.0  # leave room to build the plan
+    index = fleet_index(snapshot)
+    problem = Problem(index, snapshot, policy, now, weights, top_k, defer_s)
+    by_key = {t.key: t for t in pending}
+    assigned = {a.key: a for a in greedy.assignments}
+    rejected = {r.key: r for r in greedy.rejections}
+    blocked = np.zeros(index.n_devices, dtype=bool)
+    for res in greedy.reservations:
+        blocked[[index.pos[s.uuid] for s in res.shares if s.uuid in index.pos]] = True
+    # Tasks the GA may move: greedy's assigned ones, and waiting ones that could fit at all.
+    tasks = [by_key[k] for k in dict.fromkeys(t.key for t in pending)
+             if k in assigned or (k in rejected and not rejected[k].permanent)]
+    tasks.sort(key=lambda t: (-t.request.priority, t.submitted_at, t.key))
+    cands: list[list[Candidate]] = []
+    start_genome: list[int] = []
+    unplaced: list[float] = []
+    for task in tasks:
+        options = problem.candidates(task, blocked)
+        unplaced.append(problem.unplaced_latency(task, options))
+        if task.key in assigned:
+            own = problem.cand_of_shares(task, assigned[task.key].shares)
+            match = next(
+                (i for i, c in enumerate(options) if c.devices == own.devices and c.milli == own.milli), None
+            )
+            if match is None:
+                options.insert(0, own)
+                match = 0
+            start_genome.append(match)
+        else:
+            start_genome.append(len(options))
+        cands.append(options)
+    decoder = Decoder(problem, cands, unplaced)
+    _, greedy_value = decoder.decode(start_genome)
+
+    state = random.getstate()
+    random.seed(seed)
+    try:
+        best_genome, best_value, generations, evaluations = _search(
+            decoder, start_genome, deadline, population, max_generations, base, creator, tools)
+    finally:
+        random.setstate(state)
+    improved = best_value < greedy_value - 1e-9
+    plan = _to_plan(greedy, tasks, cands, best_genome, problem) if improved else greedy
+    return OptimiseResult(plan, greedy, greedy_value, best_value if improved else greedy_value, improved,
+                          generations, evaluations, (time.perf_counter() - began) * 1000.0, greedy_ms)
+
+
+def _search(decoder: Decoder, start: list[int], deadline: float, size: int, max_gen: int,
+            base: Any, creator: Any, tools: Any) -> tuple[list[int], float, int, int]:
+    if not hasattr(creator, "GpuschedFitness"):
+        creator.create("GpuschedFitness", base.Fitness, weights=(-1.0,))
+        creator.create("GpuschedIndividual", list, fitness=creator.GpuschedFitness)
+    n = len(start)
+    if n == 0:
+        return start, decoder.decode(start)[1], 0, 1
+    limits = [len(c) for c in decoder.cands]
+    cache: dict[tuple[int, ...], tuple[list[int], float]] = {}
+    evaluations = 0
+
+    def evaluate(ind: Any) -> None:
+        nonlocal evaluations
+        key = tuple(ind)
+        hit = cache.get(key)
+        if hit is None:
+            evaluations += 1
+            hit = decoder.decode(list(ind))
+            cache[key] = hit
+        ind[:] = hit[0]
+        ind.fitness.values = (hit[1],)
+
+    def mutate(ind: Any, rate: float) -> None:
+        for i in range(n):
+            if random.random() < rate and limits[i]:
+                # "unplaced" is drawn rarely: deferring is only worth it to free capacity.
+                ind[i] = limits[i] if random.random() < 0.05 else random.randrange(limits[i])
+        del ind.fitness.values
+
+    toolbox = base.Toolbox()
+    toolbox.register("select", tools.selTournament, tournsize=3)
+    toolbox.register("mate", tools.cxTwoPoint)
+    pop = [creator.GpuschedIndividual(start), creator.GpuschedIndividual([0] * n)]
+    while len(pop) < size:
+        ind = creator.GpuschedIndividual(start)
+        mutate(ind, 2.0 / n)
+        pop.append(ind)
+    for ind in pop:
+        evaluate(ind)
+    best = tools.selBest(pop, 1)[0]
+    generation = 0
+    last = 0.0  # duration of the latest generation: do not start one that would overrun
+    while generation < max_gen and time.perf_counter() + last < deadline:
+        began = time.perf_counter()
+        generation += 1
+        elite = [creator.GpuschedIndividual(b) for b in tools.selBest(pop, 2)]
+        for e, src in zip(elite, tools.selBest(pop, 2), strict=True):
+            e.fitness.values = src.fitness.values
+        offspring = [creator.GpuschedIndividual(o) for o in toolbox.select(pop, len(pop) - 2)]
+        for a, b in zip(offspring[::2], offspring[1::2], strict=False):
+            if random.random() < 0.7 and n > 1:
+                toolbox.mate(a, b)
+        for ind in offspring:
+            mutate(ind, 1.5 / n)
+            evaluate(ind)
+        pop = elite + offspring
+        challenger = tools.selBest(pop, 1)[0]
+        if challenger.fitness.values[0] < best.fitness.values[0]:
+            best = challenger
+        last = time.perf_counter() - began
+    return list(best), float(best.fitness.values[0]), generation, evaluations
+
+
+def _to_plan(greedy: PlacementPlan, tasks: list[PendingTask], cands: list[list[Candidate]], genome: list[int],
+             problem: Problem) -> PlacementPlan:
+    devices = problem.index.devices
+    moved = {t.key for t in tasks}
+    assignments = [a for a in greedy.assignments if a.key not in moved]
+    rejections = [r for r in greedy.rejections if r.key not in moved]
+    greedy_rej = {r.key: r for r in greedy.rejections}
+    for task, options, gene in zip(tasks, cands, genome, strict=True):
+        if gene >= len(options):
+            earlier = greedy_rej.get(task.key)
+            rejections.append(earlier or Rejection(
+                task.key, "deferred by the batch optimiser: its capacity serves the batch better this "
+                "cycle; it is planned again next cycle", False))
+            continue
+        c = options[gene]
+        shares = tuple(DeviceShare(devices[d].uuid, devices[d].node, devices[d].index, c.milli, m)
+                       for d, m in zip(c.devices, c.memory, strict=True))
+        score = problem.alpha * c.latency + problem.gamma * c.energy
+        assignments.append(Assignment(task.key, shares, float(score) if math.isfinite(score) else 0.0))
+    return PlacementPlan(tuple(assignments), tuple(rejections), greedy.reservations)
