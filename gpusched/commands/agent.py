@@ -1,0 +1,133 @@
+"""``gpusched agent``: sample this host's devices, run the alert rules, serve ``/metrics``.
+
+    gpusched agent [--interval S] [--once] [--port P] [--host ADDR] [--backend KIND] [--fleet FILE]
+                   [--db-url URL] [--window S] [--memory-growth MB_PER_MIN]
+                   [--temp-limit VENDOR=CELSIUS ...] [--no-stop]
+
+Every interval: sync the inventory (each minute), read every device into the ledger, evaluate
+the alert rules over the last ``--window`` seconds, apply the actions (cordon, health, stop the
+task whose device memory keeps growing) and refresh the Prometheus text served on
+``http://HOST:PORT/metrics`` (127.0.0.1:9400 by default; ``--port 0`` disables the server).
+``--once`` runs one cycle, prints what it did and exits (no server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+import time
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``agent`` command to the ``gpusched`` parser."""
+    parser = subparsers.add_parser(
+        "agent", help="sample devices into the ledger, apply alert rules, serve /metrics",
+        description="Per-host telemetry agent: sampling, alert rules and a Prometheus endpoint "
+                    "with DCGM-compatible metric names.",
+    )
+    parser.add_argument("--interval", type=float, default=10.0, help="seconds between cycles (default 10)")
+    parser.add_argument("--once", action="store_true", help="run one cycle, print it and exit")
+    parser.add_argument("--port", type=int, default=9400,
+                        help="port of the /metrics endpoint (default 9400; 0 = no server)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="bind address of /metrics (default 127.0.0.1; 0.0.0.0 to expose)")
+    parser.add_argument("--backend", choices=("auto", "nvidia", "amd", "simulated"), default=None,
+                        help="hardware backend (default $GPUSCHED_BACKEND or auto)")
+    parser.add_argument("--fleet", help="fleet YAML for the simulated backend")
+    parser.add_argument("--db-url", default=None, help="ledger URL (default $GPUSCHED_DB_URL or SQLite)")
+    parser.add_argument("--window", type=float, default=300.0,
+                        help="seconds of samples the alert rules look at (default 300)")
+    parser.add_argument("--memory-growth", type=float, default=100.0,
+                        help="device memory growth that stops a task, MB/min (default 100)")
+    parser.add_argument("--temp-limit", action="append", default=[], metavar="VENDOR=CELSIUS",
+                        help="over-temperature limit per vendor, e.g. nvidia=85 amd=100 (repeatable)")
+    parser.add_argument("--no-stop", action="store_true",
+                        help="record stop-task alerts but do not signal the task")
+    parser.set_defaults(func=run)
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from gpusched.alerts import AlertConfig
+    from gpusched.catalog import Vendor
+    from gpusched.errors import ConfigurationError
+
+    limits = dict(AlertConfig().temperature_limits_mc)
+    for item in args.temp_limit:
+        vendor, _, value = item.partition("=")
+        try:
+            limits[Vendor(vendor.strip().lower())] = int(float(value) * 1000)
+        except ValueError:
+            raise ConfigurationError(
+                f"--temp-limit {item!r} is not VENDOR=CELSIUS; vendors: {', '.join(v.value for v in Vendor)}"
+            ) from None
+    return AlertConfig(
+        memory_growth_bytes_per_min=int(args.memory_growth * 1_000_000),
+        temperature_limits_mc=MappingProxyType(limits),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the agent; returns the exit code."""
+    from gpusched.hardware.detect import detect_backend
+    from gpusched.ledger import Ledger
+    from gpusched.prometheus import MetricsServer
+    from gpusched.remediation import PidStopper
+    from gpusched.telemetry import TelemetryAgent
+
+    config = _config(args)
+    kind = args.backend or ("simulated" if args.fleet else None)
+    backend = detect_backend(kind, fleet=args.fleet)
+    ledger = Ledger(args.db_url)
+    ledger.migrate()
+    agent = TelemetryAgent(backend, ledger, config=config, window_s=args.window,
+                           stopper=None if args.no_stop else PidStopper())
+    try:
+        if args.once:
+            result = agent.cycle()
+            print(f"gpusched agent: {agent.source}: {len(result.samples)} device(s) sampled, "
+                  f"{len(result.actions)} action(s)")
+            for line in result.applied:
+                print(f"  {line}")
+            return 0
+        return _loop(agent, args, MetricsServer)
+    finally:
+        backend.close()
+        ledger.close()
+
+
+def _loop(agent: Any, args: argparse.Namespace, server_cls: Any) -> int:
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    server = None
+    agent.cycle()
+    if args.port:
+        server = server_cls(agent.metrics_text, host=args.host, port=args.port)
+        server.start()
+        print(f"gpusched agent: {agent.source}; metrics on http://{args.host}:{server.port}/metrics",
+              flush=True)
+    try:
+        while not stop.wait(max(0.1, args.interval)):
+            started = time.monotonic()
+            try:
+                result = agent.cycle()
+            except Exception as exc:  # one bad cycle (DB locked, driver hiccup) must not end the agent
+                print(f"gpusched agent: cycle failed: {exc}", flush=True)
+                continue
+            for line in result.applied:
+                print(f"gpusched agent: {line}", flush=True)
+            if time.monotonic() - started > args.interval:
+                print("gpusched agent: a cycle took longer than --interval; raise it", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+    return 0

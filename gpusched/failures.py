@@ -1,0 +1,230 @@
+"""The fault chain's records in the ledger: failed tasks, their handling, and request overrides.
+
+Everything is stored as ledger events (``Ledger.record_event`` / ``Ledger.events``), so the
+chain needs no table of its own and every record shows in the event log of the UI:
+
+``task_failed`` (subject: task key)
+    A GPU task failed: :class:`FailureRecord` (task identity, devices, request, log tail).
+    Written by the task-side fault listener (or by anyone who sees a failure).
+``failure_handled`` (subject: task key)
+    The chain classified the failure and applied its remedy (classification, evidence, remedy).
+``request_override`` (subject: ``<dag_id>/<task_id>``)
+    The next tries of that task must use this :class:`~gpusched.request.GPURequest` instead of the
+    one in its ``executor_config`` (Airflow's REST API cannot change ``executor_config``). With a
+    ``run_id`` it applies to that DAG run only; without, to every run until cleared.
+``override_cleared`` (subject: ``<dag_id>/<task_id>``)
+    Cancels earlier overrides of that task.
+
+The GPU executor calls :func:`load_overrides` once per scheduling cycle and
+:meth:`OverrideTable.lookup` per workload (see docs/fault-recovery.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from gpusched.errors import GPURequestError, LedgerError
+from gpusched.request import GPURequest
+
+__all__ = [
+    "FAILED",
+    "HANDLED",
+    "OVERRIDE",
+    "OVERRIDE_CLEARED",
+    "EventLedger",
+    "FailureRecord",
+    "OverrideTable",
+    "clear_override",
+    "load_overrides",
+    "mark_handled",
+    "pending_failures",
+    "record_failure",
+    "set_override",
+]
+
+FAILED = "task_failed"
+HANDLED = "failure_handled"
+OVERRIDE = "request_override"
+OVERRIDE_CLEARED = "override_cleared"
+
+_SCAN_LIMIT = 5000  # newest events of the chain's kinds that one read looks at
+
+
+class EventLedger(Protocol):
+    """The part of :class:`gpusched.ledger.Ledger` the chain's records use."""
+
+    def record_event(self, kind: str, subject: str, *, now: float | None = None, **detail: Any) -> None: ...
+
+    def events(
+        self, limit: int = 100, *, kinds: Sequence[str] = (), since: float | None = None
+    ) -> list[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FailureRecord:
+    """One failed try of one GPU task, as the fault listener saw it.
+
+    Attributes:
+        key: the task key (``airflow/<dag>/<task>/<map>/<try>/<run>`` for Airflow tasks).
+        dag_id / task_id / run_id / try_number / map_index: the task instance ("" / 0 / -1 if
+            the failure is not an Airflow task's).
+        devices: uuids of the devices the try held.
+        request: the request it ran with (None if unknown).
+        log_tail: the last lines of its log and the formatted exception.
+        will_retry: whether Airflow itself will run another try (retries left).
+        host / pid: where the try ran.
+        at: when the failure was seen (epoch seconds).
+    """
+
+    key: str
+    devices: tuple[str, ...]
+    log_tail: str
+    at: float
+    dag_id: str = ""
+    task_id: str = ""
+    run_id: str = ""
+    try_number: int = 0
+    map_index: int = -1
+    request: GPURequest | None = None
+    will_retry: bool = False
+    host: str = ""
+    pid: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_detail(self) -> dict[str, Any]:
+        """JSON-safe event detail."""
+        data = asdict(self)
+        data["devices"] = list(self.devices)
+        data["request"] = self.request.to_dict() if self.request else None
+        data["extra"] = dict(self.extra)
+        return data
+
+    @classmethod
+    def from_detail(cls, detail: Mapping[str, Any]) -> FailureRecord:
+        """The record an event's detail holds (LedgerError if it is not one)."""
+        try:
+            request = GPURequest.from_dict(detail["request"]) if detail.get("request") else None
+            return cls(
+                key=str(detail["key"]),
+                devices=tuple(str(d) for d in detail.get("devices") or ()),
+                log_tail=str(detail.get("log_tail") or ""),
+                at=float(detail["at"]),
+                dag_id=str(detail.get("dag_id") or ""),
+                task_id=str(detail.get("task_id") or ""),
+                run_id=str(detail.get("run_id") or ""),
+                try_number=int(detail.get("try_number") or 0),
+                map_index=int(detail.get("map_index", -1)),
+                request=request,
+                will_retry=bool(detail.get("will_retry")),
+                host=str(detail.get("host") or ""),
+                pid=int(detail.get("pid") or 0),
+                extra=dict(detail.get("extra") or {}),
+            )
+        except (KeyError, TypeError, ValueError, GPURequestError) as exc:
+            raise LedgerError(
+                f"a {FAILED} event is malformed ({exc}); it was not written by gpusched.failures"
+            ) from exc
+
+
+def record_failure(ledger: EventLedger, record: FailureRecord) -> None:
+    """Store ``record`` as a ``task_failed`` event."""
+    ledger.record_event(FAILED, record.key, now=record.at, **record.to_detail())
+
+
+def pending_failures(ledger: EventLedger, *, since: float | None = None) -> list[FailureRecord]:
+    """Recorded failures not yet handled, oldest first (malformed events are skipped)."""
+    events = ledger.events(_SCAN_LIMIT, kinds=(FAILED, HANDLED), since=since)
+    handled = {e.subject for e in events if e.kind == HANDLED}
+    seen: set[str] = set()
+    result: list[FailureRecord] = []
+    for event in reversed(events):  # events come newest first
+        if event.kind != FAILED or event.subject in handled or event.subject in seen:
+            continue
+        try:
+            result.append(FailureRecord.from_detail(event.detail))
+        except LedgerError:
+            continue
+        seen.add(event.subject)
+    return result
+
+
+def mark_handled(ledger: EventLedger, key: str, *, now: float | None = None, **detail: Any) -> None:
+    """Record that the failure of ``key`` was classified and its remedy applied."""
+    ledger.record_event(HANDLED, key, now=now, **detail)
+
+
+def _subject(dag_id: str, task_id: str) -> str:
+    return f"{dag_id}/{task_id}"
+
+
+def set_override(
+    ledger: EventLedger,
+    dag_id: str,
+    task_id: str,
+    request: GPURequest,
+    *,
+    reason: str,
+    run_id: str | None = None,
+    now: float | None = None,
+) -> None:
+    """From now on, tries of ``dag_id.task_id`` (of ``run_id`` only, if given) use ``request``."""
+    ledger.record_event(
+        OVERRIDE, _subject(dag_id, task_id), now=now,
+        dag_id=dag_id, task_id=task_id, run_id=run_id, request=request.to_dict(), reason=reason,
+    )
+
+
+def clear_override(ledger: EventLedger, dag_id: str, task_id: str, *, now: float | None = None) -> None:
+    """Cancel every override of ``dag_id.task_id``; its own executor_config applies again."""
+    ledger.record_event(OVERRIDE_CLEARED, _subject(dag_id, task_id), now=now, dag_id=dag_id, task_id=task_id)
+
+
+@dataclass(frozen=True, slots=True)
+class OverrideTable:
+    """The overrides in force at one instant (build with :func:`load_overrides`)."""
+
+    # (dag_id, task_id) -> [(run_id or None, request, reason)], newest first
+    entries: Mapping[tuple[str, str], tuple[tuple[str | None, GPURequest, str], ...]]
+
+    def lookup(self, dag_id: str, task_id: str, run_id: str) -> GPURequest | None:
+        """The request that overrides this task's ``executor_config`` in ``run_id``, or None.
+
+        The newest override that applies wins (a run-specific one or a task-wide one).
+        """
+        for scope, request, _reason in self.entries.get((dag_id, task_id), ()):
+            if scope is None or scope == run_id:
+                return request
+        return None
+
+    def reason(self, dag_id: str, task_id: str, run_id: str) -> str | None:
+        """Why the override returned by :meth:`lookup` exists."""
+        for scope, _request, why in self.entries.get((dag_id, task_id), ()):
+            if scope is None or scope == run_id:
+                return why
+        return None
+
+
+def load_overrides(ledger: EventLedger) -> OverrideTable:
+    """Read the overrides in force (one query; call once per scheduling cycle)."""
+    entries: dict[tuple[str, str], list[tuple[str | None, GPURequest, str]]] = {}
+    cleared: set[tuple[str, str]] = set()
+    for event in ledger.events(_SCAN_LIMIT, kinds=(OVERRIDE, OVERRIDE_CLEARED)):  # newest first
+        detail = event.detail
+        task = (str(detail.get("dag_id", "")), str(detail.get("task_id", "")))
+        if event.kind == OVERRIDE_CLEARED:
+            cleared.add(task)
+            continue
+        if task in cleared:
+            continue
+        try:
+            request = GPURequest.from_dict(detail["request"])
+        except (KeyError, GPURequestError):
+            continue
+        run_id = detail.get("run_id")
+        entries.setdefault(task, []).append(
+            (None if run_id is None else str(run_id), request, str(detail.get("reason", "")))
+        )
+    return OverrideTable({k: tuple(v) for k, v in entries.items()})
+

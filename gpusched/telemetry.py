@@ -1,0 +1,145 @@
+"""Telemetry: sample the devices into the ledger and run the alert rules (the agent's cycle).
+
+:func:`sample_once` reads every device once and stores the readings. :class:`TelemetryAgent`
+is what ``gpusched agent`` runs each interval: sample → evaluate the alert rules over the recent
+window (:mod:`gpusched.alerts`) → apply the actions (:mod:`gpusched.remediation`) → refresh the
+Prometheus text (:mod:`gpusched.prometheus`). The agent only judges the devices its own backend
+sees, so one agent per GPU host can share one ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpusched.alerts import Action, ActionKind, AlertConfig, evaluate
+from gpusched.errors import HardwareError, TelemetryError
+from gpusched.hardware.base import HardwareBackend
+from gpusched.model import DeviceSample
+from gpusched.prometheus import render_metrics
+from gpusched.remediation import TaskStopper, apply_actions
+
+if TYPE_CHECKING:
+    from gpusched.ledger import Ledger
+
+__all__ = ["CycleResult", "TelemetryAgent", "sample_once"]
+
+log = logging.getLogger(__name__)
+
+
+def sample_once(backend: HardwareBackend, ledger: Ledger) -> list[DeviceSample]:
+    """Read every device of ``backend`` once and store the readings in ``ledger``.
+
+    Raises:
+        TelemetryError: the backend failed to sample (the message names the backend).
+    """
+    try:
+        samples = backend.sample()
+    except HardwareError as exc:
+        raise TelemetryError(
+            f"sampling the {backend.name} backend failed: {exc}; check the driver / vendor library"
+        ) from exc
+    ledger.record_samples(samples)
+    return samples
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    """What one agent cycle saw and did."""
+
+    at: float
+    samples: tuple[DeviceSample, ...]
+    actions: tuple[Action, ...]
+    applied: tuple[str, ...]
+
+
+class TelemetryAgent:
+    """The per-host agent: inventory sync, sampling, alerting, remediation and metrics text.
+
+    Args:
+        backend: the host's hardware backend (or the simulated fleet).
+        ledger: the shared ledger (migrated).
+        config: alert thresholds.
+        window_s: how far back the alert rules look.
+        stopper: stops a task for ``stop_task`` actions (None: record only).
+        inventory_every_s: how often the inventory (and reported health) is re-synced.
+        retention_s: samples older than this are pruned (hourly).
+    """
+
+    def __init__(
+        self,
+        backend: HardwareBackend,
+        ledger: Ledger,
+        *,
+        config: AlertConfig | None = None,
+        window_s: float = 300.0,
+        stopper: TaskStopper | None = None,
+        inventory_every_s: float = 60.0,
+        retention_s: float = 7 * 86400.0,
+    ) -> None:
+        self.backend = backend
+        self.ledger = ledger
+        self.config = config or AlertConfig()
+        self.window_s = window_s
+        self.stopper = stopper
+        self.inventory_every_s = inventory_every_s
+        self.retention_s = retention_s
+        self.counters: Counter[tuple[str, str]] = Counter()
+        self._synced_at = float("-inf")
+        self._pruned_at = float("-inf")
+        self._once: set[tuple[str, str, str]] = set()  # stop/notify already done: (kind, rule, target)
+        self._metrics = "# no cycle has run yet\n"
+        self.source = str(getattr(backend, "description", backend.name))
+        self.host = socket.gethostname()
+
+    def sync_inventory(self, now: float | None = None) -> None:
+        """Write the backend's nodes (with reported health) into the ledger."""
+        at = time.time() if now is None else now
+        self.ledger.sync_inventory(self.backend.discover(), source=self.backend.name)
+        self._synced_at = at
+
+    def cycle(self, now: float | None = None) -> CycleResult:
+        """One round: sample, evaluate, apply, refresh metrics. Returns what happened."""
+        at = time.time() if now is None else now
+        if at - self._synced_at >= self.inventory_every_s:
+            self.sync_inventory(at)
+        samples = sample_once(self.backend, self.ledger)
+        own = {s.uuid for s in samples}
+        window = [s for s in self.ledger.samples(None, at - self.window_s) if s.uuid in own]
+        snapshot = self.ledger.snapshot(at)
+        allocations = self.ledger.active()
+        actions = self._fresh(evaluate(window, snapshot, allocations, config=self.config))
+        applied = apply_actions(actions, self.ledger, self.stopper, now=at)
+        for action in actions:
+            self.counters[(action.rule, str(action.kind))] += 1
+            log.warning("gpusched agent: %s %s on %s: %s", action.rule, action.kind, action.target,
+                        action.reason)
+        if at - self._pruned_at >= 3600:
+            self.ledger.prune_samples(at - self.retention_s)
+            self._pruned_at = at
+        after = self.ledger.snapshot(at) if actions else snapshot
+        self._metrics = render_metrics(samples, after, self.ledger.active() if actions else allocations,
+                                       counters=self.counters, source=self.source)
+        return CycleResult(at, tuple(samples), tuple(actions), tuple(applied))
+
+    def _fresh(self, actions: Sequence[Action]) -> list[Action]:
+        # Health and cordon actions are already skipped once in effect (the rules see the
+        # snapshot); stop/notify have no such state, so each is done once per agent.
+        fresh = []
+        for action in actions:
+            if action.kind in (ActionKind.STOP_TASK, ActionKind.NOTIFY):
+                mark = (str(action.kind), action.rule, action.target)
+                if mark in self._once:
+                    continue
+                self._once.add(mark)
+            fresh.append(action)
+        return fresh
+
+    def metrics_text(self) -> str:
+        """The Prometheus text of the last cycle (served by ``/metrics``; no I/O here)."""
+        return self._metrics
