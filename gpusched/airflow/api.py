@@ -1,0 +1,215 @@
+"""The gpusched FastAPI app, mounted by the Airflow api-server at ``/gpusched``.
+
+Every route requires an authenticated Airflow user (``requires_authenticated`` from
+``airflow.api_fastapi.core_api.security``): a ``Authorization: Bearer <JWT>`` header from
+``POST /auth/token``, or the ``_token`` cookie the Airflow UI sets — which is how the page at
+``/gpusched/ui``, shown in the UI navigation as an external view (an iframe on the same origin),
+authenticates its own ``fetch`` calls. Without either: 401.
+
+JSON routes (all read-only): ``/fleet``, ``/allocations``, ``/queue``, ``/quotas``,
+``/forecast``, ``/events``. The page: ``/ui``. Data comes from the ledger
+(``$GPUSCHED_DB_URL`` or the SQLite ledger under ``$AIRFLOW_HOME/gpusched``); the JSON is
+built by the pure functions of :mod:`gpusched.airflow.api_views`.
+
+Optional inputs: the quota policy from ``$GPUSCHED_QUOTA_FILE`` or ``state_dir()/quota.yaml``
+(``QuotaPolicy.from_dict`` format; defaults otherwise), and the forecast from the newest ledger
+event of kind ``forecast`` (detail = ``Forecast.to_dict()``) or ``$GPUSCHED_FORECAST_FILE`` /
+``state_dir()/forecast.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpusched.airflow import api_views
+from gpusched.errors import ConfigurationError
+from gpusched.paths import state_dir
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from gpusched.ledger import Ledger
+    from gpusched.quota import QuotaPolicy
+
+__all__ = ["URL_PREFIX", "LazyApp", "create_app", "load_forecast", "load_quota_policy"]
+
+URL_PREFIX = "/gpusched"
+"""Where the Airflow api-server mounts the app (see plugins/gpusched_plugin.py)."""
+
+SAMPLE_WINDOW_S = 300
+"""Telemetry older than this is not shown on the fleet page."""
+
+
+def load_quota_policy() -> QuotaPolicy:
+    """The quota policy: ``$GPUSCHED_QUOTA_FILE``, else ``state_dir()/quota.yaml``, else defaults.
+
+    Raises:
+        ConfigurationError: the file exists but is not a valid policy (the message says why).
+    """
+    import yaml
+
+    from gpusched.quota import QuotaPolicy
+
+    path = Path(os.environ.get("GPUSCHED_QUOTA_FILE") or state_dir() / "quota.yaml")
+    if not path.is_file():
+        return QuotaPolicy()
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigurationError(f"quota file {path} cannot be read ({exc}); fix or remove it") from exc
+    if not isinstance(data, dict):
+        raise ConfigurationError(f"quota file {path} must hold a mapping (shares, budgets, …)")
+    return QuotaPolicy.from_dict(data)
+
+
+def load_forecast(ledger: Ledger) -> dict[str, Any]:
+    """The newest demand forecast, or ``{"available": False, "note": …}`` when there is none."""
+    events = ledger.events(1, kinds=["forecast"])
+    if events and events[0].detail.get("mean") is not None:
+        return {"available": True, "at": events[0].at, "origin": "ledger", "forecast": dict(events[0].detail)}
+    path = Path(os.environ.get("GPUSCHED_FORECAST_FILE") or state_dir() / "forecast.json")
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            return {"available": False, "note": f"forecast file {path} is unreadable: {exc}"}
+        return {"available": True, "at": path.stat().st_mtime, "origin": str(path), "forecast": data}
+    return {
+        "available": False,
+        "note": "no forecast yet: the demand-forecast DAG has not run (it records one in the ledger)",
+    }
+
+
+class _LedgerHolder:
+    """One Ledger per api-server process, created (and migrated) on first use."""
+
+    def __init__(self, url: str | None) -> None:
+        self._url = url
+        self._ledger: Ledger | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Ledger:
+        with self._lock:
+            if self._ledger is None:
+                from gpusched.ledger import Ledger
+
+                ledger = Ledger(self._url)
+                ledger.migrate()
+                self._ledger = ledger
+            return self._ledger
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ledger is not None:
+                self._ledger.close()
+                self._ledger = None
+
+
+def create_app(ledger_url: str | None = None) -> FastAPI:
+    """Build the app. ``ledger_url`` None: ``$GPUSCHED_DB_URL`` or the default SQLite ledger."""
+    from airflow.api_fastapi.core_api.security import requires_authenticated
+    from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+    from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+    from gpusched.airflow.ui_page import render_page
+
+    holder = _LedgerHolder(ledger_url)
+    app = FastAPI(
+        title="gpusched",
+        description="GPU fleet, allocations, queue, quotas and forecast (read-only).",
+        version="1",
+    )
+    app.state.ledger_holder = holder
+    router = APIRouter(dependencies=[Depends(requires_authenticated())])
+
+    @router.get("/fleet")
+    def fleet() -> dict[str, Any]:
+        """Racks → nodes → islands → devices with state, usage, holders and telemetry."""
+        ledger = holder.get()
+        now = time.time()
+        snapshot = ledger.snapshot(now)
+        return api_views.fleet_view(snapshot, ledger.active(), ledger.samples(None, now - SAMPLE_WINDOW_S))
+
+    @router.get("/allocations")
+    def allocations() -> list[dict[str, Any]]:
+        """Active allocations with request summary, age and lease time left."""
+        return api_views.allocations_view(holder.get().active(), time.time())
+
+    @router.get("/queue")
+    def queue() -> list[dict[str, Any]]:
+        """Tasks waiting for devices, each with the placement's reason."""
+        return api_views.queue_view(holder.get().queue(), time.time())
+
+    @router.get("/quotas")
+    def quotas() -> dict[str, Any]:
+        """Partition shares and use (70/20/10 by default) and tenant budgets this period."""
+        ledger = holder.get()
+        now = time.time()
+        policy = load_quota_policy()
+        start = api_views.period_start(now, policy.period_s)
+        snapshot = ledger.snapshot(now)
+        usage = api_views.tenant_usage(ledger.history(start, now), snapshot, start, now)
+        return api_views.quotas_view(snapshot, ledger.active(), ledger.queue(), policy, usage, start)
+
+    @router.get("/forecast")
+    def forecast() -> dict[str, Any]:
+        """The latest demand forecast, or an explanation why there is none."""
+        return load_forecast(holder.get())
+
+    @router.get("/events")
+    def events(limit: int = 50) -> list[dict[str, Any]]:
+        """Recent ledger events (allocations, releases, cordons, health), newest first."""
+        rows = holder.get().events(max(1, min(limit, 500)))
+        return [{"id": e.id, "at": e.at, "kind": e.kind, "subject": e.subject, "detail": dict(e.detail)}
+                for e in rows]
+
+    @router.get("/ui", response_class=HTMLResponse)
+    def ui() -> HTMLResponse:
+        """The fleet page (shown inside the Airflow UI as the "GPU fleet" view)."""
+        return HTMLResponse(render_page())
+
+    app.include_router(router)
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse(url="ui")
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> Response:
+        # A person opening the page without a session gets a way to sign in, not raw JSON.
+        if exc.status_code == 401 and request.url.path.rstrip("/").endswith("/ui"):
+            return HTMLResponse(
+                '<p>Not signed in to Airflow. <a href="/" target="_top">Sign in</a>, then open '
+                "<em>Browse → GPU fleet</em>.</p>",
+                status_code=401,
+            )
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    return app
+
+
+class LazyApp:
+    """An ASGI app that builds :func:`create_app` on its first request.
+
+    The plugin module is imported by every Airflow process (scheduler, workers, dag processor);
+    only the api-server serves requests, so only it pays for FastAPI and the ledger.
+    """
+
+    def __init__(self, ledger_url: str | None = None) -> None:
+        self._ledger_url = ledger_url
+        self._app: Any = None
+        self._lock = threading.Lock()
+
+    def _get(self) -> Any:
+        with self._lock:
+            if self._app is None:
+                self._app = create_app(self._ledger_url)
+            return self._app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._get()(scope, receive, send)

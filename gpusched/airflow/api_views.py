@@ -1,0 +1,285 @@
+"""The JSON the fleet API serves, computed from immutable records (pure: no DB, no web framework).
+
+:mod:`gpusched.airflow.api` reads the ledger and hands the records here. Every function returns
+plain JSON-safe dicts/lists so it can be tested, cached or printed without FastAPI.
+
+Device states (the colours of the UI): ``faulty`` (unhealthy), ``cordoned`` (device or node),
+``standby`` (node not in service), ``allocated`` (whole device taken), ``shared`` (a fraction
+taken), ``free``. ``degraded`` is a flag on top of the state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpusched.model import MILLI, Health
+from gpusched.request import Partition
+
+if TYPE_CHECKING:
+    from gpusched.ledger import Allocation, QueueEntry
+    from gpusched.model import Device, DeviceSample, FleetSnapshot, Node
+    from gpusched.quota import QuotaPolicy
+    from gpusched.request import GPURequest
+
+__all__ = [
+    "DEVICE_STATES",
+    "allocations_view",
+    "describe_request",
+    "device_state",
+    "fleet_view",
+    "period_start",
+    "queue_view",
+    "quotas_view",
+    "tenant_usage",
+]
+
+GIB = 1024**3
+
+DEVICE_STATES = ("allocated", "shared", "free", "faulty", "cordoned", "standby")
+"""Every state :func:`device_state` returns (the UI legend, in this order)."""
+
+
+def device_state(device: Device, node: Node, used_milli: int) -> str:
+    """The one state a device is shown in (faults and cordons win over usage)."""
+    if device.health is Health.UNHEALTHY:
+        return "faulty"
+    if device.cordoned or node.cordoned:
+        return "cordoned"
+    if node.standby:
+        return "standby"
+    if used_milli >= MILLI:
+        return "allocated"
+    if used_milli > 0:
+        return "shared"
+    return "free"
+
+
+def _gib(n: int) -> float:
+    return round(n / GIB, 1)
+
+
+def describe_request(request: GPURequest) -> str:
+    """A one-line human summary, e.g. ``"2× GPU ≥40 GiB, island, training, tenant vision"``."""
+    if request.milli_per_gpu < MILLI:
+        head = f"{request.milli_per_gpu / MILLI:g} GPU"
+    else:
+        head = f"{request.count}× GPU"
+    if request.memory_per_gpu:
+        head += f" ≥{_gib(request.memory_per_gpu):g} GiB"
+    parts = [head]
+    if request.models:
+        parts.append("/".join(sorted(request.models)))
+    elif request.vendors:
+        parts.append("/".join(sorted(v.value for v in request.vendors)))
+    if request.min_arch:
+        parts.append(f"≥{request.min_arch}")
+    if request.count > 1 or request.interconnect.value != "same_node":
+        parts.append(request.interconnect.value)
+    parts.append(request.partition.value)
+    parts.append(f"tenant {request.tenant}")
+    return ", ".join(parts)
+
+
+def _holders(allocations: Iterable[Allocation]) -> dict[str, list[dict[str, Any]]]:
+    holders: dict[str, list[dict[str, Any]]] = {}
+    for alloc in allocations:
+        for share in alloc.shares:
+            holders.setdefault(share.uuid, []).append(
+                {"key": alloc.key, "milli": share.milli, "tenant": alloc.request.tenant}
+            )
+    return holders
+
+
+def fleet_view(
+    snapshot: FleetSnapshot,
+    allocations: Sequence[Allocation] = (),
+    samples: Sequence[DeviceSample] = (),
+) -> dict[str, Any]:
+    """The fleet as racks → nodes → islands → devices, with state, usage, holders and telemetry.
+
+    ``samples``: recent telemetry; the newest sample of each device is attached.
+    """
+    holders = _holders(allocations)
+    latest: dict[str, DeviceSample] = {}
+    for sample in samples:
+        if sample.uuid not in latest or sample.taken_at > latest[sample.uuid].taken_at:
+            latest[sample.uuid] = sample
+    counts = dict.fromkeys(DEVICE_STATES, 0)
+    racks: dict[str, list[dict[str, Any]]] = {}
+    for node in snapshot.nodes:
+        islands: dict[str, list[dict[str, Any]]] = {}
+        for device in sorted(node.devices, key=lambda d: d.index):
+            used = snapshot.used(device.uuid)
+            state = device_state(device, node, used.used_milli)
+            counts[state] += 1
+            entry: dict[str, Any] = {
+                "uuid": device.uuid,
+                "index": device.index,
+                "model": device.model,
+                "vendor": device.vendor.value,
+                "architecture": device.architecture,
+                "memory_gib": _gib(device.memory_bytes),
+                "used_milli": used.used_milli,
+                "used_memory_gib": _gib(used.used_memory_bytes),
+                "state": state,
+                "health": device.health.value,
+                "degraded": device.health is Health.DEGRADED,
+                "numa_node": device.numa_node,
+                "link": device.link.value,
+                "holders": holders.get(device.uuid, []),
+            }
+            newest = latest.get(device.uuid)
+            if newest is not None:
+                entry["telemetry"] = {
+                    "taken_at": newest.taken_at,
+                    "utilization_pct": newest.utilization_pct,
+                    "temperature_c": round(newest.temperature_mc / 1000, 1),
+                    "power_w": round(newest.power_mw / 1000, 1),
+                    "memory_used_gib": _gib(newest.memory_used_bytes),
+                }
+            islands.setdefault(device.island or "pcie", []).append(entry)
+        racks.setdefault(node.rack, []).append({
+            "name": node.name,
+            "rack": node.rack,
+            "labels": dict(node.labels),
+            "standby": node.standby,
+            "cordoned": node.cordoned,
+            "islands": [{"id": k, "devices": v} for k, v in islands.items()],
+        })
+    total = snapshot.total_devices()
+    used_milli = sum(u.used_milli for u in snapshot.usage.values())
+    return {
+        "source": snapshot.source,
+        "simulated": "simulated" in snapshot.source.lower(),
+        "taken_at": snapshot.taken_at,
+        "summary": {
+            "devices": total,
+            "nodes": len(snapshot.nodes),
+            "states": counts,
+            "used_gpus": round(used_milli / MILLI, 2),
+            "utilisation_pct": round(100 * used_milli / (total * MILLI), 1) if total else 0.0,
+        },
+        "racks": [{"name": name, "nodes": nodes} for name, nodes in sorted(racks.items())],
+    }
+
+
+def allocations_view(allocations: Sequence[Allocation], now: float) -> list[dict[str, Any]]:
+    """Active allocations, oldest first, with a request summary and the lease's time left."""
+    rows = []
+    for alloc in sorted(allocations, key=lambda a: a.created_at):
+        row = alloc.to_dict()
+        row["summary"] = describe_request(alloc.request)
+        row["running_s"] = max(0.0, round(now - alloc.created_at, 1))
+        row["lease_left_s"] = round(alloc.lease_expires_at - now, 1)
+        row["nodes"] = sorted({s.node for s in alloc.shares})
+        rows.append(row)
+    return rows
+
+
+def queue_view(entries: Sequence[QueueEntry], now: float) -> list[dict[str, Any]]:
+    """Waiting tasks, longest-waiting first, each with the placement's reason."""
+    return [
+        {
+            "key": e.key,
+            "summary": describe_request(e.request),
+            "request": e.request.to_dict(),
+            "priority": e.request.priority,
+            "reason": e.reason,
+            "since": e.since,
+            "waiting_s": max(0.0, round(now - e.since, 1)),
+        }
+        for e in sorted(entries, key=lambda e: (e.since, e.key))
+    ]
+
+
+def tenant_usage(
+    history: Iterable[Allocation],
+    snapshot: FleetSnapshot,
+    period_start: float,
+    now: float,
+) -> dict[str, int]:
+    """Normalised usage (A100-equivalent milli-GPU-seconds) per tenant since ``period_start``.
+
+    Counts the overlap of each allocation with ``[period_start, now]``; devices no longer in the
+    fleet are counted as one A100 each.
+    """
+    from gpusched.catalog import default_catalog
+
+    catalog = default_catalog()
+    used: dict[str, int] = {}
+    for alloc in history:
+        start = max(alloc.created_at, period_start)
+        end = min(alloc.released_at if alloc.released_at is not None else now, now)
+        if end <= start:
+            continue
+        rate = 0
+        for share in alloc.shares:
+            equiv = MILLI
+            if snapshot.has_device(share.uuid):
+                model = catalog.find(snapshot.device(share.uuid).model)
+                equiv = model.a100_equiv_milli if model is not None else MILLI
+            rate += share.milli * equiv // MILLI
+        tenant = alloc.request.tenant
+        used[tenant] = used.get(tenant, 0) + int(rate * (end - start))
+    return used
+
+
+def quotas_view(
+    snapshot: FleetSnapshot,
+    active: Sequence[Allocation],
+    queued: Sequence[QueueEntry],
+    policy: QuotaPolicy,
+    usage: Mapping[str, int],
+    period_start: float,
+) -> dict[str, Any]:
+    """Partitions (share, capacity, use, borrowing, waiting demand) and tenant budgets."""
+    from gpusched.quota import UNITS_PER_A100_HOUR, partition_capacity
+
+    capacity = partition_capacity(snapshot)
+    used = dict.fromkeys(Partition, 0)
+    for alloc in active:
+        used[alloc.request.partition] += alloc.total_milli
+    pending = dict.fromkeys(Partition, 0)
+    for entry in queued:
+        pending[entry.request.partition] += entry.request.total_milli
+    partitions = []
+    for p in Partition:
+        share = policy.share_milli(p, capacity)
+        partitions.append({
+            "partition": p.value,
+            "share_pct": policy.shares_pct[p],
+            "share_gpus": share / MILLI,
+            "used_gpus": used[p] / MILLI,
+            "borrowed_gpus": max(0, used[p] - share) / MILLI,
+            "pending_gpus": pending[p] / MILLI,
+            "used_pct_of_share": round(100 * used[p] / share, 1) if share else None,
+        })
+    tenants: set[str] = set(usage) | set(policy.budgets_hours)
+    tenants |= {a.request.tenant for a in active}
+    rows = []
+    for tenant in sorted(tenants):
+        budget = policy.budget(tenant)
+        spent = usage.get(tenant, 0)
+        rows.append({
+            "tenant": tenant,
+            "used_hours": round(spent / UNITS_PER_A100_HOUR, 2),
+            "budget_hours": None if budget is None else budget / UNITS_PER_A100_HOUR,
+            "used_pct": None if not budget else round(100 * spent / budget, 1),
+            "running_gpus": sum(a.total_milli for a in active if a.request.tenant == tenant) / MILLI,
+        })
+    return {
+        "capacity_gpus": capacity / MILLI,
+        "borrowing": policy.borrowing,
+        "period_start": period_start,
+        "period_s": policy.period_s,
+        "unit": "A100-equivalent GPU-hours",
+        "partitions": partitions,
+        "tenants": rows,
+    }
+
+
+def period_start(now: float, period_s: int) -> float:
+    """Start of the budget period holding ``now`` (periods aligned on the epoch)."""
+    return float(math.floor(now / period_s) * period_s)
