@@ -243,3 +243,45 @@ def test_allocations_survive_reopening(url: str) -> None:
         assert isinstance(second.release("keep", reason="killed"), Allocation)
     with Ledger(url) as third:
         assert third.active() == []
+
+
+def test_migrations_build_exactly_the_declared_schema(url: str) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from gpusched.ledger.schema import METADATA, VERSION_TABLE
+
+    with Ledger(url) as led:
+        led.migrate()
+        with led.engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            assert compare_metadata(context, METADATA) == []
+
+
+def test_a_forked_child_gets_its_own_connections(ledger: Ledger) -> None:
+    import multiprocessing
+
+    d = _devices(ledger)
+    ledger.allocate("parent", GPURequest.build(gpus=1), [share(d[0])], holder="p")  # pool now warm
+    ctx = multiprocessing.get_context("fork")
+    seen = ctx.Queue()
+    child = ctx.Process(target=_allocate_in_child, args=(ledger, share(d[1]), seen))
+    child.start()
+    child_identity = seen.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0
+    assert sorted(a.key for a in ledger.active()) == ["child", "parent"]
+    if ledger.engine.dialect.name == "postgresql":
+        assert child_identity != _connection_identity(ledger)  # not the parent's server session
+
+
+def _connection_identity(ledger: Ledger) -> object:
+    with ledger.engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            return conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        return None
+
+
+def _allocate_in_child(ledger: Ledger, target: object, seen: object) -> None:
+    seen.put(_connection_identity(ledger))  # type: ignore[attr-defined]
+    ledger.allocate("child", GPURequest.build(gpus=1), [target], holder="c")  # type: ignore[list-item]

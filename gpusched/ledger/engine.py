@@ -10,6 +10,7 @@ or processes) queue up instead of interleaving their reads and writes. PostgreSQ
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -49,18 +50,35 @@ def make_engine(url: str) -> sa.Engine:
         ) from exc
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        return _sqlite_engine(parsed)
-    if backend == "postgresql":
+        engine = _sqlite_engine(parsed)
+    elif backend == "postgresql":
         try:
-            return sa.create_engine(parsed, pool_pre_ping=True)
+            engine = sa.create_engine(parsed, pool_pre_ping=True)
         except ModuleNotFoundError as exc:
             raise ConfigurationError(
                 f"the PostgreSQL driver for {parsed.drivername!r} is not installed ({exc}); "
                 "install it with `pip install 'psycopg[binary]'`"
             ) from exc
-    raise ConfigurationError(
-        f"ledger database {backend!r} is not supported; use sqlite:///… or postgresql://… in GPUSCHED_DB_URL"
-    )
+    else:
+        raise ConfigurationError(
+            f"ledger database {backend!r} is not supported; "
+            "use sqlite:///… or postgresql://… in GPUSCHED_DB_URL"
+        )
+    _forget_pool_after_fork(engine)
+    return engine
+
+
+def _forget_pool_after_fork(engine: sa.Engine) -> None:
+    # A forked child (Airflow's LocalExecutor workers, for one) must never reuse the parent's
+    # connections: drop the inherited pool without closing the parent's sockets or files.
+    ref = weakref.ref(engine)
+
+    def _after_fork() -> None:
+        inherited = ref()
+        if inherited is not None:
+            inherited.dispose(close=False)
+
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _sqlite_engine(url: sa.URL) -> sa.Engine:

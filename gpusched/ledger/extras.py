@@ -118,12 +118,19 @@ class LedgerExtras:
         return demand_series(intervals, start, end, step_s)
 
     def events(
-        self, limit: int = 100, *, kinds: Sequence[str] = (), since: float | None = None
+        self,
+        limit: int = 100,
+        *,
+        kinds: Sequence[str] = (),
+        since: float | None = None,
+        subject: str | None = None,
     ) -> list[LedgerEvent]:
-        """The most recent events, newest first (optionally of some kinds, or after ``since``)."""
+        """The most recent events, newest first; optionally of some kinds, one subject, after ``since``."""
         query = sa.select(EVENTS)
         if kinds:
             query = query.where(EVENTS.c.kind.in_(list(kinds)))
+        if subject is not None:
+            query = query.where(EVENTS.c.subject == subject)
         if since is not None:
             query = query.where(EVENTS.c.at >= since)
         with read_tx(self.engine) as conn:

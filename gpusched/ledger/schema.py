@@ -148,6 +148,7 @@ EVENTS = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("at", sa.Double, nullable=False, index=True),
     sa.Column("kind", sa.String(32), nullable=False),
-    sa.Column("subject", sa.String(1024), nullable=False),
+    sa.Column("subject", sa.String(1024), nullable=False, index=True),
     sa.Column("detail", sa.JSON, nullable=False),
+    sa.Index("ix_gpusched_events_kind_id", "kind", "id"),
 )
