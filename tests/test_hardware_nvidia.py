@@ -224,6 +224,19 @@ def test_two_direct_nvlink_islands(patch_nvml: Callable[[FakeBox], None]) -> Non
     assert all(d.numa_node == -1 for d in node.devices)
 
 
+def test_features_follow_what_the_gpus_report(patch_nvml: Callable[[FakeBox], None]) -> None:
+    box = FakeBox("Tesla T4", ["0000:3b:00.0", "0000:d8:00.0"], 16 * GIB, (7, 5), 0,
+                  lambda i, link: None, [0, 1])
+    patch_nvml(box)
+    pynvml.nvmlDeviceGetMigMode.side_effect = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # type: ignore[attr-defined]
+    backend = NvidiaBackend(host=HOST)
+    assert "nvlink" not in backend.features and "mig" not in backend.features
+    assert {"topology", "power", "ecc", "xid"} <= backend.features
+    (node,) = backend.discover()
+    assert all(d.island is None and d.link is LinkKind.PCIE and not d.mig_enabled for d in node.devices)
+    assert node.devices[0].model == "T4"
+
+
 def test_samples_read_every_counter_and_drain_xids(patch_nvml: Callable[[FakeBox], None]) -> None:
     box = hgx_h100()
     box.ecc = {2: 4}

@@ -92,7 +92,7 @@ class NvidiaBackend:
         self.host = host or host_info()
         self._lost: set[str] = set()
         self._events: Any = None
-        self.features: frozenset[BackendFeature] = frozenset({"topology", "power", "ecc", "mig"})
+        self.features: frozenset[BackendFeature] = self._probe_features()
         self._listen_for_xids()
         self.description = (
             f"NVIDIA NVML on {self.host.name} (driver {self.driver_version}, {count} device(s))"
@@ -105,7 +105,6 @@ class NvidiaBackend:
         bus_ids = [self._bus_id(h) for h in self._handles]
         switch_of = self._pcie_groups()
         direct, switched = self._nvlink_edges(bus_ids)
-        has_nvlink = bool(direct or switched)
         pairs = list(direct)
         first_on_switch: dict[str, int] = {}
         for index, switch in switched:
@@ -134,8 +133,6 @@ class NvidiaBackend:
                 "peers": peers,
             }
             devices.append(self._device(i, handle, topology))
-        if has_nvlink:
-            self.features = self.features | {"nvlink"}
         return [Node(
             name=self.host.name, rack=self.host.rack, devices=tuple(devices), labels=self.host.labels,
             cpu_milli=self.host.cpu_milli, memory_bytes=self.host.memory_bytes,
@@ -202,6 +199,22 @@ class NvidiaBackend:
         self._shutdown()
 
     # ---- topology -----------------------------------------------------------------------------
+
+    def _probe_features(self) -> frozenset[BackendFeature]:
+        """What this host's GPUs and driver can report (``xid`` is added once events are set up)."""
+        nvml = self._nvml
+        features = {"topology", "power"}
+        direct, switched = self._nvlink_edges([self._bus_id(h) for h in self._handles])
+        if direct or switched:
+            features.add("nvlink")
+        for handle in self._handles:
+            if self._quiet(partial(nvml.nvmlDeviceGetMigMode, handle), None) is not None:
+                features.add("mig")
+            ecc = partial(nvml.nvmlDeviceGetTotalEccErrors, handle,
+                          nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
+            if self._quiet(ecc, None) is not None:
+                features.add("ecc")
+        return frozenset(features)
 
     def _bus_id(self, handle: Any) -> str:
         """The canonical PCI address, or "" when the GPU cannot say (lost): it then has no links."""
