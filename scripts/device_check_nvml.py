@@ -17,6 +17,7 @@ is set) and exits 1 when any check fails, 0 otherwise. Needs Python ≥ 3.11 and
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.util
 import json
@@ -185,7 +186,7 @@ def main() -> int:
         started = time.perf_counter()
         samples = backend.sample()
         rounds.append({"ms": round((time.perf_counter() - started) * 1000, 1),
-                       "samples": [s.__repr__() for s in samples]})
+                       "samples": [dataclasses.asdict(s) for s in samples]})
         by_uuid = {s.uuid: s for s in samples}
         check(set(by_uuid) == {d.uuid for d in devices}, "sample() does not cover the discovered devices")
         for d in devices:
