@@ -19,6 +19,7 @@ __all__ = ["COMMANDS", "main"]
 COMMANDS: dict[str, str] = {
     # command name -> module under gpusched.commands (one line each)
     "inventory": "inventory",
+    "ledger": "ledger",
     "agent": "agent",
 }
 
