@@ -14,12 +14,15 @@ after a crash — on the next start (``reconcile``) or when its lease expires.
 Settings (``[gpusched]`` section, or ``AIRFLOW__GPUSCHED__<NAME>``): ``policy`` (gpusched,
 first-fit, best-fit, random), ``lease_seconds`` (600), ``fail_unschedulable`` (True: a request
 that can never fit this fleet fails at once instead of waiting), ``visible_devices_by_uuid``
-(False), ``sync_inventory_on_start`` (True: discover the hardware or simulated fleet on start).
+(False), ``sync_inventory_on_start`` (True: discover the hardware or simulated fleet on start),
+``pool_sync`` (default: the ``GPUSCHED_POOL_SYNC`` variable; keeps the ``gpu_<partition>`` pools
+sized to the fleet, see :mod:`gpusched.airflow.pool_sync`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any
@@ -67,6 +70,13 @@ class GPUExecutor(LocalExecutor):
         self._submitted: dict[Any, float] = {}
         self._queue_reason: dict[str, str] = {}
         self._last_renew = 0.0
+        self._last_pool_check = 0.0
+        pool_default = os.environ.get("GPUSCHED_POOL_SYNC", "").strip().lower() in {"1", "true", "yes", "on"}
+        self._pool_syncer: Any = None
+        if _conf_bool("pool_sync", pool_default):
+            from gpusched.airflow.pool_sync import PoolSyncer
+
+            self._pool_syncer = PoolSyncer()
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -269,6 +279,9 @@ class GPUExecutor(LocalExecutor):
             for ledger_key in list(self.gpu_running.values()):
                 self._safe(lambda k=ledger_key: self.ledger.renew(k, self.lease_s))
             self._safe(lambda: self.ledger.expire_leases(now))
+        if self._pool_syncer is not None and now - self._last_pool_check >= 10.0:
+            self._last_pool_check = now
+            self._safe(lambda: self._pool_syncer.maybe_sync(self.ledger.snapshot(now)))
 
     def _release(self, key: Any, reason: str) -> None:
         ledger_key = self.gpu_running.pop(key, None)

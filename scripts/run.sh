@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Start Airflow with the gpusched GPU executor, the example DAGs and the gpusched plugin.
+#
+#   scripts/run.sh            # UI on http://localhost:8080 (GPUSCHED_PORT to change)
+#
+# State lives in <repo>/.airflow (GPUSCHED_AIRFLOW_HOME to change), DAGs come from <repo>/dags
+# (GPUSCHED_DAGS_FOLDER to change). Without NVIDIA/AMD devices
+# the simulated fleet (include/fleets/default.yaml, or GPUSCHED_FLEET) stands in for hardware.
+# Ctrl-C / SIGTERM stop Airflow cleanly (running tasks finish first; a second signal is not needed).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${GPUSCHED_VENV:-$REPO/.venv}"
+PORT="${GPUSCHED_PORT:-8080}"
+
+export AIRFLOW_HOME="${GPUSCHED_AIRFLOW_HOME:-$REPO/.airflow}"
+export AIRFLOW__CORE__EXECUTOR="gpusched.airflow.executor.GPUExecutor"
+DAGS_FOLDER="${GPUSCHED_DAGS_FOLDER:-$REPO/dags}"
+export AIRFLOW__CORE__DAGS_FOLDER="$DAGS_FOLDER"
+export AIRFLOW__CORE__PLUGINS_FOLDER="$REPO/plugins"
+export AIRFLOW__CORE__LOAD_EXAMPLES="False"
+export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="${AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION:-False}"
+export AIRFLOW__API__PORT="$PORT"
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://localhost:$PORT/execution/"
+# GPU tasks may wait for devices longer than Airflow's default 10 minutes in "queued".
+export AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT="${AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT:-3600}"
+export PATH="$VENV/bin:$PATH"
+mkdir -p "$AIRFLOW_HOME"
+
+if [[ ! -x "$VENV/bin/airflow" ]]; then
+    echo "run.sh: no Airflow in $VENV; run scripts/setup.sh first (or set GPUSCHED_VENV)" >&2
+    exit 2
+fi
+
+BACKEND="$("$VENV/bin/python" - <<'PY' 2>/dev/null || echo "unknown"
+import logging
+logging.disable(logging.WARNING)
+from gpusched.hardware.detect import detect_backend
+backend = detect_backend()
+print(backend.name + ("  (" + str(getattr(backend, "description", "")) + ")" if getattr(backend, "description", "") else ""))
+backend.close()
+PY
+)"
+
+echo "gpusched: AIRFLOW_HOME=$AIRFLOW_HOME"
+echo "gpusched: executor gpusched.airflow.executor.GPUExecutor, DAGs from $DAGS_FOLDER"
+if [[ "$BACKEND" == simulated* ]]; then
+    echo "gpusched: no GPU found on this host -> using the SIMULATED fleet: $BACKEND"
+else
+    echo "gpusched: hardware backend: $BACKEND"
+fi
+echo "gpusched: Airflow UI at http://localhost:$PORT  (user admin; password in"
+echo "          $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated once started)"
+
+# Job control gives Airflow its own process group and keeps SIGINT deliverable to it
+# (a background job of a non-interactive shell would ignore SIGINT otherwise).
+set -m
+airflow standalone &
+AIRFLOW_PID=$!
+set +m
+
+stop() {
+    trap - INT TERM
+    echo "gpusched: stopping Airflow (pid $AIRFLOW_PID); running tasks finish first ..."
+    # SIGINT to standalone's parent stops all its components; SIGTERM would leave children.
+    kill -INT "$AIRFLOW_PID" 2>/dev/null || true
+    local waited=0
+    while kill -0 "$AIRFLOW_PID" 2>/dev/null && (( waited < ${GPUSCHED_STOP_TIMEOUT:-90} )); do
+        sleep 1
+        waited=$((waited + 1))
+    done
+    if kill -0 "$AIRFLOW_PID" 2>/dev/null; then
+        echo "gpusched: Airflow did not stop in time; terminating its process group" >&2
+        kill -TERM -- "-$AIRFLOW_PID" 2>/dev/null || true
+        sleep 3
+        kill -KILL -- "-$AIRFLOW_PID" 2>/dev/null || true
+    fi
+    wait "$AIRFLOW_PID" 2>/dev/null || true
+    echo "gpusched: stopped"
+}
+trap 'stop; exit 130' INT
+trap 'stop; exit 143' TERM
+
+set +e
+wait "$AIRFLOW_PID"
+status=$?
+exit "$status"

@@ -1,0 +1,273 @@
+"""End to end: real Airflow (``scripts/run.sh`` → ``airflow standalone`` on SQLite) with the GPU
+executor on the default simulated fleet runs the three example DAGs.
+
+Checks: every task succeeds; each GPU task got correctly placed devices (4 GPUs in one NVLink
+island of one node; two half-GPU fine-tunes on one shared device; the dev smoke test on a dev
+node); no device is over-committed at any instant of the ledger's allocation history; the task
+logs show the CUDA_VISIBLE_DEVICES that the ledger recorded; every allocation is released at
+the end; SIGINT stops Airflow cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpusched.airflow.keys import ti_key
+from gpusched.model import MILLI
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+DAGS = ("example_multi_gpu_nvlink_training", "example_fractional_finetune", "example_dev_smoke_test")
+GPU_TASKS = {
+    "example_multi_gpu_nvlink_training": ("train_resnet50",),
+    "example_fractional_finetune": ("finetune_sentiment", "finetune_ner"),
+    "example_dev_smoke_test": ("smoke_test",),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Airflow:
+    home: Path
+    url: str
+    proc: subprocess.Popen[bytes]
+    output: Path
+    started_at: float
+    token: str = ""
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        import httpx
+
+        response = httpx.request(method, f"{self.url}/api/v2{path}", headers=self.headers(), timeout=30,
+                                 **kwargs)
+        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text}"
+        return response.json()
+
+    def tail(self) -> str:
+        return self.output.read_text(errors="replace")[-6000:]
+
+
+def _wait(what: str, check: Any, timeout: float, airflow: Airflow, interval: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if airflow.proc.poll() is not None:
+            code = airflow.proc.returncode
+            pytest.fail(f"Airflow exited ({code}) while waiting for {what}:\n{airflow.tail()}")
+        try:
+            result = check()
+        except Exception:  # not up yet
+            result = None
+        if result:
+            return result
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}:\n{airflow.tail()}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int | None:
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    proc.send_signal(signal.SIGINT)  # run.sh forwards SIGINT to standalone's parent
+    try:
+        return proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        for child in family:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                child.kill()
+        proc.kill()
+        proc.wait(timeout=30)
+        return None
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
+    home = tmp_path_factory.mktemp("airflow_home")
+    dags = tmp_path_factory.mktemp("dags")  # only the examples: other DAGs must not disturb the checks
+    for dag_id in DAGS:
+        shutil.copy(REPO / "dags" / f"{dag_id}.py", dags)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
+    env.update({
+        "GPUSCHED_AIRFLOW_HOME": str(home),
+        "GPUSCHED_DAGS_FOLDER": str(dags),
+        "GPUSCHED_PORT": str(port),
+        "GPUSCHED_BACKEND": "simulated",
+        "GPUSCHED_EXAMPLE_STEPS": "6",
+        "GPUSCHED_EXAMPLE_STEP_SECONDS": "0.5",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__CORE__PARALLELISM": "8",
+    })
+    output = home / "run.log"
+    started = time.time()
+    with output.open("wb") as sink:
+        proc = subprocess.Popen(
+            [str(REPO / "scripts" / "run.sh")], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    instance = Airflow(home, f"http://localhost:{port}", proc, output, started)
+    try:
+        yield instance
+    finally:
+        _stop(proc)
+
+
+def _login(airflow: Airflow) -> str:
+    import httpx
+
+    passwords = json.loads((airflow.home / "simple_auth_manager_passwords.json.generated").read_text())
+    user, password = next(iter(passwords.items()))
+    body = {"username": user, "password": password}
+    response = httpx.post(f"{airflow.url}/auth/token", json=body, timeout=10)
+    return str(response.json()["access_token"]) if response.status_code < 300 else ""
+
+
+def _healthy(airflow: Airflow) -> bool:
+    import httpx
+
+    health = httpx.get(f"{airflow.url}/api/v2/monitor/health", timeout=5).json()
+    return bool(health["scheduler"]["status"] == "healthy" and health["dag_processor"]["status"] == "healthy")
+
+
+def _dags_loaded(airflow: Airflow) -> bool:
+    found = {d["dag_id"] for d in airflow.api("GET", "/dags", params={"limit": 100})["dags"]}
+    return set(DAGS) <= found
+
+
+def _log_text(airflow: Airflow, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+    body = airflow.api(
+        "GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
+        params={"full_content": "true"},
+    )
+    return json.dumps(body)
+
+
+def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
+    from gpusched.ledger import Ledger
+
+    _wait("api-server, scheduler and dag-processor to be healthy", lambda: _healthy(airflow), 240, airflow)
+    airflow.token = _wait("a login token", lambda: _login(airflow), 60, airflow)
+    _wait("the example DAGs to be parsed", lambda: _dags_loaded(airflow), 120, airflow)
+    assert airflow.api("GET", "/importErrors")["total_entries"] == 0
+
+    runs: dict[str, str] = {}
+    for dag_id in DAGS:
+        airflow.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+        run = airflow.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None})
+        runs[dag_id] = run["dag_run_id"]
+
+    def finished() -> bool:
+        states = [airflow.api("GET", f"/dags/{d}/dagRuns/{r}")["state"] for d, r in runs.items()]
+        return all(s in ("success", "failed") for s in states)
+
+    _wait("the three DAG runs to finish", finished, 300, airflow, interval=2)
+
+    tis: dict[tuple[str, str], dict[str, Any]] = {}
+    for dag_id, run_id in runs.items():
+        for ti in airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]:
+            tis[(dag_id, ti["task_id"])] = ti
+    failed = {k: v["state"] for k, v in tis.items() if v["state"] != "success"}
+    assert not failed, f"tasks not successful: {failed}\n{airflow.tail()}"
+
+    ledger = Ledger(f"sqlite:///{airflow.home / 'gpusched' / 'ledger.db'}")
+    try:
+        _wait("every allocation to be released", lambda: not ledger.active(), 60, airflow)
+        snapshot = ledger.snapshot()
+        history = ledger.history(since=airflow.started_at - 60)
+    finally:
+        ledger.close()
+
+    allocations = {}
+    for dag_id, task_ids in GPU_TASKS.items():
+        for task_id in task_ids:
+            ti = tis[(dag_id, task_id)]
+            key = ti_key(dag_id, task_id, runs[dag_id], ti["try_number"], ti["map_index"])
+            found = [a for a in history if a.key == key]
+            assert len(found) == 1, f"{key}: {len(found)} allocations in the ledger"
+            allocations[task_id] = found[0]
+            assert found[0].released_at is not None
+
+    # 4 GPUs on one node, inside one NVLink/NVSwitch island.
+    train = allocations["train_resnet50"]
+    devices = [snapshot.device(s.uuid) for s in train.shares]
+    assert len(devices) == 4 and len({s.uuid for s in train.shares}) == 4
+    assert len({d.node for d in devices}) == 1
+    assert devices[0].island is not None and len({d.island for d in devices}) == 1
+    assert all(d.vendor == "nvidia" and d.link.is_high_speed for d in devices)
+    assert all(s.milli == MILLI for s in train.shares)
+
+    # The two half-GPU fine-tunes share one device.
+    a, b = allocations["finetune_sentiment"], allocations["finetune_ner"]
+    assert [s.milli for s in a.shares] == [s.milli for s in b.shares] == [500]
+    assert a.shares[0].uuid == b.shares[0].uuid
+    assert a.created_at < b.released_at and b.created_at < a.released_at  # they ran side by side
+
+    # The dev smoke test got one device of a dev node.
+    dev = allocations["smoke_test"]
+    assert len(dev.shares) == 1
+    assert snapshot.node(dev.shares[0].node).label("pool") == "dev"
+
+    _assert_never_overcommitted(history, snapshot)
+
+    # The task logs show the devices the ledger recorded.
+    for task_id, alloc in allocations.items():
+        dag_id = next(d for d, ts in GPU_TASKS.items() if task_id in ts)
+        ti = tis[(dag_id, task_id)]
+        text = _log_text(airflow, dag_id, runs[dag_id], task_id, ti["try_number"])
+        expected = ",".join(str(s.index) for s in sorted(alloc.shares, key=lambda s: s.index))
+        assert f"CUDA_VISIBLE_DEVICES={expected}" in text, f"{task_id} log lacks {expected}:\n{text[-3000:]}"
+        assert "gpusched: devices for" in text, f"{task_id}: listener did not log the devices"
+        if alloc.shares[0].milli < MILLI:
+            assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in text
+    cpu_log = _log_text(airflow, "example_multi_gpu_nvlink_training",
+                        runs["example_multi_gpu_nvlink_training"], "report",
+                        tis[("example_multi_gpu_nvlink_training", "report")]["try_number"])
+    assert "final loss" in cpu_log
+
+
+def test_sigint_stops_airflow_cleanly(airflow: Airflow) -> None:
+    code = _stop(airflow.proc)
+    assert code is not None, f"Airflow needed SIGKILL to stop:\n{airflow.tail()}"
+    assert "gpusched: stopped" in airflow.output.read_text(errors="replace")
+
+
+def _assert_never_overcommitted(history: list[Any], snapshot: Any) -> None:
+    events: list[tuple[float, int, Any]] = []
+    for alloc in history:
+        end = alloc.released_at if alloc.released_at is not None else float("inf")
+        for share in alloc.shares:
+            events.append((alloc.created_at, 1, share))
+            events.append((end, 0, share))  # releases sort before grants at the same instant
+    used: dict[str, list[int]] = {}
+    for at, grant, share in sorted(events, key=lambda e: (e[0], e[1])):
+        milli, memory = used.setdefault(share.uuid, [0, 0])
+        sign = 1 if grant else -1
+        used[share.uuid] = [milli + sign * share.milli, memory + sign * share.memory_bytes]
+        assert used[share.uuid][0] <= MILLI, f"{share.uuid} over-committed at {at}"
+        assert used[share.uuid][1] <= snapshot.device(share.uuid).memory_bytes, f"{share.uuid} memory at {at}"

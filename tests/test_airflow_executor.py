@@ -1,0 +1,200 @@
+"""GPUExecutor in-process against a real ledger and a migrated Airflow DB (no worker processes).
+
+The workers' queue is inspected directly: GPU workloads arrive as (workload, env) pairs once the
+ledger holds their allocation; the rest pass through untouched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from multiprocessing import SimpleQueue
+from typing import Any
+
+import pytest
+
+from gpusched.airflow.keys import ti_key
+from gpusched.model import DeviceShare
+from gpusched.request import GPURequest
+
+pytestmark = pytest.mark.airflow
+
+
+@pytest.fixture(scope="module")
+def airflow_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    home = tmp_path_factory.mktemp("af_exec_home")
+    url = f"sqlite:///{home / 'airflow.db'}"
+    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
+                   capture_output=True, timeout=300)
+    from airflow import settings
+    from airflow.configuration import conf
+
+    previous = conf.get("database", "sql_alchemy_conn")
+    conf.set("database", "sql_alchemy_conn", url)
+    settings.configure_vars()
+    settings.reconfigure_orm()
+    yield url
+    conf.set("database", "sql_alchemy_conn", previous)
+    settings.configure_vars()
+    settings.reconfigure_orm()
+
+
+@pytest.fixture
+def executor(airflow_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setenv("GPUSCHED_BACKEND", "simulated")
+    from gpusched.airflow.executor import GPUExecutor
+    from gpusched.hardware.detect import detect_backend
+
+    ex = GPUExecutor(parallelism=8)
+    # LocalExecutor.start() without forking workers: the test reads the queue itself.
+    ex.activity_queue = SimpleQueue()
+    ex.result_queue = SimpleQueue()
+    ex.workers = {}
+    ex._unread_messages = multiprocessing.Value(ctypes.c_uint)
+    monkeypatch.setattr(ex, "_check_workers", lambda: None)
+    ex.ledger.migrate()
+    backend = detect_backend()
+    ex.ledger.sync_inventory(backend.discover(), source=backend.name)
+    yield ex
+    ex.ledger.close()
+
+
+def _workload(task_id: str, gpu: dict[str, Any] | None) -> Any:
+    from airflow.executors.workloads import BundleInfo, ExecuteTask
+    from airflow.executors.workloads.task import TaskInstanceDTO
+
+    ti = TaskInstanceDTO(
+        id=uuid.uuid4(), task_id=task_id, dag_id="d", run_id="manual__1", try_number=1,
+        dag_version_id=uuid.uuid4(), pool_slots=1, priority_weight=1,
+        executor_config={"gpusched": GPURequest.build(**gpu).to_dict()} if gpu is not None else None,
+    )
+    return ExecuteTask(ti=ti, token="minted-at-queue-time", dag_rel_path="d.py",
+                       bundle_info=BundleInfo(name="dags-folder"), log_path=None)
+
+
+def _submit(ex: Any, *workloads: Any) -> None:
+    for w in workloads:
+        ex.queue_workload(w, session=None)
+    ex.trigger_tasks(ex.parallelism)
+
+
+def _drain(ex: Any) -> list[Any]:
+    items = []
+    while not ex.activity_queue.empty():
+        items.append(ex.activity_queue.get())
+    return items
+
+
+def _key(w: Any) -> str:
+    return ti_key("d", w.ti.task_id, "manual__1", 1, -1)
+
+
+def test_gpu_workload_dispatched_with_env_and_released_on_completion(executor: Any) -> None:
+    from airflow.utils.state import TaskInstanceState
+
+    train = _workload("train", {"gpus": 4, "vendor": "nvidia", "interconnect": "island"})
+    plain = _workload("plain", None)
+    _submit(executor, train, plain)
+
+    items = _drain(executor)
+    assert plain in items  # non-GPU work passes straight through
+    (pair,) = [i for i in items if isinstance(i, tuple)]
+    sent, env = pair
+    assert sent.key == train.key and sent.token != "minted-at-queue-time"  # fresh token
+    alloc = executor.ledger.get(_key(train))
+    assert alloc is not None and alloc.active and alloc.holder == executor.holder
+    indices = sorted(s.index for s in alloc.shares)
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, indices))
+    assert not executor.queued_tasks and executor.gpu_running == {train.key: _key(train)}
+
+    executor.change_state(train.key, TaskInstanceState.SUCCESS)
+    assert executor.ledger.get(_key(train)).released_at is not None
+    assert executor.gpu_running == {}
+
+
+def test_waits_with_reason_then_runs_when_devices_free(executor: Any) -> None:
+    from airflow.utils.state import TaskInstanceState
+
+    need = {"gpus": 8, "models": ["H100-SXM-80GB"], "interconnect": "island"}
+    first, second = _workload("first", need), _workload("second", need)
+    _submit(executor, first, second)
+    assert len(_drain(executor)) == 1
+    waiting = [w for w in (first, second) if w.key in executor.queued_tasks]
+    assert len(waiting) == 1
+    (entry,) = executor.ledger.queue()
+    assert entry.key == _key(waiting[0]) and entry.reason
+
+    executor.trigger_tasks(executor.parallelism)  # still full: stays queued, nothing sent
+    assert _drain(executor) == [] and waiting[0].key in executor.queued_tasks
+
+    running = first if waiting[0] is second else second
+    executor.change_state(running.key, TaskInstanceState.FAILED)  # a failed task frees its devices too
+    executor.trigger_tasks(executor.parallelism)
+    assert [item[0].key for item in _drain(executor)] == [waiting[0].key]
+    assert executor.ledger.queue() == []
+
+
+def test_capacity_taken_meanwhile_is_retried_not_double_booked(
+    executor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stale = executor.ledger.snapshot()
+    need = {"gpus": 8, "models": ["H100-SXM-80GB"], "interconnect": "island"}
+    rival = executor.ledger  # another scheduler books the whole H100 island after our snapshot
+    device_shares = [
+        DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes) for d in stale.node("a-h100-1").devices
+    ]
+    rival.allocate("rival", GPURequest.build(**need), device_shares, holder="other-scheduler")
+    monkeypatch.setattr(executor.ledger, "snapshot", lambda now=None: stale)
+
+    w = _workload("late", need)
+    _submit(executor, w)
+    assert _drain(executor) == []
+    assert w.key in executor.queued_tasks
+    (entry,) = executor.ledger.queue()
+    assert "taken meanwhile" in entry.reason
+    assert [a.key for a in executor.ledger.active()] == ["rival"]
+
+
+def test_never_fitting_or_invalid_requests_fail_at_once(executor: Any) -> None:
+    from airflow.utils.state import TaskInstanceState
+
+    huge = _workload("huge", {"gpus": 16, "vendor": "nvidia", "interconnect": "island"})
+    bad = _workload("bad", {"gpus": 1})
+    bad.ti.executor_config = {"gpusched": {"gpus": 1, "partition": "prod"}}
+    _submit(executor, huge, bad)
+    assert _drain(executor) == []
+    assert not executor.queued_tasks
+    state, info = executor.event_buffer[huge.key]
+    assert state == TaskInstanceState.FAILED and "largest" in info
+    state, info = executor.event_buffer[bad.key]
+    assert state == TaskInstanceState.FAILED and "partition" in info
+
+
+def test_revoke_forgets_waiting_and_releases_dispatched(executor: Any) -> None:
+    need = {"gpus": 8, "models": ["H100-SXM-80GB"], "interconnect": "island"}
+    a, b = _workload("a", need), _workload("b", need)
+    _submit(executor, a, b)
+    _drain(executor)
+    for w in (a, b):
+        executor.revoke_task(ti=w.ti)
+    assert not executor.queued_tasks and not executor.gpu_running
+    assert executor.ledger.active() == [] and executor.ledger.queue() == []
+
+
+def test_reconcile_releases_own_allocations_of_dead_tasks_only(executor: Any) -> None:
+    snap = executor.ledger.snapshot()
+    t4 = [d for d in snap.devices() if d.model == "T4"]
+    for holder, device, key in ((executor.holder, t4[0], ti_key("d", "gone", "r", 1)),
+                                ("someone-else", t4[1], ti_key("d", "theirs", "r", 1))):
+        share = DeviceShare(device.uuid, device.node, device.index, 1000, device.memory_bytes)
+        executor.ledger.allocate(key, GPURequest.build(gpus=1), [share], holder=holder)
+    released = executor.reconcile()  # no task instance is queued or running in the Airflow DB
+    assert released == [ti_key("d", "gone", "r", 1)]
+    assert [a.key for a in executor.ledger.active()] == [ti_key("d", "theirs", "r", 1)]

@@ -1,0 +1,80 @@
+"""The executor's pure decision step on the default simulated fleet."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpusched.airflow.gpu_cycle import PendingWork, decide, running_tasks
+from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
+from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.placement import Policy
+from gpusched.request import GPURequest
+
+
+@pytest.fixture(scope="module")
+def fleet() -> FleetSnapshot:
+    backend = SimulatedBackend(default_fleet_path())
+    return FleetSnapshot(tuple(n for n in backend.discover() if not n.standby), source="simulated")
+
+
+def _req(**kwargs: object) -> GPURequest:
+    return GPURequest.build(**kwargs)
+
+
+def test_launches_carry_shares_and_env_and_holds_carry_reasons(fleet: FleetSnapshot) -> None:
+    pending = [
+        PendingWork("train", _req(gpus=4, vendor="nvidia", interconnect="island", memory="40GiB"), 1.0),
+        PendingWork("ft-a", _req(gpus=0.5, memory="16GiB", vendor="nvidia"), 2.0),
+        PendingWork("ft-b", _req(gpus=0.5, memory="16GiB", vendor="nvidia"), 2.0),
+        PendingWork("huge", _req(gpus=16, vendor="nvidia", interconnect="island"), 3.0),
+    ]
+    decision = decide(pending, fleet, Policy.named("gpusched"), now=10.0)
+    keys = [launch.key for launch in decision.launches] + [hold.key for hold in decision.holds]
+    assert sorted(keys) == sorted(w.key for w in pending)  # every key exactly once
+
+    launches = {launch.key: launch for launch in decision.launches}
+    train = launches["train"]
+    devices = [fleet.device(s.uuid) for s in train.shares]
+    assert len({d.node for d in devices}) == 1 and len({d.island for d in devices}) == 1
+    assert train.env["CUDA_VISIBLE_DEVICES"] == ",".join(str(s.index) for s in train.shares)
+    assert json.loads(train.env["GPUSCHED_ALLOCATION"])["key"] == "train"
+
+    a, b = launches["ft-a"], launches["ft-b"]
+    assert a.shares[0].uuid == b.shares[0].uuid  # packed onto one device
+    assert a.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+
+    (hold,) = decision.holds
+    assert hold.key == "huge" and hold.permanent and "16" in hold.reason
+
+
+def test_waits_with_a_reason_when_the_fleet_is_full(fleet: FleetSnapshot) -> None:
+    full = fleet.with_usage(
+        DeviceShare(d.uuid, d.node, d.index, MILLI, d.memory_bytes) for d in fleet.devices()
+    )
+    decision = decide([PendingWork("t", _req(gpus=1), 1.0)], full, Policy.named("first-fit"), now=5.0)
+    assert decision.launches == ()
+    (hold,) = decision.holds
+    assert not hold.permanent and hold.reason
+
+
+def test_existing_allocation_is_reused_not_placed_again(fleet: FleetSnapshot) -> None:
+    device = next(d for d in fleet.devices() if d.model == "T4")
+    share = DeviceShare(device.uuid, device.node, device.index, MILLI, device.memory_bytes)
+    used = fleet.with_usage([share])  # the ledger counts the allocation as used
+    work = PendingWork("again", _req(gpus=1), 1.0, existing=(share,))
+    decision = decide([work], used, Policy.named("gpusched"), now=2.0)
+    (launch,) = decision.launches
+    assert launch.reused and launch.shares == (share,)
+
+
+def test_running_tasks_from_allocations() -> None:
+    from gpusched.ledger import Allocation
+
+    share = DeviceShare("GPU-x", "n", 0, MILLI, 0)
+    alloc = Allocation("k", _req(gpus=1, expected_duration="1h"), (share,), "h", 100.0, 700.0)
+    (task,) = running_tasks([alloc])
+    assert (task.key, task.started_at, task.expected_end, task.shares) == ("k", 100.0, 3700.0, (share,))
+    alloc2 = Allocation("k2", _req(gpus=1), (share,), "h", 5.0, 9.0)
+    assert running_tasks([alloc2])[0].expected_end is None
