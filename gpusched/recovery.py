@@ -7,10 +7,12 @@ and returns a :class:`Classification`: one :class:`FailureKind` with the log lin
 suspect devices and retry elsewhere, ask for more capacity (scale out) when the fleet cannot
 hold the retry, or do not retry at all (code errors: the same code fails on any GPU).
 
-Precedence when a log shows several symptoms: hardware > CUDA OOM > code error > communication
-> unknown. A rank that dies of a ``KeyError`` makes its peers report NCCL timeouts, so an
-explicit code exception wins over communication noise; an NCCL failure that is really an
-out-of-memory or an Xid is classified by that cause.
+Precedence when a log shows several symptoms: hardware named in the log (Xid, ECC, fallen off
+the bus) > CUDA OOM > code error > hardware known only from the device's state (ledger health,
+telemetry Xids) > communication > unknown. A rank that dies of a ``KeyError`` makes its peers
+report NCCL timeouts, so an explicit code exception wins over communication noise; an NCCL
+failure that is really an out-of-memory or an Xid is classified by that cause; a vague CUDA or
+NCCL error on a device the telemetry saw fail is a hardware failure.
 """
 
 from __future__ import annotations
@@ -141,19 +143,20 @@ def classify_failure(
                 hw_lines.append(line)
     hw_lines += _matching(lines, _HW_PATTERNS)
     suspects: list[str] = []
+    state_lines: list[str] = []
     for uuid, health in sorted((device_health or {}).items()):
         if health is Health.UNHEALTHY:
             suspects.append(uuid)
-            hw_lines.append(f"device {uuid} is marked unhealthy in the ledger")
+            state_lines.append(f"device {uuid} is marked unhealthy in the ledger")
     for uuid, codes in sorted((device_xids or {}).items()):
         bad = sorted({c for c in codes if classify_xid(c) is XidClass.HARDWARE})
         if bad:
             if uuid not in suspects:
                 suspects.append(uuid)
-            hw_lines.append(f"telemetry saw hardware Xid {', '.join(map(str, bad))} on {uuid}")
+            state_lines.append(f"telemetry saw hardware Xid {', '.join(map(str, bad))} on {uuid}")
     found_xids = tuple(dict.fromkeys(xids))
     if hw_lines:
-        return Classification(FailureKind.HARDWARE, _evidence(hw_lines), found_xids,
+        return Classification(FailureKind.HARDWARE, _evidence(hw_lines + state_lines), found_xids,
                               suspect_devices=tuple(suspects))
     oom = _matching(lines, _OOM_PATTERNS)
     if oom:
@@ -163,6 +166,9 @@ def classify_failure(
              if classify_xid(int(m.group(1))) is XidClass.APPLICATION]
     if code_lines:
         return Classification(FailureKind.CODE_ERROR, _evidence(code_lines), found_xids)
+    if state_lines:  # the device is bad, and the log names nothing more specific
+        return Classification(FailureKind.HARDWARE, _evidence(state_lines), found_xids,
+                              suspect_devices=tuple(suspects))
     comm = _matching(lines, _COMM_PATTERNS)
     if comm:
         return Classification(FailureKind.COMMUNICATION, _evidence(comm), found_xids)

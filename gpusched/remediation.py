@@ -251,7 +251,8 @@ def handle_failure(
                                attempt=max(record.try_number, 1), max_attempts=max_attempts)
     applied = apply_remedy(remedy, record, ledger, run_scoped=run_scoped, now=at)
     mark_handled(
-        ledger, record.key, now=at, kind=str(classification.kind), evidence=list(classification.evidence),
+        ledger, record.key, now=at, failure_kind=str(classification.kind),
+        evidence=list(classification.evidence),
         retry=remedy.retry, reason=remedy.reason, applied=applied,
         request=remedy.request.to_dict() if remedy.request else None,
         dag_id=record.dag_id, task_id=record.task_id, run_id=record.run_id, will_retry=record.will_retry,
