@@ -25,14 +25,12 @@ queued (scheduler loop, ``retry_delay``) — ``retry_delay_s`` stands in for it.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 __all__ = ["TASK_SCRIPT", "Trial", "run_trial"]
@@ -178,8 +176,8 @@ def run_trial(
         retry, _, retry_device = launch(2)
         procs.append(retry)
         _, t_running = _wait_running(retry, 30)
-        cordon_at = next((e.at for e in reversed(ledger.events(200, kinds=["cordon"])) if e.subject == device),
-                         None)
+        cordons = [e.at for e in ledger.events(200, kinds=["cordon"]) if e.subject == device]
+        cordon_at = min(cordons) if cordons else None
         healthy = ledger.snapshot().device(retry_device).health is Health.HEALTHY and retry_device != device
         return Trial(
             with_chain, device, retry_device, healthy, t_failed - t0,
@@ -197,7 +195,3 @@ def run_trial(
         backend.clear_faults()
         ledger.close()
 
-
-def main_json(path: Path, trials: list[Trial]) -> None:
-    """Write trials as JSON (for docs and plots)."""
-    path.write_text(json.dumps([t.to_dict() for t in trials], indent=2))
