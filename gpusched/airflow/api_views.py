@@ -76,7 +76,7 @@ def describe_request(request: GPURequest) -> str:
     if request.min_arch:
         parts.append(f"≥{request.min_arch}")
     if request.count > 1 or request.interconnect.value != "same_node":
-        parts.append(request.interconnect.value)
+        parts.append(request.interconnect.value.replace("_", " "))
     parts.append(request.partition.value)
     parts.append(f"tenant {request.tenant}")
     return ", ".join(parts)

@@ -111,7 +111,7 @@ async function getJSON(path) {
   return r.json();
 }
 
-function shortModel(m) { return m.replace(/-(sxm|pcie)\w*/i, "").replace(/-\d+gb$/i, "").toUpperCase(); }
+function shortModel(m) { return m.replace(/^(ascend|instinct)-/i, "").replace(/-(sxm|pcie|oam)\w*/i, "").replace(/-\d+gb$/i, "").toUpperCase(); }
 
 function tile(d) {
   const fill = Math.round(100 * d.used_milli / 1000);
@@ -141,7 +141,7 @@ function drawFleet(f) {
     r.nodes.map((n) => `<div class="node${n.standby ? " standby" : ""}${n.cordoned ? " cordoned" : ""}">
       <div class="title"><b>${esc(n.name)}</b>${n.standby ? '<span class="badge">standby</span>' : ""}${n.cordoned ? '<span class="badge err">cordoned</span>' : ""}
       <span class="muted">${esc(Object.entries(n.labels).map(([k, v]) => `${k}=${v}`).join(" "))}</span></div>
-      <div class="islands">` + n.islands.map((i) => `<div class="island"><div class="lab">${i.id === "pcie" ? "PCIe" : "island " + esc(i.id)}</div>
+      <div class="islands">` + n.islands.map((i) => `<div class="island"><div class="lab">${i.id === "pcie" ? "PCIe only" : esc(i.id.split("/").pop())}</div>
       <div class="devs" style="grid-template-columns:repeat(${Math.min(4, i.devices.length)},62px)">${i.devices.map(tile).join("")}</div></div>`).join("") +
     `</div></div>`).join("") + `</div></div>`).join("");
 }
@@ -180,7 +180,8 @@ function drawForecast(fc) {
   el.className = "";
   el.innerHTML = `<svg width="${W}" height="${H}" role="img" aria-label="forecast"><polygon points="${band}" fill="#bfdbfe"/>
     <polyline points="${line}" fill="none" stroke="#1d4ed8" stroke-width="2"/><text x="0" y="12" font-size="10">${hi.toFixed(0)} GPUs</text>
-    <text x="0" y="${H - 4}" font-size="10">0</text></svg><div class="muted">model ${esc(f.model)}, ${n} steps of ${f.step_s / 3600} h,
+    <text x="0" y="${H - 4}" font-size="10">0</text><text x="30" y="${H - 2}" font-size="10">${esc(f.timestamps[0].slice(0, 16).replace("T", " "))}</text>
+    <text x="${W - 10}" y="${H - 2}" font-size="10" text-anchor="end">${esc(f.timestamps[n - 1].slice(0, 16).replace("T", " "))} UTC</text></svg><div class="muted">model ${esc(f.model)}, ${n} steps of ${f.step_s / 3600} h,
     ${Math.round(f.level * 100)}% interval</div>`;
 }
 
