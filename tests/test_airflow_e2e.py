@@ -84,17 +84,20 @@ def _wait(what: str, check: Any, timeout: float, airflow: Airflow, interval: flo
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}:\n{airflow.tail()}")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> int | None:
+def _stop(proc: subprocess.Popen[bytes]) -> tuple[int | None, list[int]]:
+    """SIGINT to run.sh (it forwards SIGINT to standalone's parent); kill the process groups as a
+    fallback. Returns run.sh's exit code (None if it had to be killed) and the pids still alive."""
     import psutil
 
     try:
         family = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         family = []
-    proc.send_signal(signal.SIGINT)  # run.sh forwards SIGINT to standalone's parent
+    proc.send_signal(signal.SIGINT)
     try:
-        return proc.wait(timeout=120)
+        code: int | None = proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
+        code = None
         for child in family:
             try:
                 os.killpg(child.pid, signal.SIGKILL)
@@ -102,7 +105,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> int | None:
                 child.kill()
         proc.kill()
         proc.wait(timeout=30)
-        return None
+    _gone, alive = psutil.wait_procs(family, timeout=10)
+    for child in alive:
+        child.kill()
+    return code, [p.pid for p in alive]
 
 
 @pytest.fixture(scope="module")
@@ -252,8 +258,9 @@ def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
 
 
 def test_sigint_stops_airflow_cleanly(airflow: Airflow) -> None:
-    code = _stop(airflow.proc)
+    code, leftovers = _stop(airflow.proc)
     assert code is not None, f"Airflow needed SIGKILL to stop:\n{airflow.tail()}"
+    assert leftovers == [], f"processes left running after SIGINT: {leftovers}"
     assert "gpusched: stopped" in airflow.output.read_text(errors="replace")
 
 

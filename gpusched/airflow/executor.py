@@ -68,6 +68,7 @@ class GPUExecutor(LocalExecutor):
         # Airflow key -> ledger key of dispatched GPU work (self.running stays empty in 3.3).
         self.gpu_running: dict[Any, str] = {}
         self._submitted: dict[Any, float] = {}
+        self._seen: set[Any] = set()
         self._queue_reason: dict[str, str] = {}
         self._last_renew = 0.0
         self._last_pool_check = 0.0
@@ -153,6 +154,7 @@ class GPUExecutor(LocalExecutor):
         key = ti.key
         self.queued_tasks.pop(key, None)
         self._submitted.pop(key, None)
+        self._seen.discard(key)
         ledger_key = ti_key_of(ti)
         self._queue_reason.pop(ledger_key, None)
         self._safe(lambda: self.ledger.clear_queue(ledger_key))
@@ -193,8 +195,12 @@ class GPUExecutor(LocalExecutor):
                 self._reject(workload, key, f"invalid GPU request in executor_config: {exc}")
                 continue
             assert request is not None
-            existing = ledger.get(key)
-            shares = tuple(existing.shares) if existing and existing.released_at is None else ()
+            shares: tuple[Any, ...] = ()
+            if workload.key not in self._seen:
+                # Only a workload queued again (scheduler restart) can already own an allocation.
+                self._seen.add(workload.key)
+                existing = ledger.get(key)
+                shares = tuple(existing.shares) if existing and existing.released_at is None else ()
             by_key[key] = workload
             pending.append(PendingWork(key, request, self._submitted.get(workload.key, now), shares))
         if not pending:
@@ -229,6 +235,7 @@ class GPUExecutor(LocalExecutor):
         self.activity_queue.put((fresh, dict(launch.env)))  # type: ignore[arg-type]
         self.queued_tasks.pop(workload.key, None)
         self._submitted.pop(workload.key, None)
+        self._seen.discard(workload.key)
         self.gpu_running[workload.key] = launch.key
         with self._unread_messages:
             self._unread_messages.value += 1
@@ -256,6 +263,7 @@ class GPUExecutor(LocalExecutor):
     def _reject(self, workload: Any, key: str, reason: str) -> None:
         self.queued_tasks.pop(workload.key, None)
         self._submitted.pop(workload.key, None)
+        self._seen.discard(workload.key)
         self._queue_reason.pop(key, None)
         self._safe(lambda: self.ledger.clear_queue(key))
         self.log.error("gpusched: failing %s: %s", key, reason)
