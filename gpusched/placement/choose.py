@@ -50,6 +50,12 @@ def choose(
         fits = elig.usable & (state.free_milli >= milli) & (state.free_mem >= req.memory_per_gpu)
     else:
         fits = elig.usable & (state.free_milli >= MILLI) & (state.free_mem >= idx.dev_mem)
+    if task.cpu_milli or task.host_memory_bytes:
+        host_ok = (state.host_cpu >= task.cpu_milli) & (state.host_mem >= task.host_memory_bytes)
+        gpu_fits = fits
+        fits = fits & host_ok[idx.dev_node]
+        if gpu_fits.any() and not fits.any():
+            return Rejection(task.key, _host_reason(req, task, frac), False)
     fits_now = fits
     if end != math.inf or np.isfinite(state.res_start).any():
         fits = fits & (state.res_start >= end)
@@ -100,9 +106,22 @@ def _fraction(
         node_free = placer.stats.total[idx.dev_node[cand]] if use_stats else free
         d = int(cand[np.lexsort((cand, free, node_free))[0]])
     else:
+        # Fully free devices of one node are interchangeable: score only the first of each node.
+        full = free >= MILLI
+        if full.any():
+            node_of = idx.dev_node[cand]
+            repeat = np.zeros(len(cand), dtype=bool)
+            full_pos = np.flatnonzero(full)
+            repeat[full_pos[1:]] = node_of[full_pos[1:]] == node_of[full_pos[:-1]]
+            cand, free = cand[~repeat], free[~repeat]
         s = policy.packing * (free - milli) / MILLI
         if use_stats and policy.fragmentation:
-            s = s + policy.fragmentation * placer.stats.delta_fraction(cand, milli, free) / MILLI
+            s = (
+                s
+                + policy.fragmentation
+                * placer.stats.delta_fraction(cand, milli, free, task.cpu_milli, task.host_memory_bytes)
+                / MILLI
+            )
         s = s + _speed_terms(placer, task, idx.dev_model[cand], idx.dev_model[cand])
         s = s + policy.degraded_penalty * (idx.dev_health[cand] == 1)
         best = int(np.argmin(s))
@@ -142,7 +161,11 @@ def _whole(
         else:
             s = policy.locality * nc.tier(k)[nodes].astype(np.float64)
             if use_stats and policy.fragmentation:
-                s += policy.fragmentation * placer.stats.delta_whole(nodes, k) / MILLI
+                s += (
+                    policy.fragmentation
+                    * placer.stats.delta_whole(nodes, k, task.cpu_milli, task.host_memory_bytes)
+                    / MILLI
+                )
             if use_stats and policy.packing:
                 s += policy.packing * (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI)
             node_models = idx.dev_model[idx.node_start[nodes]]
@@ -267,3 +290,11 @@ def _gang_reason(
         most = int(nc.count.max(initial=0))
         head = f"largest free set on one node: {most}" + (f" ({idx.nodes[best].name})" if most else "")
     return f"needs {what}; {head} ({free} matching free{_held(fits, fits_now)}){extra}"
+
+
+def _host_reason(req: GPURequest, task: PendingTask, frac: bool) -> str:
+    what = flt.describe_request(req, fractional=frac)
+    return (
+        f"{what}: devices are free, but no node holding them has {task.cpu_milli / 1000:g} CPU cores and "
+        f"{task.host_memory_bytes / 2**30:.1f} GiB of host memory free"
+    )

@@ -21,7 +21,7 @@ import numpy as np
 from gpusched.catalog import Catalog
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
-from gpusched.placement.policy import Policy
+from gpusched.placement.policy import Chooser, Policy
 from gpusched.placement.score import FragStats, Workload, estimate_workload
 from gpusched.placement.types import (
     Assignment,
@@ -60,6 +60,9 @@ def place(
         else estimate_workload([t.request for t in pending] + [r.request for r in running])
     )
     placer = Placer(snapshot, policy, workload=workload, catalog=catalog)
+    for task in running:
+        if (task.cpu_milli or task.host_memory_bytes) and task.shares:
+            placer.take_host(task.shares[0].node, task.cpu_milli, task.host_memory_bytes)
     return placer.place(pending, now=now, running=running, quota=quota, seed=seed)
 
 
@@ -103,19 +106,68 @@ class Placer:
             self._stats = FragStats(self.index, self.state, self.workload)
         return self._stats
 
-    def apply(self, shares: Iterable[DeviceShare], *, release: bool = False) -> None:
-        """Take (or, with ``release``, give back) ``shares`` in the working state."""
+    def apply(
+        self,
+        shares: Iterable[DeviceShare],
+        *,
+        release: bool = False,
+        cpu_milli: int = 0,
+        host_memory_bytes: int = 0,
+    ) -> None:
+        """Take (or, with ``release``, give back) ``shares`` in the working state, with the host
+        CPU/RAM of the task on the node of its first share."""
         shares = tuple(shares)
-        self.state.apply(shares, release=release)
+        self.state.apply(shares, release=release, cpu_milli=cpu_milli, host_memory_bytes=host_memory_bytes)
         if self._stats is not None:
             pos = self.index.pos
             self._stats.refresh(
                 self.state, (int(self.index.dev_node[pos[s.uuid]]) for s in shares if s.uuid in pos)
             )
 
-    def release(self, shares: Iterable[DeviceShare]) -> None:
-        """Give back ``shares``."""
-        self.apply(shares, release=True)
+    def release(
+        self, shares: Iterable[DeviceShare], *, cpu_milli: int = 0, host_memory_bytes: int = 0
+    ) -> None:
+        """Give back ``shares`` (and the host CPU/RAM they held)."""
+        self.apply(shares, release=True, cpu_milli=cpu_milli, host_memory_bytes=host_memory_bytes)
+
+    def take_host(self, node: str, cpu_milli: int, host_memory_bytes: int, *, release: bool = False) -> None:
+        """Take (or give back) host CPU/RAM on ``node`` without devices (a CPU-only task)."""
+        n = self.index.node_pos[node]
+        sign = 1 if release else -1
+        self.state.host_cpu[n] += sign * cpu_milli
+        self.state.host_mem[n] += sign * host_memory_bytes
+        if self._stats is not None:
+            self._stats.refresh(self.state, (n,))
+
+    def host_free(self, node: str) -> tuple[int, int]:
+        """Host CPU (milli-cores) and RAM (bytes) still free on ``node``."""
+        n = self.index.node_pos[node]
+        return int(self.state.host_cpu[n]), int(self.state.host_mem[n])
+
+    def choose_host_node(self, cpu_milli: int, host_memory_bytes: int, *, seed: int = 0) -> str | None:
+        """The node this policy would give a CPU-only task (None if none has room); takes nothing.
+
+        Scoring policies pick the node whose fragmentation grows least (host-aware workload
+        shapes make CPU use matter); best-fit the least free CPU; first-fit the first; random any.
+        """
+        st = self.state
+        room = (st.host_cpu >= cpu_milli) & (st.host_mem >= host_memory_bytes) & ~self.index.node_standby
+        ok = np.flatnonzero(room)
+        if len(ok) == 0:
+            return None
+        chooser = self.policy.chooser
+        if chooser is Chooser.FIRST_FIT:
+            n = int(ok[0])
+        elif chooser is Chooser.RANDOM:
+            n = int(np.random.default_rng(seed).choice(ok))
+        elif chooser is Chooser.BEST_FIT:
+            n = int(ok[np.argmin(st.host_cpu[ok])])
+        else:
+            delta = self.stats.delta_host(ok, cpu_milli, host_memory_bytes)
+            # Among equal fragmentation, the node with the least free GPU capacity, then CPU.
+            order = np.lexsort((st.host_cpu[ok], self.stats.total[ok], delta))
+            n = int(ok[order[0]])
+        return self.index.nodes[n].name
 
     def free_milli(self, uuid: str) -> int:
         """Free milli-GPU of one device in the working state."""
@@ -132,14 +184,23 @@ class Placer:
         quota: QuotaState | None = None,
         seed: int = 0,
         commit: bool = True,
+        keep_order: bool = False,
     ) -> PlacementPlan:
-        """Plan ``pending`` (see :func:`place`); keep the assignments in the state if ``commit``."""
-        saved = None if commit else (self.state.copy(), self._stats)
+        """Plan ``pending`` (see :func:`place`); keep the assignments in the state if ``commit``.
+
+        ``keep_order`` considers the tasks in the given order instead of by priority (an
+        optimiser searching over orders decodes each candidate order this way).
+        """
+        saved = None if commit else (self.state, self._stats)
         if not commit:
-            self._stats = None
+            self.state, self._stats = self.state.copy(), None
         rng = np.random.default_rng(seed)
         ctx = _Quota(self, quota, running, pending, now) if quota is not None else None
-        ordered = sorted(pending, key=lambda t: (-self._effective_priority(t, now), t.submitted_at, t.key))
+        ordered = (
+            list(pending)
+            if keep_order
+            else sorted(pending, key=lambda t: (-self._effective_priority(t, now), t.submitted_at, t.key))
+        )
         assignments: list[Assignment] = []
         rejections: list[Rejection] = []
         reservations: list[Reservation] = []
@@ -171,7 +232,7 @@ class Placer:
                 if verdict is not None:
                     rejections.append(verdict)
                     continue
-            self.apply(shares)
+            self.apply(shares, cpu_milli=task.cpu_milli, host_memory_bytes=task.host_memory_bytes)
             assignments.append(Assignment(task.key, shares, float(outcome.score)))
         res_start[:] = np.inf
         if saved is not None:
@@ -217,7 +278,9 @@ class Placer:
         def future(p: int) -> FreeState:
             state = self.state.copy()
             for r in ending[:p]:
-                state.apply(r.shares, release=True)
+                state.apply(
+                    r.shares, release=True, cpu_milli=r.cpu_milli, host_memory_bytes=r.host_memory_bytes
+                )
             return state
 
         lo, hi = 1, len(ending)

@@ -137,10 +137,35 @@ def _build(nodes: tuple[Node, ...], catalog: Catalog) -> FleetIndex:
     )
 
 
+_USAGE_CACHE: OrderedDict[int, tuple[object, np.ndarray, np.ndarray]] = OrderedDict()
+
+
+def _usage_arrays(index: FleetIndex, snapshot: FleetSnapshot) -> tuple[np.ndarray, np.ndarray]:
+    """Used milli and memory per device, cached on the identity of the snapshot's usage mapping."""
+    usage = snapshot.usage
+    key = id(usage)
+    hit = _USAGE_CACHE.get(key)
+    if hit is not None and hit[0] is usage and len(hit[1]) == index.n_devices:
+        return hit[1], hit[2]
+    pos = index.pos
+    where = np.fromiter((pos.get(u, -1) for u in usage), dtype=np.int64, count=len(usage))
+    milli = np.fromiter((v.used_milli for v in usage.values()), dtype=np.int64, count=len(usage))
+    mem = np.fromiter((v.used_memory_bytes for v in usage.values()), dtype=np.int64, count=len(usage))
+    known = where >= 0
+    used_milli = np.zeros(index.n_devices, dtype=np.int64)
+    used_mem = np.zeros(index.n_devices, dtype=np.int64)
+    used_milli[where[known]] = milli[known]
+    used_mem[where[known]] = mem[known]
+    _USAGE_CACHE[key] = (usage, used_milli, used_mem)
+    while len(_USAGE_CACHE) > _CACHE_SIZE:
+        _USAGE_CACHE.popitem(last=False)
+    return used_milli, used_mem
+
+
 class FreeState:
     """Free milli-GPU and memory per device, mutable, for one placement call."""
 
-    __slots__ = ("free_mem", "free_milli", "index", "res_start")
+    __slots__ = ("free_mem", "free_milli", "host_cpu", "host_mem", "index", "res_start")
 
     def __init__(self, index: FleetIndex, snapshot: FleetSnapshot | None = None) -> None:
         self.index = index
@@ -148,13 +173,14 @@ class FreeState:
         self.free_mem = index.dev_mem.copy()
         # Start time of a reservation holding the device (inf = not reserved).
         self.res_start = np.full(index.n_devices, np.inf)
-        if snapshot is not None:
-            pos = index.pos
-            for uuid, used in snapshot.usage.items():
-                i = pos.get(uuid)
-                if i is not None:
-                    self.free_milli[i] -= used.used_milli
-                    self.free_mem[i] -= used.used_memory_bytes
+        # Host CPU/RAM free per node; nodes that declare none are never short of them.
+        unlimited = np.iinfo(np.int64).max // 4
+        self.host_cpu = np.array([n.cpu_milli or unlimited for n in index.nodes], dtype=np.int64)
+        self.host_mem = np.array([n.memory_bytes or unlimited for n in index.nodes], dtype=np.int64)
+        if snapshot is not None and snapshot.usage:
+            base = _usage_arrays(index, snapshot)
+            self.free_milli -= base[0]
+            self.free_mem -= base[1]
 
     def copy(self) -> FreeState:
         """An independent copy."""
@@ -163,14 +189,30 @@ class FreeState:
         clone.free_milli = self.free_milli.copy()
         clone.free_mem = self.free_mem.copy()
         clone.res_start = self.res_start.copy()
+        clone.host_cpu = self.host_cpu.copy()
+        clone.host_mem = self.host_mem.copy()
         return clone
 
-    def apply(self, shares: Iterable[DeviceShare], *, release: bool = False) -> None:
-        """Take (or give back, with ``release``) the capacity of ``shares``."""
+    def apply(
+        self,
+        shares: Iterable[DeviceShare],
+        *,
+        release: bool = False,
+        cpu_milli: int = 0,
+        host_memory_bytes: int = 0,
+    ) -> None:
+        """Take (or give back, with ``release``) the capacity of ``shares``, and the host CPU/RAM
+        on the node of the first share."""
         sign = 1 if release else -1
         pos = self.index.pos
+        first = True
         for share in shares:
             i = pos.get(share.uuid)
             if i is not None:
                 self.free_milli[i] += sign * share.milli
                 self.free_mem[i] += sign * share.memory_bytes
+                if first and (cpu_milli or host_memory_bytes):
+                    n = int(self.index.dev_node[i])
+                    self.host_cpu[n] += sign * cpu_milli
+                    self.host_mem[n] += sign * host_memory_bytes
+                first = False

@@ -39,12 +39,16 @@ class WorkloadShape:
     """One class of request in the expected workload, for the fragmentation measure.
 
     ``count`` devices of ``milli`` each (``milli < 1000`` only with ``count == 1``), seen with
-    relative frequency ``weight``.
+    relative frequency ``weight``. With ``cpu_milli``/``host_memory_bytes`` the shape also needs
+    that much host CPU/RAM on the node: GPU capacity on a node whose CPU or RAM is exhausted then
+    counts as fragmented too (as in FGD).
     """
 
     count: int
     milli: int
     weight: float
+    cpu_milli: int = 0
+    host_memory_bytes: int = 0
 
 
 _EMPTY: Mapping[str, Mapping[str, float]] = MappingProxyType({})

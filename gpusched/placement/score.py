@@ -10,14 +10,16 @@ shapes (:class:`Workload`), and a placement is scored by how much it *increases*
 fresh device that larger tasks need costs a lot.
 
 Node statistics (:class:`FragStats`) are kept per node and refreshed only for the nodes an
-assignment touches, so one decision costs O(candidates × shapes) numpy work.
+assignment touches. Because whole-device shapes differ only in their count and fractional shapes
+only in their threshold, the expectation over shapes reduces to cumulative-probability lookups,
+so scoring one decision costs O(candidates) numpy work whatever the number of shapes.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,26 +45,72 @@ _MAX_SHAPES = 16
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Request shapes as arrays: ``count``, ``milli``, probability ``p`` and fragment threshold."""
+    """Request shapes, pre-digested for O(1)-per-candidate expected fragmentation.
 
-    count: np.ndarray
-    milli: np.ndarray
-    p: np.ndarray
-    thresholds: np.ndarray  # distinct thresholds
-    thr_of: np.ndarray  # shape -> position in thresholds
+    Whole-device shapes: ``whole_cdf[x]`` = probability of a whole shape needing ≤ x devices.
+    Fractional shapes: sorted distinct ``frac_milli`` with cumulative probability ``frac_cdf``.
+    """
+
+    whole_cdf: np.ndarray
+    p_whole: float
+    frac_milli: np.ndarray
+    frac_p: np.ndarray
+    frac_cdf: np.ndarray
+    p_frac: float
+    host_aware: bool = False
+    # Per shape (only used when host_aware): count, milli, p, cpu, memory, frac threshold column.
+    s_count: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    s_milli: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    s_p: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    s_cpu: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    s_mem: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    s_col: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @classmethod
     def of(cls, shapes: Iterable[WorkloadShape]) -> Workload:
-        """Arrays from shapes (weights normalised to 1)."""
-        items = [s for s in shapes if s.weight > 0]
-        if not items:
-            items = list(DEFAULT_WORKLOAD)
-        count = np.array([s.count for s in items], dtype=np.int64)
-        milli = np.array([s.milli for s in items], dtype=np.int64)
-        p = np.array([s.weight for s in items], dtype=np.float64)
-        thr = np.where(milli < MILLI, milli, MILLI)
-        thresholds, thr_of = np.unique(thr, return_inverse=True)
-        return cls(count, milli, p / p.sum(), thresholds, thr_of.astype(np.int64))
+        """Digest shapes (weights normalised to 1; empty = :data:`DEFAULT_WORKLOAD`)."""
+        items = [s for s in shapes if s.weight > 0] or list(DEFAULT_WORKLOAD)
+        total = sum(s.weight for s in items)
+        kmax = max([s.count for s in items if s.milli >= MILLI], default=0)
+        whole = np.zeros(kmax + 1)
+        frac: dict[int, float] = {}
+        for s in items:
+            if s.milli >= MILLI:
+                whole[s.count] += s.weight / total
+            else:
+                frac[s.milli] = frac.get(s.milli, 0.0) + s.weight / total
+        milli = np.array(sorted(frac), dtype=np.float64)
+        fp = np.array([frac[int(m)] for m in milli], dtype=np.float64)
+        cdf = np.cumsum(fp) if len(fp) else np.zeros(0)
+        host = any(s.cpu_milli or s.host_memory_bytes for s in items)
+        col = [int(np.searchsorted(milli, s.milli)) if s.milli < MILLI else -1 for s in items]
+        return cls(
+            np.cumsum(whole),
+            float(whole.sum()),
+            milli,
+            fp,
+            cdf,
+            float(fp.sum()),
+            host,
+            np.array([s.count for s in items], dtype=np.float64),
+            np.array([s.milli for s in items], dtype=np.float64),
+            np.array([s.weight / total for s in items], dtype=np.float64),
+            np.array([s.cpu_milli for s in items], dtype=np.float64),
+            np.array([s.host_memory_bytes for s in items], dtype=np.float64),
+            np.array(col, dtype=np.int64),
+        )
+
+    def p_frac_upto(self, x: np.ndarray) -> np.ndarray:
+        """Probability of a fractional shape needing ≤ ``x`` milli."""
+        if not len(self.frac_milli):
+            return np.zeros(len(x))
+        j = np.searchsorted(self.frac_milli, x, side="right") - 1
+        return np.where(j >= 0, self.frac_cdf[np.maximum(j, 0)], 0.0)
+
+    def p_whole_fits(self, nfull: np.ndarray) -> np.ndarray:
+        """Probability of a whole-device shape fitting in ``nfull`` free devices."""
+        k = np.clip(nfull, 0, len(self.whole_cdf) - 1).astype(np.int64)
+        return self.whole_cdf[k]
 
 
 def estimate_workload(
@@ -71,10 +119,10 @@ def estimate_workload(
     """Shapes seen in ``requests`` (fractions rounded to 50 milli), blended half-and-half with ``prior``."""
     seen: Counter[tuple[int, int]] = Counter()
     for req in requests:
-        milli = (
-            req.milli_per_gpu if req.milli_per_gpu >= MILLI else max(50, round(req.milli_per_gpu / 50) * 50)
-        )
-        seen[(req.count, min(milli, MILLI))] += 1
+        milli = req.milli_per_gpu
+        if milli < MILLI:
+            milli = min(MILLI - 50, max(50, round(milli / 50) * 50))
+        seen[(req.count, milli)] += 1
     total = sum(seen.values())
     shapes = [WorkloadShape(s.count, s.milli, s.weight * 0.5 if total else s.weight) for s in prior]
     for (count, milli), n in seen.most_common(_MAX_SHAPES):
@@ -83,48 +131,60 @@ def estimate_workload(
 
 
 class FragStats:
-    """Per-node aggregates of free milli-GPU over in-service devices, for fragmentation deltas."""
+    """Per-node aggregates of free milli-GPU over in-service devices, for fragmentation deltas.
 
-    __slots__ = ("frag", "in_service", "index", "max1", "max2", "maxpart", "nfull", "total", "workload")
+    ``frag`` is the free share of partially used devices; ``frac_frag[:, j]`` the free share of
+    devices with less than ``frac_milli[j]`` free; ``cum[:, j]`` its probability-weighted prefix
+    sum; ``expected`` the node's current expected fragmentation.
+    """
+
+    __slots__ = (
+        "cum",
+        "expected",
+        "frac_frag",
+        "frag",
+        "in_service",
+        "index",
+        "max1",
+        "max2",
+        "maxpart",
+        "nfull",
+        "state",
+        "total",
+        "workload",
+    )
 
     def __init__(self, index: FleetIndex, state: FreeState, workload: Workload) -> None:
         self.index = index
+        self.state = state
         self.workload = workload
         self.in_service = (index.dev_health < 2) & ~index.dev_cordoned & ~index.dev_standby
         n = len(index.nodes)
-        self.total: np.ndarray = np.zeros(n)
-        self.nfull: np.ndarray = np.zeros(n)
+        node = index.dev_node
+        f = np.where(self.in_service, state.free_milli, 0).astype(np.float64)
+        self.total: np.ndarray = np.bincount(node, weights=f, minlength=n)
+        self.nfull: np.ndarray = np.bincount(node, weights=(f >= MILLI).astype(np.float64), minlength=n)
+        self.frag: np.ndarray = np.bincount(node, weights=np.where(f < MILLI, f, 0.0), minlength=n)
         self.max1: np.ndarray = np.zeros(n)
         self.max2: np.ndarray = np.zeros(n)
         self.maxpart: np.ndarray = np.zeros(n)
-        self.frag: np.ndarray = np.zeros((n, len(workload.thresholds)))
         if index.n_devices:
-            self._compute_all(state)
-
-    def _compute_all(self, state: FreeState) -> None:
-        idx = self.index
-        n = len(idx.nodes)
-        f = np.where(self.in_service, state.free_milli, 0).astype(np.float64)
-        node = idx.dev_node
-        self.total = np.bincount(node, weights=f, minlength=n)
-        self.nfull = np.bincount(node, weights=(f >= MILLI).astype(np.float64), minlength=n)
-        order = np.lexsort((f, node))
-        sorted_f = f[order]
-        end = idx.node_start[1:]
-        size = idx.node_size
-        has1 = size >= 1
-        has2 = size >= 2
-        self.max1 = np.where(has1, sorted_f[np.maximum(end - 1, 0)], 0.0)
-        self.max2 = np.where(has2, sorted_f[np.maximum(end - 2, 0)], 0.0)
-        part = np.where(f < MILLI, f, 0.0)
-        self.maxpart = np.zeros(n)
-        np.maximum.at(self.maxpart, node, part)
-        for j, thr in enumerate(self.workload.thresholds):
-            self.frag[:, j] = np.bincount(node, weights=np.where(f < thr, f, 0.0), minlength=n)
+            order = np.lexsort((f, node))
+            sorted_f = f[order]
+            end = index.node_start[1:]
+            self.max1 = np.where(index.node_size >= 1, sorted_f[np.maximum(end - 1, 0)], 0.0)
+            self.max2 = np.where(index.node_size >= 2, sorted_f[np.maximum(end - 2, 0)], 0.0)
+            np.maximum.at(self.maxpart, node, np.where(f < MILLI, f, 0.0))
+        self.frac_frag: np.ndarray = np.zeros((n, len(workload.frac_milli)))
+        for j, m in enumerate(workload.frac_milli):
+            self.frac_frag[:, j] = np.bincount(node, weights=np.where(f < m, f, 0.0), minlength=n)
+        self.cum: np.ndarray = np.cumsum(self.frac_frag * workload.frac_p, axis=1)
+        self.expected: np.ndarray = self._expected(np.arange(n), self.total, self.nfull, self.max1, self.frag)
 
     def refresh(self, state: FreeState, nodes: Iterable[int]) -> None:
         """Recompute the aggregates of the given node positions after their usage changed."""
         idx = self.index
+        w = self.workload
         for n in set(nodes):
             lo, hi = int(idx.node_start[n]), int(idx.node_start[n + 1])
             f = np.where(self.in_service[lo:hi], state.free_milli[lo:hi], 0).astype(np.float64)
@@ -135,45 +195,123 @@ class FragStats:
             self.max2[n] = s[-2] if len(s) > 1 else 0.0
             part = f[f < MILLI]
             self.maxpart[n] = part.max() if len(part) else 0.0
-            for j, thr in enumerate(self.workload.thresholds):
-                self.frag[n, j] = f[f < thr].sum()
+            self.frag[n] = part.sum()
+            if len(w.frac_milli):
+                self.frac_frag[n] = np.where(f[None, :] < w.frac_milli[:, None], f[None, :], 0.0).sum(axis=1)
+                self.cum[n] = np.cumsum(self.frac_frag[n] * w.frac_p)
+            at = np.array([n])
+            self.expected[n] = self._expected(
+                at, self.total[at], self.nfull[at], self.max1[at], self.frag[at]
+            )[0]
 
     def _expected(
-        self, total: np.ndarray, nfull: np.ndarray, max1: np.ndarray, frag: np.ndarray
+        self,
+        nodes: np.ndarray,
+        total: np.ndarray,
+        nfull: np.ndarray,
+        max1: np.ndarray,
+        frag: np.ndarray,
+        f: np.ndarray | None = None,
+        g: np.ndarray | None = None,
+        cpu: float = 0.0,
+        mem: float = 0.0,
     ) -> np.ndarray:
+        """Expected fragmentation for the given node states (see the module docstring).
+
+        For a hypothetical fractional placement, ``f``/``g`` are the device's free share before and
+        after, and the per-threshold fragment sums are corrected on the fly.
+        """
         w = self.workload
-        whole = w.milli >= MILLI
-        fits = np.where(whole[None, :], nfull[:, None] >= w.count[None, :], max1[:, None] >= w.milli[None, :])
-        per_shape = np.where(fits, frag[:, w.thr_of], total[:, None])
-        return per_shape @ w.p
+        if w.host_aware:
+            return self._expected_host(nodes, total, nfull, max1, frag, f, g, cpu, mem)
+        pw = w.p_whole_fits(nfull)
+        out = pw * frag + (w.p_whole - pw) * total
+        if len(w.frac_milli):
+            j = np.searchsorted(w.frac_milli, max1, side="right") - 1
+            fits = j >= 0
+            pf = np.where(fits, w.frac_cdf[np.maximum(j, 0)], 0.0)
+            covered = np.where(fits, self.cum[nodes, np.maximum(j, 0)], 0.0)
+            if f is not None and g is not None:
+                covered = covered - f * np.maximum(0.0, pf - w.p_frac_upto(f))
+                covered = covered + g * np.maximum(0.0, pf - w.p_frac_upto(g))
+            out = out + covered + (w.p_frac - pf) * total
+        return out
+
+    def _expected_host(
+        self,
+        nodes: np.ndarray,
+        total: np.ndarray,
+        nfull: np.ndarray,
+        max1: np.ndarray,
+        frag: np.ndarray,
+        f: np.ndarray | None,
+        g: np.ndarray | None,
+        cpu: float,
+        mem: float,
+    ) -> np.ndarray:
+        """General form, shape by shape (candidates × shapes), with host CPU/RAM conditions."""
+        w = self.workload
+        cpu_free = self.state.host_cpu[nodes] - cpu
+        mem_free = self.state.host_mem[nodes] - mem
+        whole = w.s_milli >= MILLI
+        gpu_fit = np.where(
+            whole[None, :], nfull[:, None] >= w.s_count[None, :], max1[:, None] >= w.s_milli[None, :]
+        )
+        host_fit = (cpu_free[:, None] >= w.s_cpu[None, :]) & (mem_free[:, None] >= w.s_mem[None, :])
+        if len(w.frac_milli):
+            rows = self.frac_frag[nodes]
+            if f is not None and g is not None:
+                thr = w.frac_milli[None, :]
+                rows = (
+                    rows
+                    - np.where(f[:, None] < thr, f[:, None], 0.0)
+                    + np.where(g[:, None] < thr, g[:, None], 0.0)
+                )
+            part = np.where(whole[None, :], frag[:, None], rows[:, np.maximum(w.s_col, 0)])
+        else:
+            part = np.repeat(frag[:, None], len(w.s_p), axis=1)
+        return np.where(gpu_fit & host_fit, part, total[:, None]) @ w.s_p
 
     def node_fragmentation(self, nodes: np.ndarray) -> np.ndarray:
         """Expected fragmentation (milli-GPU) of the given node positions now."""
-        return self._expected(self.total[nodes], self.nfull[nodes], self.max1[nodes], self.frag[nodes])
+        return self.expected[nodes]
 
-    def delta_whole(self, nodes: np.ndarray, k: int) -> np.ndarray:
-        """Fragmentation increase of taking ``k`` fully free devices on each of ``nodes``."""
-        before = self.node_fragmentation(nodes)
+    def delta_whole(self, nodes: np.ndarray, k: int, cpu: float = 0.0, mem: float = 0.0) -> np.ndarray:
+        """Fragmentation increase of taking ``k`` fully free devices (and ``cpu``/``mem`` of host
+        CPU/RAM) on each of ``nodes``."""
         nfull = self.nfull[nodes] - k
         max1 = np.where(nfull > 0, float(MILLI), self.maxpart[nodes])
-        after = self._expected(self.total[nodes] - k * MILLI, nfull, max1, self.frag[nodes])
-        return after - before
+        after = self._expected(
+            nodes, self.total[nodes] - k * MILLI, nfull, max1, self.frag[nodes], cpu=cpu, mem=mem
+        )
+        return after - self.expected[nodes]
 
-    def delta_fraction(self, devices: np.ndarray, milli: int, free: np.ndarray) -> np.ndarray:
+    def delta_host(self, nodes: np.ndarray, cpu: float, mem: float) -> np.ndarray:
+        """Fragmentation increase of taking only host CPU/RAM (a CPU-only task) on ``nodes``."""
+        after = self._expected(
+            nodes, self.total[nodes], self.nfull[nodes], self.max1[nodes], self.frag[nodes], cpu=cpu, mem=mem
+        )
+        return after - self.expected[nodes]
+
+    def delta_fraction(
+        self, devices: np.ndarray, milli: int, free: np.ndarray, cpu: float = 0.0, mem: float = 0.0
+    ) -> np.ndarray:
         """Fragmentation increase of taking ``milli`` on each of ``devices`` (``free`` = their free milli)."""
         nodes = self.index.dev_node[devices]
-        before = self.node_fragmentation(nodes)
         f = free.astype(np.float64)
         g = f - milli
         max1 = self.max1[nodes]
         others = np.where(f < max1, max1, self.max2[nodes])
-        thr = self.workload.thresholds
-        frag = (
-            self.frag[nodes]
-            - np.where(f[:, None] < thr, f[:, None], 0.0)
-            + np.where(g[:, None] < thr, g[:, None], 0.0)
-        )
+        frag = self.frag[nodes] - np.where(f < MILLI, f, 0.0) + g
         after = self._expected(
-            self.total[nodes] - milli, self.nfull[nodes] - (f >= MILLI), np.maximum(others, g), frag
+            nodes,
+            self.total[nodes] - milli,
+            self.nfull[nodes] - (f >= MILLI),
+            np.maximum(others, g),
+            frag,
+            f,
+            g,
+            cpu,
+            mem,
         )
-        return after - before
+        return after - self.expected[nodes]

@@ -14,7 +14,7 @@ from gpusched.model import MILLI, Device, DeviceShare, FleetSnapshot, Node
 from gpusched.placement.types import PendingTask
 from gpusched.request import GPURequest, Interconnect, Partition
 
-__all__ = ["synthetic_fleet", "synthetic_requests"]
+__all__ = ["make_node", "synthetic_fleet", "synthetic_requests"]
 
 GIB = 1024**3
 
@@ -30,11 +30,28 @@ _MODELS = (
 )
 
 
-def _node(name: str, rack: str, model_name: str, island_size: int, gpus: int) -> Node:
+def make_node(
+    name: str,
+    model_name: str,
+    gpus: int = 8,
+    *,
+    rack: str = "rack-0",
+    island_size: int | None = None,
+    labels: dict[str, str] | None = None,
+    cpu_milli: int = 96_000,
+    memory_bytes: int = 1024 * GIB,
+) -> Node:
+    """One node of ``gpus`` devices of a catalog model with a conventional topology.
+
+    Devices ``0..gpus/2-1`` sit on NUMA node 0, the rest on 1; pairs share a PCIe switch; with
+    ``island_size`` (default: 8 for NVSwitch/xGMI models, 4 for NVLink/HCCS, none for PCIe) the
+    devices form high-speed islands of that many consecutive indexes.
+    """
     model = default_catalog().get(model_name)
+    if island_size is None:
+        island_size = {"nvswitch": 8, "xgmi": 8, "nvlink": 4, "hccs": 4}.get(model.link.value, 0)
     devices = []
     for i in range(gpus):
-        numa = 0 if i < gpus / 2 else 1
         devices.append(
             Device(
                 uuid=f"{name}-gpu{i}",
@@ -44,14 +61,20 @@ def _node(name: str, rack: str, model_name: str, island_size: int, gpus: int) ->
                 vendor=model.vendor,
                 architecture=model.architecture,
                 memory_bytes=model.memory_bytes,
-                numa_node=numa,
+                numa_node=0 if i < gpus / 2 else 1,
                 pcie_switch=f"sw{i // 2}",
                 island=f"isl{i // island_size}" if island_size else None,
                 link=model.link,
             )
         )
-    labels = (("zone", "a" if hash(rack) % 2 == 0 else "b"),)
-    return Node(name, rack, tuple(devices), labels=labels, cpu_milli=96_000, memory_bytes=1024 * GIB)
+    return Node(
+        name,
+        rack,
+        tuple(devices),
+        labels=tuple(sorted((labels or {}).items())),
+        cpu_milli=cpu_milli,
+        memory_bytes=memory_bytes,
+    )
 
 
 def synthetic_fleet(
@@ -63,8 +86,16 @@ def synthetic_fleet(
     built = []
     for n in range(nodes):
         name, _, island = rng.choices(_MODELS, weights)[0]
+        rack = f"rack-{n // 16:04d}"
         built.append(
-            _node(f"node-{n:05d}", f"rack-{n // 16:04d}", name, min(island, gpus_per_node), gpus_per_node)
+            make_node(
+                f"node-{n:05d}",
+                name,
+                gpus_per_node,
+                rack=rack,
+                island_size=min(island, gpus_per_node),
+                labels={"zone": "a" if (n // 16) % 2 == 0 else "b"},
+            )
         )
     snapshot = FleetSnapshot(tuple(built), source="synthetic")
     shares = []

@@ -49,13 +49,24 @@ class NodeCounts:
         return self.count >= k
 
 
-def _group_max(fits: np.ndarray, groups: np.ndarray, group_node: np.ndarray, n_nodes: int) -> np.ndarray:
+def _group_max(index: FleetIndex, fits: np.ndarray, kind: str) -> np.ndarray:
+    # Group ids are numbered node by node, so a per-node maximum is one reduceat over groups.
+    n_nodes = len(index.nodes)
     out = np.zeros(n_nodes, dtype=np.int64)
-    sel = fits & (groups >= 0)
-    if len(group_node) == 0 or not sel.any():
+    key = ("groups", kind)
+    static = index.masks.get(key)
+    if static is None:
+        groups = {"island": index.dev_island, "numa": index.dev_numa, "switch": index.dev_switch}[kind]
+        group_node = {"island": index.island_node, "numa": index.numa_node, "switch": index.switch_node}[kind]
+        owners, starts = np.unique(group_node, return_index=True)
+        valid = groups >= 0
+        static = (groups, len(group_node), owners, starts, valid, bool(valid.all()))
+        index.masks[key] = static
+    groups, n_groups, owners, starts, valid, all_valid = static
+    if n_groups == 0:
         return out
-    per_group = np.bincount(groups[sel], minlength=len(group_node))
-    np.maximum.at(out, group_node, per_group)
+    per_group = np.bincount(groups[fits if all_valid else fits & valid], minlength=n_groups)
+    out[owners] = np.maximum.reduceat(per_group, starts)
     return out
 
 
@@ -67,9 +78,9 @@ def node_counts(index: FleetIndex, fits: np.ndarray, k: int) -> NodeCounts:
         return NodeCounts(count, count, count, count)
     return NodeCounts(
         count,
-        _group_max(fits, index.dev_island, index.island_node, n),
-        _group_max(fits, index.dev_numa, index.numa_node, n),
-        _group_max(fits, index.dev_switch, index.switch_node, n),
+        _group_max(index, fits, "island"),
+        _group_max(index, fits, "numa"),
+        _group_max(index, fits, "switch"),
     )
 
 

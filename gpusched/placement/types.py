@@ -32,12 +32,16 @@ class PendingTask:
         job_type: optional workload class (e.g. ``"resnet50-bs64"``) looked up in
             ``Policy.throughput`` for heterogeneity-aware speed; ``None`` uses the catalog's
             A100-equivalent figures.
+        cpu_milli / host_memory_bytes: host CPU (milli-cores) and RAM the task also needs on its
+            node (0 = not checked); nodes that declare no CPU/RAM are not checked either.
     """
 
     key: str
     request: GPURequest
     submitted_at: float
     job_type: str | None = None
+    cpu_milli: int = 0
+    host_memory_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +49,8 @@ class RunningTask:
     """A task already holding devices (for reservations, backfill, partitions and budgets).
 
     ``expected_end`` is when it should release its devices (``None`` = unknown: it never frees
-    capacity as far as reservations are concerned).
+    capacity as far as reservations are concerned). ``cpu_milli``/``host_memory_bytes`` are the
+    host resources it holds on the node of its first share.
     """
 
     key: str
@@ -53,6 +58,8 @@ class RunningTask:
     shares: tuple[DeviceShare, ...]
     started_at: float
     expected_end: float | None
+    cpu_milli: int = 0
+    host_memory_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
