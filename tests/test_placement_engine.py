@@ -133,7 +133,10 @@ def test_baselines_do_not_reserve() -> None:
 
 def test_heterogeneity_uses_the_throughput_table() -> None:
     snap = FleetSnapshot((make_node("v", "V100-SXM2-32GB", 1), make_node("p", "P100-PCIE-16GB", 1)))
-    table = {"lm": {"V100-SXM2-32GB": 1.0, "P100-PCIE-16GB": 0.4}, "a3c": {"V100-SXM2-32GB": 1.0, "P100-PCIE-16GB": 1.1}}
+    table = {
+        "lm": {"V100-SXM2-32GB": 1.0, "P100-PCIE-16GB": 0.4},
+        "a3c": {"V100-SXM2-32GB": 1.0, "P100-PCIE-16GB": 1.1},
+    }
     policy = Policy.named("gpusched", throughput=table)
     plan = place([_task("j", job_type="lm", gpus=1)], snap, policy, now=0.0)
     assert plan.assignments[0].shares[0].node == "v"

@@ -69,9 +69,7 @@ def test_reason_counts_cordoned_unhealthy_and_busy_devices() -> None:
     devs[0] = replace(devs[0], cordoned=True)
     devs[1] = replace(devs[1], health=Health.UNHEALTHY)
     snap = FleetSnapshot((replace(node, devices=tuple(devs)),))
-    snap = snap.with_usage(
-        [DeviceShare(d.uuid, d.node, d.index, MILLI, d.memory_bytes) for d in devs[2:]]
-    )
+    snap = snap.with_usage([DeviceShare(d.uuid, d.node, d.index, MILLI, d.memory_bytes) for d in devs[2:]])
     (rej,) = _one(snap, _task(gpus=1, model="A100-40GB")).rejections
     assert not rej.permanent
     assert "2 matching in service, 2 busy" in rej.reason

@@ -60,7 +60,9 @@ def test_prefers_the_node_that_keeps_whole_islands_free() -> None:
 
 
 def test_multi_node_gang_within_one_rack_all_or_nothing() -> None:
-    nodes = tuple(make_node(f"r{r}n{i}", "H100-SXM-80GB", 8, rack=f"rack{r}") for r in range(2) for i in range(2))
+    nodes = tuple(
+        make_node(f"r{r}n{i}", "H100-SXM-80GB", 8, rack=f"rack{r}") for r in range(2) for i in range(2)
+    )
     snap = FleetSnapshot(nodes)
     snap = _busy(snap, "r0n0", [0])  # rack0 has 15 free, rack1 16
     plan = place([_task(gpus=16, interconnect="same_rack")], snap, Policy.named("gpusched"), now=0.0)
