@@ -1,0 +1,85 @@
+"""The task-side listener: export from the ledger when no executor did, log, release idempotently."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpusched.airflow import listener
+from gpusched.airflow.keys import ti_key
+from gpusched.envexport import devices_env
+from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
+from gpusched.ledger import Ledger
+from gpusched.model import MILLI, DeviceShare
+from gpusched.request import GPURequest
+
+
+def _ti(task_id: str, gpu: dict[str, Any] | None) -> Any:
+    config = {"gpusched": GPURequest.build(**gpu).to_dict()} if gpu is not None else None
+    return SimpleNamespace(dag_id="d", task_id=task_id, run_id="r1", try_number=1, map_index=-1,
+                           task=SimpleNamespace(executor_config=config))
+
+
+@pytest.fixture
+def ledger() -> Any:
+    led = Ledger()
+    led.migrate()
+    led.sync_inventory(SimulatedBackend(default_fleet_path()).discover(), source="simulated")
+    yield led
+    led.close()
+
+
+def _allocate(ledger: Ledger, task_id: str, model: str, count: int) -> tuple[DeviceShare, ...]:
+    devices = [d for d in ledger.snapshot().devices() if d.model == model][:count]
+    shares = tuple(DeviceShare(d.uuid, d.node, d.index, MILLI, d.memory_bytes) for d in devices)
+    ledger.allocate(ti_key("d", task_id, "r1", 1), GPURequest.build(gpus=count), shares, holder="other")
+    return shares
+
+
+def test_exports_the_ledger_allocation_when_the_executor_did_not(ledger: Ledger) -> None:
+    _allocate(ledger, "train", "A100-SXM-80GB", 2)
+    environ: dict[str, str] = {}
+    allocation = listener.export_devices(_ti("train", {"gpus": 2}), environ)
+    assert allocation is not None and allocation["key"] == ti_key("d", "train", "r1", 1)
+    assert environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert json.loads(environ["GPUSCHED_ALLOCATION"])["models"] == ["A100-SXM-80GB"] * 2
+
+
+def test_keeps_what_the_executor_exported(ledger: Ledger) -> None:
+    shares = _allocate(ledger, "smoke", "T4", 1)
+    key = ti_key("d", "smoke", "r1", 1)
+    environ = devices_env(shares, ledger.snapshot(), key=key)
+    before = dict(environ)
+    assert listener.export_devices(_ti("smoke", {"gpus": 1}), environ)["uuids"] == [shares[0].uuid]
+    assert environ == before
+
+
+def test_ignores_a_stale_allocation_of_another_task_and_plain_tasks(ledger: Ledger) -> None:
+    shares = _allocate(ledger, "other", "T4", 1)
+    environ = devices_env(shares, ledger.snapshot(), key=ti_key("d", "other", "r1", 1))
+    assert listener.export_devices(_ti("cpu_only", None), environ) is None
+    assert listener.export_devices(_ti("unallocated", {"gpus": 1}), {}) is None
+
+
+def test_release_is_idempotent_and_skips_plain_tasks(ledger: Ledger) -> None:
+    _allocate(ledger, "train", "H100-SXM-80GB", 4)
+    ti = _ti("train", {"gpus": 4})
+    assert listener.release_devices(ti, "task succeeded") is True
+    assert listener.release_devices(ti, "task succeeded") is False
+    assert ledger.active() == []
+    assert listener.release_devices(_ti("cpu_only", None), "task succeeded") is False
+
+
+def test_hooks_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("ledger down")
+
+    monkeypatch.setattr(listener, "export_devices", boom)
+    monkeypatch.setattr(listener, "release_devices", boom)
+    ti = _ti("train", {"gpus": 1})
+    listener.on_task_instance_running(None, ti)
+    listener.on_task_instance_success(None, ti)
+    listener.on_task_instance_failed(None, ti, RuntimeError("x"))
