@@ -1,0 +1,129 @@
+"""Quotas: partition shares with borrowing, tenant budgets in A100-equivalent GPU-hours."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusched.errors import ConfigurationError
+from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.placement import PendingTask, Policy, RunningTask, place
+from gpusched.placement.synthetic import make_node
+from gpusched.quota import (
+    UNITS_PER_A100_HOUR,
+    QuotaPolicy,
+    QuotaState,
+    check,
+    check_budget,
+    check_partition,
+    normalised_rate,
+    partition_capacity,
+)
+from gpusched.request import GPURequest, Partition
+
+CAP = 10 * MILLI  # ten GPUs: shares 7 / 2 / 1
+
+
+def test_partition_within_share_is_allowed() -> None:
+    policy = QuotaPolicy(borrowing=False)
+    used = {Partition.TRAINING: 5 * MILLI}
+    assert check_partition(policy, Partition.TRAINING, 2 * MILLI, used, CAP).allowed
+    verdict = check_partition(policy, Partition.TRAINING, 3 * MILLI, used, CAP)
+    assert not verdict.allowed
+    assert "partition 'training' uses 5 of its 70% share (7 of 10 GPUs)" in verdict.reason
+    assert "borrowing is off" in verdict.reason
+
+
+def test_borrowing_idle_capacity_but_not_what_waiting_tasks_need() -> None:
+    policy = QuotaPolicy()
+    used = {Partition.DEV: MILLI}
+    verdict = check_partition(policy, Partition.DEV, 2 * MILLI, used, CAP)
+    assert verdict.allowed and verdict.borrowed_milli == 2 * MILLI
+    # Training has 7 GPUs of pending demand within its share: dev may borrow only what is left.
+    pending = {Partition.TRAINING: 7 * MILLI}
+    assert check_partition(policy, Partition.DEV, 2 * MILLI, used, CAP, pending).allowed
+    refused = check_partition(policy, Partition.DEV, 3 * MILLI, used, CAP, pending)
+    assert not refused.allowed and "kept for other partitions' waiting tasks" in refused.reason
+
+
+def test_shares_are_configurable_and_validated() -> None:
+    policy = QuotaPolicy.from_dict({"shares": {"training": 50, "burst": 30, "dev": 20}, "borrowing": False})
+    assert policy.share_milli(Partition.BURST, CAP) == 3 * MILLI
+    with pytest.raises(ConfigurationError, match="summing to 100"):
+        QuotaPolicy(shares_pct={Partition.TRAINING: 80, Partition.BURST: 20, Partition.DEV: 10})
+    with pytest.raises(ConfigurationError, match="unknown quota setting"):
+        QuotaPolicy.from_dict({"share": {}})
+
+
+def test_budget_in_a100_equivalent_hours() -> None:
+    snap = FleetSnapshot((make_node("h", "H100-SXM-80GB", 1), make_node("t", "T4", 1)))
+    h100 = DeviceShare("h-gpu0", "h", 0, MILLI, 0)
+    t4 = DeviceShare("t-gpu0", "t", 0, MILLI, 0)
+    assert normalised_rate([h100], snap) == 2500  # an H100 hour costs 2.5 A100-hours
+    assert normalised_rate([t4], snap) == 200
+    state = QuotaState(QuotaPolicy(budgets_hours={"vision": 10}), used={"vision": 6 * UNITS_PER_A100_HOUR})
+    one_h100_hour = normalised_rate([h100], snap) * 3600
+    assert check_budget(state, "vision", one_h100_hour).allowed
+    verdict = check_budget(state, "vision", one_h100_hour, committed=2 * UNITS_PER_A100_HOUR)
+    assert not verdict.allowed and not verdict.permanent
+    assert "8.0 of 10.0 A100-GPU-hours" in verdict.reason and "needs ~2.5" in verdict.reason
+    assert check_budget(state, "vision", 11 * UNITS_PER_A100_HOUR).permanent
+    assert check_budget(state, "unlisted", 10**15).allowed  # no default budget = unlimited
+
+
+def test_check_combines_budget_and_partition() -> None:
+    state = QuotaState(QuotaPolicy(budgets_hours={"a": 1}, borrowing=False))
+    req = GPURequest.build(gpus=2, tenant="a", partition="dev")
+    verdict = check(req, state, cost=UNITS_PER_A100_HOUR // 2, partition_used={}, capacity_milli=CAP)
+    assert not verdict.allowed and "partition 'dev'" in verdict.reason
+    verdict = check(req, state, cost=2 * UNITS_PER_A100_HOUR, partition_used={}, capacity_milli=CAP)
+    assert not verdict.allowed and "tenant 'a' budget" in verdict.reason
+
+
+def _fleet() -> FleetSnapshot:
+    return FleetSnapshot(tuple(make_node(f"n{i}", "A100-PCIE-40GB", 2) for i in range(5)))  # 10 GPUs
+
+
+def _task(key: str, partition: str, gpus: int = 1, **kw: object) -> PendingTask:
+    return PendingTask(key, GPURequest.build(gpus=gpus, partition=partition, **kw), 0.0)
+
+
+def test_engine_enforces_70_20_10_without_borrowing() -> None:
+    snap = _fleet()
+    assert partition_capacity(snap) == CAP
+    quota = QuotaState(QuotaPolicy(borrowing=False))
+    pending = [_task(f"dev{i}", "dev") for i in range(3)] + [_task(f"burst{i}", "burst") for i in range(3)]
+    plan = place(pending, snap, Policy.named("gpusched"), now=0.0, quota=quota)
+    placed = sorted(a.key for a in plan.assignments)
+    assert placed == ["burst0", "burst1", "dev0"]
+    assert all("share" in r.reason for r in plan.rejections)
+
+
+def test_engine_borrows_idle_capacity_for_a_busy_partition() -> None:
+    snap = _fleet()
+    quota = QuotaState(QuotaPolicy())
+    pending = [_task(f"dev{i}", "dev") for i in range(4)]
+    plan = place(pending, snap, Policy.named("gpusched"), now=0.0, quota=quota)
+    assert len(plan.assignments) == 4  # 1 own + 3 borrowed: nobody else waits
+    # With training work waiting for its 7 GPUs, dev may borrow only the 2 idle burst GPUs.
+    pending += [_task(f"train{i}", "training", priority="low") for i in range(7)]
+    plan = place(pending, snap, Policy.named("gpusched"), now=0.0, quota=quota)
+    placed = {a.key for a in plan.assignments}
+    assert sum(k.startswith("dev") for k in placed) == 3
+    assert sum(k.startswith("train") for k in placed) == 7
+
+
+def test_engine_counts_running_tasks_against_partitions_and_budgets() -> None:
+    snap = _fleet()
+    shares = tuple(
+        DeviceShare(d.uuid, d.node, d.index, MILLI, d.memory_bytes) for d in snap.node("n0").devices
+    )
+    running = [RunningTask("r", GPURequest.build(gpus=2, tenant="a"), shares, 0.0, 3600.0)]
+    snap = snap.with_usage(shares)
+    # Budget 2 A100-hours; the running task still needs 2 × 0.9 × 1 h = 1.8: one more hour of an
+    # A100-40GB (0.9) does not fit.
+    quota = QuotaState(QuotaPolicy(budgets_hours={"a": 2}))
+    task = _task("t", "training", tenant="a", expected_duration="1h")
+    plan = place([task], snap, Policy.named("gpusched"), now=0.0, running=running, quota=quota)
+    assert not plan.assignments and "tenant 'a' budget: 1.8 of 2.0" in plan.rejections[0].reason
+    plan = place([task], snap, Policy.named("gpusched"), now=3000.0, running=running, quota=quota)
+    assert plan.assignments
