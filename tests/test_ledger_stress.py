@@ -8,18 +8,21 @@ AllocationConflictError — also when all processes race for the same key.
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from _ledger_support import BACKENDS, database_url, fleet, migrate_worker, stress_worker
+from _ledger_support import BACKENDS, database_url, fleet, migrate_worker, share, stress_worker
 
-from gpusched.ledger import Ledger
+from gpusched.errors import AllocationConflictError
+from gpusched.ledger import Allocation, Ledger
 from gpusched.ledger.migrate import current_revision, head_revision
 from gpusched.ledger.schema import ALLOCATIONS, EVENTS, SHARES
 from gpusched.model import MILLI
+from gpusched.request import GPURequest
 
 WORKERS = 5
 ITERATIONS = 60
@@ -118,3 +121,50 @@ def test_concurrent_allocators_never_overcommit(url: str) -> None:
     for uuid in memory:
         assert final.used(uuid).used_milli == used_milli[uuid]
         assert final.used(uuid).used_memory_bytes == used_mem[uuid]
+
+
+def _race(count: int, action: Callable[[int], object]) -> list[object]:
+    """Run ``action(0..count-1)`` in threads released together; their results (or exceptions)."""
+    barrier = threading.Barrier(count)
+    results: list[object] = [None] * count
+
+    def run(index: int) -> None:
+        barrier.wait()
+        try:
+            results[index] = action(index)
+        except Exception as exc:
+            results[index] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_threads_racing_for_one_key_get_one_allocation(url: str) -> None:
+    """Same key, different devices, at the same instant: one wins, the others conflict.
+
+    On PostgreSQL the racers lock different device rows, so only the unique index on the active
+    key separates them; on SQLite the write lock does. Then all release at once: one ends it.
+    """
+    with Ledger(url) as led:
+        led.migrate()
+        led.sync_inventory(fleet(1, 4), "test")
+        devices = list(led.snapshot().devices())
+        request = GPURequest.build(gpus=1)
+        for round_no in range(8):
+            key = f"race-{round_no}"
+            won = _race(len(devices), lambda i, key=key: led.allocate(
+                key, request, [share(devices[i])], holder=f"t{i}"
+            ))
+            winners = [r for r in won if isinstance(r, Allocation)]
+            assert len(winners) == 1, won
+            assert all(isinstance(r, AllocationConflictError) for r in won if r is not winners[0]), won
+            assert led.active() == winners
+            ended = _race(len(devices), lambda _i, key=key: led.release(key, reason="success"))
+            assert sum(isinstance(r, Allocation) for r in ended) == 1, ended
+            assert sum(r is None for r in ended) == len(devices) - 1, ended
+            assert led.active() == []
+        assert len(led.events(200, kinds=["release"])) == 8

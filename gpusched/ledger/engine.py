@@ -120,6 +120,13 @@ def write_tx(engine: sa.Engine) -> Iterator[sa.Connection]:
 
 @contextmanager
 def read_tx(engine: sa.Engine) -> Iterator[sa.Connection]:
-    """A read-only transaction: one consistent view of the database for the whole block."""
-    with engine.connect() as conn, conn.begin():
-        yield conn
+    """A read-only transaction: one consistent view of the database for the whole block.
+
+    SQLite gives that to any transaction; PostgreSQL needs REPEATABLE READ for it (its default,
+    READ COMMITTED, takes a new snapshot per statement).
+    """
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            yield conn

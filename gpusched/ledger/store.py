@@ -28,6 +28,8 @@ from gpusched.request import GPURequest
 
 __all__ = ["Ledger"]
 
+_PG_INVENTORY_LOCK = 0x67707573636866  # advisory lock key for inventory syncs
+
 
 def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
@@ -35,6 +37,15 @@ def _now(now: float | None) -> float:
 
 def _event(conn: sa.Connection, at: float, kind: str, subject: str, **detail: Any) -> None:
     conn.execute(sa.insert(EVENTS).values(at=at, kind=kind, subject=subject, detail=detail))
+
+
+def _locked(conn: sa.Connection, query: sa.Select[Any]) -> sa.Select[Any]:
+    # PostgreSQL: lock the allocation rows a release is about to end. Under READ COMMITTED a
+    # second locker re-checks its WHERE clause once the first commits, so the same allocation is
+    # never released twice, and a lease renewed meanwhile is not expired.
+    if conn.dialect.name == "postgresql":
+        return query.with_for_update(of=ALLOCATIONS)
+    return query
 
 
 def _share_key(shares: Sequence[DeviceShare]) -> list[tuple[str, int, int]]:
@@ -84,6 +95,8 @@ class Ledger(LedgerExtras):
         """
         at = _now(now)
         with write_tx(self.engine) as conn:
+            if conn.dialect.name == "postgresql":  # agents syncing at once take turns (SQLite: IMMEDIATE)
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_INVENTORY_LOCK})
             changes = inventory.write_inventory(conn, nodes, source, at)
             if changes["added"] or changes["removed"]:
                 _event(conn, at, "inventory", source, added=changes["added"], removed=changes["removed"])
@@ -203,7 +216,7 @@ class Ledger(LedgerExtras):
         """Release the active allocation of ``key`` (None if it has none: releasing is idempotent)."""
         at = _now(now)
         with write_tx(self.engine) as conn:
-            row = self._active_row(conn, key)
+            row = self._active_row(conn, key, lock=True)
             if row is None:
                 return None
             return self._release_row(conn, row, reason, AllocationStatus.RELEASED, at)
@@ -254,11 +267,10 @@ class Ledger(LedgerExtras):
         """Release every active allocation whose lease ended before ``now``; return them."""
         at = _now(now)
         with write_tx(self.engine) as conn:
-            rows = conn.execute(
-                sa.select(ALLOCATIONS).where(
-                    ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.lease_expires_at < at
-                ).order_by(ALLOCATIONS.c.id)
-            ).all()
+            due = sa.select(ALLOCATIONS).where(
+                ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.lease_expires_at < at
+            )
+            rows = conn.execute(_locked(conn, due.order_by(ALLOCATIONS.c.id))).all()
             return [self._release_row(conn, r, "lease expired", AllocationStatus.EXPIRED, at) for r in rows]
 
     def reconcile(
@@ -268,20 +280,18 @@ class Ledger(LedgerExtras):
         at = _now(now)
         live = set(live_keys)
         with write_tx(self.engine) as conn:
-            rows = conn.execute(
-                sa.select(ALLOCATIONS).where(
-                    ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.holder == holder
-                ).order_by(ALLOCATIONS.c.id)
-            ).all()
+            held = sa.select(ALLOCATIONS).where(
+                ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.holder == holder
+            )
+            rows = conn.execute(_locked(conn, held.order_by(ALLOCATIONS.c.id))).all()
             return [
                 self._release_row(conn, r, "reconciled: task no longer live", AllocationStatus.RELEASED, at)
                 for r in rows if r.key not in live
             ]
 
-    def _active_row(self, conn: sa.Connection, key: str) -> Any:
-        return conn.execute(
-            sa.select(ALLOCATIONS).where(ALLOCATIONS.c.key == key, ALLOCATIONS.c.released_at.is_(None))
-        ).first()
+    def _active_row(self, conn: sa.Connection, key: str, *, lock: bool = False) -> Any:
+        query = sa.select(ALLOCATIONS).where(ALLOCATIONS.c.key == key, ALLOCATIONS.c.released_at.is_(None))
+        return conn.execute(_locked(conn, query) if lock else query).first()
 
     def _release_row(self, conn: sa.Connection, row: Any, reason: str, status: str, at: float) -> Allocation:
         conn.execute(
