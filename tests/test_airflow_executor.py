@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from multiprocessing import SimpleQueue
@@ -195,6 +196,20 @@ def test_reconcile_releases_own_allocations_of_dead_tasks_only(executor: Any) ->
                                 ("someone-else", t4[1], ti_key("d", "theirs", "r", 1))):
         share = DeviceShare(device.uuid, device.node, device.index, 1000, device.memory_bytes)
         executor.ledger.allocate(key, GPURequest.build(gpus=1), [share], holder=holder)
+    executor.ledger.record_queue(ti_key("d", "waited", "r", 1), GPURequest.build(gpus=1), "full", 1.0)
     released = executor.reconcile()  # no task instance is queued or running in the Airflow DB
     assert released == [ti_key("d", "gone", "r", 1)]
     assert [a.key for a in executor.ledger.active()] == [ti_key("d", "theirs", "r", 1)]
+    assert executor.ledger.queue() == []
+
+
+def test_heartbeat_renews_leases_of_running_tasks(executor: Any) -> None:
+    w = _workload("long", {"gpus": 1, "models": ["T4"]})
+    _submit(executor, w)
+    _drain(executor)
+    key = _key(w)
+    before = executor.ledger.get(key).lease_expires_at
+    executor._last_renew = 0.0
+    time.sleep(0.05)
+    executor.sync()
+    assert executor.ledger.get(key).lease_expires_at > before

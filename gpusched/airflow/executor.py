@@ -32,7 +32,7 @@ from airflow.executors.local_executor import LocalExecutor
 from gpusched.airflow.authoring import request_from_executor_config
 from gpusched.airflow.dispatch import run_gpu_worker
 from gpusched.airflow.gpu_cycle import Hold, Launch, PendingWork, decide, running_tasks
-from gpusched.airflow.keys import ti_key, ti_key_of
+from gpusched.airflow.keys import KEY_PREFIX, ti_key, ti_key_of
 from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError
 
 if TYPE_CHECKING:
@@ -134,6 +134,9 @@ class GPUExecutor(LocalExecutor):
         released = self.ledger.reconcile(live, holder=self.holder)
         for alloc in released:
             self.log.info("gpusched: released stale allocation %s after restart", alloc.key)
+        for entry in self.ledger.queue():  # waiting records of tasks that are gone
+            if entry.key.startswith(KEY_PREFIX) and entry.key not in live:
+                self.ledger.clear_queue(entry.key)
         return [a.key for a in released]
 
     def end(self) -> None:
@@ -282,11 +285,13 @@ class GPUExecutor(LocalExecutor):
         """Read results (releasing finished GPU tasks), then renew leases now and then."""
         super().sync()
         now = time.time()
-        if self.gpu_running and now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
+        if now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
             self._last_renew = now
             for ledger_key in list(self.gpu_running.values()):
                 self._safe(lambda k=ledger_key: self.ledger.renew(k, self.lease_s))
-            self._safe(lambda: self.ledger.expire_leases(now))
+            # Leases of a crashed executor (any holder) run out here.
+            for alloc in self._safe(lambda: self.ledger.expire_leases(now)) or ():
+                self.log.warning("gpusched: lease of %s expired; devices released", alloc.key)
         if self._pool_syncer is not None and now - self._last_pool_check >= 10.0:
             self._last_pool_check = now
             self._safe(lambda: self._pool_syncer.maybe_sync(self.ledger.snapshot(now)))
