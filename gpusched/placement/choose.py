@@ -103,8 +103,9 @@ def _fraction(
     elif policy.chooser is Chooser.RANDOM:
         d = int(rng.choice(cand))
     elif policy.chooser is Chooser.BEST_FIT:
-        node_free = placer.stats.total[idx.dev_node[cand]] if use_stats else free
-        d = int(cand[np.lexsort((cand, free, node_free))[0]])
+        node_of = idx.dev_node[cand]
+        left = _left_after(placer, state, node_of, milli, task) if use_stats else free.astype(np.float64)
+        d = int(cand[np.lexsort((cand, free, left))[0]])
     else:
         # Fully free devices of one node are interchangeable: score only the first of each node.
         full = free >= MILLI
@@ -156,8 +157,8 @@ def _whole(
         elif policy.chooser is Chooser.RANDOM:
             n = int(rng.choice(nodes))
         elif policy.chooser is Chooser.BEST_FIT:
-            free = placer.stats.total[nodes] if use_stats else nc.count[nodes] * MILLI
-            n = int(nodes[np.argmin(free)])
+            left = _left_after(placer, state, nodes, k * MILLI, task) if use_stats else nc.count[nodes]
+            n = int(nodes[np.argmin(left)])
         else:
             s = policy.locality * nc.tier(k)[nodes].astype(np.float64)
             if use_stats and policy.fragmentation:
@@ -197,6 +198,30 @@ def _whole(
             pool = rng.permutation(pool).tolist() if inter is Interconnect.ANY or take == 1 else pool
         chosen.extend(pick_in_node(idx, pool, take, inter, local=local))
     return _Choice(chosen, MILLI, [int(idx.dev_mem[d]) for d in chosen], score)
+
+
+def _left_after(
+    placer: Placer, state: FreeState, nodes: np.ndarray, milli: int, task: PendingTask
+) -> np.ndarray:
+    """Best-fit key: the share of each node's resources left free after the placement — GPU, plus
+    host CPU and RAM when the task asks for them (the sum over dimensions, as FGD's BestFit)."""
+    idx = placer.index
+    left = (placer.stats.total[nodes] - milli) / (idx.node_size[nodes] * MILLI)
+    if task.cpu_milli or task.host_memory_bytes:
+        cap = idx.masks.get("host_capacity")
+        if cap is None:
+            cpu = np.array([n.cpu_milli for n in idx.nodes], dtype=np.float64)
+            mem = np.array([n.memory_bytes for n in idx.nodes], dtype=np.float64)
+            cap = (cpu, mem)
+            idx.masks["host_capacity"] = cap
+        cpu_cap, mem_cap = cap[0][nodes], cap[1][nodes]
+        left = left + np.where(
+            cpu_cap > 0, (state.host_cpu[nodes] - task.cpu_milli) / np.maximum(cpu_cap, 1), 0
+        )
+        left = left + np.where(
+            mem_cap > 0, (state.host_mem[nodes] - task.host_memory_bytes) / np.maximum(mem_cap, 1), 0
+        )
+    return left
 
 
 def _ok(idx: FleetIndex, devs: list[int], k: int, inter: Interconnect) -> bool:

@@ -36,6 +36,8 @@ from gpusched.request import GPURequest, Partition
 
 __all__ = ["Placer", "place"]
 
+_ANY_GPU = GPURequest()
+
 
 def place(
     pending: Sequence[PendingTask],
@@ -148,7 +150,8 @@ class Placer:
         """The node this policy would give a CPU-only task (None if none has room); takes nothing.
 
         Scoring policies pick the node whose fragmentation grows least (host-aware workload
-        shapes make CPU use matter); best-fit the least free CPU; first-fit the first; random any.
+        shapes make CPU use matter); best-fit the least free share of GPU, CPU and RAM; first-fit
+        the first; random any.
         """
         st = self.state
         room = (st.host_cpu >= cpu_milli) & (st.host_mem >= host_memory_bytes) & ~self.index.node_standby
@@ -161,7 +164,10 @@ class Placer:
         elif chooser is Chooser.RANDOM:
             n = int(np.random.default_rng(seed).choice(ok))
         elif chooser is Chooser.BEST_FIT:
-            n = int(ok[np.argmin(st.host_cpu[ok])])
+            from gpusched.placement.choose import _left_after
+
+            probe = PendingTask("", _ANY_GPU, 0.0, cpu_milli=cpu_milli, host_memory_bytes=host_memory_bytes)
+            n = int(ok[np.argmin(_left_after(self, st, ok, 0, probe))])
         else:
             delta = self.stats.delta_host(ok, cpu_milli, host_memory_bytes)
             # Among equal fragmentation, the node with the least free GPU capacity, then CPU.
