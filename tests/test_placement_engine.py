@@ -46,7 +46,8 @@ def test_memory_bound_fractions_do_not_overcommit() -> None:
     snap = FleetSnapshot((make_node("n", "T4", 1),))  # 16 GiB
     tasks = [_task(f"f{i}", gpus=0.1, memory="6GiB") for i in range(3)]
     plan = place(tasks, snap, Policy.named("best-fit"), now=0.0)
-    assert len(plan.assignments) == 2 and "no 0.1 of a GPU with ≥6 GiB free" in plan.rejections[0].reason
+    assert len(plan.assignments) == 2
+    assert "waiting for 0.1 of a GPU with ≥6 GiB free: 1 matching devices" in plan.rejections[0].reason
 
 
 @pytest.mark.parametrize("name", Policy.names())

@@ -72,7 +72,7 @@ def test_reason_counts_cordoned_unhealthy_and_busy_devices() -> None:
     snap = snap.with_usage([DeviceShare(d.uuid, d.node, d.index, MILLI, d.memory_bytes) for d in devs[2:]])
     (rej,) = _one(snap, _task(gpus=1, model="A100-40GB")).rejections
     assert not rej.permanent
-    assert "2 matching in service, 2 busy" in rej.reason
+    assert "2 matching devices in service, 2 busy" in rej.reason
     assert "1 unhealthy" in rej.reason and "1 cordoned" in rej.reason
 
 

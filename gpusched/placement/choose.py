@@ -283,9 +283,8 @@ def _busy_reason(
     busy = elig.n_usable - int(fits_now.sum())
     note = flt.operational_note(elig)
     extra = f"; {note}" if note else ""
-    return (
-        f"no {what} free now: {elig.n_usable} matching in service, {busy} busy{_held(fits, fits_now)}{extra}"
-    )
+    held = _held(fits, fits_now)
+    return f"waiting for {what}: {elig.n_usable} matching devices in service, {busy} busy{held}{extra}"
 
 
 def _gang_reason(

@@ -40,8 +40,16 @@ class Candidate:
 class Problem:
     """Candidates per task and the vectorised pieces of the objective."""
 
-    def __init__(self, index: FleetIndex, snapshot: FleetSnapshot, policy: Policy, now: float,
-                 weights: tuple[float, float, float], top_k: int, defer_s: float) -> None:
+    def __init__(
+        self,
+        index: FleetIndex,
+        snapshot: FleetSnapshot,
+        policy: Policy,
+        now: float,
+        weights: tuple[float, float, float],
+        top_k: int,
+        defer_s: float,
+    ) -> None:
         self.index = index
         self.policy = policy
         self.now = now
@@ -65,8 +73,12 @@ class Problem:
         self._shapes: dict[tuple[Any, ...], list[tuple[tuple[int, ...], int, tuple[int, ...]]]] = {}
         self.dev_node = index.dev_node.tolist()
         info = index.model_info
-        self.speed = np.array([max(policy.speed_of(None, n, i.a100_equiv_milli if i else MILLI), 1e-3)
-                               for n, i in zip(index.model_names, info, strict=True)])
+        self.speed = np.array(
+            [
+                max(policy.speed_of(None, n, i.a100_equiv_milli if i else MILLI), 1e-3)
+                for n, i in zip(index.model_names, info, strict=True)
+            ]
+        )
         self.tdp_kw = np.array([(i.tdp_milliwatts if i else 300_000) / 1e6 for i in info])
 
     def runtime_s(self, task: PendingTask, models: np.ndarray) -> np.ndarray:
@@ -90,8 +102,20 @@ class Problem:
         """The top-K feasible device sets for ``task`` on the starting capacity, best first."""
         req = task.request
         # Tasks of one shape share their ranking (waiting time only adds a constant per task).
-        key = (req.count, req.milli_per_gpu, req.memory_per_gpu, req.vendors, req.models, req.labels,
-               req.min_arch, req.interconnect, req.gang, req.expected_duration_s, req.priority, task.job_type)
+        key = (
+            req.count,
+            req.milli_per_gpu,
+            req.memory_per_gpu,
+            req.vendors,
+            req.models,
+            req.labels,
+            req.min_arch,
+            req.interconnect,
+            req.gang,
+            req.expected_duration_s,
+            req.priority,
+            task.job_type,
+        )
         sets = self._shapes.get(key)
         if sets is None:
             sets = [(c.devices, c.milli, c.memory) for c in self._rank(task, blocked)]
@@ -109,8 +133,9 @@ class Problem:
         idx, req, policy = self.index, task.request, self.policy
         milli = flt.milli_need(req, policy.round_up_fractions)
         frac = milli < MILLI
-        elig = flt.eligibility(idx, req, fractional=frac,
-                               fractions_need_partitioning=policy.fractions_need_partitioning)
+        elig = flt.eligibility(
+            idx, req, fractional=frac, fractions_need_partitioning=policy.fractions_need_partitioning
+        )
         if frac:
             fits = elig.usable & ~blocked & (self.free_milli >= milli) & (self.free_mem >= req.memory_per_gpu)
             devs = np.flatnonzero(fits)
@@ -153,8 +178,15 @@ class Problem:
                 chosen = []
                 for n, take in gang[0]:
                     lo, hi = int(idx.node_start[n]), int(idx.node_start[n + 1])
-                    chosen.extend(pick_in_node(idx, (np.flatnonzero(fits[lo:hi]) + lo).tolist(), take,
-                                               Interconnect.ANY, local=True))
+                    chosen.extend(
+                        pick_in_node(
+                            idx,
+                            (np.flatnonzero(fits[lo:hi]) + lo).tolist(),
+                            take,
+                            Interconnect.ANY,
+                            local=True,
+                        )
+                    )
                 cand = self._whole(task, chosen)
                 if all(c.devices != cand.devices for c in out):
                     out.append(cand)
@@ -172,8 +204,9 @@ class Problem:
         devices = tuple(self.index.pos[s.uuid] for s in shares)
         if shares and shares[0].milli < MILLI:
             lat, en = self.costs(task, self.index.dev_model[list(devices)], shares[0].milli / MILLI)
-            return Candidate(devices, shares[0].milli, tuple(s.memory_bytes for s in shares),
-                         float(lat[0]), float(en[0]))
+            return Candidate(
+                devices, shares[0].milli, tuple(s.memory_bytes for s in shares), float(lat[0]), float(en[0])
+            )
         return self._whole(task, devices)
 
     def unplaced_latency(self, task: PendingTask, cands: Sequence[Candidate]) -> float:
@@ -233,10 +266,12 @@ class Decoder:
                     frag += _partial(after) - _partial(before)
                     nodes.add(problem.dev_node[d])
                 frag += NODE_OPEN_COST * sum(
-                    1 for n in nodes if problem.node_empty[n] and n not in self.contested_nodes)
+                    1 for n in nodes if problem.node_empty[n] and n not in self.contested_nodes
+                )
                 fixed.append(problem.alpha * c.latency + problem.gamma * c.energy + problem.beta * frag)
-                checks.append(tuple((d, c.milli, m) for d, m in zip(c.devices, c.memory, strict=True)
-                                    if d in contested))
+                checks.append(
+                    tuple((d, c.milli, m) for d, m in zip(c.devices, c.memory, strict=True) if d in contested)
+                )
             self.fixed.append(fixed)
             self.checks.append(checks)
 
@@ -253,8 +288,10 @@ class Decoder:
             chosen = -1
             for j in range(gene, gene + n) if gene < n else ():
                 j %= n
-                if all(base_milli[d] - used_milli.get(d, 0) >= milli and base_mem[d] - used_mem.get(d, 0) >= m
-                       for d, milli, m in checks[j]):
+                if all(
+                    base_milli[d] - used_milli.get(d, 0) >= milli and base_mem[d] - used_mem.get(d, 0) >= m
+                    for d, milli, m in checks[j]
+                ):
                     chosen = j
                     break
             if chosen < 0:
@@ -282,8 +319,14 @@ class Decoder:
 
 
 def plan_objective(
-    plan: PlacementPlan, pending: Sequence[PendingTask], snapshot: FleetSnapshot, policy: Policy, *,
-    now: float, weights: tuple[float, float, float] = (1.0, 1.0, 0.1), top_k: int = 6,
+    plan: PlacementPlan,
+    pending: Sequence[PendingTask],
+    snapshot: FleetSnapshot,
+    policy: Policy,
+    *,
+    now: float,
+    weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
+    top_k: int = 6,
     defer_s: float = 1800.0,
 ) -> float:
     """The objective :func:`optimise` minimises, for any plan of ``pending`` (lower is better).
@@ -295,8 +338,10 @@ def plan_objective(
     problem = Problem(index, snapshot, policy, now, weights, top_k, defer_s)
     assigned = {a.key: a for a in plan.assignments}
     permanent = {r.key for r in plan.rejections if r.permanent}
-    tasks = sorted((t for t in {t.key: t for t in pending}.values() if t.key not in permanent),
-                   key=lambda t: (-t.request.priority, t.submitted_at, t.key))
+    tasks = sorted(
+        (t for t in {t.key: t for t in pending}.values() if t.key not in permanent),
+        key=lambda t: (-t.request.priority, t.submitted_at, t.key),
+    )
     blocked = np.zeros(index.n_devices, dtype=bool)
     cands, genome, unplaced = [], [], []
     for task in tasks:

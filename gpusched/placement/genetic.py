@@ -43,6 +43,7 @@ from gpusched.placement.types import Assignment, PendingTask, PlacementPlan, Rej
 
 __all__ = ["OptimiseResult", "optimise", "optimise_with_report", "plan_objective"]
 
+
 @dataclass(frozen=True, slots=True)
 class OptimiseResult:
     """The chosen plan and how the search went (objective values: lower is better)."""
@@ -66,9 +67,17 @@ class OptimiseResult:
 
 
 def optimise(
-    pending: Sequence[PendingTask], snapshot: FleetSnapshot, policy: Policy, *, now: float,
-    budget_ms: float = 100.0, weights: tuple[float, float, float] = (1.0, 1.0, 0.1), seed: int = 0,
-    running: Sequence[RunningTask] = (), greedy: PlacementPlan | None = None, **kwargs: Any,
+    pending: Sequence[PendingTask],
+    snapshot: FleetSnapshot,
+    policy: Policy,
+    *,
+    now: float,
+    budget_ms: float = 100.0,
+    weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
+    seed: int = 0,
+    running: Sequence[RunningTask] = (),
+    greedy: PlacementPlan | None = None,
+    **kwargs: Any,
 ) -> PlacementPlan:
     """The best plan found within ``budget_ms``; never worse than the greedy plan.
 
@@ -76,15 +85,35 @@ def optimise(
     already has this cycle's greedy plan (it is then not recomputed and not counted against the
     budget). Other keywords go to :func:`optimise_with_report`.
     """
-    return optimise_with_report(pending, snapshot, policy, now=now, budget_ms=budget_ms, weights=weights,
-                                seed=seed, running=running, greedy=greedy, **kwargs).plan
+    return optimise_with_report(
+        pending,
+        snapshot,
+        policy,
+        now=now,
+        budget_ms=budget_ms,
+        weights=weights,
+        seed=seed,
+        running=running,
+        greedy=greedy,
+        **kwargs,
+    ).plan
 
 
 def optimise_with_report(
-    pending: Sequence[PendingTask], snapshot: FleetSnapshot, policy: Policy, *, now: float,
-    budget_ms: float = 100.0, weights: tuple[float, float, float] = (1.0, 1.0, 0.1), seed: int = 0,
-    running: Sequence[RunningTask] = (), greedy: PlacementPlan | None = None,
-    population: int = 24, max_generations: int = 200, top_k: int = 6, defer_s: float = 1800.0,
+    pending: Sequence[PendingTask],
+    snapshot: FleetSnapshot,
+    policy: Policy,
+    *,
+    now: float,
+    budget_ms: float = 100.0,
+    weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
+    seed: int = 0,
+    running: Sequence[RunningTask] = (),
+    greedy: PlacementPlan | None = None,
+    population: int = 24,
+    max_generations: int = 200,
+    top_k: int = 6,
+    defer_s: float = 1800.0,
 ) -> OptimiseResult:
     """:func:`optimise` with the search statistics (see :class:`OptimiseResult`)."""
     from deap import base, creator, tools
@@ -105,8 +134,11 @@ def optimise_with_report(
     for res in greedy.reservations:
         blocked[[index.pos[s.uuid] for s in res.shares if s.uuid in index.pos]] = True
     # Tasks the GA may move: greedy's assigned ones, and waiting ones that could fit at all.
-    tasks = [by_key[k] for k in dict.fromkeys(t.key for t in pending)
-             if k in assigned or (k in rejected and not rejected[k].permanent)]
+    tasks = [
+        by_key[k]
+        for k in dict.fromkeys(t.key for t in pending)
+        if k in assigned or (k in rejected and not rejected[k].permanent)
+    ]
     tasks.sort(key=lambda t: (-t.request.priority, t.submitted_at, t.key))
     cands: list[list[Candidate]] = []
     start_genome: list[int] = []
@@ -133,17 +165,35 @@ def optimise_with_report(
     random.seed(seed)
     try:
         best_genome, best_value, generations, evaluations = _search(
-            decoder, start_genome, deadline, population, max_generations, base, creator, tools)
+            decoder, start_genome, deadline, population, max_generations, base, creator, tools
+        )
     finally:
         random.setstate(state)
     improved = best_value < greedy_value - 1e-9
     plan = _to_plan(greedy, tasks, cands, best_genome, problem) if improved else greedy
-    return OptimiseResult(plan, greedy, greedy_value, best_value if improved else greedy_value, improved,
-                          generations, evaluations, (time.perf_counter() - began) * 1000.0, greedy_ms)
+    return OptimiseResult(
+        plan,
+        greedy,
+        greedy_value,
+        best_value if improved else greedy_value,
+        improved,
+        generations,
+        evaluations,
+        (time.perf_counter() - began) * 1000.0,
+        greedy_ms,
+    )
 
 
-def _search(decoder: Decoder, start: list[int], deadline: float, size: int, max_gen: int,
-            base: Any, creator: Any, tools: Any) -> tuple[list[int], float, int, int]:
+def _search(
+    decoder: Decoder,
+    start: list[int],
+    deadline: float,
+    size: int,
+    max_gen: int,
+    base: Any,
+    creator: Any,
+    tools: Any,
+) -> tuple[list[int], float, int, int]:
     if not hasattr(creator, "GpuschedFitness"):
         creator.create("GpuschedFitness", base.Fitness, weights=(-1.0,))
         creator.create("GpuschedIndividual", list, fitness=creator.GpuschedFitness)
@@ -206,8 +256,13 @@ def _search(decoder: Decoder, start: list[int], deadline: float, size: int, max_
     return list(best), float(best.fitness.values[0]), generation, evaluations
 
 
-def _to_plan(greedy: PlacementPlan, tasks: list[PendingTask], cands: list[list[Candidate]], genome: list[int],
-             problem: Problem) -> PlacementPlan:
+def _to_plan(
+    greedy: PlacementPlan,
+    tasks: list[PendingTask],
+    cands: list[list[Candidate]],
+    genome: list[int],
+    problem: Problem,
+) -> PlacementPlan:
     devices = problem.index.devices
     moved = {t.key for t in tasks}
     assignments = [a for a in greedy.assignments if a.key not in moved]
@@ -216,13 +271,21 @@ def _to_plan(greedy: PlacementPlan, tasks: list[PendingTask], cands: list[list[C
     for task, options, gene in zip(tasks, cands, genome, strict=True):
         if gene >= len(options):
             earlier = greedy_rej.get(task.key)
-            rejections.append(earlier or Rejection(
-                task.key, "deferred by the batch optimiser: its capacity serves the batch better this "
-                "cycle; it is planned again next cycle", False))
+            rejections.append(
+                earlier
+                or Rejection(
+                    task.key,
+                    "deferred by the batch optimiser: its capacity serves the batch better this "
+                    "cycle; it is planned again next cycle",
+                    False,
+                )
+            )
             continue
         c = options[gene]
-        shares = tuple(DeviceShare(devices[d].uuid, devices[d].node, devices[d].index, c.milli, m)
-                       for d, m in zip(c.devices, c.memory, strict=True))
+        shares = tuple(
+            DeviceShare(devices[d].uuid, devices[d].node, devices[d].index, c.milli, m)
+            for d, m in zip(c.devices, c.memory, strict=True)
+        )
         score = problem.alpha * c.latency + problem.gamma * c.energy
         assignments.append(Assignment(task.key, shares, float(score) if math.isfinite(score) else 0.0))
     return PlacementPlan(tuple(assignments), tuple(rejections), greedy.reservations)
