@@ -35,7 +35,7 @@ def test_official_airflow_shape(compose: dict[str, Any]) -> None:
     assert services["airflow-apiserver"]["command"] == "api-server"
     assert services["airflow-apiserver"]["ports"] == ["8080:8080"]
     assert services["airflow-init"]["environment"]["_AIRFLOW_DB_MIGRATE"] == "true"
-    assert "gpusched ledger migrate" in services["airflow-init"]["command"][1]
+    assert "python -m gpusched.cli ledger migrate" in services["airflow-init"]["command"][1]
 
 
 def test_gpusched_installed_and_ledger_on_postgres(compose: dict[str, Any]) -> None:
