@@ -22,7 +22,7 @@ from gpusched.catalog import Catalog
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
 from gpusched.placement.policy import Chooser, Policy
-from gpusched.placement.score import FragStats, Workload, estimate_workload
+from gpusched.placement.score import FragStats, Workload, cached_stats, estimate_workload
 from gpusched.placement.types import (
     Assignment,
     PendingTask,
@@ -97,6 +97,7 @@ class Placer:
         self.state = FreeState(self.index, snapshot)
         self.workload = workload or Workload.of(policy.workload)
         self._stats: FragStats | None = None
+        self._pristine = True  # state still equals the snapshot's usage (stats may come from cache)
         self._speed_cache: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
 
     # ---- state -----------------------------------------------------------------------------
@@ -105,7 +106,10 @@ class Placer:
     def stats(self) -> FragStats:
         """Fragmentation aggregates (built on first use)."""
         if self._stats is None:
-            self._stats = FragStats(self.index, self.state, self.workload)
+            if self._pristine:
+                self._stats = cached_stats(self.index, self.snapshot.usage, self.state, self.workload)
+            else:
+                self._stats = FragStats(self.index, self.state, self.workload)
         return self._stats
 
     def apply(
@@ -119,6 +123,7 @@ class Placer:
         """Take (or, with ``release``, give back) ``shares`` in the working state, with the host
         CPU/RAM of the task on the node of its first share."""
         shares = tuple(shares)
+        self._pristine = False
         self.state.apply(shares, release=release, cpu_milli=cpu_milli, host_memory_bytes=host_memory_bytes)
         if self._stats is not None:
             pos = self.index.pos
@@ -136,6 +141,7 @@ class Placer:
         """Take (or give back) host CPU/RAM on ``node`` without devices (a CPU-only task)."""
         n = self.index.node_pos[node]
         sign = 1 if release else -1
+        self._pristine = False
         self.state.host_cpu[n] += sign * cpu_milli
         self.state.host_mem[n] += sign * host_memory_bytes
         if self._stats is not None:
@@ -197,7 +203,7 @@ class Placer:
         ``keep_order`` considers the tasks in the given order instead of by priority (an
         optimiser searching over orders decodes each candidate order this way).
         """
-        saved = None if commit else (self.state, self._stats)
+        saved = None if commit else (self.state, self._stats, self._pristine)
         if not commit:
             self.state, self._stats = self.state.copy(), None
         rng = np.random.default_rng(seed)
@@ -242,7 +248,7 @@ class Placer:
             assignments.append(Assignment(task.key, shares, float(outcome.score)))
         res_start[:] = np.inf
         if saved is not None:
-            self.state, self._stats = saved
+            self.state, self._stats, self._pristine = saved
         return PlacementPlan(tuple(assignments), tuple(rejections), tuple(reservations))
 
     def _effective_priority(self, task: PendingTask, now: float) -> float:

@@ -79,9 +79,8 @@ def _model_ok(
 ) -> tuple[np.ndarray, np.ndarray]:
     kind = np.zeros(len(index.model_names), dtype=bool)
     share = np.ones(len(index.model_names), dtype=bool)
-    first_dev: dict[int, int] = {}
-    for i, m in enumerate(index.dev_model.tolist()):
-        first_dev.setdefault(m, i)
+    models, firsts = np.unique(index.dev_model, return_index=True)
+    first_dev = dict(zip(models.tolist(), firsts.tolist(), strict=True))
     min_vendor, min_rank = _arch_floor(request.min_arch)
     for m, name in enumerate(index.model_names):
         dev = index.devices[first_dev[m]]
@@ -97,6 +96,15 @@ def _model_ok(
         if need_partitioning:
             share[m] = bool(info and info.supports_fractions)
     return kind, share
+
+
+def _labels_ok(index: FleetIndex, labels: tuple[tuple[str, str], ...]) -> np.ndarray:
+    key = ("labels", labels)
+    hit = index.masks.get(key)
+    if hit is None:
+        hit = np.array([all(nl.get(k) == v for k, v in labels) for nl in index.node_labels], dtype=bool)
+        index.masks[key] = hit
+    return hit
 
 
 def _arch_floor(min_arch: str | None) -> tuple[Vendor | None, int]:
@@ -116,10 +124,7 @@ def _compute(index: FleetIndex, request: GPURequest, need_partitioning: bool) ->
     kind_m, share_m = _model_ok(index, request, need_partitioning)
     kind = kind_m[index.dev_model]
     if request.labels:
-        node_ok = np.array(
-            [all(labels.get(k) == v for k, v in request.labels) for labels in index.node_labels], dtype=bool
-        )
-        kind &= node_ok[index.dev_node]
+        kind &= _labels_ok(index, request.labels)[index.dev_node]
     memory = kind & (index.dev_mem >= request.memory_per_gpu)
     hardware = memory & share_m[index.dev_model]
     unhealthy = hardware & (index.dev_health == 2)

@@ -17,9 +17,10 @@ so scoring one decision costs O(candidates) numpy work whatever the number of sh
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from gpusched.placement.index import FleetIndex, FreeState
 from gpusched.placement.policy import WorkloadShape
 from gpusched.request import GPURequest
 
-__all__ = ["DEFAULT_WORKLOAD", "FragStats", "Workload", "estimate_workload"]
+__all__ = ["DEFAULT_WORKLOAD", "FragStats", "Workload", "cached_stats", "estimate_workload"]
 
 DEFAULT_WORKLOAD: tuple[WorkloadShape, ...] = (
     WorkloadShape(1, MILLI, 0.40),
@@ -127,6 +128,12 @@ def estimate_workload(
     shapes = [WorkloadShape(s.count, s.milli, s.weight * 0.5 if total else s.weight) for s in prior]
     for (count, milli), n in seen.most_common(_MAX_SHAPES):
         shapes.append(WorkloadShape(count, milli, 0.5 * n / total))
+    return _workload_of(tuple(shapes))
+
+
+@lru_cache(maxsize=256)
+def _workload_of(shapes: tuple[WorkloadShape, ...]) -> Workload:
+    # The same shapes give the same Workload object, so per-snapshot caches can key on it.
     return Workload.of(shapes)
 
 
@@ -180,6 +187,17 @@ class FragStats:
             self.frac_frag[:, j] = np.bincount(node, weights=np.where(f < m, f, 0.0), minlength=n)
         self.cum: np.ndarray = np.cumsum(self.frac_frag * workload.frac_p, axis=1)
         self.expected: np.ndarray = self._expected(np.arange(n), self.total, self.nfull, self.max1, self.frag)
+
+    def copy(self, state: FreeState) -> FragStats:
+        """An independent copy bound to ``state`` (which must hold the same free capacity)."""
+        clone = FragStats.__new__(FragStats)
+        clone.index = self.index
+        clone.workload = self.workload
+        clone.in_service = self.in_service
+        clone.state = state
+        for name in ("total", "nfull", "frag", "max1", "max2", "maxpart", "frac_frag", "cum", "expected"):
+            setattr(clone, name, getattr(self, name).copy())
+        return clone
 
     def refresh(self, state: FreeState, nodes: Iterable[int]) -> None:
         """Recompute the aggregates of the given node positions after their usage changed."""
@@ -315,3 +333,23 @@ class FragStats:
             mem,
         )
         return after - self.expected[nodes]
+
+
+_STATS_CACHE: OrderedDict[tuple[int, int, int], tuple[object, FleetIndex, Workload, FragStats]] = (
+    OrderedDict()
+)
+
+
+def cached_stats(index: FleetIndex, usage: object, state: FreeState, workload: Workload) -> FragStats:
+    """Fragmentation aggregates for a snapshot's own usage, built once per (inventory, usage
+    mapping, workload) and handed out as copies; ``state`` must be that usage, unmodified."""
+    key = (id(index), id(usage), id(workload))
+    hit = _STATS_CACHE.get(key)
+    if hit is not None and hit[0] is usage and hit[1] is index and hit[2] is workload:
+        _STATS_CACHE.move_to_end(key)
+        return hit[3].copy(state)
+    stats = FragStats(index, state, workload)
+    _STATS_CACHE[key] = (usage, index, workload, stats.copy(state))
+    while len(_STATS_CACHE) > 8:
+        _STATS_CACHE.popitem(last=False)
+    return stats
