@@ -18,6 +18,28 @@ from gpusched.model import MILLI, DeviceShare, DeviceUsage, Health
 
 __all__ = ["active_usage", "check_fit", "demand_series", "validate_shares"]
 
+# Built once: executing the same statement object reuses its cache key and compiled form, which
+# is most of the cost of a small query in SQLAlchemy.
+_USAGE_ALL = (
+    sa.select(SHARES.c.device_uuid, sa.func.sum(SHARES.c.milli), sa.func.sum(SHARES.c.memory_bytes))
+    .join(ALLOCATIONS, ALLOCATIONS.c.id == SHARES.c.allocation_id)
+    .where(ALLOCATIONS.c.released_at.is_(None))
+    .group_by(SHARES.c.device_uuid)
+)
+_USAGE_OF = _USAGE_ALL.where(SHARES.c.device_uuid.in_(sa.bindparam("uuids", expanding=True)))
+_DEVICES_OF = (
+    sa.select(
+        DEVICES.c.uuid, DEVICES.c.node, DEVICES.c.memory_bytes, DEVICES.c.cordoned,
+        DEVICES.c.reported_health, DEVICES.c.health_override,
+    )
+    .where(DEVICES.c.uuid.in_(sa.bindparam("uuids", expanding=True)))
+    .order_by(DEVICES.c.uuid)
+)
+_DEVICES_OF_LOCKED = _DEVICES_OF.with_for_update(of=DEVICES)
+_NODES_OF = sa.select(NODES.c.name, NODES.c.cordoned, NODES.c.standby).where(
+    NODES.c.name.in_(sa.bindparam("names", expanding=True))
+)
+
 
 def validate_shares(key: str, shares: Sequence[DeviceShare]) -> tuple[DeviceShare, ...]:
     """The shares sorted by uuid, after checking they are well-formed (LedgerError if not)."""
@@ -39,19 +61,8 @@ def validate_shares(key: str, shares: Sequence[DeviceShare]) -> tuple[DeviceShar
 
 def active_usage(conn: sa.Connection, uuids: Iterable[str] | None = None) -> dict[str, DeviceUsage]:
     """Milli-GPU and memory held by active allocations, per device (all devices when None)."""
-    query = (
-        sa.select(
-            SHARES.c.device_uuid,
-            sa.func.sum(SHARES.c.milli),
-            sa.func.sum(SHARES.c.memory_bytes),
-        )
-        .join(ALLOCATIONS, ALLOCATIONS.c.id == SHARES.c.allocation_id)
-        .where(ALLOCATIONS.c.released_at.is_(None))
-        .group_by(SHARES.c.device_uuid)
-    )
-    if uuids is not None:
-        query = query.where(SHARES.c.device_uuid.in_(list(uuids)))
-    return {row[0]: DeviceUsage(int(row[1]), int(row[2])) for row in conn.execute(query)}
+    rows = conn.execute(_USAGE_ALL) if uuids is None else conn.execute(_USAGE_OF, {"uuids": list(uuids)})
+    return {row[0]: DeviceUsage(int(row[1]), int(row[2])) for row in rows}
 
 
 def check_fit(conn: sa.Connection, key: str, shares: Sequence[DeviceShare]) -> None:
@@ -61,24 +72,10 @@ def check_fit(conn: sa.Connection, key: str, shares: Sequence[DeviceShare]) -> N
     allocators never deadlock); on SQLite the caller already holds the write lock.
     """
     uuids = sorted(s.uuid for s in shares)
-    query = (
-        sa.select(
-            DEVICES.c.uuid, DEVICES.c.node, DEVICES.c.memory_bytes, DEVICES.c.cordoned,
-            DEVICES.c.reported_health, DEVICES.c.health_override,
-        )
-        .where(DEVICES.c.uuid.in_(uuids))
-        .order_by(DEVICES.c.uuid)
-    )
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update(of=DEVICES)
-    devices = {row.uuid: row for row in conn.execute(query)}
+    query = _DEVICES_OF_LOCKED if conn.dialect.name == "postgresql" else _DEVICES_OF
+    devices = {row.uuid: row for row in conn.execute(query, {"uuids": uuids})}
     node_names = sorted({row.node for row in devices.values()})
-    nodes = {
-        row.name: row
-        for row in conn.execute(
-            sa.select(NODES.c.name, NODES.c.cordoned, NODES.c.standby).where(NODES.c.name.in_(node_names))
-        )
-    }
+    nodes = {row.name: row for row in conn.execute(_NODES_OF, {"names": node_names})}
     usage = active_usage(conn, uuids)
     problems: list[str] = []
     bad: list[str] = []

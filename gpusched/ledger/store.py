@@ -35,8 +35,31 @@ def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
 
 
+# Statements of the hot paths, built once (see capacity.py for why).
+_INSERT_EVENT = sa.insert(EVENTS)
+_INSERT_ALLOCATION = sa.insert(ALLOCATIONS).returning(ALLOCATIONS.c.id)
+_INSERT_SHARES = sa.insert(SHARES)
+_ACTIVE_BY_KEY = sa.select(ALLOCATIONS).where(
+    ALLOCATIONS.c.key == sa.bindparam("key"), ALLOCATIONS.c.released_at.is_(None)
+)
+_ACTIVE_BY_KEY_LOCKED = _ACTIVE_BY_KEY.with_for_update(of=ALLOCATIONS)
+_END_ALLOCATION = (
+    sa.update(ALLOCATIONS)
+    .where(ALLOCATIONS.c.id == sa.bindparam("row_id"))
+    .values(
+        released_at=sa.bindparam("at"), release_reason=sa.bindparam("reason"),
+        status=sa.bindparam("new_status"),
+    )
+)
+_SHARES_OF = (
+    sa.select(SHARES)
+    .where(SHARES.c.allocation_id.in_(sa.bindparam("ids", expanding=True)))
+    .order_by(SHARES.c.device_uuid)
+)
+
+
 def _event(conn: sa.Connection, at: float, kind: str, subject: str, **detail: Any) -> None:
-    conn.execute(sa.insert(EVENTS).values(at=at, kind=kind, subject=subject, detail=detail))
+    conn.execute(_INSERT_EVENT, {"at": at, "kind": kind, "subject": subject, "detail": detail})
 
 
 def _locked(conn: sa.Connection, query: sa.Select[Any]) -> sa.Select[Any]:
@@ -176,14 +199,12 @@ class Ledger(LedgerExtras):
                 if existing is not None:
                     return self._same_or_conflict(conn, existing, key, ordered)
                 capacity.check_fit(conn, key, ordered)
-                allocation_id = conn.execute(
-                    sa.insert(ALLOCATIONS).values(
-                        key=key, request=request.to_dict(), holder=holder, created_at=at,
-                        lease_expires_at=at + lease_s, released_at=None, release_reason=None,
-                        status=AllocationStatus.ACTIVE,
-                    ).returning(ALLOCATIONS.c.id)
-                ).scalar_one()
-                conn.execute(sa.insert(SHARES), [
+                allocation_id = conn.execute(_INSERT_ALLOCATION, {
+                    "key": key, "request": request.to_dict(), "holder": holder, "created_at": at,
+                    "lease_expires_at": at + lease_s, "released_at": None, "release_reason": None,
+                    "status": AllocationStatus.ACTIVE,
+                }).scalar_one()
+                conn.execute(_INSERT_SHARES, [
                     {"allocation_id": allocation_id, "device_uuid": s.uuid, "node": s.node, "idx": s.index,
                      "milli": s.milli, "memory_bytes": s.memory_bytes}
                     for s in ordered
@@ -290,14 +311,11 @@ class Ledger(LedgerExtras):
             ]
 
     def _active_row(self, conn: sa.Connection, key: str, *, lock: bool = False) -> Any:
-        query = sa.select(ALLOCATIONS).where(ALLOCATIONS.c.key == key, ALLOCATIONS.c.released_at.is_(None))
-        return conn.execute(_locked(conn, query) if lock else query).first()
+        locked = lock and conn.dialect.name == "postgresql"
+        return conn.execute(_ACTIVE_BY_KEY_LOCKED if locked else _ACTIVE_BY_KEY, {"key": key}).first()
 
     def _release_row(self, conn: sa.Connection, row: Any, reason: str, status: str, at: float) -> Allocation:
-        conn.execute(
-            sa.update(ALLOCATIONS).where(ALLOCATIONS.c.id == row.id)
-            .values(released_at=at, release_reason=reason, status=status)
-        )
+        conn.execute(_END_ALLOCATION, {"row_id": row.id, "at": at, "reason": reason, "new_status": status})
         allocation = self._to_allocation(conn, row)
         _event(conn, at, "expire" if status == AllocationStatus.EXPIRED else "release", row.key,
                holder=row.holder, reason=reason, devices=list(allocation.devices))
@@ -313,10 +331,7 @@ class Ledger(LedgerExtras):
         shares: dict[int, list[DeviceShare]] = {r.id: [] for r in rows}
         ids = list(shares)
         for chunk in range(0, len(ids), 500):
-            for s in conn.execute(
-                sa.select(SHARES).where(SHARES.c.allocation_id.in_(ids[chunk:chunk + 500]))
-                .order_by(SHARES.c.device_uuid)
-            ):
+            for s in conn.execute(_SHARES_OF, {"ids": ids[chunk:chunk + 500]}):
                 shares[s.allocation_id].append(
                     DeviceShare(s.device_uuid, s.node, s.idx, s.milli, s.memory_bytes)
                 )
