@@ -71,9 +71,11 @@ def _speed_terms(
     speed, energy = placer.model_speed(task.job_type)
     out = np.zeros(len(models))
     known = task.job_type is not None and task.job_type in policy.throughput
-    if policy.speed and (known or task.request.expected_duration_s > 0) and len(eligible_models):
+    if not (known or task.request.expected_duration_s > 0) or not len(eligible_models):
+        return out  # speed and energy matter for work that runs a known while
+    if policy.speed:
         out += policy.speed * (1.0 - speed[models] / speed[eligible_models].max())
-    if policy.energy and len(eligible_models):
+    if policy.energy:
         out += policy.energy * np.minimum(energy[models] / energy[eligible_models].min() - 1.0, 2.0)
     return out
 

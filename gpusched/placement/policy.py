@@ -66,7 +66,8 @@ class Policy:
             node, 3 one rack, 4 several racks).
         speed: weight of slowness (1 − speed / fastest eligible speed); applied to tasks with an
             expected duration or a throughput-table entry, where running faster matters.
-        energy: weight of energy per unit of work (TDP / speed, relative to the least).
+        energy: weight of energy per unit of work (TDP / speed, relative to the least); like
+            ``speed``, applied to tasks with an expected duration or a throughput-table entry.
         packing: weight of the free capacity left on the chosen node (a best-fit tie-breaker).
         degraded_penalty: added per DEGRADED device chosen (they are used last).
         throughput: optional ``{job_type: {model: speed}}`` table (any unit, per job type).
@@ -88,7 +89,7 @@ class Policy:
     fragmentation: float = 1.0
     locality: float = 0.6
     speed: float = 1.0
-    energy: float = 0.05
+    energy: float = 0.01
     packing: float = 0.01
     degraded_penalty: float = 5.0
     throughput: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: _EMPTY)
