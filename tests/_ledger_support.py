@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -17,16 +18,17 @@ from gpusched.model import Device, DeviceShare, Node
 GIB = 2**30
 PG_URL = os.environ.get("GPUSCHED_TEST_PG_URL", "").strip()
 
+_PG_SKIP = (
+    "GPUSCHED_TEST_PG_URL is not set; start a throwaway server with "
+    "`export GPUSCHED_TEST_PG_URL=$(bash scripts/start_postgres.sh $(mktemp -d))`"
+    if not PG_URL
+    else "the psycopg driver is not installed (pip install 'psycopg[binary]')"
+    if importlib.util.find_spec("psycopg") is None
+    else ""
+)
 BACKENDS = [
     "sqlite",
-    pytest.param(
-        "postgresql",
-        marks=pytest.mark.skipif(
-            not PG_URL,
-            reason="GPUSCHED_TEST_PG_URL is not set; start a throwaway server with "
-            "`export GPUSCHED_TEST_PG_URL=$(bash scripts/start_postgres.sh $(mktemp -d))`",
-        ),
-    ),
+    pytest.param("postgresql", marks=pytest.mark.skipif(bool(_PG_SKIP), reason=_PG_SKIP)),
 ]
 
 
