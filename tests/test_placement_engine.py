@@ -266,3 +266,21 @@ def test_keep_order_decodes_the_given_order() -> None:
     placer = Placer(snap, Policy.named("gpusched"))
     plan = placer.place(list(reversed(tasks)), now=0.0, keep_order=True, commit=False)
     assert [a.key for a in plan.assignments] == ["lo"]
+
+
+def test_cpu_only_work_goes_where_it_fragments_least() -> None:
+    # Shapes need 1 GPU + 8 cores. Node "full" has no free GPU, so CPU taken there costs nothing;
+    # on "free" it would strand GPUs. Host-aware FGD puts a CPU-only task on "full".
+    snap = FleetSnapshot((make_node("free", "T4", 2, cpu_milli=16_000), make_node("full", "T4", 2)))
+    snap = snap.with_usage(_full(snap, "full", [0, 1]))
+    policy = Policy.named("fgd", workload=(WorkloadShape(1, MILLI, 1.0, cpu_milli=8000),))
+    placer = Placer(snap, policy)
+    assert placer.choose_host_node(12_000, 0) == "full"
+    placer.take_host("free", 12_000, 0)
+    assert placer.host_free("free")[0] == 4000
+    # Now "free" cannot host a shape's 8 cores: both its GPUs count as fragmented.
+    assert placer.stats.node_fragmentation(np.array([0]))[0] == pytest.approx(2 * MILLI)
+    task = PendingTask("t", GPURequest.build(gpus=1), 0.0, cpu_milli=8000)
+    assert placer.place([task], now=0.0).rejections
+    placer.take_host("free", 12_000, 0, release=True)
+    assert placer.place([task], now=0.0).assignments
