@@ -327,7 +327,7 @@ def plan_objective(
     now: float,
     weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
     top_k: int = 6,
-    defer_s: float = 1800.0,
+    defer_s: float = 4 * 3600.0,
 ) -> float:
     """The objective :func:`optimise` minimises, for any plan of ``pending`` (lower is better).
 

@@ -17,8 +17,10 @@ collides with capacity already taken falls through to the task's next candidate 
 every decoded plan respects memory, architecture, topology and never double-books. The
 repaired genome is written back (Lamarckian repair).
 
-The greedy plan is evaluated with the same objective and seeds the population; the result is
-never worse than it — greedy is returned when the GA found nothing better. The GA stops at
+Tasks greedy placed stay placed (the GA may move them to other devices); tasks greedy left
+waiting may be placed when the batch leaves room. The greedy plan is evaluated with the same
+objective and seeds the population; the result is never worse than it — greedy is returned
+when the GA found nothing better. The GA stops at
 ``budget_ms`` (wall clock, counted from the call) or after ``max_generations``. With a seed and
 a generation cap that binds before the budget, the result is deterministic.
 """
@@ -113,7 +115,7 @@ def optimise_with_report(
     population: int = 24,
     max_generations: int = 200,
     top_k: int = 6,
-    defer_s: float = 1800.0,
+    defer_s: float = 4 * 3600.0,
 ) -> OptimiseResult:
     """:func:`optimise` with the search statistics (see :class:`OptimiseResult`)."""
     from deap import base, creator, tools
@@ -201,6 +203,9 @@ def _search(
     if n == 0:
         return start, decoder.decode(start)[1], 0, 1
     limits = [len(c) for c in decoder.cands]
+    # Only tasks greedy left waiting may be drawn "unplaced": deferring work greedy could start
+    # trades a certain start now for an uncertain one later, which one batch cannot judge.
+    deferrable = [start[i] >= limits[i] for i in range(n)]
     cache: dict[tuple[int, ...], tuple[list[int], float]] = {}
     evaluations = 0
 
@@ -218,8 +223,8 @@ def _search(
     def mutate(ind: Any, rate: float) -> None:
         for i in range(n):
             if random.random() < rate and limits[i]:
-                # "unplaced" is drawn rarely: deferring is only worth it to free capacity.
-                ind[i] = limits[i] if random.random() < 0.05 else random.randrange(limits[i])
+                defer = deferrable[i] and random.random() < 0.05
+                ind[i] = limits[i] if defer else random.randrange(limits[i])
         del ind.fitness.values
 
     toolbox = base.Toolbox()
