@@ -84,3 +84,40 @@ def test_same_node_gang_never_spans_nodes() -> None:
     snap = FleetSnapshot((make_node("a", "T4", 2), make_node("b", "T4", 2)))
     plan = place([_task(gpus=3)], snap, Policy.named("gpusched"), now=0.0)
     assert not plan.assignments and plan.rejections[0].permanent
+
+
+def test_node_counts_match_a_direct_count_on_irregular_topologies() -> None:
+    import random
+    from dataclasses import replace
+
+    import numpy as np
+
+    from gpusched.model import Node
+    from gpusched.placement.index import fleet_index
+    from gpusched.placement.topology import node_counts
+
+    rng = random.Random(3)
+    nodes = []
+    for n in range(12):
+        base = make_node(f"n{n}", "A100-SXM-80GB", rng.choice((0, 1, 3, 8)))
+        devs = tuple(
+            replace(
+                d,
+                island=rng.choice((None, "x", "y")),  # interleaved, sometimes absent
+                numa_node=rng.choice((-1, 0, 1)),
+                pcie_switch=rng.choice((None, "s0", "s1")),
+            )
+            for d in base.devices
+        )
+        nodes.append(Node(base.name, f"rack{n % 3}", devs))
+    index = fleet_index(FleetSnapshot(tuple(nodes)))
+    for _ in range(20):
+        fits = np.array([rng.random() < 0.6 for _ in range(index.n_devices)], dtype=bool)
+        got = node_counts(index, fits, 2)
+        for n, node in enumerate(nodes):
+            on = [d for i, d in zip(index.node_devices(n), node.devices, strict=True) if fits[i]]
+            assert got.count[n] == len(on)
+            for attr, level in (("island", "island"), ("numa_node", "numa"), ("pcie_switch", "switch")):
+                keys = [getattr(d, attr) for d in on if getattr(d, attr) not in (None,)]
+                best = max((keys.count(k) for k in set(keys)), default=0)
+                assert getattr(got, level)[n] == best, (n, level)

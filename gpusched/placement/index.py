@@ -174,9 +174,16 @@ class FreeState:
         # Start time of a reservation holding the device (inf = not reserved).
         self.res_start = np.full(index.n_devices, np.inf)
         # Host CPU/RAM free per node; nodes that declare none are never short of them.
-        unlimited = np.iinfo(np.int64).max // 4
-        self.host_cpu = np.array([n.cpu_milli or unlimited for n in index.nodes], dtype=np.int64)
-        self.host_mem = np.array([n.memory_bytes or unlimited for n in index.nodes], dtype=np.int64)
+        host = index.masks.get("host_free0")
+        if host is None:
+            unlimited = np.iinfo(np.int64).max // 4
+            host = (
+                np.array([n.cpu_milli or unlimited for n in index.nodes], dtype=np.int64),
+                np.array([n.memory_bytes or unlimited for n in index.nodes], dtype=np.int64),
+            )
+            index.masks["host_free0"] = host
+        self.host_cpu = host[0].copy()
+        self.host_mem = host[1].copy()
         if snapshot is not None and snapshot.usage:
             base = _usage_arrays(index, snapshot)
             self.free_milli -= base[0]

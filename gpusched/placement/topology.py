@@ -49,31 +49,66 @@ class NodeCounts:
         return self.count >= k
 
 
-def _group_max(index: FleetIndex, fits: np.ndarray, kind: str) -> np.ndarray:
-    # Group ids are numbered node by node, so a per-node maximum is one reduceat over groups.
-    n_nodes = len(index.nodes)
-    out = np.zeros(n_nodes, dtype=np.int64)
-    key = ("groups", kind)
-    static = index.masks.get(key)
-    if static is None:
+def _segments(index: FleetIndex, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(device order, segment starts, segment owner node) for per-group sums with ``reduceat``.
+
+    ``kind`` is "node" or a topology level; cached on the index.
+    """
+    key = ("segments", kind)
+    hit = index.masks.get(key)
+    if hit is not None:
+        return hit
+    if kind == "node":
+        order = np.arange(index.n_devices)
+        groups = index.dev_node
+    else:
         groups = {"island": index.dev_island, "numa": index.dev_numa, "switch": index.dev_switch}[kind]
+        valid = np.flatnonzero(groups >= 0)
+        order = valid[np.argsort(groups[valid], kind="stable")]
+        groups = groups[order]
+    if len(order):
+        starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+        ids = groups[starts]
+    else:
+        starts = ids = np.zeros(0, dtype=np.int64)
+    if kind == "node":
+        owner = ids
+    else:
         group_node = {"island": index.island_node, "numa": index.numa_node, "switch": index.switch_node}[kind]
-        owners, starts = np.unique(group_node, return_index=True)
-        valid = groups >= 0
-        static = (groups, len(group_node), owners, starts, valid, bool(valid.all()))
-        index.masks[key] = static
-    groups, n_groups, owners, starts, valid, all_valid = static
-    if n_groups == 0:
+        owner = group_node[ids]
+    hit = (
+        order,
+        starts,
+        owner,
+        np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]]) if len(owner) else starts,
+    )
+    index.masks[key] = hit
+    return hit
+
+
+def _per_node_count(index: FleetIndex, fits: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(index.nodes), dtype=np.int64)
+    _, starts, owner, _ = _segments(index, "node")
+    if len(starts):
+        out[owner] = np.add.reduceat(fits, starts, dtype=np.int64)
+    return out
+
+
+def _group_max(index: FleetIndex, fits: np.ndarray, kind: str) -> np.ndarray:
+    # Sum fitting devices per group (reduceat over devices ordered by group), then take the
+    # largest group per node (reduceat over groups, which are numbered node by node).
+    out = np.zeros(len(index.nodes), dtype=np.int64)
+    order, starts, owner, owner_starts = _segments(index, kind)
+    if len(starts) == 0:
         return out
-    per_group = np.bincount(groups[fits if all_valid else fits & valid], minlength=n_groups)
-    out[owners] = np.maximum.reduceat(per_group, starts)
+    per_group = np.add.reduceat(fits[order], starts, dtype=np.int64)
+    out[owner[owner_starts]] = np.maximum.reduceat(per_group, owner_starts)
     return out
 
 
 def node_counts(index: FleetIndex, fits: np.ndarray, k: int) -> NodeCounts:
     """Count fitting devices per node (and per island/NUMA/switch group when ``k > 1``)."""
-    n = len(index.nodes)
-    count = np.bincount(index.dev_node[fits], minlength=n) if index.n_devices else np.zeros(n, np.int64)
+    count = _per_node_count(index, fits)
     if k <= 1:
         return NodeCounts(count, count, count, count)
     return NodeCounts(
