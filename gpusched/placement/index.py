@@ -8,6 +8,7 @@ memory per device that the engine updates as it assigns, so one plan never doubl
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,10 +19,39 @@ import numpy as np
 from gpusched.catalog import AcceleratorModel, Catalog, default_catalog
 from gpusched.model import MILLI, Device, DeviceShare, FleetSnapshot, Health, Node
 
-__all__ = ["FleetIndex", "FreeState", "fleet_index"]
+__all__ = ["FleetIndex", "FreeState", "LruCache", "fleet_index"]
 
-_CACHE: OrderedDict[int, tuple[tuple[Node, ...], FleetIndex]] = OrderedDict()
 _CACHE_SIZE = 8
+
+
+class LruCache:
+    """A small thread-safe LRU keyed by identities; each entry keeps the objects it was keyed on
+    alive (so an id cannot be reused while cached) and ``get`` checks them again."""
+
+    def __init__(self, size: int = _CACHE_SIZE) -> None:
+        self._size = size
+        self._data: OrderedDict[tuple[int, ...], tuple[tuple[object, ...], Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, *keys: object) -> Any:
+        """The value stored for exactly these objects, or None."""
+        ident = tuple(id(k) for k in keys)
+        with self._lock:
+            hit = self._data.get(ident)
+            if hit is None or any(a is not b for a, b in zip(hit[0], keys, strict=True)):
+                return None
+            self._data.move_to_end(ident)
+            return hit[1]
+
+    def put(self, value: Any, *keys: object) -> None:
+        """Store ``value`` for these objects, evicting the least recently used beyond the size."""
+        with self._lock:
+            self._data[tuple(id(k) for k in keys)] = (keys, value)
+            while len(self._data) > self._size:
+                self._data.popitem(last=False)
+
+
+_INDEXES = LruCache()
 
 
 @dataclass(eq=False)
@@ -67,14 +97,11 @@ class FleetIndex:
 def fleet_index(snapshot: FleetSnapshot, catalog: Catalog | None = None) -> FleetIndex:
     """The (cached) index of ``snapshot``'s inventory."""
     nodes = snapshot.nodes
-    hit = _CACHE.get(id(nodes))
-    if hit is not None and hit[0] is nodes:
-        _CACHE.move_to_end(id(nodes))
-        return hit[1]
+    hit: FleetIndex | None = _INDEXES.get(nodes)
+    if hit is not None:
+        return hit
     index = _build(nodes, catalog or default_catalog())
-    _CACHE[id(nodes)] = (nodes, index)
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    _INDEXES.put(index, nodes)
     return index
 
 
@@ -137,16 +164,15 @@ def _build(nodes: tuple[Node, ...], catalog: Catalog) -> FleetIndex:
     )
 
 
-_USAGE_CACHE: OrderedDict[int, tuple[object, np.ndarray, np.ndarray]] = OrderedDict()
+_USAGES = LruCache()
 
 
 def _usage_arrays(index: FleetIndex, snapshot: FleetSnapshot) -> tuple[np.ndarray, np.ndarray]:
     """Used milli and memory per device, cached on the identity of the snapshot's usage mapping."""
     usage = snapshot.usage
-    key = id(usage)
-    hit = _USAGE_CACHE.get(key)
-    if hit is not None and hit[0] is usage and len(hit[1]) == index.n_devices:
-        return hit[1], hit[2]
+    hit: tuple[np.ndarray, np.ndarray] | None = _USAGES.get(index, usage)
+    if hit is not None:
+        return hit
     pos = index.pos
     where = np.fromiter((pos.get(u, -1) for u in usage), dtype=np.int64, count=len(usage))
     milli = np.fromiter((v.used_milli for v in usage.values()), dtype=np.int64, count=len(usage))
@@ -156,9 +182,9 @@ def _usage_arrays(index: FleetIndex, snapshot: FleetSnapshot) -> tuple[np.ndarra
     used_mem = np.zeros(index.n_devices, dtype=np.int64)
     used_milli[where[known]] = milli[known]
     used_mem[where[known]] = mem[known]
-    _USAGE_CACHE[key] = (usage, used_milli, used_mem)
-    while len(_USAGE_CACHE) > _CACHE_SIZE:
-        _USAGE_CACHE.popitem(last=False)
+    used_milli.flags.writeable = False
+    used_mem.flags.writeable = False
+    _USAGES.put((used_milli, used_mem), index, usage)
     return used_milli, used_mem
 
 

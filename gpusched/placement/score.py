@@ -17,7 +17,7 @@ so scoring one decision costs O(candidates) numpy work whatever the number of sh
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -25,7 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from gpusched.model import MILLI
-from gpusched.placement.index import FleetIndex, FreeState
+from gpusched.placement.index import FleetIndex, FreeState, LruCache
 from gpusched.placement.policy import WorkloadShape
 from gpusched.request import GPURequest
 
@@ -335,21 +335,15 @@ class FragStats:
         return after - self.expected[nodes]
 
 
-_STATS_CACHE: OrderedDict[tuple[int, int, int], tuple[object, FleetIndex, Workload, FragStats]] = (
-    OrderedDict()
-)
+_STATS = LruCache()
 
 
 def cached_stats(index: FleetIndex, usage: object, state: FreeState, workload: Workload) -> FragStats:
     """Fragmentation aggregates for a snapshot's own usage, built once per (inventory, usage
     mapping, workload) and handed out as copies; ``state`` must be that usage, unmodified."""
-    key = (id(index), id(usage), id(workload))
-    hit = _STATS_CACHE.get(key)
-    if hit is not None and hit[0] is usage and hit[1] is index and hit[2] is workload:
-        _STATS_CACHE.move_to_end(key)
-        return hit[3].copy(state)
+    hit: FragStats | None = _STATS.get(index, usage, workload)
+    if hit is not None:
+        return hit.copy(state)
     stats = FragStats(index, state, workload)
-    _STATS_CACHE[key] = (usage, index, workload, stats.copy(state))
-    while len(_STATS_CACHE) > 8:
-        _STATS_CACHE.popitem(last=False)
+    _STATS.put(stats.copy(state), index, usage, workload)
     return stats
