@@ -17,6 +17,7 @@ import io
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import uuid
 from collections.abc import Iterator
@@ -87,6 +88,44 @@ def image(engine: Any) -> str:
             tar.addfile(link)
     engine.api.import_image_from_data(buffer.getvalue(), repository=IMAGE.split(":")[0], tag="1")
     return IMAGE
+
+
+PY_IMAGE = "gpusched-test-python:1"
+
+
+@pytest.fixture(scope="module")
+def python_image(engine: Any) -> str:
+    """bash + this machine's Python 3.11 and stdlib (what ``@task.docker`` runs), imported offline."""
+    if engine.images.list(name=PY_IMAGE):
+        return PY_IMAGE
+    binaries = [Path("/usr/bin/bash"), Path(f"/usr/bin/python3.{sys.version_info.minor}")]
+    stdlib = Path(f"/usr/lib/python3.{sys.version_info.minor}")
+    if not all(b.exists() for b in binaries) or not stdlib.is_dir():
+        pytest.skip("needs /usr/bin/bash and the system Python 3 to build the test image offline")
+    libs: set[str] = set()
+    for binary in [*binaries, *stdlib.glob("lib-dynload/*.so")]:
+        out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True).stdout
+        libs.update(part for line in out.splitlines() for part in line.split() if part.startswith("/"))
+    skip = {"test", "idlelib", "tkinter", "ensurepip", "lib2to3", "__pycache__", "site-packages",
+            "dist-packages", "turtledemo"}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for folder in ("tmp", "dev", "proc", "sys", "etc"):
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if folder == "tmp" else 0o755
+            tar.addfile(info)
+        for path in [*binaries, *(Path(lib) for lib in sorted(libs))]:
+            tar.add(str(path.resolve()), arcname=str(path).lstrip("/"))
+        tar.add(str(stdlib), arcname=str(stdlib).lstrip("/"),
+                filter=lambda info: None if set(Path(info.name).parts) & skip else info)
+        link = tarfile.TarInfo("usr/bin/python3")
+        link.type, link.linkname = tarfile.SYMTYPE, binaries[1].name
+        tar.addfile(link)
+        link = tarfile.TarInfo("bin")
+        link.type, link.linkname = tarfile.SYMTYPE, "usr/bin"
+        tar.addfile(link)
+    engine.api.import_image_from_data(buffer.getvalue(), repository=PY_IMAGE.split(":")[0], tag="1")
+    return PY_IMAGE
 
 
 def _stand_in_devices(root: Path, names: list[str]) -> None:
@@ -241,3 +280,25 @@ def test_decorated_task_builds_a_gpu_docker_operator() -> None:
     assert isinstance(node.operator, GPUDockerDecoratedOperator)
     assert node.operator.network_mode == "none"
     assert node.operator.require_gpu is True
+
+
+def test_gpu_docker_task_runs_python_with_exactly_its_devices(python_image: str, tmp_path: Path) -> None:
+    from airflow.sdk import DAG
+
+    from gpusched.airflow.docker import gpu_docker_task
+
+    _stand_in_devices(tmp_path, ["kfd", *(f"dri/renderD{128 + i}" for i in range(4))])
+    allocation = _allocation(Vendor.AMD, [0, 2], "dag.decorated.r1.1.-1")
+    with DAG("gpu_docker_decorated_run", schedule=None):
+
+        @gpu_docker_task(image=python_image, allocation=allocation, dev_root=str(tmp_path),
+                         expect_airflow=False, mount_tmp_dir=False, shared_volume=None, auto_remove="force")
+        def probe(scale: int) -> dict[str, object]:
+            import os
+
+            return {"dri": sorted(os.listdir("/dev/dri")), "kfd": os.path.exists("/dev/kfd"),
+                    "hip": os.environ.get("HIP_VISIBLE_DEVICES"), "answer": 21 * scale}
+
+        node = probe(2)
+    result = node.operator.execute(context={})
+    assert result == {"dri": ["renderD128", "renderD130"], "kfd": True, "hip": "0,1", "answer": 42}
