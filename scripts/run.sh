@@ -52,10 +52,12 @@ fi
 echo "gpusched: Airflow UI at http://localhost:$PORT  (user admin; password in"
 echo "          $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated once started)"
 
-# Job control gives Airflow its own process group and keeps SIGINT deliverable to it
-# (a background job of a non-interactive shell would ignore SIGINT otherwise).
+# Job control gives Airflow its own process group. SIGINT is what stops standalone cleanly, but
+# it arrives ignored when this script runs as a background job of a non-interactive shell (and
+# ignored signals survive exec), so restore its default before exec'ing Airflow.
 set -m
-airflow standalone &
+"$VENV/bin/python" -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
+    "$VENV/bin/airflow" standalone &
 AIRFLOW_PID=$!
 set +m
 

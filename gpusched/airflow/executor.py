@@ -16,7 +16,8 @@ first-fit, best-fit, random), ``lease_seconds`` (600), ``fail_unschedulable`` (T
 that can never fit this fleet fails at once instead of waiting), ``visible_devices_by_uuid``
 (False), ``sync_inventory_on_start`` (True: discover the hardware or simulated fleet on start),
 ``pool_sync`` (default: the ``GPUSCHED_POOL_SYNC`` variable; keeps the ``gpu_<partition>`` pools
-sized to the fleet, see :mod:`gpusched.airflow.pool_sync`).
+sized to the fleet, see :mod:`gpusched.airflow.pool_sync`), ``wait_for_api_seconds`` (90: on start,
+wait this long for the execution API to answer before dispatching anything; 0 = do not wait).
 """
 
 from __future__ import annotations
@@ -96,6 +97,28 @@ class GPUExecutor(LocalExecutor):
                 backend.close()
             self.log.info("gpusched: fleet inventory from the %s backend", backend.name)
         self.reconcile()
+        self._wait_for_execution_api()
+
+    def _wait_for_execution_api(self) -> None:
+        # `airflow standalone` starts the scheduler and the api-server together; a task
+        # dispatched before the execution API listens fails at once (connection refused).
+        timeout = float(_conf("wait_for_api_seconds", "90"))
+        if timeout <= 0:
+            return
+        import httpx
+        from airflow.executors.base_executor import get_execution_api_server_url
+
+        url = get_execution_api_server_url(self.conf).rstrip("/") + "/health"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                httpx.get(url, timeout=2.0)
+                return
+            except httpx.TransportError:
+                if time.monotonic() >= deadline:
+                    self.log.warning("gpusched: execution API %s not reachable after %.0f s", url, timeout)
+                    return
+                time.sleep(1.0)
 
     @property
     def ledger(self) -> Ledger:
