@@ -285,3 +285,41 @@ def _connection_identity(ledger: Ledger) -> object:
 def _allocate_in_child(ledger: Ledger, target: object, seen: object) -> None:
     seen.put(_connection_identity(ledger))  # type: ignore[attr-defined]
     ledger.allocate("child", GPURequest.build(gpus=1), [target], holder="c")  # type: ignore[list-item]
+
+
+def test_an_unmigrated_database_says_to_migrate(url: str) -> None:
+    with Ledger(url) as led, pytest.raises(LedgerError, match="gpusched ledger migrate"):
+        led.snapshot()
+
+
+def test_syncs_and_allocations_at_once_neither_deadlock_nor_overcommit(url: str) -> None:
+    """An agent re-syncing the inventory while allocators work (PostgreSQL: row-lock order)."""
+    import threading
+
+    with Ledger(url) as led:
+        led.migrate()
+        nodes = fleet(2, 4)
+        led.sync_inventory(nodes, "test")
+        devices = sorted(led.snapshot().devices(), key=lambda d: d.uuid)
+        request = GPURequest.build(gpus=2)
+        failures: list[BaseException] = []
+
+        def sync_loop() -> None:
+            try:
+                for _ in range(15):
+                    led.sync_inventory(list(reversed(nodes)), "test")
+            except BaseException as exc:
+                failures.append(exc)
+
+        syncer = threading.Thread(target=sync_loop)
+        syncer.start()
+        for i in range(30):
+            pair = [share(devices[-1 - (i % 4)]), share(devices[i % 4])]  # first and last uuids
+            try:
+                ledger_alloc = led.allocate(f"k{i}", request, pair, holder="s")
+                led.release(ledger_alloc.key, reason="success")
+            except AllocationConflictError as exc:
+                failures.append(exc)
+        syncer.join(120)
+        assert failures == []
+        assert led.active() == [] and len(led.events(500, kinds=["allocate"])) == 30

@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from gpusched.errors import ConfigurationError
+from gpusched.errors import ConfigurationError, LedgerError
 from gpusched.paths import state_dir
 
 __all__ = ["BUSY_TIMEOUT_S", "default_url", "make_engine", "read_tx", "write_tx"]
@@ -111,7 +111,7 @@ def write_tx(engine: sa.Engine) -> Iterator[sa.Connection]:
 
     Commits when the block ends normally, rolls back (writing nothing) when it raises.
     """
-    with engine.connect() as conn:
+    with _translated(engine), engine.connect() as conn:
         if engine.dialect.name == "sqlite":
             conn.execution_options(gpusched_sqlite_begin="IMMEDIATE")
         with conn.begin():
@@ -125,8 +125,23 @@ def read_tx(engine: sa.Engine) -> Iterator[sa.Connection]:
     SQLite gives that to any transaction; PostgreSQL needs REPEATABLE READ for it (its default,
     READ COMMITTED, takes a new snapshot per statement).
     """
-    with engine.connect() as conn:
+    with _translated(engine), engine.connect() as conn:
         if engine.dialect.name == "postgresql":
             conn.execution_options(isolation_level="REPEATABLE READ")
         with conn.begin():
             yield conn
+
+
+@contextmanager
+def _translated(engine: sa.Engine) -> Iterator[None]:
+    # Database failures leave the ledger as gpusched errors that say what to do; constraint
+    # violations (IntegrityError) pass through for the callers that expect them.
+    try:
+        yield
+    except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.InterfaceError) as exc:
+        where = engine.url.render_as_string(hide_password=True)
+        raise LedgerError(
+            f"the ledger database {where} failed: {exc.orig or exc}. If a table is missing, run "
+            "`gpusched ledger migrate`; if it is locked or unreachable, check GPUSCHED_DB_URL and "
+            "that no stuck process holds it, then retry"
+        ) from exc

@@ -40,10 +40,14 @@ def write_inventory(
     existing_nodes = {
         row.name: row for row in conn.execute(sa.select(NODES.c.name, NODES.c.source, NODES.c.cordoned))
     }
-    existing_devices = {
-        row.uuid: row
-        for row in conn.execute(sa.select(DEVICES.c.uuid, DEVICES.c.node, DEVICES.c.reported_health))
-    }
+    devices_query = sa.select(DEVICES.c.uuid, DEVICES.c.node, DEVICES.c.reported_health).order_by(
+        DEVICES.c.uuid
+    )
+    if conn.dialect.name == "postgresql":
+        # Lock every device row up front, in uuid order — the order allocate() locks its devices
+        # in — so a sync and an allocation never wait for each other in a cycle (no deadlock).
+        devices_query = devices_query.with_for_update(of=DEVICES)
+    existing_devices = {row.uuid: row for row in conn.execute(devices_query)}
     listed = {n.name for n in nodes}
     removed = sorted(
         name for name, row in existing_nodes.items() if row.source == source and name not in listed
