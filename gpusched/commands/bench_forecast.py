@@ -1,0 +1,108 @@
+"""``gpusched bench forecast``: demand-forecast backtest on Philly and the pre-scaling simulation.
+
+    gpusched bench forecast [--trace ../shared/traces/philly/philly_jobs.csv] [--origins 14]
+                            [--plot results/forecast/philly_forecast.png] [--no-prescale]
+                            [--delay-s 900] [--measure-days 7] [--json] [--out FILE]
+
+(also ``python -m gpusched.commands.bench_forecast …``).
+
+1. Hourly GPUs-busy series from the Philly trace; rolling-origin backtest (24-hour horizon) of
+   seasonal-naive, ETS and SARIMAX; MASE of each and of the chosen model relative to
+   seasonal-naive; a PNG of the last week, the chosen model's forecast and its 90 % interval.
+2. :func:`gpusched.sim.prescale.compare` — predictive pre-scaling vs reactive scale-out with a
+   ``--delay-s`` provisioning delay: burst jobs' p95 wait and the standby node-hours paid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "register", "register_bench", "run"]
+
+
+def _default_trace() -> Path:
+    return Path("..") / "shared" / "traces" / "philly" / "philly_jobs.csv"
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", type=Path, default=_default_trace(), help="Philly philly_jobs.csv")
+    parser.add_argument("--origins", type=int, default=14, help="backtest origins (4 days apart)")
+    parser.add_argument("--horizon", type=int, default=24, help="forecast horizon in hours")
+    parser.add_argument("--plot", type=Path, default=Path("results/forecast/philly_forecast.png"))
+    parser.add_argument("--no-prescale", action="store_true", help="skip the pre-scaling simulation")
+    parser.add_argument("--delay-s", type=int, default=900, help="provisioning delay for the simulation")
+    parser.add_argument("--measure-days", type=int, default=7)
+    parser.add_argument("--model", default="ets", help="forecasting model inside the simulation")
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(func=_main)
+
+
+def register_bench(bench_subparsers: Any) -> None:
+    """Add ``forecast`` under ``gpusched bench``."""
+    _add_arguments(bench_subparsers.add_parser("forecast", help="demand forecast backtest + pre-scaling"))
+
+
+def register(subparsers: Any) -> None:
+    """Add a top-level ``bench-forecast`` command (same as ``bench forecast``)."""
+    _add_arguments(subparsers.add_parser("bench-forecast", help="demand forecast backtest + pre-scaling"))
+
+
+def run(trace: Path, *, origins: int = 14, horizon: int = 24, plot: Path | None = None,
+        progress: bool = True) -> dict[str, Any]:
+    """Backtest on the trace's hourly demand, refit the chosen model, plot; returns the figures."""
+    from gpusched.forecast import backtest, fit_forecast, load_philly_demand, plot_forecast
+
+    series = load_philly_demand(trace)
+    result = backtest(series, horizon=horizon, origins=origins, spacing=96, progress=progress)
+    forecast = fit_forecast(series, result.chosen, horizon)
+    out: dict[str, Any] = {
+        "trace": trace.name, "hours": len(series), "backtest": result.to_dict(),
+        "chosen": result.chosen, "mase_chosen": result.score(result.chosen).mase,
+        "mase_seasonal_naive": result.score("seasonal_naive").mase,
+        "relative_mase_chosen": result.relative_mase(result.chosen),
+    }
+    if plot is not None:
+        out["plot"] = str(plot_forecast(series, forecast, plot, title="Philly hourly GPU demand: forecast"))
+    return out
+
+
+def _main(args: argparse.Namespace) -> int:
+    progress = not args.quiet
+    result = run(args.trace, origins=args.origins, horizon=args.horizon, plot=args.plot, progress=progress)
+    if not args.no_prescale:
+        from gpusched.sim.prescale import PrescaleConfig, compare
+
+        if progress:
+            print("pre-scaling simulation (reactive, then predictive)…", file=sys.stderr)
+        result["prescale"] = compare(PrescaleConfig(provisioning_delay_s=args.delay_s,
+                                                    measure_days=args.measure_days, model=args.model))
+    text = json.dumps(result, indent=2)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n", encoding="utf-8")
+    headline = (f"chosen {result['chosen']}: MASE {result['mase_chosen']:.3f} vs seasonal-naive "
+                f"{result['mase_seasonal_naive']:.3f} (ratio {result['relative_mase_chosen']:.3f})")
+    if "prescale" in result:
+        pre = result["prescale"]
+        headline += (f"; burst p95 wait predictive {pre['predictive']['burst_wait_p95_s']:.0f} s vs "
+                     f"reactive {pre['reactive']['burst_wait_p95_s']:.0f} s")
+    print(text if args.json else headline)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run as ``python -m gpusched.commands.bench_forecast``."""
+    parser = argparse.ArgumentParser(prog="gpusched bench forecast", description=__doc__.split("\n")[0])
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
