@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,14 @@ def test_sync_inside_callers_session_and_rate_limit(airflow_db: str) -> None:
     assert syncer.maybe_sync(_fleet(_node("c", 10)), now=20.0) is True  # capacity changed: at once
     assert _pools()["gpu_training"][0] == 7
     assert syncer.maybe_sync(_fleet(_node("c", 10)), now=90.0) is True  # interval elapsed
+
+
+@pytest.mark.airflow
+def test_sync_follows_the_configured_quota_shares(
+    airflow_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    quota = tmp_path / "quota.yaml"
+    quota.write_text("shares: {training: 50, burst: 30, dev: 20}\n")
+    monkeypatch.setenv("GPUSCHED_QUOTA_FILE", str(quota))
+    assert sync_pools(_fleet(_node("q", 10))) == {"gpu_training": 5, "gpu_burst": 3, "gpu_dev": 2}
+    assert "50.0% of 10 usable GPUs" in _pools()["gpu_training"][1]

@@ -11,10 +11,9 @@ JSON routes (all read-only): ``/fleet``, ``/allocations``, ``/queue``, ``/quotas
 (``$GPUSCHED_DB_URL`` or the SQLite ledger under ``$AIRFLOW_HOME/gpusched``); the JSON is
 built by the pure functions of :mod:`gpusched.airflow.api_views`.
 
-Optional inputs: the quota policy from ``$GPUSCHED_QUOTA_FILE`` or ``state_dir()/quota.yaml``
-(``QuotaPolicy.from_dict`` format; defaults otherwise), and the forecast from the newest ledger
-event of kind ``forecast`` (detail = ``Forecast.to_dict()``) or ``$GPUSCHED_FORECAST_FILE`` /
-``state_dir()/forecast.json``.
+Optional inputs: the quota policy (:mod:`gpusched.airflow.quota_file`), and the forecast from
+the newest ledger event of kind ``forecast`` (detail = ``Forecast.to_dict()``) or
+``$GPUSCHED_FORECAST_FILE`` / ``state_dir()/forecast.json``.
 """
 
 from __future__ import annotations
@@ -27,14 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpusched.airflow import api_views
-from gpusched.errors import ConfigurationError
+from gpusched.airflow.quota_file import load_quota_policy
 from gpusched.paths import state_dir
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from gpusched.ledger import Ledger
-    from gpusched.quota import QuotaPolicy
 
 __all__ = ["URL_PREFIX", "LazyApp", "create_app", "load_forecast", "load_quota_policy"]
 
@@ -43,28 +41,6 @@ URL_PREFIX = "/gpusched"
 
 SAMPLE_WINDOW_S = 300
 """Telemetry older than this is not shown on the fleet page."""
-
-
-def load_quota_policy() -> QuotaPolicy:
-    """The quota policy: ``$GPUSCHED_QUOTA_FILE``, else ``state_dir()/quota.yaml``, else defaults.
-
-    Raises:
-        ConfigurationError: the file exists but is not a valid policy (the message says why).
-    """
-    import yaml
-
-    from gpusched.quota import QuotaPolicy
-
-    path = Path(os.environ.get("GPUSCHED_QUOTA_FILE") or state_dir() / "quota.yaml")
-    if not path.is_file():
-        return QuotaPolicy()
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigurationError(f"quota file {path} cannot be read ({exc}); fix or remove it") from exc
-    if not isinstance(data, dict):
-        raise ConfigurationError(f"quota file {path} must hold a mapping (shares, budgets, …)")
-    return QuotaPolicy.from_dict(data)
 
 
 def load_forecast(ledger: Ledger) -> dict[str, Any]:

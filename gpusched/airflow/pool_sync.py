@@ -5,8 +5,8 @@ give it right now. Two halves:
 
 * :func:`desired_pool_slots` — pure: a :class:`~gpusched.model.FleetSnapshot` in, the slot count
   of every gpusched pool out. Capacity counts devices that are healthy or degraded, not cordoned
-  (device or node) and not on a standby node; it is split 70/20/10 (largest remainder, so the
-  three pools always add up to the usable whole devices).
+  (device or node) and not on a standby node; it is split 70/20/10, or as the quota policy says
+  (largest remainder, so the three pools always add up to the usable whole devices).
 * :func:`sync_pools` — I/O: writes those counts with ``airflow.models.pool.Pool`` (scheduler /
   executor side only: task code may not use the ORM in Airflow 3). It only writes pools whose
   slots or description changed. :class:`PoolSyncer` rate-limits it for an executor heartbeat.
@@ -123,7 +123,9 @@ def sync_pools(
 
     Runs in the scheduler/executor process (Airflow ORM). With ``session`` the caller owns the
     transaction (this only flushes); without, one is opened and committed here. Only pools whose
-    slots or description differ are written; ``include_deferred`` stays False.
+    slots or description differ are written; ``include_deferred`` stays False. ``split`` None:
+    the partition shares of the configured quota policy (:mod:`gpusched.airflow.quota_file`;
+    70/20/10 without one).
 
     Returns:
         pool name → new slot count, for the pools that were created or changed (empty when
@@ -132,6 +134,8 @@ def sync_pools(
     from airflow.models.pool import Pool
     from airflow.utils.session import create_session
 
+    if split is None:
+        split = _configured_split()
     wanted = desired_pool_slots(snapshot, split)
 
     def _apply(sess: Any) -> dict[str, int]:
@@ -161,6 +165,13 @@ def sync_pools(
     if changed:
         log.info("gpusched pools updated: %s", changed)
     return changed
+
+
+def _configured_split() -> dict[Partition, int]:
+    """Per-mille shares of the configured quota policy (:mod:`gpusched.airflow.quota_file`)."""
+    from gpusched.airflow.quota_file import load_quota_policy
+
+    return {p: pct * 10 for p, pct in load_quota_policy().shares_pct.items()}
 
 
 class PoolSyncer:
