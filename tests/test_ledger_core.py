@@ -323,3 +323,12 @@ def test_syncs_and_allocations_at_once_neither_deadlock_nor_overcommit(url: str)
         syncer.join(120)
         assert failures == []
         assert led.active() == [] and len(led.events(500, kinds=["allocate"])) == 30
+
+
+def test_in_memory_ledger_keeps_one_database() -> None:
+    with Ledger("sqlite://") as led:
+        led.migrate()
+        led.sync_inventory(fleet(1, 1), "test")
+        d = next(led.snapshot().devices())
+        led.allocate("k", GPURequest.build(gpus=1), [share(d)], holder="s")
+        assert [a.key for a in led.active()] == ["k"]

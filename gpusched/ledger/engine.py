@@ -84,7 +84,14 @@ def _forget_pool_after_fork(engine: sa.Engine) -> None:
 def _sqlite_engine(url: sa.URL) -> sa.Engine:
     if url.database and url.database != ":memory:":
         os.makedirs(os.path.dirname(os.path.abspath(url.database)), exist_ok=True)
-    engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
+        engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
+    else:
+        # In-memory (``sqlite://``): one database lives in one connection, so every user of this
+        # engine shares that connection — handy for simulations and examples, one process only.
+        engine = sa.create_engine(
+            url, connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
+            poolclass=sa.pool.StaticPool,
+        )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
