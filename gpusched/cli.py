@@ -20,6 +20,8 @@ COMMANDS: dict[str, str] = {
     # command name -> module under gpusched.commands (one line each)
     "inventory": "inventory",
     "ledger": "ledger",
+    "bench": "bench",
+    "simulate": "simulate",
     "agent": "agent",
 }
 

@@ -1,0 +1,221 @@
+"""``gpusched bench openb|gavel|philly|latency|report``: the trace benchmarks (docs/benchmarks.md).
+
+Modules ``gpusched/commands/bench_<name>.py`` that define ``register_bench(subparsers)`` are
+added as further ``gpusched bench <name>`` sub-commands.
+
+Every sub-command prints a JSON object with ``--json`` (a one-line summary otherwise) and can
+write it to ``--out``. Traces default to ``../shared/traces`` beside the repository (or
+``$GPUSCHED_TRACES``). Progress bars go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import pkgutil
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["emit", "register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add ``bench`` and its sub-commands."""
+    from gpusched.sim.traces import default_trace_dir
+
+    traces = default_trace_dir()
+    parser = subparsers.add_parser("bench", help="run a trace benchmark of the placement policies")
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
+
+    op = sub.add_parser("openb", help="FGD packing experiment on an openb pod list")
+    op.add_argument("--pods", type=Path, default=traces / "openb" / "openb_pod_list_default.csv")
+    op.add_argument("--nodes", type=Path, default=traces / "openb" / "openb_node_list_gpu_node.csv")
+    op.add_argument("--policy", default="gpusched")
+    op.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 (published: 10)")
+    op.add_argument("--seed-offset", type=int, default=0)
+    op.add_argument("--factor", type=float, default=1.3, help="workload tuning factor (published: 1.3)")
+    _common(op)
+    op.set_defaults(func=_openb)
+
+    gv = sub.add_parser("gavel", help="Gavel continuous-single JCT on 36 V100 + 36 P100 + 36 K80")
+    gv.add_argument("--rate", type=float, default=2.0, help="jobs/hour (files exist for 2.0 and 4.0)")
+    gv.add_argument("--jobs", type=Path, default=None, help="job CSV (default: the rate's n15000 stream)")
+    gv.add_argument("--throughputs", type=Path, default=traces / "gavel" / "simulation_throughputs.json")
+    gv.add_argument("--policy", default="gpusched")
+    gv.add_argument("--gpus-per-server", type=int, default=4)
+    gv.add_argument("--round", type=float, default=360.0, dest="round_s")
+    gv.add_argument("--measure", default="4000-4999", help="job-id range whose JCT is averaged")
+    _common(gv)
+    gv.set_defaults(func=_gavel, traces=traces)
+
+    ph = sub.add_parser("philly", help="Philly queueing delay and utilisation")
+    ph.add_argument("--jobs", type=Path, default=traces / "philly" / "philly_jobs.csv")
+    ph.add_argument("--policy", default="gpusched")
+    ph.add_argument("--nodes", type=int, default=50)
+    ph.add_argument("--gpus-per-node", type=int, default=8)
+    ph.add_argument("--start", default=None, help="window start YYYY-MM-DD (default 2017-10-09)")
+    ph.add_argument("--end", default=None, help="window end, exclusive (default 2017-10-16)")
+    ph.add_argument("--oracle", action="store_true", help="give the scheduler true run times")
+    ph.add_argument("--max-pending", type=int, default=256)
+    _common(ph)
+    ph.set_defaults(func=_philly)
+
+    lt = sub.add_parser("latency", help="decision latency of one greedy placement")
+    lt.add_argument("--nodes", type=int, default=1000)
+    lt.add_argument("--gpus-per-node", type=int, default=8)
+    lt.add_argument("--policy", default="gpusched")
+    lt.add_argument("--samples", type=int, default=200)
+    lt.add_argument("--busy", type=float, default=0.4, help="fraction of devices already taken")
+    lt.add_argument("--sweep", action="store_true", help="also 100, 2000, 5000 and 10000 nodes")
+    _common(lt)
+    lt.set_defaults(func=_latency)
+
+    rp = sub.add_parser("report", help="markdown tables and PNG plots from results/*/ JSON files")
+    rp.add_argument("--results", type=Path, default=Path("results"))
+    rp.add_argument("--traces", type=Path, default=traces)
+    rp.set_defaults(func=_report)
+
+    # Other areas add their benchmarks as gpusched/commands/bench_<name>.py with register_bench(sub).
+    import gpusched.commands as commands_pkg
+
+    for info in pkgutil.iter_modules(commands_pkg.__path__):
+        if info.name.startswith("bench_"):
+            module = importlib.import_module(f"gpusched.commands.{info.name}")
+            hook = getattr(module, "register_bench", None)
+            if hook is not None:
+                hook(sub)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def emit(args: argparse.Namespace, result: dict[str, Any], headline: str) -> int:
+    """Print ``result`` (JSON with ``--json``, else ``headline``) and write ``--out``."""
+    data = _clean(result)
+    text = json.dumps(data, indent=2, sort_keys=False)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n", encoding="utf-8")
+    print(text if args.json else headline)
+    return 0
+
+
+def _openb(args: argparse.Namespace) -> int:
+    from gpusched.sim.openb import run_openb_seeds
+    from gpusched.sim.traces import load_openb_nodes, load_openb_pods
+
+    seeds = list(range(args.seed_offset, args.seed_offset + args.seeds))
+    result = run_openb_seeds(
+        load_openb_pods(args.pods),
+        load_openb_nodes(args.nodes),
+        args.policy,
+        seeds,
+        factor=args.factor,
+        progress=not args.quiet,
+    )
+    result["pods"] = args.pods.name
+    return emit(
+        args,
+        result,
+        f"{args.pods.stem} {args.policy}: unallocated GPU "
+        f"{result['unallocated_gpu_pct_median']} % (median of {len(seeds)} seeds)",
+    )
+
+
+def _gavel(args: argparse.Namespace) -> int:
+    from gpusched.sim.bench import run_gavel
+
+    jobs = (
+        args.jobs or args.traces / "gavel" / f"gavel_continuous_single_rate{args.rate:.1f}_seed0_n15000.csv"
+    )
+    lo, hi = (int(x) for x in args.measure.split("-"))
+    result = run_gavel(
+        jobs,
+        args.policy,
+        throughputs=args.throughputs,
+        measure=(lo, hi + 1),
+        gpus_per_server=args.gpus_per_server,
+        round_s=args.round_s,
+        progress=not args.quiet,
+    )
+    result["rate_jobs_per_h"] = args.rate
+    return emit(args, result, f"gavel {args.rate} jobs/h {args.policy}: mean JCT {result['jct_mean_h']} h")
+
+
+def _philly(args: argparse.Namespace) -> int:
+    from gpusched.sim.bench import PHILLY_WINDOW, run_philly
+
+    window = (args.start or PHILLY_WINDOW[0], args.end or PHILLY_WINDOW[1])
+    result = run_philly(
+        args.jobs,
+        args.policy,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        window=window,
+        oracle=args.oracle,
+        max_pending=args.max_pending,
+        progress=not args.quiet,
+    )
+    return emit(
+        args,
+        result,
+        f"philly {args.policy}: mean delay {result['queue_delay_mean_s']} s, "
+        f"utilisation {result['utilisation_pct']} %",
+    )
+
+
+def _latency(args: argparse.Namespace) -> int:
+    from gpusched.sim.bench import run_latency
+
+    sizes = [args.nodes]
+    if args.sweep:
+        sizes += [n for n in (100, 2000, 5000, 10000) if n != args.nodes]
+    result = run_latency(
+        sizes,
+        policy_name=args.policy,
+        gpus_per_node=args.gpus_per_node,
+        samples=args.samples,
+        busy=args.busy,
+        progress=not args.quiet,
+    )
+    if not args.json:
+        for row in result["sweep"]:
+            print(f"{row['nodes']:>6} nodes: p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms", file=sys.stderr)
+    return emit(
+        args, result, f"latency {args.nodes} nodes: p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms"
+    )
+
+
+def _report(args: argparse.Namespace) -> int:
+    from gpusched.sim import report
+
+    root: Path = args.results
+    made = []
+    if (root / "openb").is_dir():
+        made.append(
+            report.openb_report(root / "openb", args.traces / "openb" / "fgd_published_unallocated_pct.tsv")
+        )
+    if (root / "gavel").is_dir():
+        made.append(report.gavel_report(root / "gavel", args.traces / "gavel" / "continuous_jobs_seed0.tsv"))
+    if (root / "philly").is_dir():
+        made.append(report.philly_report(root / "philly"))
+    if (root / "latency").is_dir():
+        made.append(report.latency_report(root / "latency"))
+    print("\n".join(made))
+    return 0

@@ -1,0 +1,250 @@
+"""Benchmark runners on the real traces: Gavel JCT, Philly queueing, decision latency, generic replay.
+
+Each runner returns a JSON-safe dict; :mod:`gpusched.commands.bench` prints it and
+:mod:`gpusched.sim.report` turns it into tables and plots. Trace conversion into
+:class:`~gpusched.sim.engine.SimJob` lives here too (one place for each trace's conventions).
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpusched.placement import Policy, place
+from gpusched.request import GPURequest, Interconnect
+from gpusched.sim.engine import SimJob, simulate, with_expected_durations
+from gpusched.sim.fleets import gavel_fleet, uniform_fleet
+from gpusched.sim.metrics import percentile, summarize
+from gpusched.sim.traces import (
+    GAVEL_MODELS,
+    TraceJob,
+    load_gavel_jobs,
+    load_gavel_throughputs,
+    load_openb_pods,
+    load_philly_jobs,
+)
+
+__all__ = [
+    "PHILLY_WINDOW",
+    "gavel_policy",
+    "load_any_trace",
+    "run_gavel",
+    "run_latency",
+    "run_philly",
+    "trace_jobs",
+]
+
+PHILLY_WINDOW = ("2017-10-09", "2017-10-16")
+"""Default Philly window: one busy October week (12,3k jobs) — see docs/benchmarks.md."""
+
+
+def trace_jobs(jobs: Sequence[TraceJob], *, span_over: int = 8) -> list[SimJob]:
+    """Whole-GPU requests for trace jobs: one node up to ``span_over`` GPUs, a gang across nodes above."""
+    out = []
+    for j in jobs:
+        wide = j.num_gpus > span_over
+        request = GPURequest(
+            count=j.num_gpus,
+            gang=j.num_gpus > 1,
+            interconnect=Interconnect.ANY if wide else Interconnect.SAME_NODE,
+            tenant=_tenant(j.group),
+        )
+        out.append(SimJob(j.key, request, j.arrival_s, j.duration_s, dict(j.durations), j.job_type or None))
+    return out
+
+
+def _tenant(group: str) -> str:
+    text = "".join(ch for ch in group.lower() if ch.isalnum() or ch in "_.-")[:63]
+    return text or "default"
+
+
+def gavel_policy(name: str, throughputs: Path | None) -> Policy:
+    """The preset; ``gpusched`` also gets Gavel's measured throughput table (job type → model → steps/s)."""
+    if name != "gpusched" or throughputs is None:
+        return Policy.named(name)
+    table: dict[str, dict[str, float]] = {}
+    for short, jobs in load_gavel_throughputs(throughputs).items():
+        model = GAVEL_MODELS.get(short)
+        if model is None:
+            continue
+        for key, speed in jobs.items():
+            job_type, scale = ast.literal_eval(key)
+            if scale == 1:
+                table.setdefault(job_type, {})[model] = speed
+    return Policy.named(name, throughput=table)
+
+
+def run_gavel(
+    jobs_csv: Path,
+    policy_name: str,
+    *,
+    throughputs: Path | None = None,
+    measure: tuple[int, int] = (4000, 5000),
+    gpus_per_server: int = 4,
+    round_s: float = 360.0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Gavel's continuous-single experiment, non-preemptive.
+
+    Returns the metrics with JCT averaged over job ids ``measure[0]`` … ``measure[1] - 1``.
+    """
+    trace = load_gavel_jobs(jobs_csv)
+    jobs = trace_jobs(trace)
+    keys = {str(k) for k in range(*measure)}
+    result = simulate(
+        jobs,
+        gavel_fleet(gpus_per_server=gpus_per_server),
+        gavel_policy(policy_name, throughputs),
+        policy_name=policy_name,
+        round_s=round_s,
+        max_pending=gavel_fleet().total_devices(),
+        stop_after=keys,
+        progress=progress,
+    )
+    summary = summarize(result, measure=keys)
+    by_model: dict[str, int] = {}
+    for rec in result.records:
+        if rec.key in keys:
+            by_model[rec.models[0]] = by_model.get(rec.models[0], 0) + 1
+    summary.update(
+        trace=jobs_csv.name,
+        measured_jobs=f"{measure[0]}-{measure[1] - 1}",
+        round_s=round_s,
+        gpus_per_server=gpus_per_server,
+        measured_by_model=by_model,
+    )
+    return summary
+
+
+def run_philly(
+    jobs_csv: Path,
+    policy_name: str,
+    *,
+    nodes: int = 50,
+    gpus_per_node: int = 8,
+    window: tuple[str, str] = PHILLY_WINDOW,
+    oracle: bool = False,
+    max_pending: int = 256,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Replay a Philly window on ``nodes`` × ``gpus_per_node`` identical GPUs; queueing and utilisation.
+
+    ``oracle`` gives the scheduler every job's true run time as its expected duration (for
+    reservations/backfill); off by default, as users rarely know it.
+    """
+    trace = load_philly_jobs(jobs_csv, start=window[0], end=window[1], max_gpus=nodes * gpus_per_node)
+    jobs = trace_jobs(trace, span_over=gpus_per_node)
+    if oracle:
+        jobs = with_expected_durations(jobs)
+    result = simulate(
+        jobs,
+        uniform_fleet(nodes, gpus_per_node, "P100"),
+        Policy.named(policy_name),
+        policy_name=policy_name,
+        max_pending=max_pending,
+        progress=progress,
+    )
+    summary = summarize(result)
+    summary.update(
+        trace=jobs_csv.name,
+        window=list(window),
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        jobs=len(jobs),
+        oracle_durations=oracle,
+        max_pending=max_pending,
+    )
+    return summary
+
+
+def run_latency(
+    nodes: Sequence[int],
+    *,
+    policy_name: str = "gpusched",
+    gpus_per_node: int = 8,
+    samples: int = 200,
+    busy: float = 0.4,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Wall-clock latency of one :func:`place` call for one pending request, per fleet size.
+
+    The fleet is :func:`gpusched.placement.synthetic.synthetic_fleet` (mixed models and
+    topology) with about ``busy`` of the devices taken; the requests are
+    :func:`~gpusched.placement.synthetic.synthetic_requests` (fractions, 1–8 GPUs, some
+    16-GPU rack gangs), one per call. Returns p50/p99 in ms per size (the first size's figures
+    also at the top level).
+    """
+    from gpusched.placement.synthetic import synthetic_fleet, synthetic_requests
+
+    policy = Policy.named(policy_name)
+    requests = synthetic_requests(samples, seed=seed)
+    sweep = []
+    for n in nodes:
+        fleet = synthetic_fleet(n, gpus_per_node, seed, used_fraction=busy)
+        place(requests[:1], fleet, policy, now=0.0)  # warm the per-fleet index cache
+        times = []
+        for i, task in enumerate(requests):
+            start = time.perf_counter()
+            place([task], fleet, policy, now=task.submitted_at, seed=i)
+            times.append((time.perf_counter() - start) * 1000)
+        row = {
+            "nodes": n,
+            "gpus": n * gpus_per_node,
+            "samples": samples,
+            "p50_ms": round(statistics.median(times), 4),
+            "p99_ms": round(percentile(times, 99), 4),
+            "mean_ms": round(statistics.fmean(times), 4),
+            "max_ms": round(max(times), 4),
+        }
+        sweep.append(row)
+        if progress:
+            print(f"latency {n} nodes: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms", file=sys.stderr)
+    first = sweep[0]
+    return {
+        "policy": policy_name,
+        "busy_fraction": busy,
+        "gpus_per_node": gpus_per_node,
+        "nodes": first["nodes"],
+        "p50_ms": first["p50_ms"],
+        "p99_ms": first["p99_ms"],
+        "sweep": sweep,
+    }
+
+
+def load_any_trace(path: Path) -> list[SimJob]:
+    """A trace file of any supported kind, detected by its header.
+
+    Gavel job lists (``arrival_time_s``), Philly (``timestamp,duration,num_gpus``) and openb pod
+    lists with ``creation_time``/``deletion_time`` (GPU pods replayed with their lifetimes).
+    """
+    with path.open(encoding="utf-8") as handle:
+        header = next(csv.reader(line for line in handle if not line.startswith("#")), [])
+    if "arrival_time_s" in header:
+        return trace_jobs(load_gavel_jobs(path))
+    if {"timestamp", "duration", "num_gpus"} <= set(header):
+        return trace_jobs(load_philly_jobs(path))
+    if {"num_gpu", "gpu_milli", "creation_time", "deletion_time"} <= set(header):
+        from gpusched.sim.openb import pod_request
+
+        times: dict[str, tuple[float, float]] = {}
+        with path.open(encoding="utf-8") as handle:
+            for row in csv.DictReader(handle):
+                times[row["name"]] = (float(row["creation_time"] or 0), float(row["deletion_time"] or 0))
+        return [
+            SimJob(p.name, pod_request(p), times[p.name][0], max(1.0, times[p.name][1] - times[p.name][0]))
+            for p in load_openb_pods(path)
+            if p.num_gpu > 0
+        ]
+    from gpusched.errors import ConfigurationError
+
+    raise ConfigurationError(
+        f"{path}: unknown trace layout (header {header[:6]}); give a Gavel job CSV, philly_jobs.csv "
+        "or an openb pod list with creation/deletion times"
+    )

@@ -1,0 +1,208 @@
+"""The FGD packing experiment on the openb trace, exactly as the FGD simulator runs it.
+
+Procedure (Weng et al., ATC '23; ``shared/traces/README.md``):
+
+1. Cluster = the GPU nodes of the openb node list. A task fits a node only if CPU, memory and
+   GPU all fit; a fractional task takes ``gpu_milli`` of one GPU; a multi-GPU task takes whole
+   GPUs on one node.
+2. Workload tuning: from the trace's tasks, tasks drawn uniformly with replacement are appended
+   until the requested milli-GPU reaches ``factor`` (1.3) × the cluster capacity.
+3. The tuned list is shuffled (seeded); tasks arrive one by one and are placed at once or fail;
+   there are no departures.
+4. When the arrived GPU request reaches 100 % of capacity (checked after the task that crosses
+   it), unallocated GPU % = 100 × (1 − allocated / capacity). Reported as the median of seeds.
+
+Every decision is made by the placement engine (:class:`gpusched.placement.Placer`, the engine
+behind :func:`~gpusched.placement.place`, kept alive across arrivals) with the named policy: GPU
+tasks through ``Placer.place`` with their host CPU/RAM (``PendingTask.cpu_milli`` /
+``host_memory_bytes``), CPU-only tasks through ``Placer.choose_host_node`` + ``take_host``. For
+score-based presets the expected workload is the trace's own shape distribution, with host CPU/RAM
+per shape, as FGD assumes.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpusched.catalog import default_catalog
+from gpusched.model import MILLI
+from gpusched.placement import PendingTask, Placer, Policy, WorkloadShape
+from gpusched.request import GPURequest
+from gpusched.sim.fleets import MIB, openb_fleet
+from gpusched.sim.traces import OpenbNode, OpenbPod
+
+__all__ = ["OpenbRun", "openb_policy", "pod_request", "run_openb", "run_openb_seeds", "tune_workload"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenbRun:
+    """One seed of the experiment."""
+
+    seed: int
+    unallocated_gpu_pct: float
+    allocated_milli: int
+    arrived_milli: int
+    capacity_milli: int
+    tasks_arrived: int
+    tasks_failed: int
+    tuned_tasks: int
+    at: dict[str, float] = field(default_factory=dict)
+
+
+def tune_workload(
+    pods: Sequence[OpenbPod], capacity_milli: int, rng: random.Random, factor: float = 1.3
+) -> list[OpenbPod]:
+    """The trace's pods plus uniform draws (with replacement) until GPU request ≥ ``factor`` × capacity."""
+    tuned = list(pods)
+    total = sum(p.total_gpu_milli for p in tuned)
+    target = factor * capacity_milli
+    if not any(p.total_gpu_milli for p in pods):
+        return tuned
+    while total < target:
+        pod = rng.choice(pods)
+        tuned.append(pod)
+        total += pod.total_gpu_milli
+    return tuned
+
+
+def pod_request(pod: OpenbPod) -> GPURequest:
+    """The :class:`GPURequest` for a GPU pod (memory is not a constraint in this trace)."""
+    cat = default_catalog()
+    models = frozenset(cat.get(m).name for m in pod.gpu_spec)
+    if pod.num_gpu == 1 and pod.gpu_milli < MILLI:
+        # One byte of device memory: the trace (and FGD) only constrain the compute share.
+        return GPURequest(count=1, milli_per_gpu=pod.gpu_milli, memory_per_gpu=1, models=models)
+    return GPURequest(count=pod.num_gpu, gang=pod.num_gpu > 1, models=models)
+
+
+def openb_policy(name: str, pods: Sequence[OpenbPod] = (), **overrides: object) -> Policy:
+    """The named preset, with device sharing allowed on every model (the cluster shared GPUs).
+
+    Score-based presets also get the trace's own request shapes as the expected workload:
+    fractions rounded to 50 milli-GPU, the 16 most common shapes, each with the median host CPU
+    and RAM of its pods (so GPUs on a node without CPU left count as fragmented, as in FGD).
+    ``overrides`` are further :class:`Policy` fields (for tuning experiments).
+    """
+    groups: dict[tuple[int, int], list[OpenbPod]] = {}
+    for p in pods:
+        if p.num_gpu == 1 and p.gpu_milli < MILLI:
+            shape = (1, min(MILLI, max(50, round(p.gpu_milli / 50) * 50)))
+        elif p.num_gpu:
+            shape = (p.num_gpu, MILLI)
+        else:
+            continue
+        groups.setdefault(shape, []).append(p)
+    top = Counter({k: len(v) for k, v in groups.items()}).most_common(16)
+    total = sum(n for _, n in top)
+    base = Policy.named(name)
+    if total and base.chooser == "score":
+        shapes = tuple(
+            WorkloadShape(
+                c,
+                m,
+                n / total,
+                cpu_milli=int(statistics.median(p.cpu_milli for p in groups[(c, m)])),
+                host_memory_bytes=int(statistics.median(p.memory_mib for p in groups[(c, m)])) * MIB,
+            )
+            for (c, m), n in top
+        )
+        return Policy.named(name, fractions_need_partitioning=False, workload=shapes, **overrides)
+    return Policy.named(name, fractions_need_partitioning=False, **overrides)
+
+
+def run_openb(
+    pods: Sequence[OpenbPod],
+    nodes: Sequence[OpenbNode],
+    policy_name: str,
+    seed: int,
+    *,
+    factor: float = 1.3,
+    stop_at: float = 1.0,
+    progress: bool = False,
+    overrides: dict[str, object] | None = None,
+) -> OpenbRun:
+    """One seed of the FGD procedure (see the module docstring); returns the measurement."""
+    fleet = openb_fleet(nodes)
+    capacity = fleet.total_devices() * MILLI
+    rng = random.Random(seed)
+    tasks = tune_workload(pods, capacity, rng, factor)
+    rng.shuffle(tasks)
+    placer = Placer(fleet, openb_policy(policy_name, pods, **(overrides or {})))
+    arrived = allocated = failed = count = 0
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=capacity,
+            unit="mGPU",
+            file=sys.stderr,
+            desc=f"openb {policy_name} s{seed}",
+            mininterval=1.0,
+            leave=False,
+        )
+    for i, pod in enumerate(tasks):
+        count += 1
+        arrived += pod.total_gpu_milli
+        if bar is not None:
+            bar.update(min(pod.total_gpu_milli, max(0, capacity - bar.n)))
+        cpu, mem = pod.cpu_milli, pod.memory_mib * MIB
+        step_seed = seed * 1_000_003 + i
+        if pod.num_gpu == 0:
+            node = placer.choose_host_node(cpu, mem, seed=step_seed)
+            if node is None:
+                failed += 1
+            else:
+                placer.take_host(node, cpu, mem)
+        else:
+            task = PendingTask(
+                f"{pod.name}#{i}", pod_request(pod), float(i), cpu_milli=cpu, host_memory_bytes=mem
+            )
+            plan = placer.place([task], now=float(i), seed=step_seed)
+            if plan.assignments:
+                allocated += sum(s.milli for s in plan.assignments[0].shares)
+            else:
+                failed += 1
+        if arrived >= stop_at * capacity:
+            break
+    if bar is not None:
+        bar.close()
+    return OpenbRun(
+        seed=seed,
+        unallocated_gpu_pct=round(100.0 * (1 - allocated / capacity), 4),
+        allocated_milli=allocated,
+        arrived_milli=arrived,
+        capacity_milli=capacity,
+        tasks_arrived=count,
+        tasks_failed=failed,
+        tuned_tasks=len(tasks),
+    )
+
+
+def run_openb_seeds(
+    pods: Sequence[OpenbPod],
+    nodes: Sequence[OpenbNode],
+    policy_name: str,
+    seeds: Sequence[int],
+    *,
+    factor: float = 1.3,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """The experiment over ``seeds``: median unallocated GPU % plus every seed's figures."""
+    runs = [run_openb(pods, nodes, policy_name, s, factor=factor, progress=progress) for s in seeds]
+    values = [r.unallocated_gpu_pct for r in runs]
+    return {
+        "policy": policy_name,
+        "seeds": list(seeds),
+        "unallocated_gpu_pct_median": round(statistics.median(values), 4) if values else None,
+        "unallocated_gpu_pct": values,
+        "tasks_failed": [r.tasks_failed for r in runs],
+        "tasks_arrived": [r.tasks_arrived for r in runs],
+        "capacity_milli": runs[0].capacity_milli if runs else 0,
+    }

@@ -1,0 +1,278 @@
+"""Markdown tables and PNG plots from benchmark JSON files under ``results/``.
+
+Layout read: ``results/openb/<podlist>__<policy>.json``, ``results/gavel/rate<r>__<policy>.json``,
+``results/philly/<policy>.json``, ``results/latency/latency.json`` (what ``gpusched bench … --out``
+writes). Each ``*_report`` writes ``report.md`` and PNGs into the same folder and returns the
+markdown. matplotlib is imported inside the plotting helpers (Agg backend).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["gavel_report", "latency_report", "openb_report", "philly_report", "read_published_openb"]
+
+_OPENB_COLUMNS = ("random", "best-fit", "gpusched", "fgd")
+
+
+def _load(folder: Path) -> dict[str, dict[str, Any]]:
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))}
+
+
+def _plt():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def read_published_openb(tsv: Path) -> dict[str, dict[str, float]]:
+    """``{workload: {policy: unallocated % at 100 % arrival}}`` from fgd_published_unallocated_pct.tsv."""
+    rows = [
+        line.split("\t")
+        for line in tsv.read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#")
+    ]
+    header = [h.strip() for h in rows[0]]
+    out: dict[str, dict[str, float]] = {}
+    for row in rows[1:]:
+        out[row[0].strip()] = {header[i]: float(cell.split("[")[0]) for i, cell in enumerate(row) if i > 0}
+    return out
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def openb_report(folder: Path, published_tsv: Path) -> str:
+    """Ours vs published unallocated GPU % per pod list; writes ``openb_unallocated.png``."""
+    runs = _load(folder)
+    published = read_published_openb(published_tsv)
+    ours: dict[str, dict[str, dict[str, Any]]] = {}
+    for stem, data in runs.items():
+        if "__" in stem:
+            workload, policy = stem.split("__", 1)
+            ours.setdefault(workload, {})[policy] = data
+    lines = [
+        "| pod list | Random (pub.) | Random (ours) | BestFit (pub.) | BestFit (ours) | FGD (pub.) "
+        "| gpusched (ours) | fgd preset (ours) | seeds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    names = sorted(ours)
+    for workload in names:
+        pub = published.get(workload, {})
+        mine = ours[workload]
+
+        def med(policy: str, mine: dict[str, dict[str, Any]] = mine) -> Any:
+            return mine.get(policy, {}).get("unallocated_gpu_pct_median")
+
+        seeds = max((len(v.get("seeds", [])) for v in mine.values()), default=0)
+        lines.append(
+            f"| {workload.replace('openb_pod_list_', '')} "
+            f"| {_fmt(pub.get('Random'))} | {_fmt(med('random'))} "
+            f"| {_fmt(pub.get('BestFit'))} | {_fmt(med('best-fit'))} | {_fmt(pub.get('FGD'))} "
+            f"| {_fmt(med('gpusched'))} | {_fmt(med('fgd'))} | {seeds} |"
+        )
+    if names:
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(12, 4.5))
+        width = 0.13
+        series = [
+            ("Random pub.", "Random", None),
+            ("Random ours", None, "random"),
+            ("BestFit pub.", "BestFit", None),
+            ("BestFit ours", None, "best-fit"),
+            ("FGD pub.", "FGD", None),
+            ("gpusched ours", None, "gpusched"),
+        ]
+        for k, (label, pub_key, our_key) in enumerate(series):
+            values = []
+            for workload in names:
+                if pub_key is not None:
+                    values.append(published.get(workload, {}).get(pub_key, float("nan")))
+                else:
+                    v = ours[workload].get(our_key or "", {}).get("unallocated_gpu_pct_median")
+                    values.append(float("nan") if v is None else v)
+            ax.bar(
+                [i + (k - 2.5) * width for i in range(len(names))],
+                values,
+                width,
+                label=label,
+                hatch="//" if pub_key else None,
+                alpha=0.85,
+            )
+        ax.set_xticks(range(len(names)), [n.replace("openb_pod_list_", "") for n in names], rotation=30)
+        ax.set_ylabel("unallocated GPU % at 100 % arrival (lower is better)")
+        ax.set_title("openb packing: ours vs published (FGD paper), median over seeds")
+        ax.legend(ncol=3, fontsize=8)
+        fig.tight_layout()
+        fig.savefig(folder / "openb_unallocated.png", dpi=110)
+        plt.close(fig)
+    text = "\n".join(lines) + "\n\n![openb](openb_unallocated.png)\n"
+    (folder / "report.md").write_text("# openb packing\n\n" + text, encoding="utf-8")
+    return text
+
+
+def gavel_report(folder: Path, published_tsv: Path) -> str:
+    """Mean JCT of jobs 4000–4999 per rate and policy beside Gavel's published figures."""
+    runs = _load(folder)
+    published: dict[float, dict[str, float]] = {}
+    for line in published_tsv.read_text(encoding="utf-8").splitlines():
+        cells = line.split("\t")
+        if len(cells) >= 4 and cells[0] == "JCT":
+            try:
+                published[float(cells[1])] = {"fifo": float(cells[2]), "fifo_perf": float(cells[3])}
+            except ValueError:
+                continue
+    rates: dict[float, dict[str, dict[str, Any]]] = {}
+    for stem, data in runs.items():
+        if stem.startswith("rate") and "__" in stem:
+            rate_s, policy = stem[4:].split("__", 1)
+            rates.setdefault(float(rate_s), {})[policy] = data
+    policies = sorted({p for r in rates.values() for p in r})
+    lines = [
+        "| jobs/h | Gavel FIFO (pub., preemptive rounds) | Gavel het.-aware FIFO (pub.) | "
+        + " | ".join(f"{p} (ours, non-preemptive)" for p in policies)
+        + " |",
+        "|---|---|---|" + "---|" * len(policies),
+    ]
+    for rate in sorted(rates):
+        pub = published.get(rate, {})
+        cells = [_fmt(rates[rate].get(p, {}).get("jct_mean_h")) for p in policies]
+        lines.append(
+            f"| {rate:.1f} | {_fmt(pub.get('fifo'))} | {_fmt(pub.get('fifo_perf'))} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    if rates:
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(7, 4))
+        xs = sorted(rates)
+        ax.plot(
+            xs,
+            [published.get(x, {}).get("fifo", float("nan")) for x in xs],
+            "k--o",
+            label="Gavel FIFO (pub.)",
+        )
+        ax.plot(
+            xs,
+            [published.get(x, {}).get("fifo_perf", float("nan")) for x in xs],
+            "k:s",
+            label="Gavel het.-aware FIFO (pub.)",
+        )
+        for p in policies:
+            ax.plot(
+                xs,
+                [rates[x].get(p, {}).get("jct_mean_h", float("nan")) for x in xs],
+                "-o",
+                label=f"{p} (ours)",
+            )
+        ax.set_xlabel("input job rate (jobs/h)")
+        ax.set_ylabel("mean JCT of jobs 4000–4999 (h)")
+        ax.set_title("Gavel continuous-single, 36 V100 + 36 P100 + 36 K80")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(folder / "gavel_jct.png", dpi=110)
+        plt.close(fig)
+    text = "\n".join(lines) + "\n\n![gavel](gavel_jct.png)\n"
+    (folder / "report.md").write_text("# Gavel heterogeneous JCT\n\n" + text, encoding="utf-8")
+    return text
+
+
+def philly_report(folder: Path, baseline: str = "first-fit") -> str:
+    """Delay/utilisation per policy with ratios against ``baseline``; writes ``philly.png``."""
+    runs = _load(folder)
+    base = runs.get(baseline, {})
+    keys = (
+        "queue_delay_mean_s",
+        "queue_delay_p95_s",
+        "jct_mean_h",
+        "utilisation_pct",
+        "utilisation_makespan_pct",
+        "fragmentation_pct",
+        "energy_kwh",
+        "jobs_unstarted",
+    )
+    lines = [
+        "| policy | " + " | ".join(keys) + " | delay / baseline | utilisation / baseline |",
+        "|---|" + "---|" * (len(keys) + 2),
+    ]
+    for name, data in runs.items():
+        d_ratio = (
+            data["queue_delay_mean_s"] / base["queue_delay_mean_s"]
+            if base.get("queue_delay_mean_s")
+            else None
+        )
+        u_ratio = data["utilisation_pct"] / base["utilisation_pct"] if base.get("utilisation_pct") else None
+        lines.append(
+            f"| {name} | "
+            + " | ".join(_fmt(data.get(k)) for k in keys)
+            + f" | {_fmt(d_ratio, 3)} | {_fmt(u_ratio, 3)} |"
+        )
+    if runs:
+        plt = _plt()
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+        names = list(runs)
+        axes[0].bar(names, [runs[n]["queue_delay_mean_s"] / 3600 for n in names])
+        axes[0].set_ylabel("mean queueing delay (h)")
+        axes[1].bar(names, [runs[n]["utilisation_pct"] for n in names])
+        axes[1].set_ylabel("GPU utilisation % (arrival window)")
+        for ax in axes:
+            ax.tick_params(axis="x", rotation=20)
+        fig.suptitle("Philly replay")
+        fig.tight_layout()
+        fig.savefig(folder / "philly.png", dpi=110)
+        plt.close(fig)
+    text = "\n".join(lines) + "\n\n![philly](philly.png)\n"
+    (folder / "report.md").write_text("# Philly queueing delay and utilisation\n\n" + text, encoding="utf-8")
+    return text
+
+
+def latency_report(folder: Path) -> str:
+    """p50/p99 decision latency against fleet size; writes ``latency.png``."""
+    runs = _load(folder)
+    lines = [
+        "| policy | nodes | GPUs | p50 ms | p99 ms | mean ms | max ms | samples |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    plt = _plt() if runs else None
+    fig, ax = plt.subplots(figsize=(6, 4)) if plt is not None else (None, None)
+    for data in runs.values():
+        sweep = sorted(data["sweep"], key=lambda r: r["nodes"])
+        for row in sweep:
+            lines.append(
+                f"| {data['policy']} | {row['nodes']} | {row['gpus']} | {_fmt(row['p50_ms'], 3)} | "
+                f"{_fmt(row['p99_ms'], 3)} | {_fmt(row['mean_ms'], 3)} | {_fmt(row['max_ms'], 3)} | "
+                f"{row['samples']} |"
+            )
+        if ax is not None:
+            ax.plot(
+                [r["nodes"] for r in sweep], [r["p50_ms"] for r in sweep], "-o", label=f"{data['policy']} p50"
+            )
+            ax.plot(
+                [r["nodes"] for r in sweep],
+                [r["p99_ms"] for r in sweep],
+                "--o",
+                label=f"{data['policy']} p99",
+            )
+    if plt is not None and fig is not None and ax is not None:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("nodes (8 GPUs each)")
+        ax.set_ylabel("decision latency (ms)")
+        ax.axhline(5, color="grey", lw=0.8, ls=":")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(folder / "latency.png", dpi=110)
+        plt.close(fig)
+    text = "\n".join(lines) + "\n\n![latency](latency.png)\n"
+    (folder / "report.md").write_text("# Decision latency\n\n" + text, encoding="utf-8")
+    return text

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Re-run the simulator benchmarks of docs/benchmarks.md and rebuild results/*/report.md + PNGs.
+#   scripts/sim_benchmarks.sh [openb] [gavel] [philly] [latency]    (default: all four)
+# Environment: SEEDS (openb seeds, default 10), GPUSCHED_TRACES (default ../shared/traces),
+# PHILLY_NODES (default 50), OPENB_GLOB (pod lists to run, default openb_pod_list_*.csv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+G=${GPUSCHED:-.venv/bin/gpusched}
+TRACES=${GPUSCHED_TRACES:-../shared/traces}
+SEEDS=${SEEDS:-10}
+PHILLY_NODES=${PHILLY_NODES:-50}
+OPENB_GLOB=${OPENB_GLOB:-openb_pod_list_*.csv}
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(openb gavel philly latency)
+
+for part in "${parts[@]}"; do
+  mkdir -p "results/$part"
+  case "$part" in
+    openb)
+      for f in "$TRACES"/openb/$OPENB_GLOB; do
+        w=$(basename "$f" .csv)
+        for p in random best-fit gpusched fgd; do
+          echo "openb $w $p" >&2
+          $G bench openb --pods "$f" --nodes "$TRACES/openb/openb_node_list_gpu_node.csv" \
+            --policy "$p" --seeds "$SEEDS" --quiet --out "results/openb/${w}__${p}.json"
+        done
+      done ;;
+    gavel)
+      for r in 2.0 4.0; do
+        for p in first-fit gpusched best-fit random; do
+          echo "gavel $r $p" >&2
+          $G bench gavel --rate "$r" --policy "$p" --quiet --out "results/gavel/rate${r}__${p}.json"
+        done
+      done ;;
+    philly)
+      for p in first-fit gpusched best-fit; do
+        echo "philly $p" >&2
+        $G bench philly --policy "$p" --nodes "$PHILLY_NODES" --quiet --out "results/philly/${p}.json"
+      done
+      $G bench philly --policy gpusched --oracle --nodes "$PHILLY_NODES" --quiet \
+        --out "results/philly/gpusched-oracle.json" ;;
+    latency)
+      for p in gpusched first-fit; do
+        $G bench latency --nodes 1000 --sweep --policy "$p" --quiet --out "results/latency/${p}.json"
+      done ;;
+    *) echo "unknown part $part (openb, gavel, philly, latency)" >&2; exit 2 ;;
+  esac
+done
+$G bench report --traces "$TRACES" >/dev/null
+echo "reports: results/*/report.md" >&2

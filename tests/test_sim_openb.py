@@ -1,0 +1,83 @@
+"""The FGD packing procedure on a tiny cluster the test writes itself."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from gpusched.sim.openb import openb_policy, pod_request, run_openb, run_openb_seeds, tune_workload
+from gpusched.sim.traces import OpenbPod, load_openb_nodes
+
+NODES = """sn,cpu_milli,memory_mib,gpu,model
+a,16000,65536,2,T4
+b,16000,65536,2,T4
+c,8000,32768,1,V100M16
+"""
+
+
+def _nodes(tmp_path: Path):  # type: ignore[no-untyped-def]
+    path = tmp_path / "nodes.csv"
+    path.write_text(NODES, encoding="utf-8")
+    return load_openb_nodes(path)
+
+
+PODS = [
+    OpenbPod("half", 2000, 4096, 1, 500),
+    OpenbPod("whole", 4000, 8192, 1, 1000),
+    OpenbPod("pair", 8000, 16384, 2, 1000),
+    OpenbPod("cpu", 3000, 4096, 0, 0),
+    OpenbPod("v100", 2000, 4096, 1, 300, ("V100M16",)),
+]
+
+
+def test_tuning_reaches_the_factor_and_stops_there() -> None:
+    capacity = 5000
+    tuned = tune_workload(PODS, capacity, random.Random(1), 1.3)
+    total = sum(p.total_gpu_milli for p in tuned)
+    assert tuned[: len(PODS)] == PODS  # the trace's own tasks first
+    assert total >= 1.3 * capacity
+    assert total - tuned[-1].total_gpu_milli < 1.3 * capacity  # the last draw crossed the target
+    assert tune_workload(PODS, capacity, random.Random(1)) == tuned  # seeded
+
+
+def test_requests_follow_the_pod() -> None:
+    assert pod_request(PODS[0]).milli_per_gpu == 500 and pod_request(PODS[0]).count == 1
+    assert pod_request(PODS[2]).count == 2 and pod_request(PODS[2]).gang
+    assert pod_request(PODS[4]).models == frozenset({"V100-SXM2-16GB"})
+    shapes = openb_policy("fgd", PODS).workload
+    assert {(s.count, s.milli) for s in shapes} == {(1, 500), (1, 1000), (2, 1000), (1, 300)}
+    assert all(s.cpu_milli > 0 for s in shapes)
+    assert not openb_policy("random", PODS).fractions_need_partitioning
+
+
+def test_measurement_at_full_arrival(tmp_path: Path) -> None:
+    nodes = _nodes(tmp_path)
+    rng = random.Random(3)
+    tasks = tune_workload(PODS, 5000, rng, 1.3)
+    rng.shuffle(tasks)
+    cumulative = 0
+    expected_arrivals = 0
+    for expected_arrivals, pod in enumerate(tasks, start=1):  # noqa: B007
+        cumulative += pod.total_gpu_milli
+        if cumulative >= 5000:
+            break
+    for policy in ("random", "best-fit", "fgd", "gpusched"):
+        run = run_openb(PODS, nodes, policy, seed=3)
+        assert run.capacity_milli == 5000 and run.tuned_tasks == len(tasks)
+        # measured right after the arrival that brings the arrived GPU request to >= 100 %
+        assert run.tasks_arrived == expected_arrivals and run.arrived_milli == cumulative
+        assert 0 < run.allocated_milli <= run.capacity_milli
+        assert run.unallocated_gpu_pct == round(100 * (1 - run.allocated_milli / 5000), 4)
+
+
+def test_host_cpu_limits_what_fits(tmp_path: Path) -> None:
+    # Each node has room for GPUs but the pods need more CPU than any node offers.
+    hungry = [OpenbPod("h", 32000, 1024, 1, 500)]
+    run = run_openb(hungry, _nodes(tmp_path), "best-fit", seed=0)
+    assert run.allocated_milli == 0 and run.tasks_failed == run.tasks_arrived
+
+
+def test_seeds_give_a_median(tmp_path: Path) -> None:
+    result = run_openb_seeds(PODS, _nodes(tmp_path), "random", [0, 1, 2])
+    assert result["seeds"] == [0, 1, 2] and len(result["unallocated_gpu_pct"]) == 3
+    assert result["unallocated_gpu_pct_median"] == sorted(result["unallocated_gpu_pct"])[1]
