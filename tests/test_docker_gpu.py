@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import uuid
 from collections.abc import Iterator
@@ -98,10 +99,13 @@ def python_image(engine: Any) -> str:
     """bash + this machine's Python 3.11 and stdlib (what ``@task.docker`` runs), imported offline."""
     if engine.images.list(name=PY_IMAGE):
         return PY_IMAGE
-    binaries = [Path("/usr/bin/bash"), Path(f"/usr/bin/python3.{sys.version_info.minor}")]
-    stdlib = Path(f"/usr/lib/python3.{sys.version_info.minor}")
-    if not all(b.exists() for b in binaries) or not stdlib.is_dir():
-        pytest.skip("needs /usr/bin/bash and the system Python 3 to build the test image offline")
+    # The interpreter behind this venv, at its own path (so it finds its stdlib), plus bash.
+    python = Path(os.path.realpath(sys.executable))
+    bash = Path(shutil.which("bash") or "/usr/bin/bash")
+    binaries = [bash, python]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    if not bash.exists() or not stdlib.is_dir():
+        pytest.skip("needs bash and the interpreter's stdlib to build the test image offline")
     libs: set[str] = set()
     for binary in [*binaries, *stdlib.glob("lib-dynload/*.so")]:
         out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True).stdout
@@ -118,12 +122,14 @@ def python_image(engine: Any) -> str:
             tar.add(str(path.resolve()), arcname=str(path).lstrip("/"))
         tar.add(str(stdlib), arcname=str(stdlib).lstrip("/"),
                 filter=lambda info: None if set(Path(info.name).parts) & skip else info)
-        link = tarfile.TarInfo("usr/bin/python3")
-        link.type, link.linkname = tarfile.SYMTYPE, binaries[1].name
-        tar.addfile(link)
-        link = tarfile.TarInfo("bin")
-        link.type, link.linkname = tarfile.SYMTYPE, "usr/bin"
-        tar.addfile(link)
+        if str(python) != "/usr/bin/python3":
+            link = tarfile.TarInfo("usr/bin/python3")
+            link.type, link.linkname = tarfile.SYMTYPE, str(python)
+            tar.addfile(link)
+        if str(bash) != "/bin/bash":
+            link = tarfile.TarInfo("bin/bash")
+            link.type, link.linkname = tarfile.SYMTYPE, str(bash)
+            tar.addfile(link)
     engine.api.import_image_from_data(buffer.getvalue(), repository=PY_IMAGE.split(":")[0], tag="1")
     return PY_IMAGE
 
