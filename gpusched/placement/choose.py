@@ -197,7 +197,7 @@ def _whole(
         healthy = [d for d in in_node if idx.dev_health[d] == 0]
         pool = healthy if len(healthy) >= take and _ok(idx, healthy, take, inter) else in_node
         if policy.chooser is Chooser.RANDOM:
-            pool = rng.permutation(pool).tolist() if inter is Interconnect.ANY or take == 1 else pool
+            pool = rng.permutation(pool).tolist()
         chosen.extend(pick_in_node(idx, pool, take, inter, local=local))
     return _Choice(chosen, MILLI, [int(idx.dev_mem[d]) for d in chosen], score)
 
