@@ -19,18 +19,44 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpusched.airflow.keys import ti_key
+from gpusched.airflow.keys import parse_ti_key, ti_key
 from gpusched.model import MILLI
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 DAGS = ("example_multi_gpu_nvlink_training", "example_fractional_finetune", "example_dev_smoke_test")
+WAIT_DAG = "e2e_gpu_wait"
+WAIT_DAG_SOURCE = """
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from airflow.sdk import dag, task
+
+from gpusched.airflow.authoring import gpu
+
+
+@dag(dag_id="e2e_gpu_wait", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def e2e_gpu_wait():
+    # Two tasks that each need the whole 8-GPU H100 island: one must wait for the other.
+    for name in ("first", "second"):
+        @task(task_id=name, **gpu(gpus=8, models=["H100-SXM-80GB"], interconnect="island"))
+        def hold_island() -> None:
+            time.sleep(4)
+
+        hold_island()
+
+
+e2e_gpu_wait()
+"""
 GPU_TASKS = {
     "example_multi_gpu_nvlink_training": ("train_resnet50",),
     "example_fractional_finetune": ("finetune_sentiment", "finetune_ner"),
@@ -117,6 +143,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     dags = tmp_path_factory.mktemp("dags")  # only the examples: other DAGs must not disturb the checks
     for dag_id in DAGS:
         shutil.copy(REPO / "dags" / f"{dag_id}.py", dags)
+    (dags / f"{WAIT_DAG}.py").write_text(WAIT_DAG_SOURCE)
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
     env.update({
@@ -163,7 +190,7 @@ def _healthy(airflow: Airflow) -> bool:
 
 def _dags_loaded(airflow: Airflow) -> bool:
     found = {d["dag_id"] for d in airflow.api("GET", "/dags", params={"limit": 100})["dags"]}
-    return set(DAGS) <= found
+    return {*DAGS, WAIT_DAG} <= found
 
 
 def _log_text(airflow: Airflow, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
@@ -183,7 +210,7 @@ def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
     assert airflow.api("GET", "/importErrors")["total_entries"] == 0
 
     runs: dict[str, str] = {}
-    for dag_id in DAGS:
+    for dag_id in (*DAGS, WAIT_DAG):
         airflow.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
         run = airflow.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None})
         runs[dag_id] = run["dag_run_id"]
@@ -192,7 +219,7 @@ def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
         states = [airflow.api("GET", f"/dags/{d}/dagRuns/{r}")["state"] for d, r in runs.items()]
         return all(s in ("success", "failed") for s in states)
 
-    _wait("the three DAG runs to finish", finished, 300, airflow, interval=2)
+    _wait("the DAG runs to finish", finished, 300, airflow, interval=2)
 
     tis: dict[tuple[str, str], dict[str, Any]] = {}
     for dag_id, run_id in runs.items():
@@ -240,6 +267,15 @@ def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
     assert snapshot.node(dev.shares[0].node).label("pool") == "dev"
 
     _assert_never_overcommitted(history, snapshot)
+
+    # A GPU task that found no free island waited in the executor, then ran once devices freed.
+    wait_run = runs[WAIT_DAG]
+    wait_keys = {ti_key(WAIT_DAG, t, wait_run, tis[(WAIT_DAG, t)]["try_number"]) for t in ("first", "second")}
+    early, late = sorted((a for a in history if a.key in wait_keys), key=lambda a: a.created_at)
+    late_ti = tis[(WAIT_DAG, parse_ti_key(late.key).task_id)]  # type: ignore[union-attr]
+    queued_at = datetime.fromisoformat(late_ti["queued_when"]).timestamp()
+    assert early.released_at is not None
+    assert queued_at < early.released_at <= late.created_at
 
     # The task logs show the devices the ledger recorded.
     for task_id, alloc in allocations.items():

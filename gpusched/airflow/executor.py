@@ -323,8 +323,9 @@ class GPUExecutor(LocalExecutor):
         ledger_key = self.gpu_running.pop(key, None)
         if ledger_key is None:
             return
-        self._safe(lambda: self.ledger.release(ledger_key, reason=reason))
-        self.log.info("gpusched: released %s (%s)", ledger_key, reason)
+        if self._safe(lambda: self.ledger.release(ledger_key, reason=reason)) is not None:
+            self.log.info("gpusched: released %s (%s)", ledger_key, reason)
+        # else: the listener in the task process released it already
 
     # ---- helpers ---------------------------------------------------------------------------
 
