@@ -103,6 +103,9 @@ def test_fleet_shows_topology_states_and_simulated_flag(client: Any, ledger: Led
     states = body["summary"]["states"]
     assert states["allocated"] == 4 and states["shared"] == 1 and states["faulty"] == 1
     assert body["summary"]["used_gpus"] == 4.25
+    in_service = body["summary"]["in_service"]
+    assert in_service == states["allocated"] + states["shared"] + states["free"]
+    assert body["summary"]["utilisation_pct"] == round(100 * 4.25 / in_service, 1)
 
 
 def test_queue_allocations_and_events(client: Any, ledger: Ledger) -> None:

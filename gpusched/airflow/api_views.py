@@ -150,6 +150,7 @@ def fleet_view(
         })
     total = snapshot.total_devices()
     used_milli = sum(u.used_milli for u in snapshot.usage.values())
+    in_service = counts["allocated"] + counts["shared"] + counts["free"]
     return {
         "source": snapshot.source,
         "simulated": "simulated" in snapshot.source.lower(),
@@ -158,8 +159,10 @@ def fleet_view(
             "devices": total,
             "nodes": len(snapshot.nodes),
             "states": counts,
+            "in_service": in_service,
             "used_gpus": round(used_milli / MILLI, 2),
-            "utilisation_pct": round(100 * used_milli / (total * MILLI), 1) if total else 0.0,
+            # of the devices in service (faulty, cordoned and standby ones cannot be used)
+            "utilisation_pct": round(100 * used_milli / (in_service * MILLI), 1) if in_service else 0.0,
         },
         "racks": [{"name": name, "nodes": nodes} for name, nodes in sorted(racks.items())],
     }

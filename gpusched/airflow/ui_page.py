@@ -134,7 +134,7 @@ function drawFleet(f) {
   src.className = "badge" + (f.simulated ? " sim" : "");
   src.textContent = f.simulated ? `SIMULATED FLEET (${f.source})` : `source: ${f.source}`;
   const s = f.summary, c = s.states;
-  $("summary").textContent = `${s.devices} devices on ${s.nodes} nodes · ${s.used_gpus} GPUs in use (${s.utilisation_pct}%) · `
+  $("summary").textContent = `${s.devices} devices on ${s.nodes} nodes · ${s.used_gpus} of ${s.in_service} GPUs in service used (${s.utilisation_pct}%) · `
     + STATES.filter(([k]) => c[k]).map(([k, l]) => `${c[k]} ${l}`).join(" · ");
   if (!f.racks.length) { $("racks").innerHTML = `<p class="muted">No inventory yet: start <code>gpusched agent</code> (or the executor) so the fleet is recorded in the ledger.</p>`; return; }
   $("racks").innerHTML = f.racks.map((r) => `<div class="rack"><div class="title">${esc(r.name)}</div><div class="nodes">` +
