@@ -68,6 +68,14 @@ def test_gpu_task_splits_request_and_task_arguments() -> None:
     assert request_from_executor_config(op.executor_config) == expected
 
 
+def test_bare_gpu_task_asks_for_one_whole_device() -> None:
+    @gpu_task
+    def infer() -> None:
+        return None
+
+    assert request_from_executor_config(infer().operator.executor_config) == GPURequest.build(gpus=1)
+
+
 def test_task_keys_round_trip() -> None:
     key = ti_key("dag.a", "task_1", "manual__2026-01-01T00:00:00+00:00/x", 2, -1)
     parts = parse_ti_key(key)
