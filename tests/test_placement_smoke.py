@@ -22,3 +22,18 @@ def test_every_policy_gives_a_complete_plan_without_double_booking(name: str) ->
         assert 0 <= after.used(dev.uuid).used_milli <= MILLI
         assert after.used(dev.uuid).used_memory_bytes <= dev.memory_bytes
     assert all(r.reason for r in plan.rejections)
+
+
+@pytest.mark.parametrize("name", Policy.names())
+def test_empty_fleets_and_nodes_without_devices(name: str) -> None:
+    from gpusched.model import FleetSnapshot, Node
+    from gpusched.placement.synthetic import make_node
+
+    pending = synthetic_requests(8, seed=4)
+    assert place([], synthetic_fleet(2), Policy.named(name), now=0.0).assignments == ()
+    empty = place(pending, FleetSnapshot(()), Policy.named(name), now=0.0)
+    assert len(empty.rejections) == len(pending) and all(r.permanent for r in empty.rejections)
+    holes = FleetSnapshot((Node("e1", "r", ()), make_node("a", "T4", 2), Node("e2", "r", ())))
+    plan = place(pending, holes, Policy.named(name), now=0.0)
+    assert len(plan.assignments) + len(plan.rejections) == len(pending)
+    assert all(s.node == "a" for a in plan.assignments for s in a.shares)
