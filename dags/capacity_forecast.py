@@ -1,0 +1,161 @@
+"""Hourly capacity forecast: demand history → validation → model choice → forecast → pre-scaling.
+
+Tasks
+1. ``load_history`` — hourly GPU demand: from the allocation ledger (default), a Philly trace
+   (``GPUSCHED_DEMAND_SOURCE=trace:<path to philly_jobs.csv>``) or a synthetic series
+   (``synthetic``, for demos and tests). The fleet capacity comes from the ledger's snapshot
+   (``GPUSCHED_FORECAST_CAPACITY`` overrides it).
+2. ``validate`` — the great-expectations suite ``include/expectations/demand_history.json``
+   (non-null, strictly increasing hourly timestamps, no gaps, 0 ≤ demand ≤ capacity). A failure
+   fails the task naming each failed expectation.
+3. ``select_model`` — rolling-origin backtest of seasonal-naive, ETS and SARIMAX (MASE);
+   ``GPUSCHED_FORECAST_MODELS`` (comma-separated) and ``GPUSCHED_FORECAST_ORIGINS`` narrow it.
+4. ``forecast`` — refit the chosen model, forecast 24 h with a 90 % interval, write
+   ``$AIRFLOW_HOME/gpusched/forecast/latest.json`` + ``forecast-<stamp>.png``, the UI's
+   ``$AIRFLOW_HOME/gpusched/forecast.json``, and a ``forecast`` event in the ledger.
+5. ``prescale`` — :func:`gpusched.scaling.plan_prescale` with the provisioning delay
+   (``GPUSCHED_PROVISIONING_DELAY_S``, default 900) applied through ``GPUSCHED_SCALER``
+   (``local`` | ``command:<cmd>`` | ``webhook:<url>``).
+
+Top-level imports are only ``airflow.sdk`` and the standard library; the work happens in tasks.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.sdk import dag, task
+
+HISTORY_DAYS = 28
+
+
+def _series(history: dict[str, Any]) -> Any:
+    from gpusched.forecast import DemandSeries
+
+    return DemandSeries(history["start"], history["step_s"], tuple(history["values"]), history["capacity"])
+
+
+def _source() -> str:
+    return os.environ.get("GPUSCHED_DEMAND_SOURCE", "ledger").strip()
+
+
+@dag(
+    dag_id="gpusched_capacity_forecast",
+    schedule="@hourly",
+    start_date=datetime(2025, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=5)},
+    tags=["gpusched", "forecast"],
+    doc_md=__doc__,
+)
+def gpusched_capacity_forecast() -> None:
+    @task
+    def load_history() -> dict[str, Any]:
+        import time
+
+        from gpusched.forecast import demand_from_history, load_philly_demand, synthetic_demand
+
+        source = _source()
+        override = os.environ.get("GPUSCHED_FORECAST_CAPACITY")
+        standby: list[dict[str, Any]] = []
+        if source == "synthetic":
+            series = synthetic_demand(24 * 14)
+            now = series.start + len(series) * series.step_s
+            capacity = float(override or series.capacity or 128)
+            active = int(capacity * 0.75)
+        elif source.startswith("trace:"):
+            series = load_philly_demand(source.split(":", 1)[1])
+            now = series.start + len(series) * series.step_s
+            capacity = float(override or max(series.values) * 1.25)
+            active = int(capacity)
+        else:
+            from gpusched.ledger import Ledger
+
+            ledger = Ledger()
+            ledger.migrate()
+            now = float(int(time.time()) // 3600 * 3600)
+            rows = ledger.demand_history(now - HISTORY_DAYS * 86400, now, 3600)
+            snapshot = ledger.snapshot(now)
+            capacity = float(override or snapshot.total_devices())
+            series = demand_from_history(rows, capacity=capacity)
+            active = sum(len(n.devices) for n in snapshot.nodes if not n.standby)
+            standby = [{"name": n.name, "gpus": len(n.devices)} for n in snapshot.nodes if n.standby]
+        return {"source": source, "start": series.start, "step_s": series.step_s,
+                "values": list(series.values), "capacity": capacity, "active_gpus": active,
+                "standby": standby, "now": now}
+
+    @task
+    def validate(history: dict[str, Any]) -> dict[str, Any]:
+        from gpusched.demand_checks import validate_series
+
+        series = _series(history)
+        checks = validate_series(series)
+        return {"passed": [c.describe() for c in checks]}
+
+    @task
+    def select_model(history: dict[str, Any], checks: dict[str, Any]) -> dict[str, Any]:
+        from gpusched.forecast import MODELS, backtest
+
+        series = _series(history)
+        origins = int(os.environ.get("GPUSCHED_FORECAST_ORIGINS", "7"))
+        models = [m.strip() for m in os.environ.get("GPUSCHED_FORECAST_MODELS", "").split(",") if m.strip()]
+        return backtest(series, models or MODELS, origins=origins, spacing=24).to_dict()
+
+    @task
+    def forecast(history: dict[str, Any], selection: dict[str, Any]) -> dict[str, Any]:
+        import json
+
+        from gpusched.forecast import fit_forecast, plot_forecast
+        from gpusched.paths import state_dir
+
+        series = _series(history)
+        fc = fit_forecast(series, selection["chosen"], 24, level=0.9)
+        out_dir = state_dir() / "forecast"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.fromtimestamp(fc.start).strftime("%Y%m%dT%H%M")
+        png = plot_forecast(series, fc, out_dir / f"forecast-{stamp}.png")
+        data = fc.to_dict() | {"backtest": selection, "plot": str(png), "source": history["source"]}
+        for path in (out_dir / "latest.json", state_dir() / "forecast.json"):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+            os.replace(tmp, path)
+        if history["source"] == "ledger":
+            from gpusched.ledger import Ledger
+
+            Ledger().record_event("forecast", "fleet", **fc.to_dict())
+        return data
+
+    @task
+    def prescale(history: dict[str, Any], fc: dict[str, Any]) -> dict[str, Any]:
+        from gpusched.catalog import default_catalog
+        from gpusched.forecast import Forecast
+        from gpusched.model import Device, Node
+        from gpusched.scaling import plan_prescale, scaler_from_spec
+
+        model = default_catalog().models[0]
+        standby = [
+            Node(s["name"], "standby", tuple(
+                Device(f"{s['name']}-{i}", i, s["name"], model.name, model.vendor, model.architecture,
+                       model.memory_bytes) for i in range(s["gpus"])), standby=True)
+            for s in history["standby"]
+        ]
+        plan = plan_prescale(
+            Forecast.from_dict(fc), int(history["active_gpus"]),
+            int(os.environ.get("GPUSCHED_PROVISIONING_DELAY_S", "900")), now=float(history["now"]),
+            standby=standby,
+        )
+        result = scaler_from_spec().apply(plan)
+        return {"plan": plan.to_dict(), "provider": result.provider, "applied": result.applied,
+                "activated": list(result.activated), "detail": result.detail}
+
+    history = load_history()
+    checks = validate(history)
+    selection = select_model(history, checks)
+    fc = forecast(history, selection)
+    prescale(history, fc)
+
+
+capacity_forecast_dag = gpusched_capacity_forecast()
