@@ -156,7 +156,8 @@ def normalised_rate(
     cat = catalog or default_catalog()
     total = 0
     for share in shares:
-        model = cat.find(snapshot.device(share.uuid).model)
+        # A device gone from the inventory (or an unknown model) counts as one A100.
+        model = cat.find(snapshot.device(share.uuid).model) if snapshot.has_device(share.uuid) else None
         equiv = model.a100_equiv_milli if model is not None else MILLI
         total += share.milli * equiv // MILLI
     return total

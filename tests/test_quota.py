@@ -127,3 +127,20 @@ def test_engine_counts_running_tasks_against_partitions_and_budgets() -> None:
     assert not plan.assignments and "tenant 'a' budget: 1.8 of 2.0" in plan.rejections[0].reason
     plan = place([task], snap, Policy.named("gpusched"), now=3000.0, running=running, quota=quota)
     assert plan.assignments
+
+
+def test_running_tasks_on_devices_gone_from_the_fleet_are_tolerated() -> None:
+    snap = _fleet()
+    ghost = (DeviceShare("gone-gpu0", "gone", 0, MILLI, 0),)
+    running = [RunningTask("r", GPURequest.build(gpus=1, tenant="a"), ghost, 0.0, 3600.0, cpu_milli=1000)]
+    assert normalised_rate(ghost, snap) == MILLI
+    quota = QuotaState(QuotaPolicy(budgets_hours={"a": 5}))
+    plan = place(
+        [_task("t", "training", tenant="a")],
+        snap,
+        Policy.named("gpusched"),
+        now=0.0,
+        running=running,
+        quota=quota,
+    )
+    assert plan.assignments

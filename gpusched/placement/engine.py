@@ -63,7 +63,8 @@ def place(
     )
     placer = Placer(snapshot, policy, workload=workload, catalog=catalog)
     for task in running:
-        if (task.cpu_milli or task.host_memory_bytes) and task.shares:
+        known = task.shares and task.shares[0].node in placer.index.node_pos
+        if (task.cpu_milli or task.host_memory_bytes) and known:
             placer.take_host(task.shares[0].node, task.cpu_milli, task.host_memory_bytes)
     return placer.place(pending, now=now, running=running, quota=quota, seed=seed)
 
