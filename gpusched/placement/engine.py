@@ -53,7 +53,8 @@ def place(
     """Plan devices for ``pending`` on ``snapshot`` under ``policy``.
 
     Every pending key appears exactly once in the plan: assigned or rejected with a reason.
-    ``running`` feeds reservations (their ``expected_end``), partition use and committed budget;
+    ``running`` feeds reservations (their ``expected_end``), partition use, committed budget and
+    host CPU/RAM use; their device shares must already be counted in ``snapshot.usage``;
     ``quota`` (None = no partitions or budgets) holds the quota policy and budget use so far.
     """
     workload = (
