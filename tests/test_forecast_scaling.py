@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -103,7 +104,7 @@ def test_command_scaler_gets_plan_on_stdin(tmp_path: Path) -> None:
 
 
 class _Hook(BaseHTTPRequestHandler):
-    received: list[dict[str, object]] = []
+    received: ClassVar[list[dict[str, object]]] = []
     status = 200
 
     def do_POST(self) -> None:
