@@ -41,33 +41,40 @@ from airflow.sdk import dag, task
 from gpusched.airflow.authoring import gpu
 
 
+def _train(**context):
+    from gpusched.hardware.simulated import SimulatedBackend
+
+    alloc = json.loads(os.environ["GPUSCHED_ALLOCATION"])
+    uuid = alloc["uuids"][0]
+    ti = context["ti"]
+    out = Path(os.environ["BENCH_DIR"])
+    stamp = {"uuid": uuid, "at": time.time(), "try": ti.try_number, "run_id": ti.run_id}
+    (out / f"running_{ti.run_id}_{ti.try_number}.json").write_text(json.dumps(stamp))
+    backend = SimulatedBackend()
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / f"stop_{ti.run_id}").exists():
+        sample = next((s for s in backend.sample() if s.uuid == uuid), None)
+        if sample is None or sample.xid_errors:
+            print(f"NVRM: Xid (PCI:0000:{alloc['devices'][0]:02x}:00): 79, pid={os.getpid()}, "
+                  "name=python, GPU has fallen off the bus.", file=sys.stderr, flush=True)
+            raise RuntimeError("CUDA error: unspecified launch failure")
+        time.sleep(0.1)
+    return uuid
+
+
 @dag(dag_id="bench_gpu_fault", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
 def bench_gpu_fault():
-    @task(**gpu(gpus=1, vendor="nvidia", memory="40GiB"), retries=1, retry_delay=timedelta(seconds=1))
-    def train(**context):
-        from gpusched.hardware.simulated import SimulatedBackend
+    task(**gpu(gpus=1, vendor="nvidia", memory="40GiB"), task_id="train", retries=1,
+         retry_delay=timedelta(seconds=1))(_train)()
 
-        alloc = json.loads(os.environ["GPUSCHED_ALLOCATION"])
-        uuid = alloc["uuids"][0]
-        ti = context["ti"]
-        out = Path(os.environ["BENCH_DIR"])
-        stamp = {"uuid": uuid, "at": time.time(), "try": ti.try_number, "run_id": ti.run_id}
-        (out / f"running_{ti.run_id}_{ti.try_number}.json").write_text(json.dumps(stamp))
-        backend = SimulatedBackend()
-        deadline = time.time() + 120
-        while time.time() < deadline and not (out / f"stop_{ti.run_id}").exists():
-            sample = next((s for s in backend.sample() if s.uuid == uuid), None)
-            if sample is None or sample.xid_errors:
-                print(f"NVRM: Xid (PCI:0000:{alloc['devices'][0]:02x}:00): 79, pid={os.getpid()}, "
-                      "name=python, GPU has fallen off the bus.", file=sys.stderr, flush=True)
-                raise RuntimeError("CUDA error: unspecified launch failure")
-            time.sleep(0.1)
-        return uuid
 
-    train()
+@dag(dag_id="bench_gpu_fault_noretry", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def bench_gpu_fault_noretry():
+    task(**gpu(gpus=1, vendor="nvidia", memory="40GiB"), task_id="train", retries=0)(_train)()
 
 
 bench_gpu_fault()
+bench_gpu_fault_noretry()
 '''
 
 
@@ -110,6 +117,9 @@ def main() -> int:
     parser.add_argument("--agent-interval", type=float, default=2.0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the temporary AIRFLOW_HOME")
+    parser.add_argument("--sweep", action="store_true",
+                        help="the task has no retries: the gpusched_fault_recovery DAG (triggered after "
+                             "the failure) clears it through the REST API")
     parser.add_argument("--baseline", action="store_true",
                         help="without the fault chain: no agent; the plugin registers only the "
                              "device listener")
@@ -120,6 +130,8 @@ def main() -> int:
     dags.mkdir()
     bench.mkdir()
     (dags / "bench_gpu_fault.py").write_text(DAG_SOURCE)
+    (dags / "fault_recovery.py").write_text((REPO / "dags" / "fault_recovery.py").read_text())
+    dag_id = "bench_gpu_fault_noretry" if args.sweep else DAG_ID
     plugins = REPO / "plugins"
     if args.baseline:
         plugins = home / "plugins"
@@ -159,12 +171,12 @@ def main() -> int:
         started = time.monotonic()
         _wait("Airflow to be healthy", lambda: _healthy(port), 300, airflow, log)
         api = AirflowApi(f"http://localhost:{port}")
-        dag_path = f"/api/v2/dags/{DAG_ID}"
+        dag_path = f"/api/v2/dags/{dag_id}"
         _wait("the bench DAG to be parsed", lambda: api.call("GET", dag_path), 180, airflow, log)
         print(f"airflow up after {time.monotonic() - started:.0f} s; home {home}", file=sys.stderr)
         backend = SimulatedBackend()
         for n in range(args.trials):
-            run_id = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None})["dag_run_id"]
+            run_id = api.call("POST", f"{dag_path}/dagRuns", {"logical_date": None})["dag_run_id"]
             first = bench / f"running_{run_id}_1.json"
             _wait(f"trial {n}: try 1 running", first.exists, 180, airflow, log)
             time.sleep(max(2 * args.agent_interval, 1.0))
@@ -172,6 +184,11 @@ def main() -> int:
             t0 = time.time()
             backend.inject_fault(device, "xid", code=79)
             second = bench / f"running_{run_id}_2.json"
+            run_path = f"{dag_path}/dagRuns/{run_id}"
+            if args.sweep:  # Airflow will not retry: the recovery DAG clears the failed task
+                _wait(f"trial {n}: run to fail", lambda p=run_path: api.call("GET", p)["state"] == "failed",
+                      120, airflow, log)
+                api.call("POST", "/api/v2/dags/gpusched_fault_recovery/dagRuns", {"logical_date": None})
             _wait(f"trial {n}: try 2 running", second.exists, 120, airflow, log)
             retry = json.loads(second.read_text())
             with Ledger() as ledger:
@@ -188,7 +205,6 @@ def main() -> int:
             }
             print(json.dumps(trial), file=sys.stderr)
             trials.append(trial)
-            run_path = f"{dag_path}/dagRuns/{run_id}"
             _wait(f"trial {n}: run to finish",
                   lambda p=run_path: api.call("GET", p)["state"] in ("success", "failed"), 180, airflow, log)
             backend.clear_faults()
@@ -207,11 +223,12 @@ def main() -> int:
             airflow.wait()
     times = [t["fault_to_retry_running_s"] for t in trials if t["retry_device_healthy"]]
     summary = {
-        "mode": "baseline (no fault chain)" if args.baseline else "gpusched fault chain",
+        "mode": "baseline (no fault chain)" if args.baseline else
+                "gpusched fault chain" + (" via the recovery DAG (no Airflow retries)" if args.sweep else ""),
         "trials": len(trials), "recovered_on_healthy_gpu": f"{len(times)}/{len(trials)}",
         "fault_to_retry_running_s": {"median": statistics.median(times) if times else None,
                                      "max": max(times) if times else None},
-        "agent_interval_s": args.agent_interval, "retry_delay_s": 1.0,
+        "agent_interval_s": args.agent_interval, "retry_delay_s": None if args.sweep else 1.0,
     }
     print(json.dumps(summary, indent=2))
     if args.out:
