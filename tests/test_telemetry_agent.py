@@ -86,3 +86,14 @@ def test_sample_once_stores_one_reading_per_powered_device() -> None:
         samples = sample_once(backend, ledger)
         stored = ledger.samples(None, 0)
     assert {s.uuid for s in stored} == {s.uuid for s in samples} and len(stored) == len(samples) > 0
+
+
+def test_pid_registry_never_signals_a_dead_or_recycled_process() -> None:
+    registry = PidRegistry()
+    task = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    registry.register("k", task.pid)
+    assert registry.pid_of("k") == task.pid and registry.pid_of("other") is None
+    task.kill()
+    task.wait()
+    assert registry.pid_of("k") is None  # the process is gone: nothing to signal
+    assert PidStopper(registry)("k", "leak") is False
