@@ -60,6 +60,7 @@ class PrescaleConfig:
     plan_every_s: int = 900
     refit_every_s: int = 6 * HOUR
     model: str = "ets"
+    use_upper: bool = False  # plan on the mean (+ headroom); the burst reserve uses the upper bound
     seed: int = 0
     start: float = 1_700_006_400.0  # a Wednesday 00:00 UTC; days are aligned to midnight
 
@@ -270,7 +271,7 @@ def simulate_prescale(cfg: PrescaleConfig, strategy: str, jobs: list[SimJob] | N
                 standby = [standby_by_name[n] for n in pool.standby]
                 plan = plan_prescale(forecasts[0], pool.active + pool.provisioning, cfg.provisioning_delay_s,
                                      now=now, standby=standby, burst_forecast=forecasts[1],
-                                     max_burst_fraction=0.5)
+                                     max_burst_fraction=0.5, use_upper=cfg.use_upper)
                 for name in plan.activate:
                     pool.standby.remove(name)
                     pool.standby.insert(0, name)
