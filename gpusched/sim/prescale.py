@@ -316,7 +316,8 @@ def compare(cfg: PrescaleConfig) -> dict[str, Any]:
         "provisioning_delay_s": cfg.provisioning_delay_s,
         "active_nodes": cfg.active_nodes, "standby_nodes": cfg.standby_nodes,
         "gpus_per_node": cfg.gpus_per_node, "warmup_days": cfg.warmup_days, "measure_days": cfg.measure_days,
-        "jobs": len(jobs), "reactive": reactive.to_dict(), "predictive": predictive.to_dict(),
+        "jobs": len(jobs), "model": cfg.model, "plan_on": "upper bound" if cfg.use_upper else "mean",
+        "reactive": reactive.to_dict(), "predictive": predictive.to_dict(),
         "burst_p95_ratio": (predictive.burst_wait_p95_s / reactive.burst_wait_p95_s
                             if reactive.burst_wait_p95_s else None),
         "standby_node_hours_ratio": (predictive.standby_node_hours / reactive.standby_node_hours
