@@ -20,6 +20,10 @@ Rules:
 ``ecc_uncorrected``
     The volatile uncorrectable (double-bit) ECC count is above zero → ``unhealthy`` + cordoned
     (it only clears with a GPU reset, which also resets the counter).
+``orphan_memory``
+    No allocation holds the device, yet more than ``orphan_memory_fraction`` (half) of its memory
+    has been in use for ``orphan_memory_span_s`` (120 s): a leaked or foreign process holds it,
+    and any task placed there would run out of memory → device ``degraded`` + cordoned.
 ``xid_hardware`` / ``xid_application``
     A hardware-class Xid (see :func:`classify_xid`) → ``unhealthy`` + cordoned; an
     application-class Xid → ``notify`` naming the holders (the task's own bug, the device is fine).
@@ -150,6 +154,7 @@ class AlertConfig:
         temperature_limits_mc: per-vendor limit in milli-degrees Celsius.
         default_temperature_mc: limit for a device whose vendor is unknown.
         temperature_samples: consecutive readings at/over the limit that fire the rule.
+        orphan_memory_fraction / orphan_memory_span_s: the orphan-memory rule's thresholds.
     """
 
     memory_growth_bytes_per_min: int = 100_000_000
@@ -159,6 +164,8 @@ class AlertConfig:
     temperature_limits_mc: Mapping[Vendor, int] = field(default_factory=lambda: _DEFAULT_TEMPS)
     default_temperature_mc: int = 85_000
     temperature_samples: int = 2
+    orphan_memory_fraction: float = 0.5
+    orphan_memory_span_s: float = 120.0
 
     def temperature_limit(self, vendor: Vendor | None) -> int:
         """The over-temperature limit for ``vendor`` in milli-degrees Celsius."""
@@ -282,6 +289,8 @@ def _device_rules(
             worst = (Health.DEGRADED, "over_temperature",
                      f"temperature {latest.temperature_mc / 1000:.0f} °C ≥ limit {limit / 1000:.0f} °C "
                      f"for {len(recent)} sample(s)")
+        elif not owners:
+            worst = _orphan_memory(window, cfg)
     actions: list[Action] = []
     if worst is not None:
         new_health, rule, reason = worst
@@ -299,6 +308,20 @@ def _device_rules(
             allocation_key=owners[0].key if len(owners) == 1 else None,
         ))
     return actions
+
+
+def _orphan_memory(window: list[DeviceSample], cfg: AlertConfig) -> tuple[Health, str, str] | None:
+    latest = window[-1]
+    start = latest.taken_at - cfg.orphan_memory_span_s
+    if window[0].taken_at > start:
+        return None  # the window does not cover the span yet
+    recent = [s for s in window if s.taken_at >= start]
+    if all(s.memory_used_bytes > cfg.orphan_memory_fraction * s.memory_total_bytes for s in recent):
+        share = latest.memory_used_bytes / max(latest.memory_total_bytes, 1)
+        return (Health.DEGRADED, "orphan_memory",
+                f"{share:.0%} of device memory in use for {cfg.orphan_memory_span_s:.0f} s with no "
+                "allocation holding the device (a leaked or foreign process); free it, then uncordon")
+    return None
 
 
 def _rank(health: Health) -> int:

@@ -8,11 +8,12 @@ suspect devices and retry elsewhere, ask for more capacity (scale out) when the 
 hold the retry, or do not retry at all (code errors: the same code fails on any GPU).
 
 Precedence when a log shows several symptoms: hardware named in the log (Xid, ECC, fallen off
-the bus) > CUDA OOM > code error > hardware known only from the device's state (ledger health,
-telemetry Xids) > communication > unknown. A rank that dies of a ``KeyError`` makes its peers
-report NCCL timeouts, so an explicit code exception wins over communication noise; an NCCL
-failure that is really an out-of-memory or an Xid is classified by that cause; a vague CUDA or
-NCCL error on a device the telemetry saw fail is a hardware failure.
+the bus) > stopped by the agent for a memory leak > CUDA OOM > code error > hardware known only
+from the device's state (ledger health, telemetry Xids) > communication > unknown. A rank that
+dies of a ``KeyError`` makes its peers report NCCL timeouts, so an explicit code exception wins
+over communication noise; an NCCL failure that is really an out-of-memory or an Xid is
+classified by that cause; a vague CUDA or NCCL error on a device the telemetry saw fail is a
+hardware failure.
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def classify_failure(
     log_text: str,
     device_health: Mapping[str, Health] | None = None,
     device_xids: Mapping[str, Sequence[int]] | None = None,
+    agent_stops: Sequence[str] = (),
 ) -> Classification:
     """Classify a failed task from its log text and the state of the devices it held.
 
@@ -131,6 +133,8 @@ def classify_failure(
         log_text: the task log (or its tail, or the formatted exception); any size.
         device_health: health of each device the task held, as the ledger knows it.
         device_xids: Xid codes the telemetry saw on each of those devices.
+        agent_stops: reasons ``gpusched agent`` gave for stopping this try (its device memory kept
+            growing): a leak is the program's bug, so such a try is a code error.
     """
     lines = log_text.splitlines()
     xids: list[int] = []
@@ -158,6 +162,9 @@ def classify_failure(
     if hw_lines:
         return Classification(FailureKind.HARDWARE, _evidence(hw_lines + state_lines), found_xids,
                               suspect_devices=tuple(suspects))
+    if agent_stops:
+        stops = [f"stopped by gpusched agent: {reason}" for reason in agent_stops]
+        return Classification(FailureKind.CODE_ERROR, _evidence(stops), found_xids)
     oom = _matching(lines, _OOM_PATTERNS)
     if oom:
         return Classification(FailureKind.CUDA_OOM, _evidence(oom), found_xids, _tried_bytes(log_text))

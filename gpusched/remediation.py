@@ -239,7 +239,9 @@ def handle_failure(
     health = {u: snapshot.device(u).health for u in record.devices if snapshot.has_device(u)}
     xids = {u: [x for s in ledger.samples(u, record.at - xid_window_s) for x in s.xid_errors]
             for u in record.devices}
-    classification = classify_failure(record.log_tail, health, xids)
+    stops = [str(e.detail.get("reason", "")) for e in ledger.events(200, kinds=("alert",))
+             if e.subject == record.key and e.detail.get("action") == "stop_task" and e.detail.get("stopped")]
+    classification = classify_failure(record.log_tail, health, xids, stops)
     request = record.request
     if request is None:
         alloc = ledger.get(record.key)

@@ -118,6 +118,9 @@ def test_device_state_from_the_ledger_makes_a_vague_log_a_hardware_failure() -> 
     assert by_health.kind is FailureKind.HARDWARE and by_health.suspect_devices == ("GPU-1",)
     by_xid = classify_failure(vague, device_xids={"GPU-2": [79], "GPU-3": [13]})
     assert by_xid.kind is FailureKind.HARDWARE and by_xid.suspect_devices == ("GPU-2",)
+    leak = classify_failure("Received SIGTERM. Terminating subprocesses.\n",
+                            agent_stops=["device memory grows 300 MB/min over 13 samples"])
+    assert leak.kind is FailureKind.CODE_ERROR and "300 MB/min" in leak.evidence[0]
     # An explicit code exception beats a device that went bad later (a retry would fail the same way).
     assert classify_failure(CODE_FAILURE, {"GPU-1": Health.UNHEALTHY}).kind is FailureKind.CODE_ERROR
 

@@ -131,3 +131,16 @@ def test_application_xids_only_notify_naming_the_task(code: int) -> None:
         (ActionKind.NOTIFY, "xid_application", "airflow/d/t/-1/1/r")
     ]
     assert classify_xid(999) is XidClass.UNKNOWN
+
+
+def test_memory_held_with_no_allocation_cordons_the_device() -> None:
+    snapshot = _snapshot(_device("g0", 0))
+    zombie = _samples("g0", [78 * GIB] * 14)  # 130 s at 98 %, nobody holds the device
+    actions = evaluate(zombie, snapshot)
+    assert [(a.kind, a.rule, a.health) for a in actions] == [
+        (ActionKind.SET_HEALTH, "orphan_memory", Health.DEGRADED),
+        (ActionKind.CORDON, "orphan_memory", None),
+    ]
+    assert "98%" in actions[0].reason
+    assert evaluate(zombie, snapshot, [_alloc("k", "g0")]) == []  # a task holds it: its memory
+    assert evaluate(zombie[-6:], snapshot) == []  # 50 s: too short to tell
