@@ -38,7 +38,11 @@ for part in "${parts[@]}"; do
         $G bench philly --policy "$p" --nodes "$PHILLY_NODES" --quiet --out "results/philly/${p}.json"
       done
       $G bench philly --policy gpusched --oracle --nodes "$PHILLY_NODES" --quiet \
-        --out "results/philly/gpusched-oracle.json" ;;
+        --out "results/philly/gpusched-oracle.json"
+      for p in gpusched first-fit; do
+        $G bench philly --policy "$p" --short-first --nodes "$PHILLY_NODES" --quiet \
+          --out "results/philly/${p}-short-first.json"
+      done ;;
     latency)
       for p in gpusched first-fit; do
         $G bench latency --nodes 1000 --sweep --policy "$p" --quiet --out "results/latency/${p}.json"

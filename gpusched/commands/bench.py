@@ -59,6 +59,11 @@ def register(subparsers: Any) -> None:
     ph.add_argument("--start", default=None, help="window start YYYY-MM-DD (default 2017-10-09)")
     ph.add_argument("--end", default=None, help="window end, exclusive (default 2017-10-16)")
     ph.add_argument("--oracle", action="store_true", help="give the scheduler true run times")
+    ph.add_argument(
+        "--short-first",
+        action="store_true",
+        help="priorities from true GPU-time (shortest first, implies --oracle)",
+    )
     ph.add_argument("--max-pending", type=int, default=256)
     _common(ph)
     ph.set_defaults(func=_philly)
@@ -169,6 +174,7 @@ def _philly(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node,
         window=window,
         oracle=args.oracle,
+        short_first=args.short_first,
         max_pending=args.max_pending,
         progress=not args.quiet,
     )

@@ -125,12 +125,18 @@ def gavel_report(folder: Path, published_tsv: Path) -> str:
     """Mean JCT of jobs 4000–4999 per rate and policy beside Gavel's published figures."""
     runs = _load(folder)
     published: dict[float, dict[str, float]] = {}
+    header: list[str] = []
     for line in published_tsv.read_text(encoding="utf-8").splitlines():
         cells = line.split("\t")
-        if len(cells) >= 4 and cells[0] == "JCT":
+        if cells[0] == "metric":
+            header = cells
+        elif cells[0] == "JCT" and "fifo" in header and "fifo_perf" in header:
             try:
-                published[float(cells[1])] = {"fifo": float(cells[2]), "fifo_perf": float(cells[3])}
-            except ValueError:
+                published[float(cells[1])] = {
+                    "fifo": float(cells[header.index("fifo")]),
+                    "fifo_perf": float(cells[header.index("fifo_perf")]),
+                }
+            except (ValueError, IndexError):
                 continue
     rates: dict[float, dict[str, dict[str, Any]]] = {}
     for stem, data in runs.items():
@@ -139,7 +145,7 @@ def gavel_report(folder: Path, published_tsv: Path) -> str:
             rates.setdefault(float(rate_s), {})[policy] = data
     policies = sorted({p for r in rates.values() for p in r})
     lines = [
-        "| jobs/h | Gavel FIFO (pub., preemptive rounds) | Gavel het.-aware FIFO (pub.) | "
+        "| jobs/h | Gavel FIFO (pub.) | Gavel het.-aware FIFO (pub., moves jobs between types) | "
         + " | ".join(f"{p} (ours, non-preemptive)" for p in policies)
         + " |",
         "|---|---|---|" + "---|" * len(policies),
@@ -251,7 +257,7 @@ def latency_report(folder: Path) -> str:
             lines.append(
                 f"| {data['policy']} | {row['nodes']} | {row['gpus']} | {_fmt(row['p50_ms'], 3)} | "
                 f"{_fmt(row['p99_ms'], 3)} | {_fmt(row['mean_ms'], 3)} | {_fmt(row['max_ms'], 3)} | "
-                f"{row['samples']} |"
+                f"{_fmt(row.get('cpu_p50_ms'), 3)} | {_fmt(row.get('cpu_p99_ms'), 3)} | {row['samples']} |"
             )
         if ax is not None:
             ax.plot(

@@ -1,0 +1,58 @@
+"""Report tables and plots from benchmark JSON (published figures read from the trace's TSV layout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpusched.sim.report import gavel_report, openb_report, philly_report, read_published_openb
+
+PUBLISHED = (
+    "# comment\n"
+    "workload\tRandom\tDotProd\tGpuClustering\tGpuPacking\tBestFit\tFGD\n"
+    "openb_pod_list_default\t13.75 [12.62]\t9.44 [9.20]\t8.42 [8.21]\t8.19 [7.94]\t7.09 [6.89]\t4.77 [4.60]\n"
+)
+GAVEL = (
+    "# comment\nmetric\tinput_job_rate\tfifo\tfifo_perf\tfifo_packed\nJCT\t2.0\t18.32\t15.45\t15.45\n"
+    "metric\tinput_job_rate\tmax_min_fairness\tgandiva\nJCT\t2.0\t99\t98\n"
+)
+
+
+def test_openb_and_gavel_reports(tmp_path: Path) -> None:
+    tsv = tmp_path / "pub.tsv"
+    tsv.write_text(PUBLISHED)
+    assert read_published_openb(tsv)["openb_pod_list_default"]["FGD"] == 4.77
+    folder = tmp_path / "openb"
+    folder.mkdir()
+    for policy, value in (("random", 14.0), ("gpusched", 5.0)):
+        (folder / f"openb_pod_list_default__{policy}.json").write_text(
+            json.dumps({"unallocated_gpu_pct_median": value, "seeds": [0, 1]})
+        )
+    text = openb_report(folder, tsv)
+    assert "| default | 13.75 | 14.00 | 7.09 | — | 4.77 | 5.00 | — | 2 |" in text
+    assert (folder / "openb_unallocated.png").stat().st_size > 1000
+
+    gv = tmp_path / "gavel"
+    gv.mkdir()
+    (gv / "rate2.0__first-fit.json").write_text(json.dumps({"jct_mean_h": 17.8}))
+    (tmp_path / "g.tsv").write_text(GAVEL)
+    text = gavel_report(gv, tmp_path / "g.tsv")
+    assert "| 2.0 | 18.32 | 15.45 | 17.80 |" in text  # the later section does not overwrite fifo
+
+
+def test_philly_ratios(tmp_path: Path) -> None:
+    keys = (
+        "queue_delay_mean_s",
+        "queue_delay_p95_s",
+        "jct_mean_h",
+        "utilisation_pct",
+        "utilisation_makespan_pct",
+        "fragmentation_pct",
+        "energy_kwh",
+        "jobs_unstarted",
+    )
+    for name, delay, util in (("first-fit", 100.0, 50.0), ("gpusched", 25.0, 75.0)):
+        data = dict.fromkeys(keys, 1.0) | {"queue_delay_mean_s": delay, "utilisation_pct": util}
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    text = philly_report(tmp_path)
+    assert "| 0.250 | 1.500 |" in text
