@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "register", "register_bench", "run"]
+__all__ = ["main", "register_bench", "run"]
 
 
 def _default_trace() -> Path:
@@ -46,11 +46,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 def register_bench(bench_subparsers: Any) -> None:
     """Add ``forecast`` under ``gpusched bench``."""
     _add_arguments(bench_subparsers.add_parser("forecast", help="demand forecast backtest + pre-scaling"))
-
-
-def register(subparsers: Any) -> None:
-    """Add a top-level ``bench-forecast`` command (same as ``bench forecast``)."""
-    _add_arguments(subparsers.add_parser("bench-forecast", help="demand forecast backtest + pre-scaling"))
 
 
 def run(trace: Path, *, origins: int = 14, horizon: int = 24, plot: Path | None = None,
