@@ -402,9 +402,12 @@ def forecast_demand(
 
 def plot_forecast(
     series: DemandSeries, forecast: Forecast, path: str | Path, *, history_steps: int = 24 * 7,
-    title: str = "GPU demand forecast",
+    title: str = "GPU demand forecast", actual: DemandSeries | None = None,
 ) -> Path:
-    """Write a PNG of the recent history, the forecast and its interval; returns the path."""
+    """Write a PNG of the recent history, the forecast and its interval; returns the path.
+
+    ``actual`` (optional) is drawn over the forecast window, for backtest pictures.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -421,6 +424,8 @@ def plot_forecast(
         ax.plot(stamps, forecast.mean, color="#1f77b4", lw=1.5, label=f"forecast ({forecast.model})")
         ax.fill_between(stamps, forecast.lower, forecast.upper, color="#1f77b4", alpha=0.25,
                         label=f"{forecast.level:.0%} interval")
+        if actual is not None:
+            ax.plot(as_dt(actual.timestamps()), actual.values, color="#2ca02c", lw=1, label="actual")
         if series.capacity:
             ax.axhline(series.capacity, color="#d62728", ls="--", lw=1, label="capacity")
         ax.set_ylabel("GPUs in use")

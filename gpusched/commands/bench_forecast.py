@@ -64,6 +64,14 @@ def run(trace: Path, *, origins: int = 14, horizon: int = 24, plot: Path | None 
     }
     if plot is not None:
         out["plot"] = str(plot_forecast(series, forecast, plot, title="Philly hourly GPU demand: forecast"))
+        # One backtest origin drawn against what happened (the middle origin of the backtest).
+        cut = len(series) - horizon - 96 * (result.origins // 2)
+        past = series.window(0, cut)
+        example = fit_forecast(past, result.chosen, horizon)
+        picture = plot.with_name(plot.stem + "_backtest" + plot.suffix)
+        out["plot_backtest"] = str(plot_forecast(
+            past, example, picture, title=f"Philly: {result.chosen} forecast at one backtest origin",
+            actual=series.window(cut, cut + horizon)))
     return out
 
 
