@@ -121,3 +121,13 @@ def test_no_double_booking_when_capacity_is_scarce() -> None:
     result = optimise_with_report(tasks, fleet, policy, now=NOW, budget_ms=5_000, max_generations=20)
     _check_feasible(result.plan, tasks, fleet)
     assert len(result.plan.assignments) == 7 and len(result.plan.rejections) == 1
+
+
+def test_terms_recombine_to_the_objective(fleet: FleetSnapshot, pending: list[PendingTask]) -> None:
+    # The decoder's incremental fragmentation must agree with a full recount.
+    weights = (1.0, 2.0, 0.5)
+    policy = Policy.named("gpusched")
+    result = optimise_with_report(pending, fleet, policy, now=NOW, weights=weights, budget_ms=5_000,
+                                  max_generations=10)
+    for terms, value in ((result.greedy_terms, result.greedy_objective), (result.terms, result.objective)):
+        assert sum(w * t for w, t in zip(weights, terms, strict=True)) == pytest.approx(value)

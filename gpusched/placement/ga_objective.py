@@ -317,6 +317,26 @@ class Decoder:
                         opened.add(node)
         return repaired, total + p.beta * (frag + NODE_OPEN_COST * len(opened))
 
+    def terms(self, repaired: list[int]) -> tuple[float, float, float]:
+        """(latency h, fragmentation GPUs, energy kWh) of a decoded (repaired) genome, unweighted."""
+        latency = energy = 0.0
+        used: dict[int, int] = {}
+        for i, gene in enumerate(repaired):
+            options = self.cands[i]
+            if gene >= len(options):
+                latency += self.unplaced[i]
+                continue
+            c = options[gene]
+            latency += c.latency
+            energy += c.energy
+            for d in c.devices:
+                used[d] = used.get(d, 0) + c.milli
+        base = self.p.base_milli
+        frag = sum(_partial(base[d] - u) - _partial(base[d]) for d, u in used.items())
+        nodes = {self.p.dev_node[d] for d in used}
+        frag += NODE_OPEN_COST * sum(1 for n in nodes if self.p.node_empty[n])
+        return latency, frag, energy
+
 
 def plan_objective(
     plan: PlacementPlan,

@@ -59,6 +59,9 @@ class OptimiseResult:
     evaluations: int
     elapsed_ms: float
     greedy_ms: float
+    greedy_terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """(latency h, fragmentation GPUs, energy kWh), unweighted, of greedy's plan and of the result."""
 
     @property
     def gain_pct(self) -> float:
@@ -173,6 +176,8 @@ def optimise_with_report(
         random.setstate(state)
     improved = best_value < greedy_value - 1e-9
     plan = _to_plan(greedy, tasks, cands, best_genome, problem) if improved else greedy
+    elapsed = (time.perf_counter() - began) * 1000.0
+    greedy_terms = decoder.terms(decoder.decode(start_genome)[0])
     return OptimiseResult(
         plan,
         greedy,
@@ -181,8 +186,10 @@ def optimise_with_report(
         improved,
         generations,
         evaluations,
-        (time.perf_counter() - began) * 1000.0,
+        elapsed,
         greedy_ms,
+        greedy_terms,
+        decoder.terms(decoder.decode(best_genome)[0]) if improved else greedy_terms,
     )
 
 
