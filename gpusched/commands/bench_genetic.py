@@ -41,6 +41,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replay-jobs", type=int, default=400)
     parser.add_argument("--round-s", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weights", default="1,1,0.1", help="α,β,γ: latency, fragmentation, energy")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -62,7 +63,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def run(
     nodes: int, pending: int, runs: int, *, budget_ms: float = 100.0, policy_name: str = "gpusched",
-    seed: int = 0, progress: bool = True,
+    seed: int = 0, progress: bool = True, weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
 ) -> dict[str, Any]:
     """Latency and objective gain over ``runs`` batches (see the module docstring)."""
     from gpusched.placement import Policy, place
@@ -94,7 +95,7 @@ def run(
         greedy_ms.append((time.perf_counter() - began) * 1000)
         cpu = time.thread_time()
         result = optimise_with_report(
-            batch, fleet, policy, now=now, budget_ms=budget_ms, seed=i, greedy=greedy
+            batch, fleet, policy, now=now, budget_ms=budget_ms, seed=i, greedy=greedy, weights=weights
         )
         opt_cpu_ms.append((time.thread_time() - cpu) * 1000)
         opt_ms.append(result.elapsed_ms)
@@ -122,6 +123,7 @@ def run(
 def replay(
     nodes: int, jobs: int, *, optimiser: bool, round_s: float = 300.0, budget_ms: float = 100.0,
     policy_name: str = "gpusched", seed: int = 0, load: float = 0.9, progress: bool = True,
+    weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
 ) -> dict[str, Any]:
     """Replay a synthetic stream with greedy (``optimiser=False``) or greedy + optimiser plans."""
     import random
@@ -176,7 +178,8 @@ def replay(
         batch = list(pending.values())[:64]
         plan = place(batch, snapshot, policy, now=now, seed=rounds)
         if optimiser and len(batch) > 1:
-            plan = optimise(batch, snapshot, policy, now=now, greedy=plan, budget_ms=budget_ms, seed=rounds)
+            plan = optimise(batch, snapshot, policy, now=now, greedy=plan, budget_ms=budget_ms, seed=rounds,
+                            weights=weights)
         rounds += 1
         taken: list[DeviceShare] = []
         for a in plan.assignments:
@@ -203,11 +206,17 @@ def _main(args: argparse.Namespace) -> int:
     import json
 
     progress = not args.quiet
+    weights = tuple(float(w) for w in args.weights.split(","))
+    if len(weights) != 3:
+        raise SystemExit("--weights takes three numbers: α,β,γ (latency, fragmentation, energy)")
+    w3 = (weights[0], weights[1], weights[2])
     result = run(args.nodes, args.pending, args.runs, budget_ms=args.budget_ms, policy_name=args.policy,
-                 seed=args.seed, progress=progress)
+                 seed=args.seed, progress=progress, weights=w3)
+    result["weights"] = list(w3)
     base, ga = (
         replay(args.replay_nodes, args.replay_jobs, optimiser=flag, round_s=args.round_s,
-               budget_ms=args.budget_ms, policy_name=args.policy, seed=args.seed, progress=progress)
+               budget_ms=args.budget_ms, policy_name=args.policy, seed=args.seed, progress=progress,
+               weights=w3)
         for flag in (False, True)
     )
     result["replay"] = {
