@@ -285,12 +285,15 @@ def _fit(model: str, history: Any, stamps: Any, future: Any, level: float) -> tu
         sigma = float(np.std(history[DAY:] - history[:-DAY]))
         spread = _z(level) * sigma * np.sqrt(np.arange(horizon) // DAY + 1)
         return mean, mean - spread, mean + spread
+    # Import first: statsmodels installs an "always" filter for its ConvergenceWarning on import,
+    # which would override an "ignore" set before it.
+    import pandas as pd
+    from statsmodels.tsa.exponential_smoothing.ets import ETSModel
+    from statsmodels.tsa.statespace.sarimax import SARIMAX
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if model == "ets":
-            import pandas as pd
-            from statsmodels.tsa.exponential_smoothing.ets import ETSModel
-
             fitted = ETSModel(
                 pd.Series(history), error="add", trend="add", damped_trend=True, seasonal="add",
                 seasonal_periods=DAY,
@@ -300,8 +303,6 @@ def _fit(model: str, history: Any, stamps: Any, future: Any, level: float) -> tu
             return (table["mean"].to_numpy(), table["pi_lower"].to_numpy(),
                     table["pi_upper"].to_numpy())
         if model == "sarimax":
-            from statsmodels.tsa.statespace.sarimax import SARIMAX
-
             fitted = SARIMAX(
                 history, exog=_weekly_terms(stamps), order=(1, 1, 1), seasonal_order=(1, 0, 0, DAY),
             ).fit(disp=False, maxiter=100)
