@@ -129,7 +129,7 @@ def optimise_with_report(
         greedy = place(pending, snapshot, policy, now=now, running=running, seed=seed)
         greedy_ms = (time.perf_counter() - began) * 1000.0
         began = time.perf_counter()
-    deadline = began + 0.97 * budget_ms / 1000.0  # leave room to build the plan
+    deadline = began + 0.92 * budget_ms / 1000.0  # leave room to build the plan and for jitter
     index = fleet_index(snapshot)
     problem = Problem(index, snapshot, policy, now, weights, top_k, defer_s)
     by_key = {t.key: t for t in pending}
