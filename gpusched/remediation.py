@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from gpusched.alerts import Action, ActionKind
-from gpusched.failures import FailureRecord, mark_handled, set_override
+from gpusched.failures import FailureRecord, mark_handled, record_failure, set_override
 from gpusched.model import FleetSnapshot, Health
 from gpusched.paths import state_dir
 from gpusched.recovery import Classification, Remedy, choose_remedy, classify_failure
@@ -107,22 +108,41 @@ class PidRegistry:
 
 
 class PidStopper:
-    """A :class:`TaskStopper` that signals the process registered for the key (SIGTERM by default)."""
+    """A :class:`TaskStopper` that ends the process registered for the key.
 
-    def __init__(self, registry: PidRegistry | None = None, sig: int = signal.SIGTERM) -> None:
+    SIGTERM first: Airflow's task runner answers it with the operator's ``on_kill`` (a Bash or
+    Docker task stops its child and fails normally). A Python task ignores it, so if the same
+    process is still alive after ``grace_s`` it gets SIGKILL (from a background thread; the
+    caller does not wait) and Airflow's supervisor fails the try.
+    """
+
+    def __init__(self, registry: PidRegistry | None = None, grace_s: float = 10.0) -> None:
         self.registry = registry or PidRegistry()
-        self.sig = sig
+        self.grace_s = grace_s
 
     def __call__(self, key: str, reason: str) -> bool:
         pid = self.registry.pid_of(key)
         if pid is None:
             return False
+        start = _start_ticks(pid)
         try:
-            os.kill(pid, self.sig)
+            os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             return False
         self.registry.unregister(key)
+        threading.Thread(target=self._escalate, args=(pid, start), daemon=True,
+                         name=f"gpusched-stop-{pid}").start()
         return True
+
+    def _escalate(self, pid: int, start: int | None) -> None:
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline:
+            if _start_ticks(pid) != start:
+                return  # it ended (or the pid now belongs to someone else)
+            time.sleep(0.2)
+        if _start_ticks(pid) == start:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def apply_actions(
@@ -138,9 +158,13 @@ def apply_actions(
             ledger.cordon(action.target, f"{action.rule}: {action.reason}", now=now)
             done.append(f"{action.target}: cordoned ({action.rule})")
         elif action.kind is ActionKind.STOP_TASK:
-            stopped = stopper(action.target, action.reason) if stopper is not None else False
+            # The alert is written before the signal, so a failure the task reports itself is
+            # already classified as this stop (see handle_failure).
             ledger.record_event("alert", action.target, now=now, rule=action.rule, uuid=action.uuid,
-                                reason=action.reason, action="stop_task", stopped=stopped)
+                                reason=action.reason, action="stop_task")
+            stopped = stopper(action.target, action.reason) if stopper is not None else False
+            if stopped:
+                _record_stop(ledger, action, now)
             verdict = "stopped" if stopped else "NOT stopped (no running process registered on this host)"
             done.append(f"{action.target}: task {verdict} ({action.rule}: {action.reason})")
         else:
@@ -148,6 +172,19 @@ def apply_actions(
                                 reason=action.reason, action=str(action.kind))
             done.append(f"{action.target}: {action.rule}: {action.reason}")
     return done
+
+
+def _record_stop(ledger: Ledger, action: Action, now: float | None) -> None:
+    # A killed task process cannot report its own failure: record it and run the chain on it.
+    alloc = ledger.get(action.target)
+    record = FailureRecord(
+        key=action.target, devices=tuple(s.uuid for s in alloc.shares) if alloc else (action.uuid,),
+        log_tail=f"gpusched agent stopped the task ({action.rule}): {action.reason}",
+        at=time.time() if now is None else now, request=alloc.request if alloc else None,
+        host=socket.gethostname(), extra={"stopped_by": "gpusched agent", "rule": action.rule},
+    )
+    record_failure(ledger, record)
+    handle_failure(ledger, record, now=now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +277,7 @@ def handle_failure(
     xids = {u: [x for s in ledger.samples(u, record.at - xid_window_s) for x in s.xid_errors]
             for u in record.devices}
     stops = [str(e.detail.get("reason", "")) for e in ledger.events(200, kinds=("alert",))
-             if e.subject == record.key and e.detail.get("action") == "stop_task" and e.detail.get("stopped")]
+             if e.subject == record.key and e.detail.get("action") == "stop_task"]
     classification = classify_failure(record.log_tail, health, xids, stops)
     request = record.request
     if request is None:

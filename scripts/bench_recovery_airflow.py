@@ -73,8 +73,33 @@ def bench_gpu_fault_noretry():
     task(**gpu(gpus=1, vendor="nvidia", memory="40GiB"), task_id="train", retries=0)(_train)()
 
 
+def _leak(**context):
+    from gpusched.hardware.simulated import SimulatedBackend
+
+    alloc = json.loads(os.environ["GPUSCHED_ALLOCATION"])
+    uuid = alloc["uuids"][0]
+    ti = context["ti"]
+    out = Path(os.environ["BENCH_DIR"])
+    (out / f"leak_{ti.run_id}.json").write_text(json.dumps({"uuid": uuid, "at": time.time()}))
+    backend = SimulatedBackend()
+    used, cap = 2**30, alloc["memory_bytes"][0] * 9 // 10
+    try:
+        for _ in range(600):  # +100 MB per second (6 GB/min) for at most 5 minutes
+            used = min(used + 50_000_000, cap)
+            backend.set_load(uuid, 90, used)
+            time.sleep(0.5)
+    finally:
+        backend.set_load(uuid, 0, 0)
+
+
+@dag(dag_id="bench_gpu_leak", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def bench_gpu_leak():
+    task(**gpu(gpus=1, vendor="nvidia", memory="40GiB"), task_id="train", retries=0)(_leak)()
+
+
 bench_gpu_fault()
 bench_gpu_fault_noretry()
+bench_gpu_leak()
 '''
 
 
@@ -120,6 +145,9 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true",
                         help="the task has no retries: the gpusched_fault_recovery DAG (triggered after "
                              "the failure) clears it through the REST API")
+    parser.add_argument("--leak", action="store_true",
+                        help="instead of Xid trials: a task whose device memory grows 6 GB/min; checks "
+                             "that the agent stops it and the chain classifies it")
     parser.add_argument("--baseline", action="store_true",
                         help="without the fault chain: no agent; the plugin registers only the "
                              "device listener")
@@ -131,7 +159,7 @@ def main() -> int:
     bench.mkdir()
     (dags / "bench_gpu_fault.py").write_text(DAG_SOURCE)
     (dags / "fault_recovery.py").write_text((REPO / "dags" / "fault_recovery.py").read_text())
-    dag_id = "bench_gpu_fault_noretry" if args.sweep else DAG_ID
+    dag_id = "bench_gpu_leak" if args.leak else "bench_gpu_fault_noretry" if args.sweep else DAG_ID
     plugins = REPO / "plugins"
     if args.baseline:
         plugins = home / "plugins"
@@ -175,6 +203,9 @@ def main() -> int:
         _wait("the bench DAG to be parsed", lambda: api.call("GET", dag_path), 180, airflow, log)
         print(f"airflow up after {time.monotonic() - started:.0f} s; home {home}", file=sys.stderr)
         backend = SimulatedBackend()
+        if args.leak:
+            print(json.dumps(_leak_check(api, dag_path, bench, airflow, log), indent=2))
+            return 0
         for n in range(args.trials):
             run_id = api.call("POST", f"{dag_path}/dagRuns", {"logical_date": None})["dag_run_id"]
             first = bench / f"running_{run_id}_1.json"
@@ -239,6 +270,29 @@ def main() -> int:
 
         shutil.rmtree(home, ignore_errors=True)
     return 0
+
+
+def _leak_check(api: Any, dag_path: str, bench: Path, airflow: subprocess.Popen[bytes], log: Path
+                ) -> dict[str, Any]:
+    from gpusched.ledger import Ledger
+
+    run_id = api.call("POST", f"{dag_path}/dagRuns", {"logical_date": None})["dag_run_id"]
+    started = bench / f"leak_{run_id}.json"
+    _wait("the leaking task to run", started.exists, 180, airflow, log)
+    run_path = f"{dag_path}/dagRuns/{run_id}"
+    _wait("the leaking task to be stopped", lambda: api.call("GET", run_path)["state"] == "failed",
+          240, airflow, log)
+    ended = time.time()
+    with Ledger() as ledger:
+        alerts = [e for e in ledger.events(50, kinds=["alert"]) if run_id in e.subject]
+        handled = [e for e in ledger.events(50, kinds=["failure_handled"]) if run_id in e.subject]
+    return {
+        "mode": "memory leak", "run_state": "failed",
+        "leak_start_to_run_failed_s": ended - json.loads(started.read_text())["at"],
+        "agent_alert": alerts[0].detail if alerts else None,
+        "classified_as": handled[0].detail.get("failure_kind") if handled else None,
+        "evidence": handled[0].detail.get("evidence") if handled else None,
+    }
 
 
 def _healthy(port: int) -> bool:

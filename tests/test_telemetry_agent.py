@@ -8,6 +8,7 @@ import sys
 import time
 
 from gpusched.cli import main
+from gpusched.failures import pending_failures
 from gpusched.hardware.simulated import SimulatedBackend
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceSample, DeviceShare, Health
@@ -68,7 +69,15 @@ def test_memory_leak_stops_the_task_process_holding_the_device() -> None:
             assert task.wait(timeout=10) == -signal.SIGTERM
             assert any("task stopped" in line for line in result.applied)
             alert = ledger.events(5, kinds=["alert"])[0]
-            assert alert.subject == key and alert.detail["stopped"] is True
+            assert alert.subject == key and alert.detail["action"] == "stop_task"
+            # The killed task cannot report its failure: the agent records it for the fault chain,
+            # which classifies a leak as the program's bug (no retry).
+            failed = ledger.events(5, kinds=["task_failed"])[0]
+            assert failed.subject == key and failed.detail["devices"] == [device.uuid]
+            assert "MB/min" in failed.detail["log_tail"]
+            handled = ledger.events(5, kinds=["failure_handled"])[0]
+            assert handled.subject == key and handled.detail["failure_kind"] == "code_error"
+            assert handled.detail["retry"] is False and pending_failures(ledger) == []
             metrics = agent.metrics_text()
             assert 'gpusched_alert_actions_total{rule="memory_growth",action="stop_task"} 1' in metrics
             assert f'UUID="{device.uuid}"' in metrics
@@ -97,3 +106,18 @@ def test_pid_registry_never_signals_a_dead_or_recycled_process() -> None:
     task.wait()
     assert registry.pid_of("k") is None  # the process is gone: nothing to signal
     assert PidStopper(registry)("k", "leak") is False
+
+
+def test_pid_stopper_kills_a_task_that_ignores_sigterm() -> None:
+    registry = PidRegistry()
+    stubborn = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: None); "
+        "print('ready', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == "ready"
+        registry.register("k", stubborn.pid)
+        assert PidStopper(registry, grace_s=0.5)("k", "leak") is True
+        assert stubborn.wait(timeout=10) == -signal.SIGKILL  # SIGTERM ignored, then killed
+    finally:
+        stubborn.kill()
+        stubborn.wait()
