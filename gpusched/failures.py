@@ -14,13 +14,19 @@ chain needs no table of its own and every record shows in the event log of the U
     ``run_id`` it applies to that DAG run only; without, to every run until cleared.
 ``override_cleared`` (subject: ``<dag_id>/<task_id>``)
     Cancels earlier overrides of that task.
+``retry_refused`` (subject: ``<dag_id>/<task_id>``)
+    The chain judged a retry pointless (code error, a leak, no larger device) while Airflow still
+    has retries left: the executor may fail try ``try_number`` of that run at once instead of
+    spending GPU time on it. Only that one try: a later manual clear runs normally.
 
-The GPU executor calls :func:`load_overrides` once per scheduling cycle and
-:meth:`OverrideTable.lookup` per workload (see docs/fault-recovery.md).
+The GPU executor calls :func:`load_overrides` once per scheduling cycle, then
+:meth:`OverrideTable.lookup` and :meth:`OverrideTable.refusal` per workload (see
+docs/fault-recovery.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -33,6 +39,7 @@ __all__ = [
     "HANDLED",
     "OVERRIDE",
     "OVERRIDE_CLEARED",
+    "REFUSED",
     "EventLedger",
     "FailureRecord",
     "OverrideTable",
@@ -41,6 +48,7 @@ __all__ = [
     "mark_handled",
     "pending_failures",
     "record_failure",
+    "refuse_retry",
     "set_override",
 ]
 
@@ -48,6 +56,7 @@ FAILED = "task_failed"
 HANDLED = "failure_handled"
 OVERRIDE = "request_override"
 OVERRIDE_CLEARED = "override_cleared"
+REFUSED = "retry_refused"
 
 _SCAN_LIMIT = 5000  # newest events of the chain's kinds that one read looks at
 
@@ -181,12 +190,27 @@ def clear_override(ledger: EventLedger, dag_id: str, task_id: str, *, now: float
     ledger.record_event(OVERRIDE_CLEARED, _subject(dag_id, task_id), now=now, dag_id=dag_id, task_id=task_id)
 
 
+def refuse_retry(
+    ledger: EventLedger, dag_id: str, task_id: str, run_id: str, try_number: int, *, reason: str,
+    now: float | None = None,
+) -> None:
+    """Ask the executor to fail try ``try_number`` of ``dag_id.task_id`` in ``run_id`` at once."""
+    ledger.record_event(REFUSED, _subject(dag_id, task_id), now=now, dag_id=dag_id, task_id=task_id,
+                        run_id=run_id, try_number=int(try_number), reason=reason)
+
+
 @dataclass(frozen=True, slots=True)
 class OverrideTable:
-    """The overrides in force at one instant (build with :func:`load_overrides`)."""
+    """The overrides (and refused retries) in force at one instant (build with :func:`load_overrides`)."""
 
     # (dag_id, task_id) -> [(run_id or None, request, reason)], newest first
     entries: Mapping[tuple[str, str], tuple[tuple[str | None, GPURequest, str], ...]]
+    # (dag_id, task_id, run_id, try_number) -> reason
+    refused: Mapping[tuple[str, str, str, int], str] = field(default_factory=dict)
+
+    def refusal(self, dag_id: str, task_id: str, run_id: str, try_number: int) -> str | None:
+        """Why this try should fail without running (the chain refused the retry), or None."""
+        return self.refused.get((dag_id, task_id, run_id, int(try_number)))
 
     def lookup(self, dag_id: str, task_id: str, run_id: str) -> GPURequest | None:
         """The request that overrides this task's ``executor_config`` in ``run_id``, or None.
@@ -210,9 +234,15 @@ def load_overrides(ledger: EventLedger) -> OverrideTable:
     """Read the overrides in force (one query; call once per scheduling cycle)."""
     entries: dict[tuple[str, str], list[tuple[str | None, GPURequest, str]]] = {}
     cleared: set[tuple[str, str]] = set()
-    for event in ledger.events(_SCAN_LIMIT, kinds=(OVERRIDE, OVERRIDE_CLEARED)):  # newest first
+    refused: dict[tuple[str, str, str, int], str] = {}
+    for event in ledger.events(_SCAN_LIMIT, kinds=(OVERRIDE, OVERRIDE_CLEARED, REFUSED)):  # newest first
         detail = event.detail
         task = (str(detail.get("dag_id", "")), str(detail.get("task_id", "")))
+        if event.kind == REFUSED:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                refused.setdefault((*task, str(detail["run_id"]), int(detail["try_number"])),
+                                   str(detail.get("reason", "")))
+            continue
         if event.kind == OVERRIDE_CLEARED:
             cleared.add(task)
             continue
@@ -226,5 +256,5 @@ def load_overrides(ledger: EventLedger) -> OverrideTable:
         entries.setdefault(task, []).append(
             (None if run_id is None else str(run_id), request, str(detail.get("reason", "")))
         )
-    return OverrideTable({k: tuple(v) for k, v in entries.items()})
+    return OverrideTable({k: tuple(v) for k, v in entries.items()}, refused)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from gpusched.alerts import Action, ActionKind
-from gpusched.failures import FailureRecord, mark_handled, record_failure, set_override
+from gpusched.failures import FailureRecord, mark_handled, record_failure, refuse_retry, set_override
 from gpusched.model import FleetSnapshot, Health
 from gpusched.paths import state_dir
 from gpusched.recovery import Classification, Remedy, choose_remedy, classify_failure
@@ -220,6 +220,10 @@ def apply_remedy(
         if target in known:
             ledger.cordon(target, f"fault chain ({record.key}): {remedy.reason}", now=now)
             done.append(f"{target}: cordoned")
+    if not remedy.retry and record.will_retry and record.dag_id and record.task_id:
+        refuse_retry(ledger, record.dag_id, record.task_id, record.run_id, record.try_number + 1,
+                     reason=remedy.reason, now=now)
+        done.append(f"{record.dag_id}.{record.task_id}: retry {record.try_number + 1} refused")
     if remedy.retry and remedy.request is not None and record.dag_id and record.task_id:
         set_override(ledger, record.dag_id, record.task_id, remedy.request, reason=remedy.reason,
                      run_id=record.run_id if run_scoped else None, now=now)

@@ -139,3 +139,15 @@ def test_recovery_dag_parses_with_light_top_level_imports() -> None:
     assert bag.import_errors == {}
     dag = bag.dags.get("gpusched_fault_recovery")
     assert dag is not None and [t.task_id for t in dag.tasks] == ["recover"]
+
+
+def test_a_code_error_with_airflow_retries_left_refuses_the_next_try(ledger: Ledger) -> None:
+    device = ledger.snapshot().node("a-h100-1").devices[0].uuid
+    record = _record("airflow/train/fit/-1/1/r1", (device,), "KeyError: 'lr'\n", GPURequest.build(gpus=1),
+                     will_retry=True)
+    handled = handle_failure(ledger, record)
+    assert not handled.remedy.retry
+    table = load_overrides(ledger)
+    assert "code error" in (table.refusal("train", "fit", "r1", 2) or "")
+    assert table.refusal("train", "fit", "r1", 3) is None  # a later manual clear runs normally
+    assert table.refusal("train", "fit", "r2", 2) is None
