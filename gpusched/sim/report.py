@@ -246,8 +246,8 @@ def latency_report(folder: Path) -> str:
     """p50/p99 decision latency against fleet size; writes ``latency.png``."""
     runs = _load(folder)
     lines = [
-        "| policy | nodes | GPUs | p50 ms | p99 ms | mean ms | max ms | samples |",
-        "|---|---|---|---|---|---|---|---|",
+        "| policy | nodes | GPUs | p50 ms | p99 ms | mean ms | max ms | CPU p50 ms | CPU p99 ms | samples |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     plt = _plt() if runs else None
     fig, ax = plt.subplots(figsize=(6, 4)) if plt is not None else (None, None)
