@@ -213,3 +213,27 @@ def test_heartbeat_renews_leases_of_running_tasks(executor: Any) -> None:
     time.sleep(0.05)
     executor.sync()
     assert executor.ledger.get(key).lease_expires_at > before
+
+
+def test_fault_chain_override_and_refusal_are_obeyed(executor: Any) -> None:
+    from airflow.utils.state import TaskInstanceState
+
+    from gpusched.failures import refuse_retry, set_override
+
+    # The chain asked for more memory on another model after an OOM: the retry gets that request.
+    bigger = GPURequest.build(gpus=1, models=["MI300X"], memory="150GiB")
+    set_override(executor.ledger, "d", "oom", bigger, reason="CUDA OOM: retry on MI300X", run_id="manual__1")
+    oom = _workload("oom", {"gpus": 1, "vendor": "nvidia"})
+    # The chain refused the retry of a code error: the try fails without taking a GPU.
+    refuse_retry(executor.ledger, "d", "broken", "manual__1", 1, reason="KeyError in user code")
+    broken = _workload("broken", {"gpus": 1})
+    _submit(executor, oom, broken)
+
+    (pair,) = [i for i in _drain(executor) if isinstance(i, tuple)]
+    assert pair[0].key == oom.key
+    alloc = executor.ledger.get(_key(oom))
+    assert alloc is not None and alloc.request == bigger
+    assert {executor.ledger.snapshot().device(s.uuid).model for s in alloc.shares} == {"MI300X"}
+    state, info = executor.event_buffer[broken.key]
+    assert state == TaskInstanceState.FAILED and "KeyError" in info
+    assert executor.ledger.get(_key(broken)) is None

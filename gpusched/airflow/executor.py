@@ -35,6 +35,8 @@ from gpusched.airflow.dispatch import run_gpu_worker
 from gpusched.airflow.gpu_cycle import Hold, Launch, PendingWork, decide, running_tasks
 from gpusched.airflow.keys import KEY_PREFIX, ti_key, ti_key_of
 from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError
+from gpusched.failures import load_overrides
+from gpusched.request import GPURequest
 
 if TYPE_CHECKING:
     from gpusched.ledger import Ledger
@@ -70,6 +72,7 @@ class GPUExecutor(LocalExecutor):
         self.gpu_running: dict[Any, str] = {}
         self._submitted: dict[Any, float] = {}
         self._seen: set[Any] = set()
+        self._cycle_requests: dict[str, GPURequest] = {}  # ledger key -> request used this cycle
         self._queue_reason: dict[str, str] = {}
         self._last_renew = 0.0
         self._last_pool_check = 0.0
@@ -213,14 +216,26 @@ class GPUExecutor(LocalExecutor):
         ledger = self.ledger
         pending: list[PendingWork] = []
         by_key: dict[str, Any] = {}
+        # The fault chain may have replaced a task's request (more memory, another model) or
+        # refused its retry (code errors fail the same way on any GPU): both live in the ledger.
+        overrides = load_overrides(ledger)
+        self._cycle_requests.clear()
         for workload in workloads:
-            key = ti_key_of(workload.ti)
+            ti = workload.ti
+            key = ti_key_of(ti)
+            refusal = overrides.refusal(ti.dag_id, ti.task_id, ti.run_id, ti.try_number)
+            if refusal:
+                self._reject(workload, key, f"gpusched fault chain refused this retry: {refusal}")
+                continue
             try:
-                request = request_from_executor_config(workload.ti.executor_config)
+                request = overrides.lookup(ti.dag_id, ti.task_id, ti.run_id) or (
+                    request_from_executor_config(ti.executor_config)
+                )
             except GPURequestError as exc:
                 self._reject(workload, key, f"invalid GPU request in executor_config: {exc}")
                 continue
             assert request is not None
+            self._cycle_requests[key] = request
             shares: tuple[Any, ...] = ()
             if workload.key not in self._seen:
                 # Only a workload queued again (scheduler restart) can already own an allocation.
@@ -281,7 +296,9 @@ class GPUExecutor(LocalExecutor):
         if self._queue_reason.get(hold.key) == hold.reason:
             return  # already recorded; the ledger keeps the first time it started waiting
         self._queue_reason[hold.key] = hold.reason
-        request = request_from_executor_config(workload.ti.executor_config)
+        request = self._cycle_requests.get(hold.key) or request_from_executor_config(
+            workload.ti.executor_config
+        )
         assert request is not None
         self.ledger.record_queue(hold.key, request, hold.reason, now)
         self.log.info("gpusched: %s waits: %s", hold.key, hold.reason)
