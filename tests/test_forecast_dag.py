@@ -67,3 +67,35 @@ def test_capacity_forecast_dag_end_to_end(tmp_path: Path) -> None:
     assert failed["state"] == "failed"
     assert isinstance(tasks, dict) and tasks["validate"] == "failed"
     assert tasks["prescale"] != "success"
+
+
+@pytest.mark.airflow
+@pytest.mark.slow
+def test_capacity_forecast_dag_reads_the_ledger_and_records_a_forecast_event() -> None:
+    import time
+    from dataclasses import replace
+
+    from gpusched.ledger import Ledger
+    from gpusched.model import DeviceShare
+    from gpusched.placement.synthetic import synthetic_fleet
+    from gpusched.request import GPURequest
+
+    home = Path(os.environ["AIRFLOW_HOME"])  # the ledger lives under it, for both processes
+    ledger = Ledger()
+    ledger.migrate()
+    nodes = list(synthetic_fleet(4, used_fraction=0.0).nodes)
+    nodes[3] = replace(nodes[3], standby=True)
+    ledger.sync_inventory(nodes, source="test")
+    now = time.time()
+    devices = [d for n in nodes[:3] for d in n.devices]
+    for k in range(10):  # one more GPU taken every 10 hours
+        d = devices[k]
+        ledger.allocate(f"job-{k}", GPURequest.build(gpus=1),
+                        [DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes)],
+                        holder="test", now=now - (k + 1) * 10 * 3600, lease_s=10**7)
+    outcome = _run_dag(home, GPUSCHED_DEMAND_SOURCE="ledger")
+    assert outcome["state"] == "success", outcome
+    events = ledger.events(1, kinds=["forecast"])
+    assert events and len(events[0].detail["mean"]) == 24
+    plan = json.loads((home / "gpusched" / "scaling.json").read_text())["last_plan"]
+    assert plan["active_gpus"] == 24  # the standby node is not active capacity
