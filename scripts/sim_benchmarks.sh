@@ -42,7 +42,9 @@ for part in "${parts[@]}"; do
       for p in gpusched first-fit; do
         $G bench philly --policy "$p" --short-first --nodes "$PHILLY_NODES" --quiet \
           --out "results/philly/${p}-short-first.json"
-      done ;;
+      done
+      $G bench philly --policy first-fit --head-of-line --nodes "$PHILLY_NODES" --quiet \
+        --out "results/philly/first-fit-strict-fifo.json" ;;
     latency)
       for p in gpusched first-fit; do
         $G bench latency --nodes 1000 --sweep --policy "$p" --quiet --out "results/latency/${p}.json"

@@ -112,3 +112,16 @@ def test_percentile() -> None:
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert percentile([5], 95) == 5
     assert percentile(list(range(101)), 95) == 95
+
+
+def test_head_of_line_blocking_only_when_asked() -> None:
+    jobs = [
+        SimJob("a", GPURequest(), 0.0, 100.0),
+        SimJob("b", GPURequest(count=2, gang=True), 1.0, 10.0),
+        SimJob("c", GPURequest(), 2.0, 10.0),
+    ]
+    fleet = uniform_fleet(1, 2)
+    skip = {r.key: r.start_s for r in simulate(jobs, fleet, Policy.named("first-fit")).records}
+    assert skip == {"a": 0.0, "c": 2.0, "b": 100.0}  # c uses the free GPU while b waits
+    strict = simulate(jobs, fleet, Policy.named("first-fit"), head_of_line=True)
+    assert {r.key: r.start_s for r in strict.records} == {"a": 0.0, "b": 100.0, "c": 110.0}

@@ -64,6 +64,11 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="priorities from true GPU-time (shortest first, implies --oracle)",
     )
+    ph.add_argument(
+        "--head-of-line",
+        action="store_true",
+        help="strict FIFO queue: nothing starts past the first job left waiting",
+    )
     ph.add_argument("--max-pending", type=int, default=256)
     _common(ph)
     ph.set_defaults(func=_philly)
@@ -175,6 +180,7 @@ def _philly(args: argparse.Namespace) -> int:
         window=window,
         oracle=args.oracle,
         short_first=args.short_first,
+        head_of_line=args.head_of_line,
         max_pending=args.max_pending,
         progress=not args.quiet,
     )

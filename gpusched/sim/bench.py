@@ -134,6 +134,7 @@ def run_philly(
     window: tuple[str, str] = PHILLY_WINDOW,
     oracle: bool = False,
     short_first: bool = False,
+    head_of_line: bool = False,
     max_pending: int = 256,
     progress: bool = False,
 ) -> dict[str, Any]:
@@ -142,7 +143,8 @@ def run_philly(
     ``oracle`` gives the scheduler every job's true run time as its expected duration (for
     reservations/backfill); off by default, as users rarely know it. ``short_first`` also sets
     each request's priority from its GPU-time (see :func:`gputime_priority`), as a DAG author
-    who knows the size of the job would; it implies ``oracle``.
+    who knows the size of the job would; it implies ``oracle``. ``head_of_line`` makes the queue
+    strict FIFO (nothing starts past the first waiting job; see :func:`~gpusched.sim.engine.simulate`).
     """
     trace = load_philly_jobs(jobs_csv, start=window[0], end=window[1], max_gpus=nodes * gpus_per_node)
     jobs = trace_jobs(trace, span_over=gpus_per_node)
@@ -159,6 +161,7 @@ def run_philly(
         Policy.named(policy_name),
         policy_name=policy_name,
         max_pending=max_pending,
+        head_of_line=head_of_line,
         progress=progress,
     )
     summary = summarize(result)
@@ -170,6 +173,7 @@ def run_philly(
         jobs=len(jobs),
         oracle_durations=oracle or short_first,
         short_first=short_first,
+        head_of_line=head_of_line,
         max_pending=max_pending,
     )
     return summary

@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpusched.model import DeviceShare, FleetSnapshot
-from gpusched.placement import PendingTask, Policy, RunningTask, place
+from gpusched.placement import Assignment, PendingTask, PlacementPlan, Policy, RunningTask, place
 from gpusched.request import GPURequest
 
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]
@@ -118,6 +118,7 @@ def simulate(
     round_s: float = 0.0,
     seed: int = 0,
     max_pending: int = 256,
+    head_of_line: bool = False,
     stop_after: Collection[str] | None = None,
     progress: bool = False,
 ) -> SimResult:
@@ -128,6 +129,8 @@ def simulate(
         seed: base seed; pass ``k`` uses ``seed + k`` (for the random policy).
         max_pending: at most this many waiting jobs (oldest first) go to one :func:`place`
             call, like a batch scheduler's backfill depth; keeps passes bounded under overload.
+        head_of_line: a strict FIFO queue: of one pass's plan, only the assignments of jobs
+            ahead of the first job left waiting (in arrival order) start; the rest wait behind it.
         stop_after: stop as soon as every job with one of these keys has finished (arrivals
             keep coming until then, like Gavel's measurement window).
         progress: a tqdm bar on stderr, counting arrivals.
@@ -196,8 +199,9 @@ def simulate(
             dirty = True
         else:
             started = time.perf_counter()
+            offered = list(_head(pending, max_pending))
             plan = place(
-                list(_head(pending, max_pending)),
+                offered,
                 snapshot,
                 policy,
                 now=t,
@@ -207,7 +211,8 @@ def simulate(
             spent += time.perf_counter() - started
             calls += 1
             taken: list[DeviceShare] = []
-            for a in plan.assignments:
+            assignments = _blocking_prefix(plan, offered) if head_of_line else plan.assignments
+            for a in assignments:
                 job = by_key[a.key]
                 del pending[a.key]
                 models = tuple(sorted({snapshot.device(s.uuid).model for s in a.shares}))
@@ -245,6 +250,22 @@ def simulate(
         place_calls=calls,
         place_seconds=spent,
     )
+
+
+def _blocking_prefix(plan: PlacementPlan, offered: Sequence[PendingTask]) -> tuple[Assignment, ...]:
+    """The plan's assignments for the jobs before the first one it leaves waiting (queue order).
+
+    Dropping the later ones is safe: a subset of a non-double-booking plan does not double-book.
+    """
+    by_key = {a.key: a for a in plan.assignments}
+    waiting = {r.key for r in plan.rejections if not r.permanent}
+    kept = []
+    for task in offered:
+        if task.key in waiting:
+            break
+        if task.key in by_key:
+            kept.append(by_key[task.key])
+    return tuple(kept)
 
 
 def _head(pending: Mapping[str, PendingTask], n: int) -> Sequence[PendingTask]:
