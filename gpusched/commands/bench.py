@@ -93,7 +93,11 @@ def register(subparsers: Any) -> None:
 
     for info in pkgutil.iter_modules(commands_pkg.__path__):
         if info.name.startswith("bench_"):
-            module = importlib.import_module(f"gpusched.commands.{info.name}")
+            try:
+                module = importlib.import_module(f"gpusched.commands.{info.name}")
+            except ImportError as exc:  # one broken add-on must not take the trace benchmarks down
+                print(f"gpusched bench: skipping {info.name} ({exc})", file=sys.stderr)
+                continue
             hook = getattr(module, "register_bench", None)
             if hook is not None:
                 hook(sub)
