@@ -61,8 +61,19 @@ set -m
 AIRFLOW_PID=$!
 set +m
 
+# The telemetry agent samples the devices into the ledger, applies the alert rules (cordon on
+# Xid/ECC, stop leaking tasks) and serves Prometheus metrics. GPUSCHED_AGENT=0 leaves it out.
+AGENT_PID=""
+if [[ "${GPUSCHED_AGENT:-1}" != "0" ]]; then
+    "$VENV/bin/gpusched" agent --interval "${GPUSCHED_AGENT_INTERVAL:-10}" \
+        --port "${GPUSCHED_METRICS_PORT:-9400}" >"$AIRFLOW_HOME/gpusched-agent.log" 2>&1 &
+    AGENT_PID=$!
+    echo "gpusched: telemetry agent pid $AGENT_PID, metrics on http://127.0.0.1:${GPUSCHED_METRICS_PORT:-9400}/metrics"
+fi
+
 stop() {
     trap - INT TERM
+    if [[ -n "$AGENT_PID" ]]; then kill -TERM "$AGENT_PID" 2>/dev/null || true; fi
     echo "gpusched: stopping Airflow (pid $AIRFLOW_PID); running tasks finish first ..."
     # SIGINT to standalone's parent stops all its components; SIGTERM would leave children.
     kill -INT "$AIRFLOW_PID" 2>/dev/null || true
@@ -86,4 +97,5 @@ trap 'stop; exit 143' TERM
 set +e
 wait "$AIRFLOW_PID"
 status=$?
+if [[ -n "$AGENT_PID" ]]; then kill -TERM "$AGENT_PID" 2>/dev/null || true; wait "$AGENT_PID" 2>/dev/null; fi
 exit "$status"
