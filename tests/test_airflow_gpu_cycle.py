@@ -78,3 +78,22 @@ def test_running_tasks_from_allocations() -> None:
     assert (task.key, task.started_at, task.expected_end, task.shares) == ("k", 100.0, 3700.0, (share,))
     alloc2 = Allocation("k2", _req(gpus=1), (share,), "h", 5.0, 9.0)
     assert running_tasks([alloc2])[0].expected_end is None
+
+
+def test_genetic_replan_keeps_every_key_once_and_never_overbooks(fleet: FleetSnapshot) -> None:
+    pending = [
+        PendingWork(f"job-{i}", _req(gpus=g, vendor="nvidia", memory="16GiB"), float(i))
+        for i, g in enumerate([1, 2, 4, 1, 2, 0.5, 0.5, 8, 1, 2])
+    ]
+    greedy = decide(pending, fleet, Policy.named("gpusched"), now=20.0)
+    replanned = decide(pending, fleet, Policy.named("gpusched"), now=20.0, replan_budget_ms=60, seed=3)
+    keys = [launch.key for launch in replanned.launches] + [hold.key for hold in replanned.holds]
+    assert sorted(keys) == sorted(w.key for w in pending)
+    # the optimiser keeps what greedy placed placed
+    assert {launch.key for launch in greedy.launches} <= {launch.key for launch in replanned.launches}
+    used: dict[str, int] = {}
+    for launch in replanned.launches:
+        for share in launch.shares:
+            used[share.uuid] = used.get(share.uuid, 0) + share.milli
+            assert fleet.device(share.uuid).vendor == "nvidia"
+    assert all(total <= MILLI for total in used.values())

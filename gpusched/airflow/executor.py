@@ -57,6 +57,18 @@ def _conf_bool(name: str, fallback: bool) -> bool:
     return _conf(name, str(fallback)).strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _weights(text: str) -> tuple[float, float, float]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        alpha, beta, gamma = (float(p) for p in parts)
+    except ValueError:
+        raise GpuschedError(
+            f"[gpusched] replan_weights = {text!r} is not three numbers; "
+            "write latency,fragmentation,energy weights such as '1,1,0.1'"
+        ) from None
+    return alpha, beta, gamma
+
+
 class GPUExecutor(LocalExecutor):
     """LocalExecutor plus GPU placement, allocation, per-task device environment and release."""
 
@@ -66,6 +78,9 @@ class GPUExecutor(LocalExecutor):
         self.lease_s = int(_conf("lease_seconds", "600"))
         self.fail_unschedulable = _conf_bool("fail_unschedulable", True)
         self.use_uuids = _conf_bool("visible_devices_by_uuid", False)
+        # Genetic re-planning of each cycle's batch (0 = greedy only), and its objective weights.
+        self.replan_budget_ms = float(_conf("replan_budget_ms", "0"))
+        self.replan_weights = _weights(_conf("replan_weights", "1,1,0.1"))
         self._ledger: Ledger | None = None
         self._policy: Policy | None = None
         # Airflow key -> ledger key of dispatched GPU work (self.running stays empty in 3.3).
@@ -248,7 +263,10 @@ class GPUExecutor(LocalExecutor):
             return
         snapshot = ledger.snapshot(now)
         running = running_tasks(ledger.active())
-        decision = decide(pending, snapshot, self.policy, now=now, running=running, use_uuids=self.use_uuids)
+        decision = decide(
+            pending, snapshot, self.policy, now=now, running=running, use_uuids=self.use_uuids,
+            replan_budget_ms=self.replan_budget_ms, replan_weights=self.replan_weights,
+        )
         for launch in decision.launches:
             self._launch(by_key[launch.key], launch, now)
         for hold in decision.holds:

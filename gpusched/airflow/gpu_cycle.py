@@ -71,12 +71,16 @@ def decide(
     running: Sequence[RunningTask] = (),
     use_uuids: bool = False,
     seed: int = 0,
+    replan_budget_ms: float = 0.0,
+    replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
 ) -> CycleDecision:
     """Decide one cycle: place what waits on what is free and build each launch's environment.
 
     Workloads that already own an allocation are launched on it first; the rest go to
     :func:`gpusched.placement.place` against ``snapshot`` (whose usage already counts every
-    active allocation).
+    active allocation). With ``replan_budget_ms > 0`` and at least two workloads to place, the
+    genetic optimiser re-plans the batch from the greedy plan within that budget (never worse
+    than greedy by its objective; ``replan_weights`` = latency, fragmentation, energy).
     """
     launches: list[Launch] = []
     holds: list[Hold] = []
@@ -90,6 +94,13 @@ def decide(
             to_place.append(PendingTask(work.key, work.request, work.submitted_at))
     if to_place:
         plan = place(to_place, snapshot, policy, now=now, running=running, seed=seed)
+        if replan_budget_ms > 0 and len(to_place) >= 2:
+            from gpusched.placement.genetic import optimise
+
+            plan = optimise(
+                to_place, snapshot, policy, now=now, running=running, budget_ms=replan_budget_ms,
+                weights=replan_weights, seed=seed, greedy=plan,
+            )
         for assignment in plan.assignments:
             work = by_key[assignment.key]
             _launch_or_hold(work, assignment.shares, snapshot, use_uuids, False, launches, holds)

@@ -222,7 +222,12 @@ def _search(
         hit = cache.get(key)
         if hit is None:
             evaluations += 1
-            hit = decoder.decode(list(ind))
+            genome, value = decoder.decode(list(ind))
+            if any(genome[i] >= limits[i] and not deferrable[i] for i in range(n)):
+                # Repair can push a task greedy placed out of the plan when others took its
+                # capacity; such a plan delays work that could start now, so it never wins.
+                value = math.inf
+            hit = (genome, value)
             cache[key] = hit
         ind[:] = hit[0]
         ind.fitness.values = (hit[1],)
