@@ -24,6 +24,9 @@ export AIRFLOW__API__PORT="$PORT"
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://localhost:$PORT/execution/"
 # GPU tasks may wait for devices longer than Airflow's default 10 minutes in "queued".
 export AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT="${AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT:-3600}"
+# Each scheduling cycle's batch of waiting GPU tasks is re-planned by the genetic optimiser
+# within this many milliseconds (0 = greedy placement only).
+export AIRFLOW__GPUSCHED__REPLAN_BUDGET_MS="${AIRFLOW__GPUSCHED__REPLAN_BUDGET_MS:-100}"
 export PATH="$VENV/bin:$PATH"
 mkdir -p "$AIRFLOW_HOME"
 
