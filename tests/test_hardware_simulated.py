@@ -11,7 +11,7 @@ import pytest
 
 from gpusched.errors import HardwareError
 from gpusched.hardware.base import HardwareBackend
-from gpusched.hardware.simulated import SimulatedBackend
+from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
 from gpusched.model import Health
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,3 +150,27 @@ def test_corrupt_state_file_is_reported_with_the_fix() -> None:
     backend.store.faults_path.write_text("{not json")
     with pytest.raises(HardwareError, match="delete the file to reset it"):
         backend.sample()
+
+
+def test_standby_node_switched_on_by_the_local_scaler_is_discovered_active(tmp_path: Path) -> None:
+    from gpusched.scaling import LocalFleetScaler, ScalingPlan
+
+    backend = SimulatedBackend(default_fleet_path(), state_folder=tmp_path)
+    standby = [n.name for n in backend.discover() if n.standby]
+    assert standby, "the default fleet has a standby node"
+    sampled = {s.uuid for s in backend.sample()}
+    assert not any(d.uuid in sampled for n in backend.discover() if n.standby for d in n.devices)
+
+    plan = ScalingPlan(
+        created_at=0.0, provisioning_delay_s=900, active_gpus=40, target_gpus=48,
+        activate=(standby[0],), surplus_gpus=0, burst_reserve_gpus=0, steps=(), model="test",
+        reason="scale out for the test",
+    )
+    LocalFleetScaler(tmp_path / "scaling.json").apply(plan)
+
+    # a fresh backend in another process would see the same state file
+    again = SimulatedBackend(default_fleet_path(), state_folder=tmp_path)
+    node = next(n for n in again.discover() if n.name == standby[0])
+    assert not node.standby
+    sampled = {s.uuid for s in again.sample()}
+    assert {d.uuid for d in node.devices} <= sampled

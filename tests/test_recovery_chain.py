@@ -151,3 +151,23 @@ def test_a_code_error_with_airflow_retries_left_refuses_the_next_try(ledger: Led
     assert "code error" in (table.refusal("train", "fit", "r1", 2) or "")
     assert table.refusal("train", "fit", "r1", 3) is None  # a later manual clear runs normally
     assert table.refusal("train", "fit", "r2", 2) is None
+
+
+def test_shortage_scales_out_a_standby_node_the_simulated_fleet_then_offers(ledger: Ledger) -> None:
+    from gpusched.placement import PendingTask, Policy, place
+
+    node = ledger.snapshot().node("a-h100-1")
+    request = GPURequest.build(gpus=8, models=["H100-SXM-80GB"], interconnect="island")
+    record = _record("airflow/train/fit/-1/1/r1", tuple(d.uuid for d in node.devices), XID_LOG, request)
+    handled = handle_failure(ledger, record)
+    assert handled.remedy.retry and handled.remedy.activate == ("a-h100-2",)
+    (event,) = ledger.events(5, kinds=["scale_out_request"])
+    assert "activated a-h100-2" in str(event.detail["scaler"])
+
+    # The simulated fleet "provisions" the node; the next inventory sync makes it schedulable.
+    backend = SimulatedBackend()
+    assert not next(n for n in backend.discover() if n.name == "a-h100-2").standby
+    ledger.sync_inventory(backend.discover(), source="simulated")
+    plan = place([PendingTask("retry", request, 1.0)], ledger.snapshot(), Policy.named("gpusched"), now=2.0)
+    (assignment,) = plan.assignments
+    assert {s.node for s in assignment.shares} == {"a-h100-2"}

@@ -65,31 +65,49 @@ class SimulatedBackend:
         self._devices = {d.uuid: d for n in self._nodes for d in n.devices}
         self._standby = {d.uuid for n in self._nodes if n.standby for d in n.devices}
         self.store = FaultStore(state_folder or state_dir())
+        self._scaling_file = (state_folder or state_dir()) / "scaling.json"
         self._clock = clock
         self.description = f"simulated fleet ({display_path(self.fleet_path)})"
 
     # ---- HardwareBackend ------------------------------------------------------------------------
 
     def discover(self) -> list[Node]:
-        """The fleet's nodes; devices with faults carry the health the faults imply."""
+        """The fleet's nodes; devices with faults carry the health the faults imply.
+
+        Standby nodes that a :class:`~gpusched.scaling.LocalFleetScaler` switched on (scale-out,
+        pre-scaling) are reported as active: that is how the simulated fleet "provisions" a node.
+        """
         faults = self.store.faults()
-        if not faults:
-            return list(self._nodes)
+        powered = self.powered_standby()
         nodes = []
         for node in self._nodes:
-            devices = tuple(self._with_health(d, faults.get(d.uuid, ())) for d in node.devices)
-            nodes.append(replace(node, devices=devices))
+            if node.standby and node.name in powered:
+                node = replace(node, standby=False)
+            if faults:
+                devices = tuple(self._with_health(d, faults.get(d.uuid, ())) for d in node.devices)
+                node = replace(node, devices=devices)
+            nodes.append(node)
         return nodes
+
+    def powered_standby(self) -> frozenset[str]:
+        """Names of standby nodes switched on through the local scaler's state file."""
+        from gpusched.scaling import LocalFleetScaler
+
+        active = LocalFleetScaler(self._scaling_file).state().get("active_standby", [])
+        return frozenset(str(name) for name in active)
 
     def sample(self) -> list[DeviceSample]:
         """One reading per powered device (standby nodes are off; ``lost`` devices do not answer)."""
         now = self._clock()
         faults = self.store.faults()
         loads = self.store.loads()
+        powered = self.powered_standby()
         samples = []
         for uuid, device in self._devices.items():
             device_faults = faults.get(uuid, ())
-            if uuid in self._standby or any(f.kind == "lost" for f in device_faults):
+            if (uuid in self._standby and device.node not in powered) or any(
+                f.kind == "lost" for f in device_faults
+            ):
                 continue
             samples.append(self._sample(device, now, loads.get(uuid), device_faults))
         return samples
