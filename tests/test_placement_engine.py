@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
-from gpusched.placement import PendingTask, Placer, Policy, RunningTask, WorkloadShape, place
+from gpusched.placement import PendingTask, Placer, Policy, QueueOrder, RunningTask, WorkloadShape, place
 from gpusched.placement.index import FreeState, fleet_index
 from gpusched.placement.score import FragStats, Workload
 from gpusched.placement.synthetic import make_node, synthetic_fleet, synthetic_requests
@@ -111,7 +111,9 @@ def test_critical_task_reserves_the_devices_that_free_up_first_and_short_tasks_b
         _task("short", 0.0, gpus=1, expected_duration="5m"),
         _task("unknown", 0.0, gpus=1),
     ]
-    plan = place(tasks, snap, Policy.named("gpusched"), now=100.0, running=running)
+    # FIFO within a priority, so "long" is planned before "unknown" takes a device on b.
+    fifo = Policy.named("gpusched", queue_order=QueueOrder.FIFO)
+    plan = place(tasks, snap, fifo, now=100.0, running=running)
     (res,) = plan.reservations
     assert res.key == "critical" and res.start == 1000.0
     assert {s.node for s in res.shares} == {"a"}

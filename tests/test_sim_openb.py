@@ -47,6 +47,8 @@ def test_requests_follow_the_pod() -> None:
     shapes = openb_policy("fgd", PODS).workload
     assert {(s.count, s.milli) for s in shapes} == {(1, 500), (1, 1000), (2, 1000), (1, 300)}
     assert all(s.cpu_milli > 0 for s in shapes)
+    pinned = {(s.count, s.milli): s.models for s in shapes}
+    assert pinned[(1, 300)] == frozenset({"V100-SXM2-16GB"}) and pinned[(1, 500)] == frozenset()
     assert not openb_policy("random", PODS).fractions_need_partitioning
 
 

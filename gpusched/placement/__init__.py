@@ -5,7 +5,7 @@ for the scoring and how to read rejection reasons.
 """
 
 from gpusched.placement.engine import Placer, place
-from gpusched.placement.policy import Chooser, Policy, WorkloadShape
+from gpusched.placement.policy import Chooser, Policy, QueueOrder, WorkloadShape
 from gpusched.placement.types import (
     Assignment,
     PendingTask,
@@ -22,6 +22,7 @@ __all__ = [
     "PlacementPlan",
     "Placer",
     "Policy",
+    "QueueOrder",
     "Rejection",
     "Reservation",
     "RunningTask",

@@ -117,7 +117,7 @@ def _fraction(
             full_pos = np.flatnonzero(full)
             repeat[full_pos[1:]] = node_of[full_pos[1:]] == node_of[full_pos[:-1]]
             cand, free = cand[~repeat], free[~repeat]
-        s = policy.packing * (free - milli) / MILLI
+        s = np.zeros(len(cand))
         if use_stats and policy.fragmentation:
             s = (
                 s
@@ -127,7 +127,7 @@ def _fraction(
             )
         s = s + _speed_terms(placer, task, idx.dev_model[cand], idx.dev_model[cand])
         s = s + policy.degraded_penalty * (idx.dev_health[cand] == 1)
-        best = int(np.argmin(s))
+        best = _tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
         d, score = int(cand[best]), float(s[best])
     return _Choice([d], milli, [task.request.memory_per_gpu], score)
 
@@ -169,14 +169,15 @@ def _whole(
                     * placer.stats.delta_whole(nodes, k, task.cpu_milli, task.host_memory_bytes)
                     / MILLI
                 )
-            if use_stats and policy.packing:
-                s += policy.packing * (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI)
             node_models = idx.dev_model[idx.node_start[nodes]]
             s += _speed_terms(placer, task, node_models, node_models)
             if policy.degraded_penalty and (fits & ~elig.healthy).any():
                 n_healthy = np.bincount(idx.dev_node[fits & elig.healthy], minlength=len(idx.nodes))[nodes]
                 s += policy.degraded_penalty * np.maximum(0, k - n_healthy)
-            best = int(np.argmin(s))
+            if use_stats and policy.packing:
+                best = _tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
+            else:
+                best = int(np.argmin(s))
             n, score = int(nodes[best]), float(s[best])
         plan = [(n, k)]
     elif req.may_span_nodes and k > 1:
@@ -200,6 +201,12 @@ def _whole(
             pool = rng.permutation(pool).tolist()
         chosen.extend(pick_in_node(idx, pool, take, inter, local=local))
     return _Choice(chosen, MILLI, [int(idx.dev_mem[d]) for d in chosen], score)
+
+
+def _tie_break(score: np.ndarray, left: np.ndarray) -> int:
+    """Position of the lowest score; among scores equal to 1e-9, the one with the least ``left``."""
+    tied = np.flatnonzero(score <= score.min() + 1e-9)
+    return int(tied[np.argmin(left[tied])])
 
 
 def _left_after(

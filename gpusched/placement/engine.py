@@ -1,6 +1,7 @@
 """The placement engine: ``place(pending, snapshot, policy, ...) -> PlacementPlan``.
 
-Pure over its inputs. Pending tasks are considered in priority order (then submission time);
+Pure over its inputs. Pending tasks are considered in priority order, then by the policy's queue
+order (shortest expected GPU-time first with aging, or submission time);
 each assignment is applied to a working copy of the free capacity, so a plan never double-books.
 For one task: filter (hard constraints) → candidate nodes/devices (topology) → score → choose;
 then quota (tenant budget, partition share). A critical task that cannot fit now reserves the
@@ -21,7 +22,7 @@ import numpy as np
 from gpusched.catalog import Catalog
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
-from gpusched.placement.policy import Chooser, Policy
+from gpusched.placement.policy import Chooser, Policy, QueueOrder
 from gpusched.placement.score import FragStats, Workload, cached_stats, estimate_workload
 from gpusched.placement.types import (
     Assignment,
@@ -213,7 +214,15 @@ class Placer:
         ordered = (
             list(pending)
             if keep_order
-            else sorted(pending, key=lambda t: (-self._effective_priority(t, now), t.submitted_at, t.key))
+            else sorted(
+                pending,
+                key=lambda t: (
+                    -self._effective_priority(t, now),
+                    self._service_key(t, now),
+                    t.submitted_at,
+                    t.key,
+                ),
+            )
         )
         assignments: list[Assignment] = []
         rejections: list[Rejection] = []
@@ -257,6 +266,21 @@ class Placer:
         aging = self.policy.aging_per_hour
         wait_h = max(0.0, now - task.submitted_at) / 3600.0
         return task.request.priority + aging * wait_h
+
+    def _service_key(self, task: PendingTask, now: float) -> float:
+        """Queue key within a priority: 0 for FIFO; for shortest-first, log2 of the task's expected
+        GPU-time less one per ``service_halving_s`` waited (so waiting halves it)."""
+        policy = self.policy
+        if policy.queue_order is not QueueOrder.SHORTEST_FIRST:
+            return 0.0
+        req = task.request
+        gpu_s = (
+            req.expected_duration_s * req.count * req.milli_per_gpu / MILLI
+            if req.expected_duration_s > 0
+            else policy.unknown_service_s
+        )
+        waited = max(0.0, now - task.submitted_at)
+        return math.log2(max(gpu_s, 1.0)) - waited / max(policy.service_halving_s, 1e-9)
 
     def _shares(self, choice: _Choice) -> tuple[DeviceShare, ...]:
         devices = self.index.devices

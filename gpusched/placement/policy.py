@@ -3,9 +3,11 @@
 A :class:`Policy` is a frozen record of weights and switches; :func:`gpusched.placement.place`
 reads it. ``Policy.named(name)`` gives the presets:
 
-``gpusched``  topology locality + fragmentation (FGD-style) + heterogeneity-aware speed + energy,
-              reservations for critical tasks with backfill.
+``gpusched``  topology locality + fragmentation (FGD-style, model-aware) + heterogeneity-aware
+              speed + energy, reservations for critical tasks with backfill; within a priority,
+              shortest expected GPU-time first with aging.
 ``fgd``       fragmentation only (Weng et al., ATC '23), to compare with the published FGD.
+              Like the baselines below, FIFO within a priority.
 ``best-fit``  the node (and device) with the least free capacity that still fits.
 ``first-fit`` FIFO and count-based, like Airflow pools: the first node in inventory order with
               enough free devices; no topology or model preference; a fractional request takes a
@@ -22,7 +24,7 @@ from types import MappingProxyType
 
 from gpusched.errors import PlacementError
 
-__all__ = ["Chooser", "Policy", "WorkloadShape"]
+__all__ = ["Chooser", "Policy", "QueueOrder", "WorkloadShape"]
 
 
 class Chooser(StrEnum):
@@ -34,6 +36,13 @@ class Chooser(StrEnum):
     RANDOM = "random"
 
 
+class QueueOrder(StrEnum):
+    """In which order ``place`` considers pending tasks (after priority, which always comes first)."""
+
+    FIFO = "fifo"  # submission time
+    SHORTEST_FIRST = "shortest-first"  # least expected GPU-time first, with aging (see Policy)
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadShape:
     """One class of request in the expected workload, for the fragmentation measure.
@@ -41,7 +50,9 @@ class WorkloadShape:
     ``count`` devices of ``milli`` each (``milli < 1000`` only with ``count == 1``), seen with
     relative frequency ``weight``. With ``cpu_milli``/``host_memory_bytes`` the shape also needs
     that much host CPU/RAM on the node: GPU capacity on a node whose CPU or RAM is exhausted then
-    counts as fragmented too (as in FGD).
+    counts as fragmented too (as in FGD). ``models`` (catalog model names; empty = any) are the
+    models the shape may run on: all free capacity of a node of another model counts as fragmented
+    for it, so the measure keeps scarce models for the tasks pinned to them (FGD's ``gpu_spec``).
     """
 
     count: int
@@ -49,6 +60,7 @@ class WorkloadShape:
     weight: float
     cpu_milli: int = 0
     host_memory_bytes: int = 0
+    models: frozenset[str] = frozenset()
 
 
 _EMPTY: Mapping[str, Mapping[str, float]] = MappingProxyType({})
@@ -68,7 +80,9 @@ class Policy:
             expected duration or a throughput-table entry, where running faster matters.
         energy: weight of energy per unit of work (TDP / speed, relative to the least); like
             ``speed``, applied to tasks with an expected duration or a throughput-table entry.
-        packing: weight of the free capacity left on the chosen node (a best-fit tie-breaker).
+        packing: when > 0, among candidates of equal score (to 1e-9) take the one leaving the
+            least free capacity on its node (a best-fit tie-breaker that never outweighs the
+            fragmentation, locality or speed terms).
         degraded_penalty: added per DEGRADED device chosen (they are used last).
         throughput: optional ``{job_type: {model: speed}}`` table (any unit, per job type).
         workload: expected request shapes for the fragmentation measure; empty = estimated from
@@ -78,6 +92,14 @@ class Policy:
         critical_priority: the priority from which a task may hold a reservation.
         aging_per_hour: priority points a waiting task gains per hour of waiting (0 = pure
             priority order, then submission time).
+        queue_order: after priority, the order pending tasks are considered in (see
+            :class:`QueueOrder`). ``shortest-first`` takes the least expected GPU-time
+            (``expected_duration_s`` × count) first; a task without an estimate counts as
+            ``unknown_service_s``; every ``service_halving_s`` of waiting halves a task's
+            effective GPU-time, so a long task beats a brand-new short one after
+            ``service_halving_s × log2(long / short)`` of waiting and nothing starves.
+        service_halving_s: the aging constant of ``shortest-first``.
+        unknown_service_s: the GPU-time assumed for a task without an expected duration.
         round_up_fractions: place a fractional request on a whole device (count-based pools).
         fractions_need_partitioning: allow device sharing only on models the catalog lists with
             a partitioning mechanism (MIG, MPS, vendor partitions). Trace replays of clusters
@@ -97,6 +119,9 @@ class Policy:
     reservations: bool = True
     critical_priority: int = 100
     aging_per_hour: float = 0.0
+    queue_order: QueueOrder = QueueOrder.SHORTEST_FIRST
+    service_halving_s: float = 3600.0
+    unknown_service_s: float = 3600.0
     round_up_fractions: bool = False
     fractions_need_partitioning: bool = True
 
@@ -142,14 +167,18 @@ def _presets() -> dict[str, Policy]:
             name="random",
             chooser=Chooser.RANDOM,
             reservations=False,
+            queue_order=QueueOrder.FIFO,
         ),
         "first-fit": Policy(
             name="first-fit",
             chooser=Chooser.FIRST_FIT,
             reservations=False,
             round_up_fractions=True,
+            queue_order=QueueOrder.FIFO,
         ),
-        "best-fit": Policy(name="best-fit", chooser=Chooser.BEST_FIT, reservations=False),
+        "best-fit": Policy(
+            name="best-fit", chooser=Chooser.BEST_FIT, reservations=False, queue_order=QueueOrder.FIFO
+        ),
         "fgd": Policy(
             name="fgd",
             fragmentation=1.0,
@@ -158,5 +187,6 @@ def _presets() -> dict[str, Policy]:
             energy=0.0,
             packing=0.0,
             reservations=False,
+            queue_order=QueueOrder.FIFO,
         ),
     }

@@ -66,6 +66,7 @@ class Workload:
     s_cpu: np.ndarray = field(default_factory=lambda: np.zeros(0))
     s_mem: np.ndarray = field(default_factory=lambda: np.zeros(0))
     s_col: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    s_models: tuple[frozenset[str], ...] = ()  # per shape; empty = any model
 
     @classmethod
     def of(cls, shapes: Iterable[WorkloadShape]) -> Workload:
@@ -83,7 +84,8 @@ class Workload:
         milli = np.array(sorted(frac), dtype=np.float64)
         fp = np.array([frac[int(m)] for m in milli], dtype=np.float64)
         cdf = np.cumsum(fp) if len(fp) else np.zeros(0)
-        host = any(s.cpu_milli or s.host_memory_bytes for s in items)
+        # Model-constrained shapes need the shape-by-shape form too.
+        host = any(s.cpu_milli or s.host_memory_bytes or s.models for s in items)
         col = [int(np.searchsorted(milli, s.milli)) if s.milli < MILLI else -1 for s in items]
         return cls(
             np.cumsum(whole),
@@ -99,6 +101,7 @@ class Workload:
             np.array([s.cpu_milli for s in items], dtype=np.float64),
             np.array([s.host_memory_bytes for s in items], dtype=np.float64),
             np.array(col, dtype=np.int64),
+            tuple(s.models for s in items),
         )
 
     def p_frac_upto(self, x: np.ndarray) -> np.ndarray:
@@ -117,17 +120,18 @@ class Workload:
 def estimate_workload(
     requests: Iterable[GPURequest], prior: tuple[WorkloadShape, ...] = DEFAULT_WORKLOAD
 ) -> Workload:
-    """Shapes seen in ``requests`` (fractions rounded to 50 milli), blended half-and-half with ``prior``."""
-    seen: Counter[tuple[int, int]] = Counter()
+    """Shapes seen in ``requests`` (fractions rounded to 50 milli, with their allowed models),
+    blended half-and-half with ``prior``."""
+    seen: Counter[tuple[int, int, frozenset[str]]] = Counter()
     for req in requests:
         milli = req.milli_per_gpu
         if milli < MILLI:
             milli = min(MILLI - 50, max(50, round(milli / 50) * 50))
-        seen[(req.count, milli)] += 1
+        seen[(req.count, milli, req.models)] += 1
     total = sum(seen.values())
     shapes = [WorkloadShape(s.count, s.milli, s.weight * 0.5 if total else s.weight) for s in prior]
-    for (count, milli), n in seen.most_common(_MAX_SHAPES):
-        shapes.append(WorkloadShape(count, milli, 0.5 * n / total))
+    for (count, milli, models), n in seen.most_common(_MAX_SHAPES):
+        shapes.append(WorkloadShape(count, milli, 0.5 * n / total, models=models))
     return _workload_of(tuple(shapes))
 
 
@@ -142,7 +146,8 @@ class FragStats:
 
     ``frag`` is the free share of partially used devices; ``frac_frag[:, j]`` the free share of
     devices with less than ``frac_milli[j]`` free; ``cum[:, j]`` its probability-weighted prefix
-    sum; ``expected`` the node's current expected fragmentation.
+    sum; ``expected`` the node's current expected fragmentation; ``model_ok[node, shape]`` (None
+    when no shape names models) whether a shape may run on some in-service device of the node.
     """
 
     __slots__ = (
@@ -155,6 +160,7 @@ class FragStats:
         "max1",
         "max2",
         "maxpart",
+        "model_ok",
         "nfull",
         "state",
         "total",
@@ -186,6 +192,7 @@ class FragStats:
         for j, m in enumerate(workload.frac_milli):
             self.frac_frag[:, j] = np.bincount(node, weights=np.where(f < m, f, 0.0), minlength=n)
         self.cum: np.ndarray = np.cumsum(self.frac_frag * workload.frac_p, axis=1)
+        self.model_ok: np.ndarray | None = _model_ok(index, self.in_service, workload)
         self.expected: np.ndarray = self._expected(np.arange(n), self.total, self.nfull, self.max1, self.frag)
 
     def copy(self, state: FreeState) -> FragStats:
@@ -194,6 +201,7 @@ class FragStats:
         clone.index = self.index
         clone.workload = self.workload
         clone.in_service = self.in_service
+        clone.model_ok = self.model_ok  # static per (inventory, workload): shared
         clone.state = state
         for name in ("total", "nfull", "frag", "max1", "max2", "maxpart", "frac_frag", "cum", "expected"):
             setattr(clone, name, getattr(self, name).copy())
@@ -288,7 +296,10 @@ class FragStats:
             part = np.where(whole[None, :], frag[:, None], rows[:, np.maximum(w.s_col, 0)])
         else:
             part = np.repeat(frag[:, None], len(w.s_p), axis=1)
-        return np.where(gpu_fit & host_fit, part, total[:, None]) @ w.s_p
+        ok = gpu_fit & host_fit
+        if self.model_ok is not None:
+            ok &= self.model_ok[nodes]
+        return np.where(ok, part, total[:, None]) @ w.s_p
 
     def node_fragmentation(self, nodes: np.ndarray) -> np.ndarray:
         """Expected fragmentation (milli-GPU) of the given node positions now."""
@@ -333,6 +344,20 @@ class FragStats:
             mem,
         )
         return after - self.expected[nodes]
+
+
+def _model_ok(index: FleetIndex, in_service: np.ndarray, workload: Workload) -> np.ndarray | None:
+    """``[node, shape]``: the shape may run on some in-service device of the node (None = no
+    shape names models, every shape may run everywhere)."""
+    if not any(workload.s_models):
+        return None
+    allowed = np.array(
+        [[not m or name in m for m in workload.s_models] for name in index.model_names], dtype=bool
+    ).reshape(len(index.model_names), len(workload.s_models))
+    dev_ok = allowed[index.dev_model] & in_service[:, None]
+    counts = np.zeros((len(index.nodes), len(workload.s_models)))
+    np.add.at(counts, index.dev_node, dev_ok)
+    return counts > 0
 
 
 _STATS = LruCache()

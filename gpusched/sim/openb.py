@@ -27,7 +27,7 @@ import statistics
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpusched.catalog import default_catalog
@@ -81,36 +81,48 @@ def pod_request(pod: OpenbPod) -> GPURequest:
     return GPURequest(count=pod.num_gpu, gang=pod.num_gpu > 1, models=models)
 
 
-def openb_policy(name: str, pods: Sequence[OpenbPod] = (), **overrides: object) -> Policy:
+def openb_policy(
+    name: str,
+    pods: Sequence[OpenbPod] = (),
+    *,
+    max_shapes: int = 64,
+    **overrides: object,
+) -> Policy:
     """The named preset, with device sharing allowed on every model (the cluster shared GPUs).
 
     Score-based presets also get the trace's own request shapes as the expected workload:
-    fractions rounded to 50 milli-GPU, the 16 most common shapes, each with the median host CPU
-    and RAM of its pods (so GPUs on a node without CPU left count as fragmented, as in FGD).
+    a shape is (GPU count, milli-GPU rounded to 50, allowed models from ``gpu_spec``); the
+    ``max_shapes`` most common, each with the median host CPU and RAM of its pods (so GPUs on a
+    node without CPU left count as fragmented, as in FGD) and its allowed models (so a node of a
+    model a shape cannot use counts as fragmented for it, as in FGD — this is what keeps the
+    scarce P100/V100 capacity for the pods pinned to it in the ``gpuspec*`` lists).
     ``overrides`` are further :class:`Policy` fields (for tuning experiments).
     """
-    groups: dict[tuple[int, int], list[OpenbPod]] = {}
+    cat = default_catalog()
+    groups: dict[tuple[int, int, frozenset[str]], list[OpenbPod]] = {}
     for p in pods:
+        models = frozenset(cat.get(m).name for m in p.gpu_spec)
         if p.num_gpu == 1 and p.gpu_milli < MILLI:
-            shape = (1, min(MILLI, max(50, round(p.gpu_milli / 50) * 50)))
+            shape = (1, min(MILLI, max(50, round(p.gpu_milli / 50) * 50)), models)
         elif p.num_gpu:
-            shape = (p.num_gpu, MILLI)
+            shape = (p.num_gpu, MILLI, models)
         else:
             continue
         groups.setdefault(shape, []).append(p)
-    top = Counter({k: len(v) for k, v in groups.items()}).most_common(16)
+    top = Counter({k: len(v) for k, v in groups.items()}).most_common(max_shapes)
     total = sum(n for _, n in top)
     base = Policy.named(name)
     if total and base.chooser == "score":
         shapes = tuple(
             WorkloadShape(
-                c,
-                m,
+                key[0],
+                key[1],
                 n / total,
-                cpu_milli=int(statistics.median(p.cpu_milli for p in groups[(c, m)])),
-                host_memory_bytes=int(statistics.median(p.memory_mib for p in groups[(c, m)])) * MIB,
+                cpu_milli=int(statistics.median(p.cpu_milli for p in groups[key])),
+                host_memory_bytes=int(statistics.median(p.memory_mib for p in groups[key])) * MIB,
+                models=key[2],
             )
-            for (c, m), n in top
+            for key, n in top
         )
         return Policy.named(name, fractions_need_partitioning=False, workload=shapes, **overrides)
     return Policy.named(name, fractions_need_partitioning=False, **overrides)
@@ -133,7 +145,10 @@ def run_openb(
     rng = random.Random(seed)
     tasks = tune_workload(pods, capacity, rng, factor)
     rng.shuffle(tasks)
-    placer = Placer(fleet, openb_policy(policy_name, pods, **(overrides or {})))
+    policy = openb_policy(policy_name, pods)
+    if overrides:
+        policy = replace(policy, **overrides)  # type: ignore[arg-type]
+    placer = Placer(fleet, policy)
     arrived = allocated = failed = count = 0
     bar = None
     if progress:
