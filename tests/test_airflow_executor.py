@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,27 +21,6 @@ from gpusched.model import DeviceShare
 from gpusched.request import GPURequest
 
 pytestmark = pytest.mark.airflow
-
-
-@pytest.fixture(scope="module")
-def airflow_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    home = tmp_path_factory.mktemp("af_exec_home")
-    url = f"sqlite:///{home / 'airflow.db'}"
-    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
-                   capture_output=True, timeout=300)
-    from airflow import settings
-    from airflow.configuration import conf
-
-    previous = conf.get("database", "sql_alchemy_conn")
-    conf.set("database", "sql_alchemy_conn", url)
-    settings.configure_vars()
-    settings.reconfigure_orm()
-    yield url
-    conf.set("database", "sql_alchemy_conn", previous)
-    settings.configure_vars()
-    settings.reconfigure_orm()
 
 
 @pytest.fixture

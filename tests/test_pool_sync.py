@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -72,28 +68,6 @@ def test_custom_split_and_invalid_split() -> None:
 
 
 # ---- against a real Airflow metadata database ------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def airflow_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A freshly migrated SQLite Airflow DB, with the in-process ORM pointed at it."""
-    home = tmp_path_factory.mktemp("af_home")
-    url = f"sqlite:///{home / 'airflow.db'}"
-    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
-                   capture_output=True, timeout=300)
-    from airflow import settings
-    from airflow.configuration import conf
-
-    previous = conf.get("database", "sql_alchemy_conn")
-    conf.set("database", "sql_alchemy_conn", url)
-    settings.configure_vars()
-    settings.reconfigure_orm()
-    yield url
-    conf.set("database", "sql_alchemy_conn", previous)
-    settings.configure_vars()
-    settings.reconfigure_orm()
 
 
 def _pools() -> dict[str, tuple[int, str]]:

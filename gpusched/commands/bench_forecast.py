@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "register_bench", "run"]
+__all__ = ["register_bench", "run"]
 
 
 def _default_trace() -> Path:
@@ -97,15 +97,3 @@ def _main(args: argparse.Namespace) -> int:
                      f"reactive {pre['reactive']['burst_wait_p95_s']:.0f} s")
     print(text if args.json else headline)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run as ``python -m gpusched.commands.bench_forecast``."""
-    parser = argparse.ArgumentParser(prog="gpusched bench forecast", description=__doc__.split("\n")[0])
-    _add_arguments(parser)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "register_bench", "replay", "run"]
+__all__ = ["register_bench", "replay", "run"]
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -236,15 +236,3 @@ def _main(args: argparse.Namespace) -> int:
         f"objective gain {result['objective_gain_pct_mean']:.2f} %; replay JCT ratio "
         f"{result['replay']['jct_ratio']:.3f}"))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run as ``python -m gpusched.commands.bench_genetic``."""
-    parser = argparse.ArgumentParser(prog="gpusched bench genetic", description=__doc__.split("\n")[0])
-    _add_arguments(parser)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
