@@ -2,7 +2,9 @@
 # Re-run the simulator benchmarks of docs/benchmarks.md and rebuild results/*/report.md + PNGs.
 #   scripts/sim_benchmarks.sh [openb] [gavel] [philly] [latency]    (default: all four)
 # Environment: SEEDS (openb seeds, default 10), GPUSCHED_TRACES (default ../shared/traces),
-# PHILLY_NODES (default 50), OPENB_GLOB (pod lists to run, default openb_pod_list_*.csv).
+# PHILLY_NODES (default 50), OPENB_GLOB (pod lists to run, default openb_pod_list_*.csv),
+# OPENB_POLICIES (default "random best-fit gpusched fgd"; the baselines need no rerun when only
+# the score-based presets changed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=${GPUSCHED:-.venv/bin/gpusched}
@@ -10,6 +12,7 @@ TRACES=${GPUSCHED_TRACES:-../shared/traces}
 SEEDS=${SEEDS:-10}
 PHILLY_NODES=${PHILLY_NODES:-50}
 OPENB_GLOB=${OPENB_GLOB:-openb_pod_list_*.csv}
+OPENB_POLICIES=${OPENB_POLICIES:-random best-fit gpusched fgd}
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(openb gavel philly latency)
 
@@ -19,7 +22,7 @@ for part in "${parts[@]}"; do
     openb)
       for f in "$TRACES"/openb/$OPENB_GLOB; do
         w=$(basename "$f" .csv)
-        for p in random best-fit gpusched fgd; do
+        for p in $OPENB_POLICIES; do
           echo "openb $w $p" >&2
           $G bench openb --pods "$f" --nodes "$TRACES/openb/openb_node_list_gpu_node.csv" \
             --policy "$p" --seeds "$SEEDS" --quiet --out "results/openb/${w}__${p}.json"
@@ -39,6 +42,10 @@ for part in "${parts[@]}"; do
       done
       $G bench philly --policy gpusched --oracle --nodes "$PHILLY_NODES" --quiet \
         --out "results/philly/gpusched-oracle.json"
+      $G bench philly --policy gpusched --oracle --max-pending 1024 --nodes "$PHILLY_NODES" --quiet \
+        --out "results/philly/gpusched-oracle-pending1024.json"
+      $G bench philly --policy first-fit --max-pending 1024 --nodes "$PHILLY_NODES" --quiet \
+        --out "results/philly/first-fit-pending1024.json"
       for p in gpusched first-fit; do
         $G bench philly --policy "$p" --short-first --nodes "$PHILLY_NODES" --quiet \
           --out "results/philly/${p}-short-first.json"

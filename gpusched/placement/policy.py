@@ -112,7 +112,7 @@ class Policy:
     locality: float = 0.6
     speed: float = 1.0
     energy: float = 0.01
-    packing: float = 0.01
+    packing: float = 0.0
     degraded_penalty: float = 5.0
     throughput: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: _EMPTY)
     workload: tuple[WorkloadShape, ...] = ()
@@ -120,7 +120,7 @@ class Policy:
     critical_priority: int = 100
     aging_per_hour: float = 0.0
     queue_order: QueueOrder = QueueOrder.SHORTEST_FIRST
-    service_halving_s: float = 3600.0
+    service_halving_s: float = 86400.0
     unknown_service_s: float = 3600.0
     round_up_fractions: bool = False
     fractions_need_partitioning: bool = True

@@ -4,8 +4,10 @@ Fragmentation follows the idea of Fragmentation Gradient Descent (Weng et al., U
 a node's fragmentation *for one request shape* is the free GPU capacity that shape cannot use —
 all of the node's free capacity if the shape does not fit there at all, else the free share of
 devices too small for it (devices with less than ``milli`` free for a fraction; partially used
-devices for whole-device shapes). The node's fragmentation is the expectation over the workload's
-shapes (:class:`Workload`), and a placement is scored by how much it *increases* that expectation
+devices for whole-device shapes). A shape that names its models (``WorkloadShape.models``) does
+not fit a node of another model at all, so that node's free capacity is all fragment for it.
+The node's fragmentation is the expectation over the workload's shapes (:class:`Workload`),
+and a placement is scored by how much it *increases* that expectation
 (``delta``): packing a small task onto an already broken device costs nothing, cutting into a
 fresh device that larger tasks need costs a lot.
 

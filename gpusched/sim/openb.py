@@ -85,7 +85,7 @@ def openb_policy(
     name: str,
     pods: Sequence[OpenbPod] = (),
     *,
-    max_shapes: int = 64,
+    max_shapes: int = 256,
     **overrides: object,
 ) -> Policy:
     """The named preset, with device sharing allowed on every model (the cluster shared GPUs).
