@@ -148,8 +148,11 @@ def optimise_with_report(
     cands: list[list[Candidate]] = []
     start_genome: list[int] = []
     unplaced: list[float] = []
+    # Candidate lists are the non-interruptible part of the setup: past half the budget, the
+    # remaining tasks keep greedy's choice only, so the search still gets its share of the budget.
+    setup_deadline = began + 0.5 * budget_ms / 1000.0
     for task in tasks:
-        options = problem.candidates(task, blocked)
+        options = problem.candidates(task, blocked) if time.perf_counter() < setup_deadline else []
         unplaced.append(problem.unplaced_latency(task, options))
         if task.key in assigned:
             own = problem.cand_of_shares(task, assigned[task.key].shares)
@@ -247,8 +250,13 @@ def _search(
         ind = creator.GpuschedIndividual(start)
         mutate(ind, 2.0 / n)
         pop.append(ind)
-    for ind in pop:
+    evaluated: list[Any] = []
+    for ind in pop:  # the start genome first: it is always evaluated, even past the deadline
+        if evaluated and time.perf_counter() >= deadline:
+            break
         evaluate(ind)
+        evaluated.append(ind)
+    pop = evaluated
     best = tools.selBest(pop, 1)[0]
     generation = 0
     last = 0.0  # duration of the latest generation: do not start one that would overrun
