@@ -30,6 +30,7 @@ from gpusched.hardware.simulated import SimulatedBackend  # noqa: E402
 from gpusched.ledger import Ledger  # noqa: E402
 from gpusched.model import DeviceShare  # noqa: E402
 from gpusched.request import GPURequest  # noqa: E402
+from gpusched.sim.metrics import percentile  # noqa: E402
 from gpusched.telemetry import TelemetryAgent  # noqa: E402
 
 
@@ -52,11 +53,6 @@ def _setup(folder: Path, clock: Clock) -> tuple[SimulatedBackend, Ledger, Teleme
     return backend, ledger, agent
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def cycle_cost(cycles: int, interval: float) -> dict[str, Any]:
     """Median/p99 ms of agent.cycle() and of backend.sample(), alternating in one run."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,8 +72,8 @@ def cycle_cost(cycles: int, interval: float) -> dict[str, Any]:
         ledger.close()
     return {
         "devices_sampled": devices,
-        "cycle_ms_p50": statistics.median(full), "cycle_ms_p99": _percentile(full, 0.99),
-        "sample_ms_p50": statistics.median(bare), "sample_ms_p99": _percentile(bare, 0.99),
+        "cycle_ms_p50": statistics.median(full), "cycle_ms_p99": percentile(full, 99),
+        "sample_ms_p50": statistics.median(bare), "sample_ms_p99": percentile(bare, 99),
         "cycle_over_sample_ratio_p50": statistics.median(full) / max(statistics.median(bare), 1e-9),
     }
 

@@ -131,3 +131,13 @@ def test_terms_recombine_to_the_objective(fleet: FleetSnapshot, pending: list[Pe
                                   max_generations=10)
     for terms, value in ((result.greedy_terms, result.greedy_objective), (result.terms, result.objective)):
         assert sum(w * t for w, t in zip(weights, terms, strict=True)) == pytest.approx(value)
+
+
+def test_parse_weights_reads_three_numbers_and_names_the_setting_when_wrong() -> None:
+    from gpusched.errors import ConfigurationError
+    from gpusched.placement.genetic import parse_weights
+
+    assert parse_weights(" 1, 2.5 ,0.1", where="x") == (1.0, 2.5, 0.1)
+    for bad in ("1,1", "1,1,0,2", "1,x,0"):
+        with pytest.raises(ConfigurationError, match=r"\[gpusched\] replan_weights .* three numbers"):
+            parse_weights(bad, where="[gpusched] replan_weights")

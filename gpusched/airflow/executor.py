@@ -36,6 +36,7 @@ from gpusched.airflow.gpu_cycle import Hold, Launch, PendingWork, decide, runnin
 from gpusched.airflow.keys import KEY_PREFIX, ti_key, ti_key_of
 from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError
 from gpusched.failures import load_overrides
+from gpusched.placement.genetic import parse_weights
 from gpusched.request import GPURequest
 
 if TYPE_CHECKING:
@@ -57,18 +58,6 @@ def _conf_bool(name: str, fallback: bool) -> bool:
     return _conf(name, str(fallback)).strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _weights(text: str) -> tuple[float, float, float]:
-    parts = [p.strip() for p in text.split(",")]
-    try:
-        alpha, beta, gamma = (float(p) for p in parts)
-    except ValueError:
-        raise GpuschedError(
-            f"[gpusched] replan_weights = {text!r} is not three numbers; "
-            "write latency,fragmentation,energy weights such as '1,1,0.1'"
-        ) from None
-    return alpha, beta, gamma
-
-
 class GPUExecutor(LocalExecutor):
     """LocalExecutor plus GPU placement, allocation, per-task device environment and release."""
 
@@ -80,7 +69,9 @@ class GPUExecutor(LocalExecutor):
         self.use_uuids = _conf_bool("visible_devices_by_uuid", False)
         # Genetic re-planning of each cycle's batch (0 = greedy only), and its objective weights.
         self.replan_budget_ms = float(_conf("replan_budget_ms", "0"))
-        self.replan_weights = _weights(_conf("replan_weights", "1,1,0.1"))
+        self.replan_weights = parse_weights(
+            _conf("replan_weights", "1,1,0.1"), where="[gpusched] replan_weights"
+        )
         self._ledger: Ledger | None = None
         self._policy: Policy | None = None
         # Airflow key -> ledger key of dispatched GPU work (self.running stays empty in 3.3).

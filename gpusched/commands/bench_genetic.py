@@ -206,10 +206,9 @@ def _main(args: argparse.Namespace) -> int:
     import json
 
     progress = not args.quiet
-    weights = tuple(float(w) for w in args.weights.split(","))
-    if len(weights) != 3:
-        raise SystemExit("--weights takes three numbers: α,β,γ (latency, fragmentation, energy)")
-    w3 = (weights[0], weights[1], weights[2])
+    from gpusched.placement.genetic import parse_weights
+
+    w3 = parse_weights(args.weights, where="--weights")
     result = run(args.nodes, args.pending, args.runs, budget_ms=args.budget_ms, policy_name=args.policy,
                  seed=args.seed, progress=progress, weights=w3)
     result["weights"] = list(w3)

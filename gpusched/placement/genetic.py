@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement.engine import place
 from gpusched.placement.ga_objective import Candidate, Decoder, Problem, plan_objective
@@ -43,7 +44,23 @@ from gpusched.placement.index import fleet_index
 from gpusched.placement.policy import Policy
 from gpusched.placement.types import Assignment, PendingTask, PlacementPlan, Rejection, RunningTask
 
-__all__ = ["OptimiseResult", "optimise", "optimise_with_report", "plan_objective"]
+__all__ = ["OptimiseResult", "optimise", "optimise_with_report", "parse_weights", "plan_objective"]
+
+
+def parse_weights(text: str, *, where: str) -> tuple[float, float, float]:
+    """The objective weights (α latency, β fragmentation, γ energy) from ``"1,1,0.1"``.
+
+    Raises:
+        ConfigurationError: naming ``where`` the text came from and the expected form.
+    """
+    try:
+        alpha, beta, gamma = (float(part.strip()) for part in text.split(","))
+    except ValueError:
+        raise ConfigurationError(
+            f"{where} = {text!r} is not three numbers; "
+            "write latency,fragmentation,energy weights such as '1,1,0.1'"
+        ) from None
+    return alpha, beta, gamma
 
 
 @dataclass(frozen=True, slots=True)
