@@ -8,7 +8,6 @@ Each runner returns a JSON-safe dict; :mod:`gpusched.commands.bench` prints it a
 from __future__ import annotations
 
 import ast
-import csv
 import math
 import statistics
 import sys
@@ -18,16 +17,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpusched.errors import TraceError
 from gpusched.placement import Policy, place
 from gpusched.request import GPURequest, Interconnect
 from gpusched.sim.engine import SimJob, simulate, with_expected_durations
 from gpusched.sim.fleets import gavel_fleet, uniform_fleet
 from gpusched.sim.metrics import percentile, summarize
+from gpusched.sim.tracefile import header
 from gpusched.sim.traces import (
     GAVEL_MODELS,
     TraceJob,
     load_gavel_jobs,
     load_gavel_throughputs,
+    load_openb_lifetimes,
     load_openb_pods,
     load_philly_jobs,
 )
@@ -77,7 +79,11 @@ def gavel_policy(name: str, throughputs: Path | None) -> Policy:
         if model is None:
             continue
         for key, speed in jobs.items():
-            job_type, scale = ast.literal_eval(key)
+            try:
+                job_type, scale = ast.literal_eval(key)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                raise TraceError(throughputs, f"job key {key[:60]!r} is not a (job type, scale) pair",
+                                 "use Gavel's simulation_throughputs.json") from None
             if scale == 1:
                 table.setdefault(job_type, {})[model] = speed
     return Policy.named(name, throughput=table)
@@ -255,28 +261,25 @@ def load_any_trace(path: Path) -> list[SimJob]:
 
     Gavel job lists (``arrival_time_s``), Philly (``timestamp,duration,num_gpus``) and openb pod
     lists with ``creation_time``/``deletion_time`` (GPU pods replayed with their lifetimes).
+
+    Raises:
+        TraceError: a missing, unreadable, empty or unknown file, or a bad row (file, line, field).
     """
-    with path.open(encoding="utf-8") as handle:
-        header = next(csv.reader(line for line in handle if not line.startswith("#")), [])
-    if "arrival_time_s" in header:
+    columns = header(path)
+    if "arrival_time_s" in columns:
         return trace_jobs(load_gavel_jobs(path))
-    if {"timestamp", "duration", "num_gpus"} <= set(header):
+    if {"timestamp", "duration", "num_gpus"} <= set(columns):
         return trace_jobs(load_philly_jobs(path))
-    if {"num_gpu", "gpu_milli", "creation_time", "deletion_time"} <= set(header):
+    if {"num_gpu", "gpu_milli", "creation_time", "deletion_time"} <= set(columns):
         from gpusched.sim.openb import pod_request
 
-        times: dict[str, tuple[float, float]] = {}
-        with path.open(encoding="utf-8") as handle:
-            for row in csv.DictReader(handle):
-                times[row["name"]] = (float(row["creation_time"] or 0), float(row["deletion_time"] or 0))
+        times = load_openb_lifetimes(path)
         return [
             SimJob(p.name, pod_request(p), times[p.name][0], max(1.0, times[p.name][1] - times[p.name][0]))
             for p in load_openb_pods(path)
             if p.num_gpu > 0
         ]
-    from gpusched.errors import ConfigurationError
-
-    raise ConfigurationError(
-        f"{path}: unknown trace layout (header {header[:6]}); give a Gavel job CSV, philly_jobs.csv "
-        "or an openb pod list with creation/deletion times"
+    raise TraceError(
+        path, f"has an unknown trace layout (header {[c[:30] for c in columns[:6]]})",
+        "give a Gavel job CSV, philly_jobs.csv or an openb pod list with creation/deletion times",
     )
