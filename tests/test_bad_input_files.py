@@ -1,4 +1,4 @@
-"""Bad trace and fleet files: each is one GpuschedError naming file, line and field (no traceback, no hang)."""
+"""Bad trace and fleet files: each is one GpuschedError naming file, line and field (no traceback or hang)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from gpusched.sim.engine import SimJob, simulate
 from gpusched.sim.fleets import fleet_from_spec, uniform_fleet
 from gpusched.sim.traces import load_gavel_jobs, load_gavel_throughputs, load_openb_nodes, load_philly_jobs
 
-GAVEL_HEAD = "job_id,arrival_time_s,job_type,scale_factor,total_steps,duration_s_v100,duration_s_p100,duration_s_k80\n"
+GAVEL_HEAD = (
+    "job_id,arrival_time_s,job_type,scale_factor,total_steps,duration_s_v100,duration_s_p100,duration_s_k80\n"
+)
 PHILLY_HEAD = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 OPENB_HEAD = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
@@ -82,7 +84,8 @@ def test_nan_arrival_in_simulate_is_refused_not_a_hang() -> None:
     with pytest.raises(ConfigurationError, match="arrival"):
         simulate([job], uniform_fleet(1, 1), Policy.named("gpusched"))
     with pytest.raises(ConfigurationError, match="appears twice"):
-        simulate([SimJob("j", GPURequest(count=1), 0.0, 1.0)] * 2, uniform_fleet(1, 1), Policy.named("gpusched"))
+        twice = [SimJob("j", GPURequest(count=1), 0.0, 1.0)] * 2
+        simulate(twice, uniform_fleet(1, 1), Policy.named("gpusched"))
 
 
 def test_philly_bad_window(tmp_path: Path) -> None:
@@ -101,7 +104,9 @@ def test_gavel_jobs_valid_rows_still_load(tmp_path: Path) -> None:
 
 
 def _fleet_yaml(count: object = 2) -> str:
-    return f"racks:\n  - name: r\n    nodes:\n      - name: n\n        devices: {{model: T4, count: {count}}}\n"
+    return (
+        f"racks:\n  - name: r\n    nodes:\n      - name: n\n        devices: {{model: T4, count: {count}}}\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -131,6 +136,7 @@ def test_fleet_csv_without_sn_and_bad_specs(tmp_path: Path) -> None:
         load_openb_nodes(path)
     with pytest.raises(TraceError, match="'sn'"):
         fleet_from_spec(str(path))
-    for spec in ["gavel:x", "gavel:0", "gavel:7", "uniform:1000000000x8", "uniform:2x0", "uniform:2x8:V100:x"]:
+    bad = ["gavel:x", "gavel:0", "gavel:7", "uniform:1000000000x8", "uniform:2x0", "uniform:2x8:V100:x"]
+    for spec in bad:
         with pytest.raises(GpuschedError):
             fleet_from_spec(spec)
