@@ -105,7 +105,12 @@ def run_gavel(
     """
     trace = load_gavel_jobs(jobs_csv)
     jobs = trace_jobs(trace)
-    keys = {str(k) for k in range(*measure)}
+    keys = {str(k) for k in range(*measure)} & {j.key for j in jobs}
+    if not keys:
+        raise TraceError(
+            jobs_csv, f"has no job ids {measure[0]}–{measure[1] - 1} to measure",
+            "pick a --measure range of job ids inside the trace",
+        )
     result = simulate(
         jobs,
         gavel_fleet(gpus_per_server=gpus_per_server),
@@ -138,6 +143,7 @@ def run_philly(
     nodes: int = 50,
     gpus_per_node: int = 8,
     window: tuple[str, str] = PHILLY_WINDOW,
+    clusters: frozenset[str] | None = None,
     oracle: bool = False,
     short_first: bool = False,
     head_of_line: bool = False,
@@ -147,12 +153,22 @@ def run_philly(
     """Replay a Philly window on ``nodes`` × ``gpus_per_node`` identical GPUs; queueing and utilisation.
 
     ``oracle`` gives the scheduler every job's true run time as its expected duration (for
-    reservations/backfill); off by default, as users rarely know it. ``short_first`` also sets
-    each request's priority from its GPU-time (see :func:`gputime_priority`), as a DAG author
-    who knows the size of the job would; it implies ``oracle``. ``head_of_line`` makes the queue
-    strict FIFO (nothing starts past the first waiting job; see :func:`~gpusched.sim.engine.simulate`).
+    reservations/backfill); off by default, as users rarely know it. ``clusters`` keeps only those
+    virtual clusters; an empty selection raises :class:`~gpusched.errors.TraceError`.
+    ``short_first`` also sets each request's priority from its GPU-time (see
+    :func:`gputime_priority`), as a DAG author who knows the size of the job would; it implies
+    ``oracle``. ``head_of_line`` makes the queue strict FIFO (nothing starts past the first
+    waiting job; see :func:`~gpusched.sim.engine.simulate`).
     """
-    trace = load_philly_jobs(jobs_csv, start=window[0], end=window[1], max_gpus=nodes * gpus_per_node)
+    trace = load_philly_jobs(
+        jobs_csv, start=window[0], end=window[1], clusters=clusters, max_gpus=nodes * gpus_per_node
+    )
+    if not trace:
+        among = f" of clusters {','.join(sorted(clusters))}" if clusters else ""
+        raise TraceError(
+            jobs_csv, f"has no jobs{among} in the window {window[0]} – {window[1]} (end exclusive)",
+            "pick --start/--end inside the trace's time span, or other --clusters",
+        )
     jobs = trace_jobs(trace, span_over=gpus_per_node)
     if oracle or short_first:
         jobs = with_expected_durations(jobs)
@@ -174,6 +190,7 @@ def run_philly(
     summary.update(
         trace=jobs_csv.name,
         window=list(window),
+        clusters=sorted(clusters) if clusters else None,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
         jobs=len(jobs),
