@@ -101,10 +101,12 @@ class GPURequest:
         unknown = set(kwargs) - _ACCEPTED_KEYS
         if unknown:
             key = sorted(unknown)[0]
-            close = difflib.get_close_matches(key, sorted(_ACCEPTED_KEYS), n=1)
+            close = difflib.get_close_matches(key[:60], sorted(_ACCEPTED_KEYS), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
+            plain = key.isidentifier() and len(key) <= 40
             raise GPURequestError(
-                key, kwargs[key], ", ".join(sorted(_ACCEPTED_KEYS)), f"unknown field{hint}"
+                key if plain else "<request>", kwargs[key], ", ".join(sorted(_ACCEPTED_KEYS)),
+                f"unknown field{'' if plain else ' ' + safe_repr(key)}{hint}",
             )
         count, milli = parse_gpus(kwargs)
         memory = parse_size(kwargs["memory"]) if kwargs.get("memory") is not None else 0
