@@ -22,7 +22,9 @@ Format (see ``docs/hardware.md`` for the full reference)::
               memory: 80GiB               # optional override of the catalog figure
 
 Indices inside a group count from 0 within that group; devices are numbered across groups in
-file order. UUIDs are deterministic: ``GPU-sim-<node>-<i>`` (NVIDIA), ``AMD-sim-<node>-<i>``,
+file order. Bounds: at most 128 devices per node, 64 NUMA nodes, 1,000,000 cores, names of 1–253
+ASCII characters, labels of 63; the YAML must be UTF-8 and repeat no key (see
+``docs/reliability.md``). UUIDs are deterministic: ``GPU-sim-<node>-<i>`` (NVIDIA), ``AMD-sim-<node>-<i>``,
 ``NPU-sim-<node>-<i>`` (Ascend). Every problem raises :class:`~gpusched.errors.FleetFileError`
 naming the file, the node, the field and the fix.
 """
