@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser(args_list).parse_args(args_list)
     except SystemExit as exit_:
         return int(exit_.code or 0) if not isinstance(exit_.code, str) else 2
-    where = f"gpusched {args.command}"
+    where = " ".join(["gpusched", args.command, *([args.bench] if getattr(args, "bench", None) else [])])
     try:
         return int(args.func(args))
     except GpuschedError as exc:

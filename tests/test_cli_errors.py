@@ -138,3 +138,8 @@ def test_progress_bar_counts_the_measured_window(capsys: pytest.CaptureFixture[s
     err = capsys.readouterr().err
     assert result.not_arrived > 0  # the run stopped before every job arrived …
     assert "3/3" in err and "100%" in err  # … and the bar, counting the watched jobs, is full
+
+
+def test_bench_report_without_results_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_line_error(capsys, "bench", "report", "--results", str(tmp_path / "none"))
+    assert line.startswith("gpusched bench report: error:") and "no benchmark results" in line

@@ -245,6 +245,7 @@ def _latency(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from gpusched.errors import ConfigurationError
     from gpusched.sim import report
 
     root: Path = args.results
@@ -259,5 +260,10 @@ def _report(args: argparse.Namespace) -> int:
         made.append(report.philly_report(root / "philly"))
     if (root / "latency").is_dir():
         made.append(report.latency_report(root / "latency"))
+    if not made:
+        raise ConfigurationError(
+            f"no benchmark results under {root} (expected openb/, gavel/, philly/ or latency/ folders of "
+            "JSON); run scripts/sim_benchmarks.sh first or pass --results"
+        )
     print("\n".join(made))
     return 0
