@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _ledger_support import database_url, fleet, share
+from _ledger_support import BACKENDS, database_url, fleet, share
 
 from gpusched.commands import ledger as ledger_command
 from gpusched.errors import LedgerError
@@ -57,14 +57,18 @@ def test_ledger_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture
         assert not led.snapshot().device(d[1].uuid).cordoned
 
 
-def test_status_counts_like_the_fleet_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_status_counts_like_the_fleet_page(
+    backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Degraded devices are not unhealthy; standby devices are not capacity in service."""
     import dataclasses
 
     from gpusched.airflow.api_views import fleet_view
     from gpusched.model import Health
 
-    url = next(database_url("sqlite", tmp_path))
+    urls = database_url(backend, tmp_path)
+    url = next(urls)
     nodes = fleet(2, 4)
     nodes[1] = dataclasses.replace(nodes[1], standby=True)
     with Ledger(url) as led:
@@ -79,6 +83,7 @@ def test_status_counts_like_the_fleet_page(tmp_path: Path, capsys: pytest.Captur
     assert (status["unhealthy"], status["degraded"], status["standby"]) == (1, 1, 4)
     assert status["in_service"] == page["in_service"] == 3
     assert status["capacity_milli"] == 3000
+    urls.close()
 
 
 def _cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
