@@ -37,7 +37,6 @@ __all__ = [
     "safe_repr",
     "size_bytes",
     "strict_yaml",
-    "whole_number",
 ]
 
 MAX_DEVICES = 4096
@@ -86,16 +85,6 @@ def finite_number(value: object, accepted: str) -> float:
     if not math.isfinite(value):
         raise FieldProblem(f"{safe_repr(value)} is not a finite number", accepted)
     return float(value)
-
-
-def whole_number(value: object, *, minimum: int, maximum: int, accepted: str | None = None) -> int:
-    """An int (not a bool) within ``minimum`` … ``maximum``; else :class:`FieldProblem`."""
-    accepted = accepted or f"a whole number from {minimum} to {maximum}"
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise FieldProblem(f"{safe_repr(value)} is not a whole number", accepted)
-    if not minimum <= value <= maximum:
-        raise FieldProblem(f"{safe_repr(value)} is out of range", accepted)
-    return value
 
 
 def size_bytes(value: object) -> int:

@@ -65,7 +65,7 @@ def test_missing_non_utf8_empty_and_unknown_files(tmp_path: Path) -> None:
     for path, words in [
         (tmp_path / "absent.csv", "does not exist"),
         (_file(tmp_path, b"job_id,arrival_time_s\n0,\xff\xfe\n", "latin.csv"), "not UTF-8"),
-        (_file(tmp_path, "", "empty.csv"), "unknown trace layout"),
+        (_file(tmp_path, "", "empty.csv"), "is empty"),
         (_file(tmp_path, "a,b\n1,2\n", "other.csv"), "unknown trace layout"),
         (tmp_path, "not a file"),
     ]:

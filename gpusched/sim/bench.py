@@ -283,6 +283,8 @@ def load_any_trace(path: Path) -> list[SimJob]:
         TraceError: a missing, unreadable, empty or unknown file, or a bad row (file, line, field).
     """
     columns = header(path)
+    if not columns:
+        raise TraceError(path, "is empty", "give a trace file with a header line and jobs")
     if "arrival_time_s" in columns:
         return trace_jobs(load_gavel_jobs(path))
     if {"timestamp", "duration", "num_gpus"} <= set(columns):
