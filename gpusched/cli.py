@@ -3,6 +3,11 @@
 Each command module exposes ``register(subparsers)``, which adds its parser and sets
 ``func`` (taking the parsed namespace, returning the exit code). Modules are imported lazily
 per command name so ``gpusched inventory`` never pays for pandas or deap.
+
+Errors have one central handler (:func:`main`): a bad argument, any
+:class:`~gpusched.errors.GpuschedError` and an operating-system error on a file the user named
+print ONE line ``gpusched <command>: error: <problem>; <fix>`` on stderr and exit with code 2 —
+no usage dump, no traceback. A traceback means a bug in gpusched, not bad input.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from gpusched.errors import GpuschedError
 
@@ -26,8 +32,16 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line naming the problem and where to look."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``prog: error: message; see `prog --help``` and exit 2 (instead of the usage block)."""
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}; see `{self.prog} --help`\n")
+
+
 def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpusched", description="GPU-aware scheduling for Airflow")
+    parser = _Parser(prog="gpusched", description="GPU-aware scheduling for Airflow")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, module in COMMANDS.items():
@@ -41,12 +55,26 @@ def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code (errors print one clear line)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    args = _parser(args_list).parse_args(args_list)
+    try:
+        args = _parser(args_list).parse_args(args_list)
+    except SystemExit as exit_:
+        return int(exit_.code or 0) if not isinstance(exit_.code, str) else 2
+    where = " ".join(["gpusched", args.command, *([args.bench] if getattr(args, "bench", None) else [])])
     try:
         return int(args.func(args))
     except GpuschedError as exc:
-        print(f"gpusched: error: {exc}", file=sys.stderr)
-        return 2
+        _fail(where, str(exc))
+    except OSError as exc:  # a file or folder the user named (--out, --results …)
+        name = f" {exc.filename}" if exc.filename else ""
+        _fail(where, f"cannot use{name}: {exc.strerror or exc}; check the path and its permissions")
+    except KeyboardInterrupt:
+        print(f"{where}: interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+def _fail(where: str, message: str) -> None:
+    print(f"{where}: error: {' '.join(message.split())}", file=sys.stderr)
 
 
 if __name__ == "__main__":

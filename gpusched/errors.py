@@ -6,8 +6,9 @@ catch the whole family with one clause, and each message names the problem *and*
 Hierarchy::
 
     GpuschedError
-    ├── ConfigurationError          bad settings, environment or files
-    │   └── FleetFileError          a fleet YAML that cannot be read or is inconsistent
+    ├── ConfigurationError          bad settings, environment, files or command-line arguments
+    │   ├── FleetFileError          a fleet YAML that cannot be read or is inconsistent
+    │   └── TraceError              a trace file that cannot be read or has a bad row
     ├── CatalogError                an accelerator model the catalog does not know
     ├── GPURequestError             a GPU request field that is invalid (raised at DAG parse time)
     ├── HardwareError               a vendor library failed (translated at the backend boundary)
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gpusched.fields import safe_repr
+
 __all__ = [
     "AllocationConflictError",
     "BackendUnavailableError",
@@ -42,6 +45,7 @@ __all__ = [
     "QuotaError",
     "ScalingError",
     "TelemetryError",
+    "TraceError",
     "UnknownAllocationError",
     "UnschedulableError",
 ]
@@ -57,6 +61,19 @@ class ConfigurationError(GpuschedError):
 
 class FleetFileError(ConfigurationError):
     """A fleet description file cannot be read or describes an impossible fleet."""
+
+
+class TraceError(ConfigurationError):
+    """A job trace cannot be read, or one of its rows is invalid (the message names file, line, field)."""
+
+    def __init__(self, path: object, problem: str, fix: str, *, line: int | None = None,
+                 field: str | None = None) -> None:
+        self.path = str(path)
+        self.line = line
+        self.field = field
+        where = self.path + (f", line {line}" if line is not None else "")
+        at = f", field {field!r}" if field is not None else ""
+        super().__init__(f"trace file {where}{at}: {problem}; fix: {fix}")
 
 
 class CatalogError(GpuschedError):
@@ -76,7 +93,7 @@ class GPURequestError(GpuschedError, ValueError):
         self.field = field
         self.value = value
         self.accepted = accepted
-        what = problem or f"{value!r} is not valid"
+        what = problem or f"{safe_repr(value)} is not valid"
         super().__init__(f"GPURequest.{field}: {what}; accepted: {accepted}")
 
 

@@ -219,3 +219,65 @@ def test_from_yaml_and_from_dict_reject_non_mappings() -> None:
     assert info.value.field == "<request>"
     with pytest.raises(GPURequestError):
         GPURequest.from_dict(["gpus", 2])  # type: ignore[arg-type]
+
+
+# ---- bad input found by probing (issue: input validation is incomplete) --------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "words"),
+    [
+        ({"gpus": float("nan")}, "gpus", ("not a finite number",)),
+        ({"gpus": float("inf")}, "gpus", ("not a finite number",)),
+        ({"expected_duration": float("inf")}, "expected_duration", ("not a finite number",)),
+        ({"expected_duration": float("nan")}, "expected_duration", ("not a finite number",)),
+        ({"count": 10**12}, "count", ("4096",)),
+        ({"gpus": 5000}, "gpus", ("4096",)),
+        ({"min_arch": "sm_999"}, "min_arch", ("no catalog model", "sm_90")),
+        ({"min_arch": "gfx9999"}, "min_arch", ("no catalog model", "gfx942")),
+        ({"min_compute_capability": "9.9"}, "min_compute_capability", ("8.0",)),
+        ({"tenant": "abc\n"}, "tenant", ("lower-case",)),
+        ({"gpus": 0.9999, "memory": "1GiB"}, "gpus", ("0.001", "0.999")),
+        ({"gpus": 0.0005, "memory": "1GiB"}, "gpus", ("0.001",)),
+        ({"vendor": {"nvidia": 1}}, "vendors", ("nvidia, amd, ascend",)),
+        ({"models": [["H100"]]}, "models", ("H100-SXM-80GB",)),
+        ({"labels": {"zone": "x" * 10_000}}, "labels", ("63",)),
+        ({"labels": {"x" * 10_000: "a"}}, "labels", ("63",)),
+        ({"labels": {"zone": 10**5000}}, "labels", ("63",)),
+        ({"priority": 10**5000}, "priority", ("0–100",)),
+        ({"memory": "9" * 400 + "GiB"}, "memory", ("1 PiB",)),
+        ({"memory": 2**80}, "memory", ("1 PiB",)),
+        ({"interconnect": ["island"]}, "interconnect", ("same_node",)),
+        ({"expected_duration": "999999999d"}, "expected_duration", ("366 days",)),
+    ],
+)
+def test_probed_bad_inputs_are_request_errors(kwargs: dict[str, Any], field: str, words: tuple[str]) -> None:
+    exc = _error(**kwargs)
+    _assert_names(exc, field, *words)
+    assert "\n" not in str(exc) and len(str(exc)) < 400
+
+
+def test_sub_second_duration_rounds_up_never_zero() -> None:
+    assert GPURequest.build(expected_duration="0.1s").expected_duration_s == 1
+    assert GPURequest.build(expected_duration=1.5).expected_duration_s == 2
+    assert GPURequest.build(expected_duration="1h30m").expected_duration_s == 5400
+
+
+def test_fractions_in_milli_steps_are_accepted() -> None:
+    assert GPURequest.build(gpus=0.999, memory="1GiB").milli_per_gpu == 999
+    assert GPURequest.build(gpus=0.001, memory="1GiB").milli_per_gpu == 1
+    assert GPURequest.build(gpus=2.0).count == 2
+
+
+@pytest.mark.parametrize(
+    "text", ["gpus: .inf", "gpus: .nan", "gpus: 1\ngpus: 2\n", "1: 2", "expected_duration: -.inf"]
+)
+def test_yaml_bad_input(text: str) -> None:
+    with pytest.raises(GPURequestError) as info:
+        GPURequest.from_yaml(text)
+    assert "\n" not in str(info.value)
+
+
+def test_yaml_duplicated_key_is_named() -> None:
+    with pytest.raises(GPURequestError, match=r"line 2.*duplicated key 'gpus'"):
+        GPURequest.from_yaml("gpus: 1\ngpus: 2\n")

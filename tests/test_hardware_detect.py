@@ -129,4 +129,5 @@ def test_inventory_bad_fleet_exits_2_with_the_fix(tmp_path: Path) -> None:
     bad.write_text("racks:\n  - name: r\n    nodes: [{name: n, devices: {model: H900}}]\n")
     out = _cli("--fleet", str(bad), check=False)
     assert out.returncode == 2
-    assert "gpusched: error: fleet file" in out.stderr and "H900" in out.stderr and "fix:" in out.stderr
+    assert "gpusched inventory: error: fleet file" in out.stderr
+    assert "H900" in out.stderr and "fix:" in out.stderr

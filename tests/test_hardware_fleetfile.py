@@ -102,7 +102,7 @@ BAD = [
     (_fleet(_node(name="bad name!")), ["not a valid name", "host name"]),
     (_fleet(_node(devices={"model": "H900", "count": 8})), ["node 'n1'", "devices[0].model", "H900",
                                                             "H100-SXM-80GB"]),
-    (_fleet(_node(devices={"model": "A100", "count": 0})), ["devices[0].count", "≥ 1"]),
+    (_fleet(_node(devices={"model": "A100", "count": 0})), ["devices[0].count", "from 1 to 128"]),
     (_fleet(_node(devices={"model": "A100", "cuont": 2})), ["cuont", "did you mean 'count'"]),
     (_fleet(_node(devices=[])), ["'devices'", "missing or empty"]),
     (_fleet(_node(memory="lots")), ["'memory'", "'80GiB'"]),

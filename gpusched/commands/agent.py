@@ -30,9 +30,12 @@ def register(subparsers: Any) -> None:
         description="Per-host telemetry agent: sampling, alert rules and a Prometheus endpoint "
                     "with DCGM-compatible metric names.",
     )
-    parser.add_argument("--interval", type=float, default=10.0, help="seconds between cycles (default 10)")
+    from gpusched.commands.args import finite_float, port
+
+    parser.add_argument("--interval", type=finite_float(0.0, 86_400.0, strict_min=True), default=10.0,
+                        help="seconds between cycles (default 10)")
     parser.add_argument("--once", action="store_true", help="run one cycle, print it and exit")
-    parser.add_argument("--port", type=int, default=9400,
+    parser.add_argument("--port", type=port, default=9400,
                         help="port of the /metrics endpoint (default 9400; 0 = no server)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="bind address of /metrics (default 127.0.0.1; 0.0.0.0 to expose)")
@@ -40,9 +43,9 @@ def register(subparsers: Any) -> None:
                         help="hardware backend (default $GPUSCHED_BACKEND or auto)")
     parser.add_argument("--fleet", help="fleet YAML for the simulated backend")
     parser.add_argument("--db-url", default=None, help="ledger URL (default $GPUSCHED_DB_URL or SQLite)")
-    parser.add_argument("--window", type=float, default=300.0,
+    parser.add_argument("--window", type=finite_float(0.0, 86_400.0 * 31, strict_min=True), default=300.0,
                         help="seconds of samples the alert rules look at (default 300)")
-    parser.add_argument("--memory-growth", type=float, default=100.0,
+    parser.add_argument("--memory-growth", type=finite_float(0.0, strict_min=True), default=100.0,
                         help="device memory growth that stops a task, MB/min (default 100)")
     parser.add_argument("--temp-limit", action="append", default=[], metavar="VENDOR=CELSIUS",
                         help="over-temperature limit per vendor, e.g. nvidia=85 amd=100 (repeatable)")

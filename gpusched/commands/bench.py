@@ -24,6 +24,7 @@ __all__ = ["emit", "register"]
 
 def register(subparsers: Any) -> None:
     """Add ``bench`` and its sub-commands."""
+    from gpusched.commands.args import comma_list, finite_float, int_range, policy_help, policy_name
     from gpusched.sim.traces import default_trace_dir
 
     traces = default_trace_dir()
@@ -31,31 +32,43 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
 
     op = sub.add_parser("openb", help="FGD packing experiment on an openb pod list")
-    op.add_argument("--pods", type=Path, default=traces / "openb" / "openb_pod_list_default.csv")
-    op.add_argument("--nodes", type=Path, default=traces / "openb" / "openb_node_list_gpu_node.csv")
-    op.add_argument("--policy", default="gpusched")
-    op.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 (published: 10)")
-    op.add_argument("--seed-offset", type=int, default=0)
-    op.add_argument("--factor", type=float, default=1.3, help="workload tuning factor (published: 1.3)")
+    op.add_argument("--pods", type=Path, default=traces / "openb" / "openb_pod_list_default.csv",
+                    help="openb pod list (default openb/openb_pod_list_default.csv under the traces)")
+    op.add_argument("--nodes", type=Path, default=traces / "openb" / "openb_node_list_gpu_node.csv",
+                    help="openb node list (default openb/openb_node_list_gpu_node.csv under the traces)")
+    op.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help())
+    op.add_argument("--seeds", type=int_range(1, 1000), default=10,
+                    help="run seeds 0..N-1 (default 10, as published)")
+    op.add_argument("--seed-offset", type=int_range(0), default=0, help="first seed (default 0)")
+    op.add_argument("--factor", type=finite_float(0.0, 100.0, strict_min=True), default=1.3,
+                    help="workload tuning factor (default 1.3, as published)")
     _common(op)
     op.set_defaults(func=_openb)
 
     gv = sub.add_parser("gavel", help="Gavel continuous-single JCT on 36 V100 + 36 P100 + 36 K80")
-    gv.add_argument("--rate", type=float, default=2.0, help="jobs/hour (files exist for 2.0 and 4.0)")
+    gv.add_argument("--rate", type=finite_float(0.0, strict_min=True), default=2.0,
+                    help="jobs/hour, picks the stream file (files exist for 2.0 and 4.0; default 2.0)")
     gv.add_argument("--jobs", type=Path, default=None, help="job CSV (default: the rate's n15000 stream)")
-    gv.add_argument("--throughputs", type=Path, default=traces / "gavel" / "simulation_throughputs.json")
-    gv.add_argument("--policy", default="gpusched")
-    gv.add_argument("--gpus-per-server", type=int, default=4)
-    gv.add_argument("--round", type=float, default=360.0, dest="round_s")
-    gv.add_argument("--measure", default="4000-4999", help="job-id range whose JCT is averaged")
+    gv.add_argument("--throughputs", type=Path, default=traces / "gavel" / "simulation_throughputs.json",
+                    help="Gavel's measured throughput table (default gavel/simulation_throughputs.json)")
+    gv.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help())
+    gv.add_argument("--gpus-per-server", type=int_range(1, 36), default=4,
+                    help="GPUs per server, a divisor of 36 (default 4)")
+    gv.add_argument("--round", type=finite_float(0.0), default=360.0, dest="round_s",
+                    help="scheduling round in seconds (default 360, Gavel's)")
+    gv.add_argument("--measure", type=_id_range, default=(4000, 4999),
+                    help="job-id range LO-HI whose JCT is averaged (default 4000-4999)")
     _common(gv)
     gv.set_defaults(func=_gavel, traces=traces)
 
     ph = sub.add_parser("philly", help="Philly queueing delay and utilisation")
-    ph.add_argument("--jobs", type=Path, default=traces / "philly" / "philly_jobs.csv")
-    ph.add_argument("--policy", default="gpusched")
-    ph.add_argument("--nodes", type=int, default=50)
-    ph.add_argument("--gpus-per-node", type=int, default=8)
+    ph.add_argument("--jobs", type=Path, default=traces / "philly" / "philly_jobs.csv",
+                    help="philly_jobs.csv (default philly/philly_jobs.csv under the traces)")
+    ph.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help())
+    ph.add_argument("--nodes", type=int_range(1, 100_000), default=50, help="P100 nodes (default 50)")
+    ph.add_argument("--gpus-per-node", type=int_range(1, 128), default=8, help="GPUs per node (default 8)")
+    ph.add_argument("--clusters", type=comma_list, default=None, metavar="VC,...",
+                    help="keep only these virtual clusters (the trace's cluster column; default all)")
     ph.add_argument("--start", default=None, help="window start YYYY-MM-DD (default 2017-10-09)")
     ph.add_argument("--end", default=None, help="window end, exclusive (default 2017-10-16)")
     ph.add_argument("--oracle", action="store_true", help="give the scheduler true run times")
@@ -69,23 +82,28 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="strict FIFO queue: nothing starts past the first job left waiting",
     )
-    ph.add_argument("--max-pending", type=int, default=256)
+    ph.add_argument("--max-pending", type=int_range(1), default=256,
+                    help="waiting jobs offered to one placement call (default 256)")
     _common(ph)
     ph.set_defaults(func=_philly)
 
     lt = sub.add_parser("latency", help="decision latency of one greedy placement")
-    lt.add_argument("--nodes", type=int, default=1000)
-    lt.add_argument("--gpus-per-node", type=int, default=8)
-    lt.add_argument("--policy", default="gpusched")
-    lt.add_argument("--samples", type=int, default=200)
-    lt.add_argument("--busy", type=float, default=0.4, help="fraction of devices already taken")
+    lt.add_argument("--nodes", type=int_range(1, 100_000), default=1000,
+                    help="fleet size in nodes (default 1000)")
+    lt.add_argument("--gpus-per-node", type=int_range(1, 128), default=8, help="GPUs per node (default 8)")
+    lt.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help())
+    lt.add_argument("--samples", type=int_range(1, 100_000), default=200,
+                    help="placements timed per fleet size (default 200)")
+    lt.add_argument("--busy", type=finite_float(0.0, 1.0), default=0.4,
+                    help="fraction of devices already taken, 0–1 (default 0.4)")
     lt.add_argument("--sweep", action="store_true", help="also 100, 2000, 5000 and 10000 nodes")
     _common(lt)
     lt.set_defaults(func=_latency)
 
     rp = sub.add_parser("report", help="markdown tables and PNG plots from results/*/ JSON files")
-    rp.add_argument("--results", type=Path, default=Path("results"))
-    rp.add_argument("--traces", type=Path, default=traces)
+    rp.add_argument("--results", type=Path, default=Path("results"),
+                    help="folder with openb/, gavel/, philly/, latency/ JSON (default results)")
+    rp.add_argument("--traces", type=Path, default=traces, help="trace folder for the published figures")
     rp.set_defaults(func=_report)
 
     # Other areas add their benchmarks as gpusched/commands/bench_<name>.py with register_bench(sub).
@@ -101,6 +119,13 @@ def register(subparsers: Any) -> None:
             hook = getattr(module, "register_bench", None)
             if hook is not None:
                 hook(sub)
+
+
+def _id_range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    if not (lo.strip().isdigit() and hi.strip().isdigit()) or int(lo) > int(hi) or len(text) > 40:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a job-id range LO-HI such as 4000-4999")
+    return int(lo), int(hi)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -158,7 +183,7 @@ def _gavel(args: argparse.Namespace) -> int:
     jobs = (
         args.jobs or args.traces / "gavel" / f"gavel_continuous_single_rate{args.rate:.1f}_seed0_n15000.csv"
     )
-    lo, hi = (int(x) for x in args.measure.split("-"))
+    lo, hi = args.measure
     result = run_gavel(
         jobs,
         args.policy,
@@ -182,6 +207,7 @@ def _philly(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
         window=window,
+        clusters=args.clusters,
         oracle=args.oracle,
         short_first=args.short_first,
         head_of_line=args.head_of_line,
@@ -219,6 +245,7 @@ def _latency(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from gpusched.errors import ConfigurationError
     from gpusched.sim import report
 
     root: Path = args.results
@@ -233,5 +260,10 @@ def _report(args: argparse.Namespace) -> int:
         made.append(report.philly_report(root / "philly"))
     if (root / "latency").is_dir():
         made.append(report.latency_report(root / "latency"))
+    if not made:
+        raise ConfigurationError(
+            f"no benchmark results under {root} (expected openb/, gavel/, philly/ or latency/ folders of "
+            "JSON); run scripts/sim_benchmarks.sh first or pass --results"
+        )
     print("\n".join(made))
     return 0

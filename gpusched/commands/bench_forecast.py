@@ -30,13 +30,22 @@ def _default_trace() -> Path:
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", type=Path, default=_default_trace(), help="Philly philly_jobs.csv")
-    parser.add_argument("--origins", type=int, default=14, help="backtest origins (4 days apart)")
-    parser.add_argument("--horizon", type=int, default=24, help="forecast horizon in hours")
-    parser.add_argument("--plot", type=Path, default=Path("results/forecast/philly_forecast.png"))
+    from gpusched.commands.args import int_range
+    from gpusched.forecast import MODELS
+
+    parser.add_argument("--origins", type=int_range(1, 1000), default=14,
+                        help="backtest origins, 4 days apart (default 14)")
+    parser.add_argument("--horizon", type=int_range(1, 24 * 366), default=24,
+                        help="forecast horizon in hours (default 24)")
+    parser.add_argument("--plot", type=Path, default=Path("results/forecast/philly_forecast.png"),
+                        help="where to write the plot (default results/forecast/philly_forecast.png)")
     parser.add_argument("--no-prescale", action="store_true", help="skip the pre-scaling simulation")
-    parser.add_argument("--delay-s", type=int, default=900, help="provisioning delay for the simulation")
-    parser.add_argument("--measure-days", type=int, default=7)
-    parser.add_argument("--model", default="ets", help="forecasting model inside the simulation")
+    parser.add_argument("--delay-s", type=int_range(0, 86_400), default=900,
+                        help="provisioning delay for the simulation, s (default 900)")
+    parser.add_argument("--measure-days", type=int_range(1, 366), default=7,
+                        help="days of the pre-scaling simulation that are measured (default 7)")
+    parser.add_argument("--model", choices=MODELS, default="ets",
+                        help=f"forecasting model inside the simulation: {', '.join(MODELS)} (default ets)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -32,15 +32,23 @@ __all__ = ["register_bench", "replay", "run"]
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--pending", type=int, default=64)
-    parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--budget-ms", type=float, default=100.0)
-    parser.add_argument("--policy", default="gpusched")
-    parser.add_argument("--replay-nodes", type=int, default=48)
-    parser.add_argument("--replay-jobs", type=int, default=400)
-    parser.add_argument("--round-s", type=float, default=300.0)
-    parser.add_argument("--seed", type=int, default=0)
+    from gpusched.commands.args import finite_float, int_range, policy_help, policy_name
+
+    parser.add_argument("--nodes", type=int_range(1, 100_000), default=1000,
+                        help="synthetic fleet size in nodes for the latency runs (default 1000)")
+    parser.add_argument("--pending", type=int_range(1, 10_000), default=64,
+                        help="pending tasks in one batch (default 64)")
+    parser.add_argument("--runs", type=int_range(1, 10_000), default=30, help="timed batches (default 30)")
+    parser.add_argument("--budget-ms", type=finite_float(0.0, 600_000.0, strict_min=True), default=100.0,
+                        help="optimiser time budget per batch, ms (default 100)")
+    parser.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help("greedy policy"))
+    parser.add_argument("--replay-nodes", type=int_range(1, 100_000), default=48,
+                        help="fleet size in nodes for the trace replay (default 48)")
+    parser.add_argument("--replay-jobs", type=int_range(1, 1_000_000), default=400,
+                        help="jobs replayed (default 400)")
+    parser.add_argument("--round-s", type=finite_float(0.0, strict_min=True), default=300.0,
+                        help="scheduling round of the replay, s (default 300)")
+    parser.add_argument("--seed", type=int_range(0), default=0, help="seed (default 0)")
     parser.add_argument("--weights", default="1,1,0.1", help="α,β,γ: latency, fragmentation, energy")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")

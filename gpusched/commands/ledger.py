@@ -1,115 +1,196 @@
 """``gpusched ledger``: look at and operate the allocation ledger.
 
-    gpusched ledger [--url URL] migrate
-    gpusched ledger [--url URL] status [--json]
-    gpusched ledger [--url URL] allocations [--all] [--json]
-    gpusched ledger [--url URL] events [--limit N] [--json]
-    gpusched ledger [--url URL] release KEY [--reason TEXT]
-    gpusched ledger [--url URL] cordon TARGET --reason TEXT
-    gpusched ledger [--url URL] uncordon TARGET
-    gpusched ledger [--url URL] expire
+    gpusched ledger migrate [--url URL]
+    gpusched ledger status [--json] [--url URL]
+    gpusched ledger allocations [--all] [--json] [--url URL]
+    gpusched ledger events [--limit N] [--json] [--url URL]
+    gpusched ledger release KEY [--reason TEXT] [--url URL]
+    gpusched ledger cordon TARGET --reason TEXT [--url URL]
+    gpusched ledger uncordon TARGET [--url URL]
+    gpusched ledger expire [--url URL]
 
-``--url`` defaults to ``$GPUSCHED_DB_URL``, else the SQLite ledger under ``$AIRFLOW_HOME/gpusched``.
-Every command but ``migrate`` expects a migrated ledger; ``migrate`` is idempotent.
+``--url`` may stand before or after the action. Where the ledger is: ``--url``, else
+``$GPUSCHED_DB_URL``, else the SQLite file ``$AIRFLOW_HOME/gpusched/ledger.db`` (``AIRFLOW_HOME``
+defaults to ``~/airflow``) — so point ``AIRFLOW_HOME`` (or ``GPUSCHED_DB_URL``) at the main
+job's. Only ``migrate`` creates anything (it is idempotent); every other action reads or
+changes an existing, migrated ledger and fails with one line saying where it looked.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from gpusched.commands.args import int_range
 
 if TYPE_CHECKING:
     from gpusched.ledger import Ledger
 
 __all__ = ["register", "run"]
 
+_URL_HELP = "database URL (default $GPUSCHED_DB_URL, else SQLite at $AIRFLOW_HOME/gpusched/ledger.db)"
+
 
 def register(subparsers: Any) -> None:
     """Add the ``ledger`` command to the ``gpusched`` parser."""
     parser = subparsers.add_parser(
         "ledger", help="inspect and operate the allocation ledger",
-        description="Inspect and operate the allocation ledger (SQLite or PostgreSQL).",
+        description="Inspect and operate the allocation ledger (SQLite or PostgreSQL). "
+                    "Only `migrate` creates a ledger; the others need the main job's.",
     )
-    parser.add_argument("--url", default=None,
-                        help="database URL (default $GPUSCHED_DB_URL or SQLite under $AIRFLOW_HOME)")
+    parser.add_argument("--url", default=None, help=_URL_HELP)
     sub = parser.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
-    sub.add_parser("migrate", help="create or upgrade the schema (idempotent)")
-    status = sub.add_parser("status", help="schema revision, devices, allocations, queue")
-    status.add_argument("--json", action="store_true")
-    allocations = sub.add_parser("allocations", help="active allocations (or all with --all)")
+
+    def action(name: str, help_text: str) -> argparse.ArgumentParser:
+        child: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+        # SUPPRESS: an --url given before the action is kept unless repeated after it.
+        child.add_argument("--url", default=argparse.SUPPRESS, help=_URL_HELP)
+        return child
+
+    action("migrate", "create or upgrade the schema (idempotent; the only action that creates files)")
+    status = action("status", "schema revision, devices in service, allocations, queue")
+    status.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    allocations = action("allocations", "active allocations (or all with --all)")
     allocations.add_argument("--all", action="store_true", help="include released allocations")
-    allocations.add_argument("--json", action="store_true")
-    events = sub.add_parser("events", help="recent events, newest first")
-    events.add_argument("--limit", type=int, default=30)
-    events.add_argument("--json", action="store_true")
-    release = sub.add_parser("release", help="release the active allocation of a task key")
-    release.add_argument("key")
-    release.add_argument("--reason", default="released by operator")
-    cordon = sub.add_parser("cordon", help="stop new allocations on a device uuid or node name")
-    cordon.add_argument("target")
-    cordon.add_argument("--reason", required=True)
-    uncordon = sub.add_parser("uncordon", help="allow new allocations on a device uuid or node name")
-    uncordon.add_argument("target")
-    sub.add_parser("expire", help="release allocations whose lease has expired")
+    allocations.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    events = action("events", "recent events, newest first")
+    events.add_argument("--limit", type=int_range(1, 100_000), default=30,
+                        help="how many events, 1–100000 (default 30)")
+    events.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    release = action("release", "release the active allocation of a task key")
+    release.add_argument("key", help="the allocation key (see `gpusched ledger allocations`)")
+    release.add_argument("--reason", default="released by operator", help="recorded with the release")
+    cordon = action("cordon", "stop new allocations on a device uuid or node name")
+    cordon.add_argument("target", help="device uuid or node name (see `gpusched inventory`)")
+    cordon.add_argument("--reason", required=True, help="why (recorded and shown on the fleet page)")
+    uncordon = action("uncordon", "allow new allocations on a device uuid or node name")
+    uncordon.add_argument("target", help="device uuid or node name")
+    action("expire", "release allocations whose lease has expired")
     parser.set_defaults(func=run)
 
 
+def ledger_url(explicit: str | None) -> str:
+    """The URL the CLI uses: ``--url``, ``$GPUSCHED_DB_URL``, else the SQLite file under AIRFLOW_HOME.
+
+    Creates nothing (unlike :func:`gpusched.ledger.engine.default_url`, which makes the folder).
+    """
+    from gpusched.paths import state_dir
+
+    url = (explicit or os.environ.get("GPUSCHED_DB_URL", "")).strip()
+    return url or f"sqlite:///{state_dir() / 'ledger.db'}"
+
+
+def _missing_sqlite_file(url: str) -> Path | None:
+    """The database file of a file-backed SQLite URL when it does not exist, else ``None``."""
+    import sqlalchemy as sa
+
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError:
+        return None  # make_engine reports it
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    path = Path(parsed.database)
+    return None if path.is_file() else path
+
+
+def _not_found(url: str, path: Path, explicit: bool) -> str:
+    if explicit or os.environ.get("GPUSCHED_DB_URL", "").strip():
+        source = "--url" if explicit else "GPUSCHED_DB_URL"
+        return (f"no ledger at {path} (from {source}); give the main job's ledger URL, or run "
+                "`gpusched ledger migrate` to create a new, empty one there")
+    home = os.environ.get("AIRFLOW_HOME")
+    assumed = f"AIRFLOW_HOME={home}" if home else "AIRFLOW_HOME is unset, so ~/airflow was assumed"
+    return (f"no ledger at {path} ({assumed}); set AIRFLOW_HOME to the main job's AIRFLOW_HOME "
+            "(or GPUSCHED_DB_URL / --url to its ledger database)")
+
+
 def run(args: argparse.Namespace) -> int:
-    """Carry out one ledger action; returns the exit code."""
+    """Carry out one ledger action; returns the exit code.
+
+    Raises:
+        LedgerError: no ledger where the CLI looked, no schema, or the database failed — one
+            line naming the database and the fix.
+    """
+    import sqlalchemy as sa
+
     from gpusched.errors import LedgerError
     from gpusched.ledger import Ledger
+
+    url = ledger_url(args.url)
+    action = args.ledger_command
+    missing = _missing_sqlite_file(url) if action != "migrate" else None
+    if missing is not None:
+        raise LedgerError(_not_found(url, missing, bool(args.url)))
+    try:
+        with Ledger(url) as ledger:
+            return _act(ledger, args)
+    except sa.exc.SQLAlchemyError as exc:
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:200]
+        where = sa.make_url(url).render_as_string(hide_password=True)
+        raise LedgerError(
+            f"cannot use the ledger at {where}: {first}; check --url / GPUSCHED_DB_URL and that the "
+            "database is reachable"
+        ) from None
+
+
+def _act(ledger: Ledger, args: argparse.Namespace) -> int:
+    from gpusched.errors import LedgerError
     from gpusched.ledger.migrate import current_revision
 
-    with Ledger(args.url) as ledger:
-        action = args.ledger_command
-        if action == "migrate":
-            ledger.migrate()
-            print(f"ledger at {_where(ledger)} is at the newest schema")
-            return 0
-        if current_revision(ledger.engine) is None:
-            raise LedgerError(
-                f"the ledger at {_where(ledger)} has no schema yet; run `gpusched ledger migrate`"
-            )
-        if action == "status":
-            return _status(ledger, args.json)
-        if action == "allocations":
-            found = ledger.history(0.0) if args.all else ledger.active()
-            if args.json:
-                print(json.dumps([a.to_dict() for a in found], indent=2))
-            else:
-                for a in found:
-                    state = a.status if a.released_at is None else f"{a.status} ({a.release_reason})"
-                    devices = ", ".join(f"{s.uuid}:{s.milli}" for s in a.shares)
-                    print(f"{a.key}  holder={a.holder}  {state}  [{devices}]")
-                print(f"{len(found)} allocation(s)")
-            return 0
-        if action == "events":
-            found_events = ledger.events(args.limit)
-            if args.json:
-                print(json.dumps([{"id": e.id, "at": e.at, "kind": e.kind, "subject": e.subject,
-                                   "detail": dict(e.detail)} for e in found_events], indent=2))
-            else:
-                for e in found_events:
-                    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.at))
-                    print(f"{stamp}Z  {e.kind:<10} {e.subject}  {json.dumps(dict(e.detail))}")
-            return 0
-        if action == "release":
-            released = ledger.release(args.key, reason=args.reason)
-            print(f"released {args.key}" if released else f"{args.key} holds no active allocation")
-            return 0
-        if action == "cordon":
-            ledger.cordon(args.target, args.reason)
-            print(f"cordoned {args.target}")
-            return 0
-        if action == "uncordon":
-            ledger.uncordon(args.target)
-            print(f"uncordoned {args.target}")
-            return 0
-        expired = ledger.expire_leases()
-        print(f"expired {len(expired)} allocation(s)" + "".join(f"\n  {a.key}" for a in expired))
+    action = args.ledger_command
+    if action == "migrate":
+        ledger.migrate()
+        print(f"ledger at {_where(ledger)} is at the newest schema")
         return 0
+    if current_revision(ledger.engine) is None:
+        raise LedgerError(
+            f"the database at {_where(ledger)} has no gpusched ledger schema; point AIRFLOW_HOME or "
+            "GPUSCHED_DB_URL (or --url) at the main job's ledger, or run `gpusched ledger migrate` "
+            "to set this one up"
+        )
+    if action == "status":
+        return _status(ledger, args.json)
+    if action == "allocations":
+        found = ledger.history(0.0) if args.all else ledger.active()
+        if args.json:
+            print(json.dumps([a.to_dict() for a in found], indent=2))
+        else:
+            for a in found:
+                state = a.status if a.released_at is None else f"{a.status} ({a.release_reason})"
+                devices = ", ".join(f"{s.uuid}:{s.milli}" for s in a.shares)
+                print(f"{a.key}  holder={a.holder}  {state}  [{devices}]")
+            print(f"{len(found)} allocation(s)")
+        return 0
+    if action == "events":
+        found_events = ledger.events(args.limit)
+        if args.json:
+            print(json.dumps([{"id": e.id, "at": e.at, "kind": e.kind, "subject": e.subject,
+                               "detail": dict(e.detail)} for e in found_events], indent=2))
+        else:
+            for e in found_events:
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.at))
+                print(f"{stamp}Z  {e.kind:<10} {e.subject}  {json.dumps(dict(e.detail))}")
+        return 0
+    if action == "release":
+        released = ledger.release(args.key, reason=args.reason)
+        print(f"released {args.key}" if released else f"{args.key} holds no active allocation")
+        return 0
+    if action == "cordon":
+        ledger.cordon(args.target, args.reason)
+        print(f"cordoned {args.target}")
+        return 0
+    if action == "uncordon":
+        ledger.uncordon(args.target)
+        print(f"uncordoned {args.target}")
+        return 0
+    expired = ledger.expire_leases()
+    print(f"expired {len(expired)} allocation(s)" + "".join(f"\n  {a.key}" for a in expired))
+    return 0
 
 
 def _where(ledger: Ledger) -> str:
@@ -117,10 +198,17 @@ def _where(ledger: Ledger) -> str:
 
 
 def _status(ledger: Ledger, as_json: bool) -> int:
+    from gpusched.airflow.api_views import DEVICE_STATES, device_state
     from gpusched.ledger.migrate import current_revision, head_revision
+    from gpusched.model import Health
 
     snapshot = ledger.snapshot()
     active = ledger.active()
+    states = dict.fromkeys(DEVICE_STATES, 0)
+    for node in snapshot.nodes:
+        for device in node.devices:
+            states[device_state(device, node, snapshot.used(device.uuid).used_milli)] += 1
+    in_service = states["allocated"] + states["shared"] + states["free"]  # as on the fleet page
     devices = list(snapshot.devices())
     data = {
         "database": _where(ledger),
@@ -128,11 +216,14 @@ def _status(ledger: Ledger, as_json: bool) -> int:
         "head": head_revision(),
         "source": snapshot.source,
         "devices": len(devices),
+        "in_service": in_service,
+        "standby": states["standby"],
         "cordoned": sum(1 for d in devices if d.cordoned or snapshot.node(d.node).cordoned),
-        "unhealthy": sum(1 for d in devices if d.health != "healthy"),
+        "unhealthy": sum(1 for d in devices if d.health is Health.UNHEALTHY),
+        "degraded": sum(1 for d in devices if d.health is Health.DEGRADED),
         "active_allocations": len(active),
         "used_milli": sum(snapshot.used(d.uuid).used_milli for d in devices),
-        "capacity_milli": 1000 * len(devices),
+        "capacity_milli": 1000 * in_service,
         "queued": len(ledger.queue()),
     }
     if as_json:

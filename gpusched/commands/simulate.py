@@ -17,24 +17,36 @@ __all__ = ["register"]
 
 def register(subparsers: Any) -> None:
     """Add ``simulate``."""
-    parser = subparsers.add_parser("simulate", help="replay a job trace on a fleet with a policy")
-    parser.add_argument("--trace", type=Path, required=True)
-    parser.add_argument("--fleet", required=True, help="gavel | uniform:NxG[:MODEL] | node CSV | fleet YAML")
-    parser.add_argument("--policy", default="gpusched")
-    parser.add_argument(
-        "--round", type=float, default=0.0, dest="round_s", help="round length, s (0 = per event)"
+    from gpusched.commands.args import finite_float, int_range, policy_help, policy_name
+
+    parser = subparsers.add_parser(
+        "simulate", help="replay a job trace on a fleet with a policy",
+        description="Replay a job trace on a fleet through the placement engine and print the metrics.",
     )
-    parser.add_argument("--limit", type=int, default=None, help="replay only the first N jobs")
-    parser.add_argument("--max-pending", type=int, default=256)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--trace", type=Path, required=True,
+                        help="a Gavel job CSV, philly_jobs.csv, or an openb pod list with "
+                             "creation/deletion times")
+    parser.add_argument("--fleet", required=True,
+                        help="gavel[:GPUS_PER_SERVER] | uniform:NODESxGPUS[:MODEL] | openb node CSV | "
+                             "fleet YAML")
+    parser.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help())
+    parser.add_argument("--round", type=finite_float(0.0), default=0.0, dest="round_s",
+                        help="scheduling round length in seconds (default 0 = after every event)")
+    parser.add_argument("--limit", type=int_range(1), default=None,
+                        help="replay only the first N jobs by arrival (default all)")
+    parser.add_argument("--max-pending", type=int_range(1), default=256,
+                        help="waiting jobs offered to one placement call (default 256)")
+    parser.add_argument("--seed", type=int_range(0), default=0,
+                        help="base seed for the random policy (default 0)")
+    parser.add_argument("--json", action="store_true", help="print the full metrics as JSON")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from gpusched.commands.bench import emit
+    from gpusched.errors import TraceError
     from gpusched.placement import Policy
     from gpusched.sim.bench import load_any_trace
     from gpusched.sim.engine import simulate
@@ -42,6 +54,8 @@ def _run(args: argparse.Namespace) -> int:
     from gpusched.sim.metrics import summarize
 
     jobs = load_any_trace(args.trace)
+    if not jobs:
+        raise TraceError(args.trace, "has no jobs to replay", "give a trace with at least one GPU job")
     if args.limit is not None:
         jobs = sorted(jobs, key=lambda j: j.arrival_s)[: args.limit]
     policy = Policy.named(args.policy, fractions_need_partitioning=False)

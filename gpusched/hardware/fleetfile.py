@@ -22,7 +22,9 @@ Format (see ``docs/hardware.md`` for the full reference)::
               memory: 80GiB               # optional override of the catalog figure
 
 Indices inside a group count from 0 within that group; devices are numbered across groups in
-file order. UUIDs are deterministic: ``GPU-sim-<node>-<i>`` (NVIDIA), ``AMD-sim-<node>-<i>``,
+file order. Bounds: at most 128 devices per node, 64 NUMA nodes, 1,000,000 cores, names of 1–253
+ASCII characters, labels of 63; the YAML must be UTF-8 and repeat no key (see
+``docs/reliability.md``). UUIDs are deterministic: ``GPU-sim-<node>-<i>`` (NVIDIA), ``AMD-sim-<node>-<i>``,
 ``NPU-sim-<node>-<i>`` (Ascend). Every problem raises :class:`~gpusched.errors.FleetFileError`
 naming the file, the node, the field and the fix.
 """
@@ -36,6 +38,7 @@ from typing import Any
 
 from gpusched.catalog import AcceleratorModel, Catalog, LinkKind, Vendor, default_catalog
 from gpusched.errors import FleetFileError, GPURequestError
+from gpusched.fields import MAX_DEVICES_PER_NODE, MAX_TEXT, FieldProblem, safe_repr, strict_yaml
 from gpusched.model import Device, Node
 from gpusched.request import parse_size
 
@@ -68,18 +71,19 @@ def load_fleet(path: str | Path, *, catalog: Catalog | None = None) -> list[Node
     Raises:
         FleetFileError: the file is missing, not YAML, or describes an impossible fleet.
     """
-    import yaml
-
     where = _Where(str(path))
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise where.error("<file>", f"cannot be read ({exc.strerror or exc})",
-                          "pass an existing fleet file, e.g. include/fleets/default.yaml") from exc
+    except UnicodeDecodeError as exc:
+        raise where.error("<file>", f"is not UTF-8 text (byte {exc.start})",
+                          "save the fleet file as UTF-8") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise where.error("<file>", f"cannot be read ({getattr(exc, 'strerror', None) or exc})",
+                          "pass an existing fleet file, e.g. include/fleets/default.yaml") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise where.error("<file>", f"is not valid YAML ({exc})", "correct the YAML syntax") from exc
+        data = strict_yaml(text)
+    except FieldProblem as exc:
+        raise where.error("<file>", exc.problem, "correct the YAML (each key once per mapping)") from None
     return parse_fleet(data, source=str(path), catalog=catalog)
 
 
@@ -129,12 +133,13 @@ def _parse_node(entry: object, rack: str, rack_labels: dict[str, str], position:
     name = _name(entry.get("name"), f"{position}.name", where)
     where = _Where(source, name)
     _check_keys(entry, _NODE_KEYS, "", where)
-    numa_nodes = _int(entry.get("numa_nodes", 1), "numa_nodes", where, minimum=1)
-    cpu = _int(entry.get("cpu", 0), "cpu", where, minimum=0)
+    numa_nodes = _int(entry.get("numa_nodes", 1), "numa_nodes", where, minimum=1, maximum=64)
+    cpu = _int(entry.get("cpu", 0), "cpu", where, minimum=0, maximum=1_000_000)
     memory = _size(entry.get("memory"), "memory", where) if entry.get("memory") is not None else 0
     standby = entry.get("standby", False)
     if not isinstance(standby, bool):
-        raise where.error("standby", f"{standby!r} is not true or false", "write 'standby: true' or omit it")
+        raise where.error("standby", f"{safe_repr(standby)} is not true or false",
+                          "write 'standby: true' or omit it")
     labels = dict(rack_labels)
     labels.update(_labels(entry.get("labels"), "labels", where))
     groups = entry.get("devices")
@@ -167,12 +172,13 @@ def _parse_group(group: object, field: str, node: str, numa_nodes: int, first_in
     _check_keys(group, _GROUP_KEYS, field, where)
     model_name = group.get("model")
     if not isinstance(model_name, str) or cat.find(model_name) is None:
-        close = difflib.get_close_matches(str(model_name), list(cat.names), n=1)
+        close = difflib.get_close_matches(safe_repr(model_name).strip("'"), list(cat.names), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise where.error(f"{field}.model", f"unknown accelerator model {model_name!r}",
+        raise where.error(f"{field}.model", f"unknown accelerator model {safe_repr(model_name)}",
                           f"{hint}use a catalog name: {', '.join(cat.names)}")
     model = cat.get(model_name)
-    count = _int(group.get("count", 1), f"{field}.count", where, minimum=1)
+    count = _int(group.get("count", 1), f"{field}.count", where, minimum=1,
+                 maximum=MAX_DEVICES_PER_NODE - first_index)
     memory = (_size(group["memory"], f"{field}.memory", where)
               if group.get("memory") is not None else model.memory_bytes)
     numa = _numa(group.get("numa"), count, numa_nodes, f"{field}.numa", where)
@@ -220,40 +226,47 @@ def _device(model: AcceleratorModel, uuid: str, index: int, node: str, memory: i
 def _check_keys(mapping: Mapping[Any, Any], allowed: frozenset[str], field: str, where: _Where) -> None:
     for key in mapping:
         if key not in allowed:
-            close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            shown = key if isinstance(key, str) and len(key) <= 60 else safe_repr(key)
+            close = difflib.get_close_matches(shown, sorted(allowed), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise where.error(f"{field}.{key}" if field else str(key), "unknown key",
+            raise where.error(f"{field}.{shown}" if field else shown, "unknown key",
                               f"{hint}allowed keys: {', '.join(sorted(allowed))}")
 
 
 def _name(value: object, field: str, where: _Where) -> str:
-    if isinstance(value, str) and value.strip() and all(c.isalnum() or c in "-_." for c in value):
+    if (isinstance(value, str) and value.strip() and len(value) <= 253
+            and all(c.isascii() and (c.isalnum() or c in "-_.") for c in value)):
         return value
-    raise where.error(field, f"{value!r} is not a valid name",
-                      "use letters, digits, '-', '_' or '.' (a host name)")
+    raise where.error(field, f"{safe_repr(value)} is not a valid name",
+                      "use 1–253 ASCII letters, digits, '-', '_' or '.' (a host name)")
 
 
-def _int(value: object, field: str, where: _Where, *, minimum: int) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+def _int(value: object, field: str, where: _Where, *, minimum: int, maximum: int) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= maximum:
         return value
-    raise where.error(field, f"{value!r} is not a whole number ≥ {minimum}", f"write a number ≥ {minimum}")
+    extra = f" (at most {MAX_DEVICES_PER_NODE} devices per node)" if field.endswith(".count") else ""
+    raise where.error(field, f"{safe_repr(value)} is not a whole number from {minimum} to {maximum}{extra}",
+                      f"write a number from {minimum} to {maximum}")
 
 
 def _size(value: object, field: str, where: _Where) -> int:
     try:
         return parse_size(value, field)
-    except GPURequestError as exc:
-        raise where.error(field, f"{value!r} is not a size", "write bytes or a size like '80GiB'") from exc
+    except GPURequestError:
+        raise where.error(field, f"{safe_repr(value)} is not a size",
+                          "write bytes or a size like '80GiB' (at most 1 PiB)") from None
 
 
 def _labels(value: object, field: str, where: _Where) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str | int) and not isinstance(v, bool) for k, v in value.items()
+        isinstance(k, str) and 0 < len(k) <= MAX_TEXT and isinstance(v, str | int) and not isinstance(v, bool)
+        and (len(v) <= MAX_TEXT if isinstance(v, str) else abs(v) < 10**MAX_TEXT)
+        for k, v in value.items()
     ):
-        raise where.error(field, f"{value!r} is not a mapping of names to values",
-                          "write labels as {key: value}")
+        raise where.error(field, f"{safe_repr(value)} is not a mapping of names to values",
+                          f"write labels as {{key: value}}, each at most {MAX_TEXT} characters")
     return {str(k): str(v) for k, v in value.items()}
 
 
@@ -262,7 +275,7 @@ def _numa(value: object, count: int, numa_nodes: int, field: str, where: _Where)
         return [i * numa_nodes // count for i in range(count)]
     if (not isinstance(value, list) or len(value) != count
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
-        raise where.error(field, f"{value!r} is not a list of {count} NUMA node numbers",
+        raise where.error(field, f"{safe_repr(value)} is not a list of {count} NUMA node numbers",
                           f"give one NUMA node per device ({count} entries) or omit it")
     for v in value:
         if not 0 <= v < numa_nodes:
@@ -275,11 +288,12 @@ def _index_groups(value: object, count: int, field: str, where: _Where) -> list[
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(g, list) for g in value):
-        raise where.error(field, f"{value!r} is not a list of index lists", "write e.g. [[0, 1], [2, 3]]")
+        raise where.error(field, f"{safe_repr(value)} is not a list of index lists",
+                          "write e.g. [[0, 1], [2, 3]]")
     for group in value:
         for index in group:
             if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
-                raise where.error(field, f"device index {index!r} is out of range",
+                raise where.error(field, f"device index {safe_repr(index)} is out of range",
                                   f"use indices 0..{count - 1} (they count within this device group)")
     return [list(g) for g in value]
 

@@ -168,7 +168,7 @@ class Ledger(LedgerExtras):
             if not hit:
                 raise LedgerError(
                     f"{target!r} is neither a device uuid nor a node name in the inventory; "
-                    "check `gpusched fleet` for the names"
+                    "`gpusched inventory` (or the GPU fleet page) lists the names"
                 )
             _event(conn, at, "cordon" if cordoned else "uncordon", target, reason=reason)
 

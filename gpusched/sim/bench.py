@@ -8,7 +8,6 @@ Each runner returns a JSON-safe dict; :mod:`gpusched.commands.bench` prints it a
 from __future__ import annotations
 
 import ast
-import csv
 import math
 import statistics
 import sys
@@ -18,16 +17,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpusched.errors import TraceError
 from gpusched.placement import Policy, place
 from gpusched.request import GPURequest, Interconnect
 from gpusched.sim.engine import SimJob, simulate, with_expected_durations
 from gpusched.sim.fleets import gavel_fleet, uniform_fleet
 from gpusched.sim.metrics import percentile, summarize
+from gpusched.sim.tracefile import header
 from gpusched.sim.traces import (
     GAVEL_MODELS,
     TraceJob,
     load_gavel_jobs,
     load_gavel_throughputs,
+    load_openb_lifetimes,
     load_openb_pods,
     load_philly_jobs,
 )
@@ -77,7 +79,11 @@ def gavel_policy(name: str, throughputs: Path | None) -> Policy:
         if model is None:
             continue
         for key, speed in jobs.items():
-            job_type, scale = ast.literal_eval(key)
+            try:
+                job_type, scale = ast.literal_eval(key)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                raise TraceError(throughputs, f"job key {key[:60]!r} is not a (job type, scale) pair",
+                                 "use Gavel's simulation_throughputs.json") from None
             if scale == 1:
                 table.setdefault(job_type, {})[model] = speed
     return Policy.named(name, throughput=table)
@@ -99,7 +105,12 @@ def run_gavel(
     """
     trace = load_gavel_jobs(jobs_csv)
     jobs = trace_jobs(trace)
-    keys = {str(k) for k in range(*measure)}
+    keys = {str(k) for k in range(*measure)} & {j.key for j in jobs}
+    if not keys:
+        raise TraceError(
+            jobs_csv, f"has no job ids {measure[0]}–{measure[1] - 1} to measure",
+            "pick a --measure range of job ids inside the trace",
+        )
     result = simulate(
         jobs,
         gavel_fleet(gpus_per_server=gpus_per_server),
@@ -132,6 +143,7 @@ def run_philly(
     nodes: int = 50,
     gpus_per_node: int = 8,
     window: tuple[str, str] = PHILLY_WINDOW,
+    clusters: frozenset[str] | None = None,
     oracle: bool = False,
     short_first: bool = False,
     head_of_line: bool = False,
@@ -141,12 +153,22 @@ def run_philly(
     """Replay a Philly window on ``nodes`` × ``gpus_per_node`` identical GPUs; queueing and utilisation.
 
     ``oracle`` gives the scheduler every job's true run time as its expected duration (for
-    reservations/backfill); off by default, as users rarely know it. ``short_first`` also sets
-    each request's priority from its GPU-time (see :func:`gputime_priority`), as a DAG author
-    who knows the size of the job would; it implies ``oracle``. ``head_of_line`` makes the queue
-    strict FIFO (nothing starts past the first waiting job; see :func:`~gpusched.sim.engine.simulate`).
+    reservations/backfill); off by default, as users rarely know it. ``clusters`` keeps only those
+    virtual clusters; an empty selection raises :class:`~gpusched.errors.TraceError`.
+    ``short_first`` also sets each request's priority from its GPU-time (see
+    :func:`gputime_priority`), as a DAG author who knows the size of the job would; it implies
+    ``oracle``. ``head_of_line`` makes the queue strict FIFO (nothing starts past the first
+    waiting job; see :func:`~gpusched.sim.engine.simulate`).
     """
-    trace = load_philly_jobs(jobs_csv, start=window[0], end=window[1], max_gpus=nodes * gpus_per_node)
+    trace = load_philly_jobs(
+        jobs_csv, start=window[0], end=window[1], clusters=clusters, max_gpus=nodes * gpus_per_node
+    )
+    if not trace:
+        among = f" of clusters {','.join(sorted(clusters))}" if clusters else ""
+        raise TraceError(
+            jobs_csv, f"has no jobs{among} in the window {window[0]} – {window[1]} (end exclusive)",
+            "pick --start/--end inside the trace's time span, or other --clusters",
+        )
     jobs = trace_jobs(trace, span_over=gpus_per_node)
     if oracle or short_first:
         jobs = with_expected_durations(jobs)
@@ -168,6 +190,7 @@ def run_philly(
     summary.update(
         trace=jobs_csv.name,
         window=list(window),
+        clusters=sorted(clusters) if clusters else None,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
         jobs=len(jobs),
@@ -255,28 +278,27 @@ def load_any_trace(path: Path) -> list[SimJob]:
 
     Gavel job lists (``arrival_time_s``), Philly (``timestamp,duration,num_gpus``) and openb pod
     lists with ``creation_time``/``deletion_time`` (GPU pods replayed with their lifetimes).
+
+    Raises:
+        TraceError: a missing, unreadable, empty or unknown file, or a bad row (file, line, field).
     """
-    with path.open(encoding="utf-8") as handle:
-        header = next(csv.reader(line for line in handle if not line.startswith("#")), [])
-    if "arrival_time_s" in header:
+    columns = header(path)
+    if not columns:
+        raise TraceError(path, "is empty", "give a trace file with a header line and jobs")
+    if "arrival_time_s" in columns:
         return trace_jobs(load_gavel_jobs(path))
-    if {"timestamp", "duration", "num_gpus"} <= set(header):
+    if {"timestamp", "duration", "num_gpus"} <= set(columns):
         return trace_jobs(load_philly_jobs(path))
-    if {"num_gpu", "gpu_milli", "creation_time", "deletion_time"} <= set(header):
+    if {"num_gpu", "gpu_milli", "creation_time", "deletion_time"} <= set(columns):
         from gpusched.sim.openb import pod_request
 
-        times: dict[str, tuple[float, float]] = {}
-        with path.open(encoding="utf-8") as handle:
-            for row in csv.DictReader(handle):
-                times[row["name"]] = (float(row["creation_time"] or 0), float(row["deletion_time"] or 0))
+        times = load_openb_lifetimes(path)
         return [
             SimJob(p.name, pod_request(p), times[p.name][0], max(1.0, times[p.name][1] - times[p.name][0]))
             for p in load_openb_pods(path)
             if p.num_gpu > 0
         ]
-    from gpusched.errors import ConfigurationError
-
-    raise ConfigurationError(
-        f"{path}: unknown trace layout (header {header[:6]}); give a Gavel job CSV, philly_jobs.csv "
-        "or an openb pod list with creation/deletion times"
+    raise TraceError(
+        path, f"has an unknown trace layout (header {[c[:30] for c in columns[:6]]})",
+        "give a Gavel job CSV, philly_jobs.csv or an openb pod list with creation/deletion times",
     )

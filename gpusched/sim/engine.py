@@ -21,6 +21,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import Assignment, PendingTask, PlacementPlan, Policy, RunningTask, place
 from gpusched.request import GPURequest
@@ -133,16 +134,20 @@ def simulate(
             ahead of the first job left waiting (in arrival order) start; the rest wait behind it.
         stop_after: stop as soon as every job with one of these keys has finished (arrivals
             keep coming until then, like Gavel's measurement window).
-        progress: a tqdm bar on stderr, counting arrivals.
+        progress: a tqdm bar on stderr, counting arrivals — or, with ``stop_after``, the
+            watched jobs that have finished (so it reaches 100 % when the run stops).
 
     Returns:
         A :class:`SimResult`; invariants (tested): no device is ever over-committed, a job
         starts at most once and never before it arrives.
+
+    Raises:
+        ConfigurationError: two jobs share a key, or a job's arrival or run time is not a
+            finite number ≥ 0 (a NaN arrival would otherwise never be reached).
     """
+    _check_jobs(jobs)
     ordered = sorted(jobs, key=lambda j: j.arrival_s)
     by_key = {j.key: j for j in ordered}
-    if len(by_key) != len(ordered):
-        raise ValueError("simulate: job keys must be unique")
     capacity = fleet.total_devices() * 1000
     watch = set(stop_after) if stop_after is not None else None
     snapshot = fleet
@@ -160,7 +165,7 @@ def simulate(
     dirty = False
     sched_at = _INF
     t = ordered[0].arrival_s if ordered else 0.0
-    bar = _bar(len(ordered), progress)
+    bar = _bar(len(watch) if watch is not None else len(ordered), progress)
 
     def mark(now: float) -> None:
         point = TimelinePoint(now, used, len(pending))
@@ -185,8 +190,10 @@ def simulate(
                 task = running.pop(key)
                 freed.extend(task.shares)
                 used -= sum(s.milli for s in task.shares)
-                if watch is not None:
+                if watch is not None and key in watch:
                     watch.discard(key)
+                    if bar is not None:
+                        bar.update(1)
             snapshot = snapshot.with_usage(freed, release=True)
             dirty = True
         elif na <= t:
@@ -194,7 +201,7 @@ def simulate(
                 job = ordered[nxt]
                 pending[job.key] = PendingTask(job.key, job.request, job.arrival_s, job_type=job.job_type)
                 nxt += 1
-                if bar is not None:
+                if bar is not None and watch is None:
                     bar.update(1)
             dirty = True
         else:
@@ -228,8 +235,10 @@ def simulate(
                 if r.permanent:
                     rejected[r.key] = r.reason
                     del pending[r.key]
-                    if watch is not None:
+                    if watch is not None and r.key in watch:
                         watch.discard(r.key)
+                        if bar is not None:
+                            bar.update(1)
             snapshot = snapshot.with_usage(taken)
             dirty = False
         mark(t)
@@ -250,6 +259,21 @@ def simulate(
         place_calls=calls,
         place_seconds=spent,
     )
+
+
+def _check_jobs(jobs: Sequence[SimJob]) -> None:
+    seen: set[str] = set()
+    for job in jobs:
+        if job.key in seen:
+            raise ConfigurationError(f"simulate: job key {job.key!r} appears twice; make the ids unique")
+        seen.add(job.key)
+        times = (job.arrival_s, job.duration_s, *job.durations.values())
+        # Run times may be inf (a model the job cannot run on), never NaN or negative.
+        if not math.isfinite(job.arrival_s) or any(math.isnan(t) or t < 0 for t in times):
+            raise ConfigurationError(
+                f"simulate: job {job.key!r} has arrival {job.arrival_s!r} s and run time "
+                f"{job.duration_s!r} s; both must be numbers ≥ 0 (the arrival finite)"
+            )
 
 
 def _blocking_prefix(plan: PlacementPlan, offered: Sequence[PendingTask]) -> tuple[Assignment, ...]:

@@ -13,11 +13,13 @@ from pathlib import Path
 
 from gpusched.catalog import Catalog, LinkKind, default_catalog
 from gpusched.errors import ConfigurationError
+from gpusched.fields import MAX_DEVICES_PER_NODE
 from gpusched.model import Device, FleetSnapshot, Node
 from gpusched.sim.traces import GAVEL_MODELS, OpenbNode
 
 __all__ = [
     "GAVEL_GPUS_PER_SERVER",
+    "MAX_UNIFORM_NODES",
     "PHILLY_DEFAULT_NODES",
     "fleet_from_spec",
     "gavel_fleet",
@@ -30,6 +32,7 @@ MIB = 1024**2
 GAVEL_GPUS_PER_SERVER = 4
 """Gavel's cluster: 36 V100 + 36 P100 + 36 K80, built as 9 servers of 4 GPUs per type."""
 PHILLY_DEFAULT_NODES = 50
+MAX_UNIFORM_NODES = 100_000
 """Philly cluster size in 8-GPU nodes (400 GPUs; see docs/benchmarks.md for why)."""
 
 
@@ -125,9 +128,15 @@ def gavel_fleet(per_type: int = 36, gpus_per_server: int = GAVEL_GPUS_PER_SERVER
 
 
 def uniform_fleet(n_nodes: int, gpus_per_node: int = 8, model: str = "V100-SXM2-16GB") -> FleetSnapshot:
-    """``n_nodes`` identical nodes of ``gpus_per_node`` ``model`` devices, 32 nodes per rack."""
-    if n_nodes < 1 or gpus_per_node < 1:
-        raise ConfigurationError("a fleet needs at least one node with at least one GPU")
+    """``n_nodes`` identical nodes of ``gpus_per_node`` ``model`` devices, 32 nodes per rack.
+
+    Bounds: 1–100,000 nodes of 1–128 GPUs (:data:`~gpusched.fields.MAX_DEVICES_PER_NODE`).
+    """
+    if not 1 <= n_nodes <= MAX_UNIFORM_NODES or not 1 <= gpus_per_node <= MAX_DEVICES_PER_NODE:
+        raise ConfigurationError(
+            f"a uniform fleet of {n_nodes} nodes × {gpus_per_node} GPUs is out of range; use 1–"
+            f"{MAX_UNIFORM_NODES} nodes of 1–{MAX_DEVICES_PER_NODE} GPUs"
+        )
     nodes = tuple(
         make_node(f"node-{i:05d}", model, gpus_per_node, rack=f"rack{i // 32}") for i in range(n_nodes)
     )
@@ -144,16 +153,20 @@ def fleet_from_spec(spec: str) -> FleetSnapshot:
     if spec == "gavel":
         return gavel_fleet()
     if spec.startswith("gavel:"):
-        return gavel_fleet(gpus_per_server=int(spec.split(":", 1)[1]))
+        per_server = spec.split(":", 1)[1]
+        if not per_server.isdigit() or not 1 <= int(per_server) <= 36 or 36 % int(per_server):
+            raise ConfigurationError(
+                f"bad fleet spec {spec!r}; write gavel:GPUS_PER_SERVER with a divisor of 36, e.g. gavel:4"
+            )
+        return gavel_fleet(gpus_per_server=int(per_server))
     if spec.startswith("uniform:"):
         parts = spec.split(":")
-        try:
-            nodes_s, gpus_s = parts[1].lower().split("x")
-            return uniform_fleet(int(nodes_s), int(gpus_s), *(parts[2:3] or []))
-        except ValueError:
+        sizes = parts[1].lower().split("x")
+        if len(parts) > 3 or len(sizes) != 2 or not all(s.isdigit() and len(s) < 8 for s in sizes):
             raise ConfigurationError(
                 f"bad fleet spec {spec!r}; write uniform:NODESxGPUS[:MODEL], e.g. uniform:50x8:V100"
-            ) from None
+            )
+        return uniform_fleet(int(sizes[0]), int(sizes[1]), *(parts[2:3] or []))
     path = Path(spec)
     if not path.is_file():
         raise ConfigurationError(

@@ -9,21 +9,27 @@ Three sources (see ``shared/traces/README.md`` beside the checkout):
 * **Philly** (Microsoft 2017, flattened by the Sia artifact): arrival, duration and GPU count.
 
 Every loader returns plain frozen records in trace order; nothing here knows about policies.
-Only the standard library is used (``csv``/``json``), so loading stays cheap in tests.
+Only the standard library is used (``csv``/``json``), so loading stays cheap in tests. Every bad
+file or row raises :class:`~gpusched.errors.TraceError` naming the file, the line and the field
+(rows are read through :mod:`gpusched.sim.tracefile`); counts are bounded by
+:data:`~gpusched.fields.MAX_DEVICES` (4096 per job) and :data:`~gpusched.fields.MAX_DEVICES_PER_NODE`.
 """
 
 from __future__ import annotations
 
-import csv
 import json
+import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpusched.errors import ConfigurationError
+from gpusched.catalog import default_catalog
+from gpusched.errors import ConfigurationError, TraceError
+from gpusched.fields import MAX_DEVICES, MAX_DEVICES_PER_NODE
+from gpusched.sim.tracefile import rows
 
 __all__ = [
     "GAVEL_MODELS",
@@ -33,6 +39,7 @@ __all__ = [
     "default_trace_dir",
     "load_gavel_jobs",
     "load_gavel_throughputs",
+    "load_openb_lifetimes",
     "load_openb_nodes",
     "load_openb_pods",
     "load_philly_jobs",
@@ -113,68 +120,93 @@ class TraceJob:
         return self.durations.get(model, self.duration_s)
 
 
-def _open_csv(path: Path) -> Iterator[dict[str, str]]:
-    if not path.is_file():
-        raise ConfigurationError(
-            f"trace file {path} does not exist; pass the right path or set GPUSCHED_TRACES "
-            "to the folder holding openb/, gavel/ and philly/"
-        )
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(row for row in handle if not row.startswith("#"))
-        yield from reader
-
-
-def _int(row: Mapping[str, str], key: str, path: Path, default: int | None = None) -> int:
-    value = row.get(key)
-    if value is None or value == "":
-        if default is not None:
-            return default
-        raise ConfigurationError(f"{path}: column {key!r} missing or empty; is this the right trace file?")
-    try:
-        return int(float(value))
-    except ValueError:
-        raise ConfigurationError(f"{path}: column {key!r} has non-numeric value {value!r}") from None
+_MAX_TIME_S = 1e12  # about 31,700 years: any real trace time or duration is far below
+_MAX_CPU_MILLI = 10**9
+_MAX_MEMORY_MIB = 2**30  # 1 PiB
 
 
 def load_openb_nodes(path: Path | str) -> list[OpenbNode]:
-    """Nodes of an openb node list, in file order (CPU-only rows with 0 GPUs included)."""
+    """Nodes of an openb node list, in file order (CPU-only rows with 0 GPUs included).
+
+    Raises:
+        TraceError: naming file, line and field for a missing column, a non-numeric, non-finite
+            or out-of-range value (at most 128 GPUs per node), or a duplicated ``sn``.
+    """
     p = Path(path)
-    return [
-        OpenbNode(
-            name=row["sn"],
-            cpu_milli=_int(row, "cpu_milli", p),
-            memory_mib=_int(row, "memory_mib", p),
-            gpus=_int(row, "gpu", p, 0),
-            model=(row.get("model") or "").strip(),
+    nodes = []
+    seen: set[str] = set()
+    for row in rows(p, "openb node list"):
+        name = row.text("sn")
+        if name in seen:
+            raise row.error("sn", f"node {name!r} appears twice", "give every node a unique sn")
+        seen.add(name)
+        nodes.append(
+            OpenbNode(
+                name=name,
+                cpu_milli=row.whole("cpu_milli", maximum=_MAX_CPU_MILLI),
+                memory_mib=row.whole("memory_mib", maximum=_MAX_MEMORY_MIB),
+                gpus=row.whole("gpu", maximum=MAX_DEVICES_PER_NODE, default=0),
+                model=row.text("model", default=""),
+            )
         )
-        for row in _open_csv(p)
-    ]
+    return nodes
 
 
 def load_openb_pods(path: Path | str) -> list[OpenbPod]:
-    """Pods of an openb pod list, in file order (the ``multigpu*`` files lack ``gpu_spec``)."""
+    """Pods of an openb pod list, in file order (the ``multigpu*`` files lack ``gpu_spec``).
+
+    A one-GPU pod needs ``gpu_milli`` 1–1000; ``gpu_spec`` names must be catalog models or aliases.
+
+    Raises:
+        TraceError: naming file, line and field for any bad value or a duplicated pod name.
+    """
     p = Path(path)
+    cat = default_catalog()
     pods = []
-    for row in _open_csv(p):
-        num_gpu = _int(row, "num_gpu", p)
-        spec = tuple(s.strip() for s in (row.get("gpu_spec") or "").split("|") if s.strip())
+    seen: set[str] = set()
+    for row in rows(p, "openb pod list"):
+        name = row.text("name")
+        if name in seen:
+            raise row.error("name", f"pod {name!r} appears twice", "give every pod a unique name")
+        seen.add(name)
+        num_gpu = row.whole("num_gpu", maximum=MAX_DEVICES)
+        spec = tuple(s.strip() for s in row.text("gpu_spec", default="").split("|") if s.strip())
+        for model in spec:
+            if cat.find(model) is None:
+                raise row.error("gpu_spec", f"GPU model {model!r} is unknown to the catalog",
+                                "use catalog names or aliases (include/catalog/accelerators.json)")
+        gpu_milli = 0
+        if num_gpu:
+            gpu_milli = row.whole("gpu_milli", minimum=1 if num_gpu == 1 else 0, maximum=1000,
+                                  default=None if num_gpu == 1 else 1000)
         pods.append(
             OpenbPod(
-                name=row["name"],
-                cpu_milli=_int(row, "cpu_milli", p),
-                memory_mib=_int(row, "memory_mib", p),
+                name=name,
+                cpu_milli=row.whole("cpu_milli", maximum=_MAX_CPU_MILLI),
+                memory_mib=row.whole("memory_mib", maximum=_MAX_MEMORY_MIB),
                 num_gpu=num_gpu,
-                gpu_milli=_int(row, "gpu_milli", p, 0) if num_gpu else 0,
+                gpu_milli=gpu_milli,
                 gpu_spec=spec,
             )
         )
     return pods
 
 
-def _float_or_none(value: str | None) -> float | None:
-    if value is None or value.strip() == "":
-        return None
-    return float(value)
+def load_openb_lifetimes(path: Path | str) -> dict[str, tuple[float, float]]:
+    """Pod name → (``creation_time``, ``deletion_time``) in seconds, from an openb pod list.
+
+    An empty time counts as 0; a deletion before the creation is an error.
+    """
+    p = Path(path)
+    times: dict[str, tuple[float, float]] = {}
+    for row in rows(p, "openb pod list"):
+        created = row.number("creation_time", maximum=_MAX_TIME_S, default=0.0)
+        deleted = row.number("deletion_time", maximum=_MAX_TIME_S, default=0.0)
+        if deleted and deleted < created:
+            raise row.error("deletion_time", f"{deleted:g} is before creation_time {created:g}",
+                            "give a deletion time after the creation time, or leave it empty")
+        times[row.text("name")] = (created, deleted)
+    return times
 
 
 def load_gavel_jobs(path: Path | str, *, limit: int | None = None) -> list[TraceJob]:
@@ -184,30 +216,40 @@ def load_gavel_jobs(path: Path | str, *, limit: int | None = None) -> list[Trace
     (``job_id,arrival_time_s,job_type,scale_factor,total_steps,duration_s_v100,…``) and
     ``msr_seed0_jobs_with_isolated_durations.csv`` (``vc,job_type,num_gpus(scale_factor),…,dur_s_v100``).
     Per-type durations are keyed by catalog model name (see :data:`GAVEL_MODELS`); a job with no
-    duration on a type cannot finish there and gets ``inf`` for it.
+    duration on a type cannot finish there and gets ``inf`` for it; a job with none is skipped.
+
+    Raises:
+        TraceError: naming file, line and field for a negative, non-finite or non-numeric
+            arrival, duration or GPU count, or a duplicated ``job_id``.
     """
     p = Path(path)
     jobs = []
-    for number, row in enumerate(_open_csv(p)):
+    seen: set[str] = set()
+    for number, row in enumerate(rows(p, "Gavel job")):
         if limit is not None and number >= limit:
             break
         durations: dict[str, float] = {}
         for short, model in GAVEL_MODELS.items():
-            value = _float_or_none(row.get(f"duration_s_{short}", row.get(f"dur_s_{short}")))
-            durations[model] = float("inf") if value is None else value
+            column = f"duration_s_{short}" if f"duration_s_{short}" in row.data else f"dur_s_{short}"
+            value = row.number(column, minimum=0.0, maximum=_MAX_TIME_S, default=0.0)
+            durations[model] = value if value > 0 else float("inf")
         finite = [d for d in durations.values() if d != float("inf")]
         if not finite:
             continue
-        gpus = row.get("scale_factor", row.get("num_gpus(scale_factor)", "1")) or "1"
+        gpus_column = "scale_factor" if "scale_factor" in row.data else "num_gpus(scale_factor)"
+        key = row.text("job_id", default=str(number))
+        if key in seen:
+            raise row.error("job_id", f"job {key!r} appears twice", "give every job a unique job_id")
+        seen.add(key)
         jobs.append(
             TraceJob(
-                key=row.get("job_id") or str(number),
-                arrival_s=float(row.get("arrival_time_s") or 0.0),
-                num_gpus=int(float(gpus)),
+                key=key,
+                arrival_s=row.number("arrival_time_s", maximum=_MAX_TIME_S, default=0.0),
+                num_gpus=row.whole(gpus_column, minimum=1, maximum=MAX_DEVICES, default=1),
                 duration_s=min(finite),
                 durations=durations,
-                job_type=row.get("job_type", ""),
-                group=row.get("vc", ""),
+                job_type=row.text("job_type", default=""),
+                group=row.text("vc", default=""),
             )
         )
     jobs.sort(key=lambda j: j.arrival_s)
@@ -220,24 +262,45 @@ def load_gavel_throughputs(path: Path | str) -> dict[str, dict[str, float]]:
     Only the ``"null"`` entry (the job running alone) is kept; space-sharing pairs are dropped.
     """
     p = Path(path)
+    fix = "pass Gavel's simulation_throughputs.json (a JSON object of GPU type → job → {\"null\": steps/s})"
     try:
-        raw: dict[str, Any] = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigurationError(f"cannot read Gavel throughputs {p}: {exc}; check the path") from exc
+        raw: Any = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TraceError(p, f"cannot be read ({exc.strerror or exc})", fix) from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise TraceError(p, f"is not JSON ({' '.join(str(exc).split())[:120]})", fix) from None
+    if not isinstance(raw, dict):
+        raise TraceError(p, "is not a JSON object", fix)
     table: dict[str, dict[str, float]] = {}
     for gpu_type, jobs in raw.items():
         if not isinstance(jobs, dict):
             continue
-        table[gpu_type] = {
-            job: float(entry["null"])
-            for job, entry in jobs.items()
-            if isinstance(entry, dict) and isinstance(entry.get("null"), int | float)
-        }
+        speeds = {}
+        for job, entry in jobs.items():
+            speed = entry.get("null") if isinstance(entry, dict) else None
+            if isinstance(speed, bool) or not isinstance(speed, int | float):
+                continue
+            if not math.isfinite(speed) or speed < 0:
+                raise TraceError(p, f"throughput of {gpu_type}/{job[:60]} is {speed!r}",
+                                 "give finite, non-negative steps/s", field="null")
+            speeds[job] = float(speed)
+        table[gpu_type] = speeds
     return table
 
 
-def _parse_ts(text: str) -> float:
-    return datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+def _parse_ts(text: str, what: str) -> float:
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        raise ConfigurationError(
+            f"{what} {text!r} is not a time; write YYYY-MM-DD or 'YYYY-MM-DD HH:MM:SS' (UTC)"
+        ) from None
+
+
+def _window_bound(text: str | None, what: str) -> float | None:
+    if text is None:
+        return None
+    return _parse_ts(text if " " in text.strip() else text.strip() + " 00:00:00", what)
 
 
 def load_philly_jobs(
@@ -253,25 +316,32 @@ def load_philly_jobs(
     ``start``/``end`` (``YYYY-MM-DD[ HH:MM:SS]``, UTC, end exclusive) select a window;
     ``clusters`` keeps only those virtual clusters; ``max_gpus`` drops larger jobs. Arrival times
     are seconds from the first kept job. Jobs with zero duration or zero GPUs are skipped.
+
+    Raises:
+        ConfigurationError: a window bound that is not a date, or an end not after the start.
+        TraceError: naming file, line and field for a bad timestamp, a negative, non-finite or
+            non-numeric duration, or a GPU count that is not a whole number 0–4096.
     """
     p = Path(path)
-    lo = _parse_ts(start if " " in start else start + " 00:00:00") if start else None
-    hi = _parse_ts(end if " " in end else end + " 00:00:00") if end else None
+    lo = _window_bound(start, "window start")
+    hi = _window_bound(end, "window end")
+    if lo is not None and hi is not None and hi <= lo:
+        raise ConfigurationError(f"window end {end!r} is not after its start {start!r}; swap them")
     kept: list[tuple[float, int, float, str]] = []
-    for row in _open_csv(p):
+    for row in rows(p, "Philly (philly_jobs.csv)"):
+        stamp = row.text("timestamp")
         try:
-            ts = _parse_ts(row["timestamp"])
-            duration = float(row["duration"])
-            gpus = int(float(row["num_gpus"]))
-        except (KeyError, ValueError) as exc:
-            raise ConfigurationError(
-                f"{p}: bad Philly row {row!r} ({exc}); is this philly_jobs.csv?"
-            ) from exc
+            ts = _parse_ts(stamp, "timestamp")
+        except ConfigurationError:
+            raise row.error("timestamp", f"{stamp[:40]!r} is not a time",
+                            "write 'YYYY-MM-DD HH:MM:SS'; is this philly_jobs.csv?") from None
+        duration = row.number("duration", maximum=_MAX_TIME_S)
+        gpus = row.whole("num_gpus", maximum=MAX_DEVICES)
         if (lo is not None and ts < lo) or (hi is not None and ts >= hi):
             continue
         if duration <= 0 or gpus <= 0 or (max_gpus is not None and gpus > max_gpus):
             continue
-        cluster = row.get("cluster", "")
+        cluster = row.text("cluster", default="")
         if clusters is not None and cluster not in clusters:
             continue
         kept.append((ts, gpus, duration, cluster))
