@@ -213,3 +213,35 @@ def test_fault_chain_override_and_refusal_are_obeyed(executor: Any) -> None:
     state, info = executor.event_buffer[broken.key]
     assert state == TaskInstanceState.FAILED and "KeyError" in info
     assert executor.ledger.get(_key(broken)) is None
+
+
+def test_never_fitting_reason_reaches_the_task_log_and_the_fault_chain_does_not_retry(
+    executor: Any,
+) -> None:
+    """The Logs tab of a try the executor failed shows the reason in plain words, and the fault
+    chain reading that log classifies it as unschedulable: no retry, no scale-out request."""
+    from airflow.configuration import conf
+
+    from gpusched.airflow.fault_listener import read_log_tail
+    from gpusched.airflow.task_log import task_log_path
+    from gpusched.failures import FailureRecord
+    from gpusched.recovery import FailureKind
+    from gpusched.remediation import handle_failure
+
+    huge = _workload("huge", {"gpus": 64, "vendor": "nvidia", "interconnect": "island"})
+    _submit(executor, huge)
+    path = task_log_path(huge.key, conf.get("logging", "base_log_folder"))
+    assert path is not None and path.is_file()
+    shown = read_log_tail(huge.key)
+    assert "can never fit this fleet" in shown and "largest" in shown, shown
+    events = executor.ledger.events(5, kinds=["unschedulable"])
+    assert events and events[0].subject == _key(huge) and "largest" in events[0].detail["reason"]
+    assert any(e.event == "gpusched.unschedulable" for e in executor._task_event_logs)
+
+    record = FailureRecord(key=_key(huge), devices=(), log_tail=shown, at=time.time(), dag_id="d",
+                           task_id="huge", run_id="manual__1", try_number=1,
+                           request=GPURequest.build(gpus=64, vendor="nvidia", interconnect="island"))
+    handled = handle_failure(executor.ledger, record)
+    assert handled.classification.kind is FailureKind.UNSCHEDULABLE
+    assert handled.remedy.retry is False and handled.remedy.scale_out is None
+    assert not executor.ledger.events(5, kinds=["scale_out_request"])

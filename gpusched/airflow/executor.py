@@ -34,6 +34,7 @@ from gpusched.airflow.authoring import request_from_executor_config
 from gpusched.airflow.dispatch import run_gpu_worker
 from gpusched.airflow.gpu_cycle import Hold, Launch, PendingWork, decide, running_tasks
 from gpusched.airflow.keys import KEY_PREFIX, ti_key, ti_key_of
+from gpusched.airflow.task_log import append_task_log
 from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError
 from gpusched.failures import load_overrides
 from gpusched.placement.genetic import parse_weights
@@ -319,6 +320,9 @@ class GPUExecutor(LocalExecutor):
         self._queue_reason.pop(key, None)
         self._safe(lambda: self.ledger.clear_queue(key))
         self.log.error("gpusched: failing %s: %s", key, reason)
+        # Where users look: the try's log (Logs tab, task-log API) and the ledger's events.
+        append_task_log(workload.key, f"gpusched: not started, {reason}")
+        self._safe(lambda: self.ledger.record_event("unschedulable", key, reason=reason))
         self.log_task_event(event="gpusched.unschedulable", extra=reason, ti_key=workload.key)
         self.fail(workload.key, info=reason)
 
