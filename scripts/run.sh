@@ -29,6 +29,9 @@ export AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT="${AIRFLOW__SCHEDULER__TASK_QUEUE
 # Each scheduling cycle's batch of waiting GPU tasks is re-planned by the genetic optimiser
 # within this many milliseconds (0 = greedy placement only).
 export AIRFLOW__GPUSCHED__REPLAN_BUDGET_MS="${AIRFLOW__GPUSCHED__REPLAN_BUDGET_MS:-100}"
+# Airflow's default parallelism (32) makes LocalExecutor keep up to 32 worker processes; size it
+# to the machine instead: four task slots per CPU core.
+export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-$(( $(nproc 2>/dev/null || echo 2) * 4 ))}"
 export PATH="$VENV/bin:$PATH"
 mkdir -p "$AIRFLOW_HOME"
 

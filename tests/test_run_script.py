@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 FAKE_AIRFLOW = """#!{python}
 import os, signal, sys, time
-open(os.path.join(os.environ["GPUSCHED_AIRFLOW_HOME"], "fake.pid"), "w").write(str(os.getpid()))
+home = os.environ["GPUSCHED_AIRFLOW_HOME"]
+open(os.path.join(home, "fake.pid"), "w").write(str(os.getpid()))
+open(os.path.join(home, "parallelism"), "w").write(os.environ.get("AIRFLOW__CORE__PARALLELISM", ""))
 signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
 print("fake standalone up", flush=True)
 while True:
@@ -38,6 +40,7 @@ def test_run_sh_in_the_background_stops_on_sigint_and_sigterm(tmp_path: Path, si
     env = {**os.environ, "GPUSCHED_VENV": str(venv), "GPUSCHED_AIRFLOW_HOME": str(tmp_path / "home"),
            "GPUSCHED_AGENT": "0", "GPUSCHED_BACKEND": "simulated", "PYTHONPATH": str(REPO)}
     env.pop("GPUSCHED_RUN_SIGINT_RESTORED", None)
+    env.pop("AIRFLOW__CORE__PARALLELISM", None)
     # `sh -c '… &'`: the non-interactive shell starts run.sh with SIGINT ignored.
     log = tmp_path / "run.log"
     launcher = subprocess.run(
@@ -52,6 +55,8 @@ def test_run_sh_in_the_background_stops_on_sigint_and_sigterm(tmp_path: Path, si
             time.sleep(0.2)
         assert "fake standalone up" in log.read_text(), log.read_text()
         assert "using the simulated fleet (" in log.read_text()
+        # Task slots sized to the machine, not Airflow's 32 on any host.
+        assert (tmp_path / "home" / "parallelism").read_text() == str(4 * len(os.sched_getaffinity(0)))
         os.kill(pid, sig)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
