@@ -108,6 +108,9 @@ class TelemetryAgent:
         at = time.time() if now is None else now
         if at - self._synced_at >= self.inventory_every_s:
             self.sync_inventory(at)
+        observe = getattr(self.backend, "observe_allocations", None)
+        if observe is not None:  # the simulated fleet: devices held by tasks look busy
+            observe(self.ledger.active())
         samples = sample_once(self.backend, self.ledger)
         own = {s.uuid for s in samples}
         window = [s for s in self.ledger.samples(None, at - self.window_s) if s.uuid in own]

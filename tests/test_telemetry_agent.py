@@ -121,3 +121,29 @@ def test_pid_stopper_kills_a_task_that_ignores_sigterm() -> None:
     finally:
         stubborn.kill()
         stubborn.wait()
+
+
+def test_simulated_devices_held_by_tasks_look_busy_and_idle_again_after_release() -> None:
+    """Before: every simulated sample read 0 % utilisation, so the fleet page's bars stayed empty."""
+    backend = SimulatedBackend()
+    whole, half = backend.discover()[0].devices[:2]
+    now = time.time()
+    with Ledger() as ledger:
+        ledger.migrate()
+        ledger.sync_inventory(backend.discover(), source="simulated")
+        ledger.allocate("job-whole", GPURequest.build(gpus=1),
+                        [DeviceShare(whole.uuid, whole.node, whole.index, 1000, whole.memory_bytes)],
+                        holder="test", now=now)
+        ledger.allocate("job-half", GPURequest.build(gpus=0.5, memory=8 * GIB),
+                        [DeviceShare(half.uuid, half.node, half.index, 500, 8 * GIB)], holder="test", now=now)
+        agent = TelemetryAgent(backend, ledger)
+        readings = {s.uuid: s for s in agent.cycle(now).samples}
+        assert 80 <= readings[whole.uuid].utilization_pct <= 90
+        assert readings[whole.uuid].memory_used_bytes == int(whole.memory_bytes * 0.9)
+        assert 38 <= readings[half.uuid].utilization_pct <= 46
+        assert readings[half.uuid].memory_used_bytes == int(8 * GIB * 0.9)
+        idle = [s for u, s in readings.items() if u not in (whole.uuid, half.uuid)]
+        assert idle and all(s.utilization_pct == 0 for s in idle)
+        ledger.release("job-whole", reason="done")
+        readings = {s.uuid: s for s in agent.cycle(now + 10).samples}
+        assert readings[whole.uuid].utilization_pct == 0
