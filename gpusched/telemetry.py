@@ -69,6 +69,8 @@ class TelemetryAgent:
         stopper: stops a task for ``stop_task`` actions (None: record only).
         inventory_every_s: how often the inventory (and reported health) is re-synced.
         retention_s: samples older than this are pruned (hourly).
+        scale_after_s: tasks waiting longer than this for capacity a standby node gives switch
+            that node on (:func:`gpusched.scaling.react_to_waiting`); None: never.
     """
 
     def __init__(
@@ -81,7 +83,9 @@ class TelemetryAgent:
         stopper: TaskStopper | None = None,
         inventory_every_s: float = 60.0,
         retention_s: float = 7 * 86400.0,
+        scale_after_s: float | None = None,
     ) -> None:
+        self.scale_after_s = scale_after_s
         self.backend = backend
         self.ledger = ledger
         self.config = config or AlertConfig()
@@ -108,6 +112,16 @@ class TelemetryAgent:
         at = time.time() if now is None else now
         if at - self._synced_at >= self.inventory_every_s:
             self.sync_inventory(at)
+        scaled: list[str] = []
+        if self.scale_after_s is not None:
+            from gpusched.scaling import react_to_waiting
+
+            try:
+                scaled = list(react_to_waiting(self.ledger, threshold_s=self.scale_after_s, now=at).reasons)
+            except Exception as exc:  # a scaler failure must not stop sampling and alerting
+                scaled = [f"reactive scale-out failed: {exc}"]
+            if scaled:
+                self.sync_inventory(at)  # activated nodes are usable at once
         observe = getattr(self.backend, "observe_allocations", None)
         if observe is not None:  # the simulated fleet: devices held by tasks look busy
             observe(self.ledger.active())
@@ -128,7 +142,7 @@ class TelemetryAgent:
         after = self.ledger.snapshot(at) if actions else snapshot
         self._metrics = render_metrics(samples, after, self.ledger.active() if actions else allocations,
                                        counters=self.counters, source=self.source)
-        return CycleResult(at, tuple(samples), tuple(actions), tuple(applied))
+        return CycleResult(at, tuple(samples), tuple(actions), tuple(scaled) + tuple(applied))
 
     def _fresh(self, actions: Sequence[Action]) -> list[Action]:
         # Health and cordon actions are already skipped once in effect (the rules see the

@@ -147,3 +147,30 @@ def test_simulated_devices_held_by_tasks_look_busy_and_idle_again_after_release(
         ledger.release("job-whole", reason="done")
         readings = {s.uuid: s for s in agent.cycle(now + 10).samples}
         assert readings[whole.uuid].utilization_pct == 0
+
+
+def test_tasks_waiting_for_standby_capacity_switch_the_node_on_in_the_agent_cycle() -> None:
+    """Before: tasks waiting for 8 H100s showed '8 on standby nodes' and nothing switched it on."""
+    from gpusched.scaling import LocalFleetScaler
+
+    backend = SimulatedBackend()
+    h100 = next(n for n in backend.discover() if n.name == "a-h100-1")
+    now = time.time()
+    with Ledger() as ledger:
+        ledger.migrate()
+        ledger.sync_inventory(backend.discover(), source="simulated")
+        ledger.allocate("busy", GPURequest.build(gpus=8, model="H100-SXM-80GB"),
+                        [DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes) for d in h100.devices],
+                        holder="test", now=now - 3600)
+        want = GPURequest.build(gpus=8, model="H100-SXM-80GB", interconnect="same_node")
+        ledger.record_queue("airflow/train/fit/-1/1/manual__1", want, "8 on standby nodes", now - 200)
+        agent = TelemetryAgent(backend, ledger, scale_after_s=300.0)
+        assert agent.cycle(now).applied == ()  # 200 s < 300 s: not yet
+        assert "a-h100-2" not in LocalFleetScaler().state()["active_standby"]
+        result = agent.cycle(now + 120)
+        assert any("standby node a-h100-2" in line and "waited 5 min" in line for line in result.applied)
+        assert LocalFleetScaler().state()["active_standby"] == ["a-h100-2"]
+        assert not ledger.snapshot(now + 120).node("a-h100-2").standby  # usable at once
+        event = ledger.events(5, kinds=["scale_out_reactive"])[0]
+        assert event.subject == "a-h100-2" and "airflow/train/fit" in event.detail["reason"]
+        assert agent.cycle(now + 130).applied == ()  # fits now: nothing more to switch on
