@@ -107,9 +107,14 @@ def test_waits_with_reason_then_runs_when_devices_free(executor: Any) -> None:
     assert len(waiting) == 1
     (entry,) = executor.ledger.queue()
     assert entry.key == _key(waiting[0]) and entry.reason
+    # The reason is readable from the task itself: its try log (Logs tab), written once.
+    from gpusched.airflow.fault_listener import read_log_tail
+
+    assert read_log_tail(waiting[0].key).count(f"gpusched: waiting for GPUs: {entry.reason}") == 1
 
     executor.trigger_tasks(executor.parallelism)  # still full: stays queued, nothing sent
     assert _drain(executor) == [] and waiting[0].key in executor.queued_tasks
+    assert read_log_tail(waiting[0].key).count("gpusched: waiting for GPUs") == 1
 
     running = first if waiting[0] is second else second
     executor.change_state(running.key, TaskInstanceState.FAILED)  # a failed task frees its devices too

@@ -312,6 +312,7 @@ class GPUExecutor(LocalExecutor):
         assert request is not None
         self.ledger.record_queue(hold.key, request, hold.reason, now)
         self.log.info("gpusched: %s waits: %s", hold.key, hold.reason)
+        append_task_log(workload.key, f"gpusched: waiting for GPUs: {hold.reason}", level="info")
 
     def _reject(self, workload: Any, key: str, reason: str) -> None:
         self.queued_tasks.pop(workload.key, None)
