@@ -314,6 +314,22 @@ class GPUExecutor(LocalExecutor):
         self.log.info("gpusched: %s waits: %s", hold.key, hold.reason)
         append_task_log(workload.key, f"gpusched: waiting for GPUs: {hold.reason}", level="info")
 
+    def log_task_event(self, *, event: str, extra: str, ti_key: Any) -> None:
+        """Write the event-log row (``/api/v2/eventLogs``, the Audit Log) now, in its own session.
+
+        BaseExecutor only queues the row for the scheduler's batched flush, which in Airflow
+        3.3.2 lost our rows ("NOT NULL constraint failed: log.event" for the whole batch).
+        """
+        try:
+            from airflow.models.log import Log
+            from airflow.utils.session import create_session
+
+            with create_session() as session:
+                session.add(Log(event=event, task_instance=ti_key, extra=extra))
+        except Exception:
+            self.log.exception("gpusched: could not write the %s event log row; queueing it", event)
+            super().log_task_event(event=event, extra=extra, ti_key=ti_key)
+
     def _reject(self, workload: Any, key: str, reason: str) -> None:
         self.queued_tasks.pop(workload.key, None)
         self._submitted.pop(workload.key, None)
