@@ -15,13 +15,13 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpusched.alerts import Action, ActionKind, AlertConfig, evaluate
 from gpusched.errors import HardwareError, TelemetryError
 from gpusched.hardware.base import HardwareBackend
 from gpusched.model import DeviceSample
-from gpusched.prometheus import render_metrics
+from gpusched.prometheus import exposition, metric_families
 from gpusched.remediation import TaskStopper, apply_actions
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class TelemetryAgent:
         self._synced_at = float("-inf")
         self._pruned_at = float("-inf")
         self._once: set[tuple[str, str, str]] = set()  # stop/notify already done: (kind, rule, target)
-        self._metrics = "# no cycle has run yet\n"
+        self._families: list[Any] = []  # prometheus_client metric families of the last cycle
         self.source = str(getattr(backend, "description", backend.name))
         self.host = socket.gethostname()
 
@@ -123,8 +123,8 @@ class TelemetryAgent:
             self.ledger.prune_samples(at - self.retention_s)
             self._pruned_at = at
         after = self.ledger.snapshot(at) if actions else snapshot
-        self._metrics = render_metrics(samples, after, self.ledger.active() if actions else allocations,
-                                       counters=self.counters, source=self.source)
+        self._families = metric_families(samples, after, self.ledger.active() if actions else allocations,
+                                         counters=self.counters, source=self.source)
         return CycleResult(at, tuple(samples), tuple(actions), tuple(applied))
 
     def _fresh(self, actions: Sequence[Action]) -> list[Action]:
@@ -140,6 +140,10 @@ class TelemetryAgent:
             fresh.append(action)
         return fresh
 
+    def metric_families(self) -> list[Any]:
+        """The metric families of the last cycle (what ``/metrics`` serves; no I/O here)."""
+        return list(self._families)
+
     def metrics_text(self) -> str:
-        """The Prometheus text of the last cycle (served by ``/metrics``; no I/O here)."""
-        return self._metrics
+        """The Prometheus text of the last cycle."""
+        return exposition(self.metric_families)
