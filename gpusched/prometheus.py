@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
@@ -26,7 +27,10 @@ from prometheus_client.registry import Collector
 from gpusched.alerts import HasShares
 from gpusched.model import DeviceSample, FleetSnapshot, Health
 
-__all__ = ["CONTENT_TYPE", "FamiliesCollector", "MetricsServer", "metric_families", "render_metrics"]
+__all__ = [
+    "CONTENT_TYPE", "FamiliesCollector", "MetricsServer", "TenantBudget", "metric_families", "render_metrics",
+    "scheduling_families",
+]
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 """What ``/metrics`` answers a scraper that asks for no particular format (text 0.0.4)."""
@@ -131,6 +135,44 @@ def metric_families(
                              labels=("source",))
     info.add_metric((source or snapshot.source,), 1)
     return [*families, allocated, allocated_memory, health, cordoned, actions, info]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantBudget:
+    """A tenant's use of its GPU-hour budget this period (A100-equivalent hours; None = no budget)."""
+
+    tenant: str
+    used_hours: float
+    budget_hours: float | None
+
+
+def scheduling_families(
+    waiting_since: Mapping[str, float], budgets: Sequence[TenantBudget], now: float
+) -> list[Metric]:
+    """The queue and budget gauges the alert rules watch (pure).
+
+    Args:
+        waiting_since: partition -> when its longest-waiting task started waiting (epoch s),
+            with ``gpusched_queue_waiting_tasks`` counted from the same entries.
+        budgets: tenants' use of their budgets.
+        now: the cycle's time.
+    """
+    oldest = GaugeMetricFamily("gpusched_queue_oldest_wait_seconds",
+                               "Seconds the longest-waiting GPU task of the partition has waited.",
+                               labels=("partition",))
+    for partition, since in sorted(waiting_since.items()):
+        oldest.add_metric((partition,), max(0.0, now - since))
+    used = GaugeMetricFamily("gpusched_tenant_used_gpu_hours",
+                             "A100-equivalent GPU-hours the tenant used this budget period.",
+                             labels=("tenant",))
+    budget = GaugeMetricFamily("gpusched_tenant_budget_gpu_hours",
+                               "The tenant's GPU-hour budget this period (tenants with a budget).",
+                               labels=("tenant",))
+    for row in sorted(budgets, key=lambda b: b.tenant):
+        used.add_metric((row.tenant,), row.used_hours)
+        if row.budget_hours is not None:
+            budget.add_metric((row.tenant,), row.budget_hours)
+    return [oldest, used, budget]
 
 
 class FamiliesCollector(Collector):

@@ -88,7 +88,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("GPUSCHED_BACKEND", "hardware", "Hardware backend: auto, nvidia, amd or simulated "
            "(default auto)."),
     EnvVar("GPUSCHED_FLEET", "hardware", "Fleet YAML of the simulated backend "
-           "(default: the fleet shipped in the package, include/fleets/default.yaml)."),
+           "(default: the fleet shipped in the package, gpusched/include/fleets/default.yaml)."),
     EnvVar("GPUSCHED_INCLUDE_DIR", "paths", "Folder to read the catalog, fleets and expectation "
            "suites from instead of the package's include/."),
     EnvVar("GPUSCHED_NODE_NAME", "hardware", "This host's node name (default: the host name)."),

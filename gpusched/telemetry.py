@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from gpusched.alerts import Action, ActionKind, AlertConfig, evaluate
 from gpusched.errors import HardwareError, TelemetryError
 from gpusched.hardware.base import HardwareBackend
-from gpusched.model import DeviceSample
-from gpusched.prometheus import exposition, metric_families
+from gpusched.model import DeviceSample, FleetSnapshot
+from gpusched.prometheus import TenantBudget, exposition, metric_families, scheduling_families
 from gpusched.remediation import TaskStopper, apply_actions
 
 if TYPE_CHECKING:
@@ -125,7 +125,28 @@ class TelemetryAgent:
         after = self.ledger.snapshot(at) if actions else snapshot
         self._families = metric_families(samples, after, self.ledger.active() if actions else allocations,
                                          counters=self.counters, source=self.source)
+        self._families += self._scheduling_families(after, at)
         return CycleResult(at, tuple(samples), tuple(actions), tuple(applied))
+
+    def _scheduling_families(self, snapshot: FleetSnapshot, at: float) -> list[Any]:
+        """Queue waits and tenant budgets, read from the ledger (what the alert rules watch)."""
+        from gpusched.airflow import api_views
+        from gpusched.airflow.quota_file import load_quota_policy
+        from gpusched.quota import UNITS_PER_A100_HOUR
+
+        waiting_since: dict[str, float] = {}
+        for entry in self.ledger.queue():
+            partition = str(entry.request.partition)
+            waiting_since[partition] = min(entry.since, waiting_since.get(partition, entry.since))
+        policy = load_quota_policy()
+        start = api_views.period_start(at, policy.period_s)
+        usage = api_views.tenant_usage(self.ledger.history(start, at), snapshot, start, at)
+        budgets = []
+        for tenant in sorted(set(usage) | set(policy.budgets_hours)):
+            budget = policy.budget(tenant)
+            budgets.append(TenantBudget(tenant, usage.get(tenant, 0) / UNITS_PER_A100_HOUR,
+                                        None if budget is None else budget / UNITS_PER_A100_HOUR))
+        return scheduling_families(waiting_since, budgets, at)
 
     def _fresh(self, actions: Sequence[Action]) -> list[Action]:
         # Health and cordon actions are already skipped once in effect (the rules see the

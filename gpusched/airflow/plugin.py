@@ -7,7 +7,7 @@ Airflow process.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
@@ -20,11 +20,14 @@ class GpuschedPlugin(AirflowPlugin):
     """GPU-aware scheduling: the task listener that exports and releases assigned devices."""
 
     name = "gpusched"
-    listeners: ClassVar[list[Any]] = [gpusched_listener, gpusched_fault_listener]
+    # Plain annotations (no ClassVar): AirflowPlugin declares these as instance attributes.
+    listeners: list[Any] = [gpusched_listener, gpusched_fault_listener]  # noqa: RUF012
     # Fleet / queue / quota / forecast API behind Airflow auth, and its page in the UI nav
     # (Browse → GPU fleet). LazyApp: FastAPI is only loaded by the api-server that serves it.
-    fastapi_apps: ClassVar[list[Any]] = [{"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "gpusched"}]
-    external_views: ClassVar[list[Any]] = [
+    fastapi_apps: list[Any] = [  # noqa: RUF012
+        {"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "gpusched"}
+    ]
+    external_views: list[Any] = [  # noqa: RUF012
         {
             "name": "GPU fleet",
             "href": f"{URL_PREFIX}/ui",
