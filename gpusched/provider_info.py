@@ -13,9 +13,15 @@ from typing import Any
 from gpusched import __version__
 from gpusched.settings import provider_config
 
-__all__ = ["get_provider_info"]
+__all__ = ["get_cli_commands", "get_provider_info"]
 
 EXECUTORS = ("gpusched.airflow.executor.GPUExecutor",)
+
+
+def get_cli_commands() -> list[Any]:
+    """The ``airflow`` subcommands the executor adds: none (gpusched's commands are the ``gpusched``
+    CLI). Declared so that Airflow does not fall back to probing the executor class for them."""
+    return []
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -27,5 +33,6 @@ def get_provider_info() -> dict[str, Any]:
                        "(NVIDIA, AMD, Huawei Ascend): GPU executor, fleet API and UI page.",
         "versions": [__version__],
         "executors": list(EXECUTORS),
+        "cli": ["gpusched.provider_info.get_cli_commands"],
         "config": provider_config(),
     }

@@ -134,7 +134,8 @@ def test_airflow_lists_the_provider_and_its_config_section(venv: dict[str, Any])
                                 env=venv["env"], cwd=venv["cwd"]))
     (ours,) = [p for p in providers if p["package_name"] == "gpusched"]
     assert ours["version"] == __version__
-    listed = _run([str(venv["bin"] / "airflow"), "config", "list", "--section", "gpusched", "--defaults"],
+    listed = _run([str(venv["bin"] / "airflow"), "config", "list", "--section", "gpusched", "--defaults",
+                   "--show-values"],
                   env=venv["env"], cwd=venv["cwd"])
     assert "[gpusched]" in listed
     for option in OPTIONS:
@@ -210,6 +211,8 @@ def test_api_server_serves_the_plugin_routes_and_nav_view(api_server: dict[str, 
     status, body = _get(base + "/api/v2/plugins", auth)
     assert status == 200
     (plugin,) = [p for p in json.loads(body)["plugins"] if p["name"] == "gpusched"]
-    assert "entry point" in plugin["source"] or "gpusched" in plugin["source"], plugin["source"]
+    # Registered by the wheel's entry point ("<dist>==<version>: <entry point>"), not a plugins folder.
+    assert plugin["source"].startswith(f"gpusched=={__version__}:"), plugin["source"]
+    assert "gpusched.airflow.plugin:GpuschedPlugin" in plugin["source"], plugin["source"]
     view = plugin["external_views"][0]
     assert (view["name"], view["href"], view["destination"]) == ("GPU fleet", "/gpusched/ui", "nav")
