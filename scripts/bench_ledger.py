@@ -8,7 +8,10 @@ For each backend (SQLite in a temporary folder; PostgreSQL when ``--pg-url`` or
 - single-process allocate+release cycles per second (the baseline);
 - the aggregate rate of P processes racing on the same devices, as a ratio to the baseline
   (below 1.0 means the write lock serialises them, as designed);
-- snapshot() time on a 64-node × 8-device fleet with 256 active allocations.
+- snapshot() time on a 64-node × 8-device fleet with 256 active allocations;
+- violations: instants in the ledger's whole history where a device held more than 1000 milli-GPU
+  or more memory than it has, plus keys with two active allocations, plus errors other than
+  AllocationConflictError seen by the racing processes (all must be 0).
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ def _fleet(nodes: int, per_node: int) -> list[Node]:
     ]
 
 
-def _cycles(url: str, worker: int, cycles: int) -> tuple[int, int, float]:
+def _cycles(url: str, worker: int, cycles: int) -> tuple[int, int, float, int]:
     request = GPURequest.build(gpus=0.25, memory="10GiB")
-    ok = conflicts = 0
+    ok = conflicts = errors = 0
     with Ledger(url) as led:
         devices = list(led.snapshot().node("n0").devices)
         start = time.perf_counter()
@@ -60,18 +63,45 @@ def _cycles(url: str, worker: int, cycles: int) -> tuple[int, int, float]:
                 led.release(key, reason="success")
             except AllocationConflictError:
                 conflicts += 1
-        return ok, conflicts, time.perf_counter() - start
+            except Exception as exc:  # a raw database error is a violation of the contract
+                errors += 1
+                print(f"worker {worker}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return ok, conflicts, time.perf_counter() - start, errors
 
 
-def _worker(args: tuple[str, int, int]) -> tuple[int, int, float]:
+def _worker(args: tuple[str, int, int]) -> tuple[int, int, float, int]:
     return _cycles(*args)
+
+
+def _violations(url: str) -> int:
+    """Over-committed instants per device over the whole history, plus doubly active keys."""
+    with Ledger(url) as led:
+        history = led.history(0.0)
+        capacity = {d.uuid: d.memory_bytes for n in led.snapshot().nodes for d in n.devices}
+    found = 0
+    edges: dict[str, list[tuple[float, int, int, int]]] = {}
+    for alloc in history:
+        end = alloc.released_at if alloc.released_at is not None else float("inf")
+        for s in alloc.shares:
+            edges.setdefault(s.uuid, []).extend(
+                [(alloc.created_at, 1, s.milli, s.memory_bytes), (end, 0, -s.milli, -s.memory_bytes)]
+            )
+    for uuid_, points in edges.items():
+        milli = memory = 0
+        for _at, _order, dm, db in sorted(points):
+            milli, memory = milli + dm, memory + db
+            found += milli > 1000 or memory > capacity.get(uuid_, memory)
+    active = [a.key for a in history if a.released_at is None]
+    return found + len(active) - len(set(active))
 
 
 def bench(url: str, label: str, cycles: int, procs: int) -> None:
     with Ledger(url) as led:
         led.migrate()
         led.sync_inventory(_fleet(64, 8), "bench")
-    ok, _, elapsed = _cycles(url, 0, cycles)
+    cpu0 = time.process_time()
+    ok, _, elapsed, _ = _cycles(url, 0, cycles)
+    cpu = time.process_time() - cpu0
     base = ok / elapsed
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(procs) as pool:
@@ -80,7 +110,9 @@ def bench(url: str, label: str, cycles: int, procs: int) -> None:
         wall = time.perf_counter() - started
     total_ok = sum(r[0] for r in results)
     conflicts = sum(r[1] for r in results)
+    errors = sum(r[3] for r in results)
     rate = total_ok / max(max(r[2] for r in results), 1e-9)
+    violations = _violations(url) + errors
     with Ledger(url) as led:
         devices = [d for n in led.snapshot().nodes[1:33] for d in n.devices]
         request = GPURequest.build(gpus=1)
@@ -92,9 +124,11 @@ def bench(url: str, label: str, cycles: int, procs: int) -> None:
             t0 = time.perf_counter()
             led.snapshot()
             times.append(time.perf_counter() - t0)
-    print(f"{label:<11} single: {base:7.0f} cycles/s ({1000 / base:.2f} ms per allocate+release)")
+    print(f"{label:<11} single: {base:7.0f} cycles/s ({1000 / base:.2f} ms per allocate+release; "
+          f"CPU {cpu / max(ok, 1) * 1000:.2f} ms of it in this process)")
     print(f"{label:<11} {procs} procs: {rate:7.0f} cycles/s aggregate = {rate / base:.2f}x single "
           f"({conflicts} conflicts, wall {wall:.1f}s incl. start-up)")
+    print(f"{label:<11} violations: {violations} (over-commit instants, doubly held keys, raw errors)")
     print(f"{label:<11} snapshot (512 devices, 256 active): median {statistics.median(times) * 1000:.1f} ms")
 
 

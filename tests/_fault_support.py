@@ -24,6 +24,15 @@ def _find_bin(name: str) -> str:
     return str(candidates[-1])
 
 
+def postgres_binaries() -> bool:
+    """True when the PostgreSQL server binaries are installed."""
+    try:
+        _find_bin("initdb")
+    except FileNotFoundError:
+        return False
+    return True
+
+
 class PrivatePostgres:
     """A throwaway PostgreSQL cluster (scripts/start_postgres.sh) this test may kill and restart.
 

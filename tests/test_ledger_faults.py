@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from gpusched.errors import AllocationConflictError, LedgerUnavailableError
 from gpusched.ledger import Ledger
 from gpusched.ledger.schema import ALLOCATIONS
 from gpusched.request import GPURequest
+from tests._fault_support import PrivatePostgres, postgres_binaries
 from tests._ledger_support import BACKENDS, database_url, fleet, share
 
 pytestmark = [pytest.mark.faults]
@@ -137,15 +137,9 @@ def test_frozen_writer_makes_others_fail_within_their_bound(url: str, tmp_path: 
     ledger.close()
 
 
-def _postgres_binaries() -> bool:
-    return bool(shutil.which("initdb")) or any(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-
-
-@pytest.mark.skipif(not _postgres_binaries(), reason="PostgreSQL server binaries are not installed")
+@pytest.mark.skipif(not postgres_binaries(), reason="PostgreSQL server binaries are not installed")
 def test_killed_postgres_server_fails_cleanly_and_loses_nothing() -> None:
     """SIGKILL the server under the ledger, then restart it on the same data directory."""
-    from tests._fault_support import PrivatePostgres
-
     with PrivatePostgres() as server:
         ledger = _ledger(server.url, lock_wait_s=2.0)
         devices = list(ledger.snapshot().node("n0").devices)

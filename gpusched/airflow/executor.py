@@ -440,6 +440,8 @@ class GPUExecutor(LocalExecutor):
                        self.ledger_wait_s, exc)
 
     def _safe(self, action: Any) -> Any:
+        if not self._ledger_usable():
+            return None  # paused after a lock timeout or outage; reconcile catches up later
         try:
             return action()
         except LedgerUnavailableError as exc:
