@@ -9,9 +9,10 @@ For each backend (SQLite in a temporary folder; PostgreSQL when ``--pg-url`` or
 - the aggregate rate of P processes racing on the same devices, as a ratio to the baseline
   (below 1.0 means the write lock serialises them, as designed);
 - snapshot() time on a 64-node × 8-device fleet with 256 active allocations;
-- violations: instants in the ledger's whole history where a device held more than 1000 milli-GPU
-  or more memory than it has, plus keys with two active allocations, plus errors other than
-  AllocationConflictError seen by the racing processes (all must be 0).
+- violations: moments of the ledger's whole history, replayed in commit order
+  (:mod:`gpusched.ledger.audit`), where a device held more than 1000 milli-GPU or more memory than
+  it has or a key held two allocations, plus errors other than AllocationConflictError seen by the
+  racing processes (all must be 0).
 """
 
 from __future__ import annotations
@@ -74,25 +75,14 @@ def _worker(args: tuple[str, int, int]) -> tuple[int, int, float, int]:
 
 
 def _violations(url: str) -> int:
-    """Over-committed instants per device over the whole history, plus doubly active keys."""
+    """Over-commitments and doubly held keys, replaying the whole history in commit order."""
+    from gpusched.ledger.audit import audit
+
     with Ledger(url) as led:
-        history = led.history(0.0)
-        capacity = {d.uuid: d.memory_bytes for n in led.snapshot().nodes for d in n.devices}
-    found = 0
-    edges: dict[str, list[tuple[float, int, int, int]]] = {}
-    for alloc in history:
-        end = alloc.released_at if alloc.released_at is not None else float("inf")
-        for s in alloc.shares:
-            edges.setdefault(s.uuid, []).extend(
-                [(alloc.created_at, 1, s.milli, s.memory_bytes), (end, 0, -s.milli, -s.memory_bytes)]
-            )
-    for uuid_, points in edges.items():
-        milli = memory = 0
-        for _at, _order, dm, db in sorted(points):
-            milli, memory = milli + dm, memory + db
-            found += milli > 1000 or memory > capacity.get(uuid_, memory)
-    active = [a.key for a in history if a.released_at is None]
-    return found + len(active) - len(set(active))
+        found = audit(led)
+    for line in found[:5]:
+        print(f"violation: {line}", file=sys.stderr)
+    return len(found)
 
 
 def bench(url: str, label: str, cycles: int, procs: int) -> None:

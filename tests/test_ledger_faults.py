@@ -86,6 +86,9 @@ def test_racing_allocate_and_release_of_one_key_only_conflicts(url: str) -> None
             .group_by(ALLOCATIONS.c.key).having(sa.func.count() > 1)
         ).all()
     assert doubled == [] and ledger.active() == []
+    from gpusched.ledger.audit import audit
+
+    assert audit(ledger) == []
     ledger.close()
 
 
@@ -183,3 +186,23 @@ def test_agent_cycle_expires_leases_without_any_executor(tmp_path: Path) -> None
         assert [a.key for a in ledger.active()] == ["alive"]
         assert ledger.get("crashed").status == "expired"  # type: ignore[union-attr]
 
+
+
+def test_audit_finds_an_overcommit_written_behind_the_ledgers_back(tmp_path: Path) -> None:
+    """The replay used by the fault suite and the benchmark can fail: forge a second holder."""
+    from gpusched.ledger.audit import audit
+    from gpusched.ledger.schema import EVENTS, SHARES
+
+    with _ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        device = ledger.snapshot().node("n0").devices[0]
+        ledger.allocate("a", GPURequest.build(gpus=1), [share(device)], holder="t")
+        assert audit(ledger) == []
+        with ledger.engine.begin() as conn:  # what a buggy writer might do: bypass the checks
+            row_id = conn.execute(sa.insert(ALLOCATIONS).values(
+                key="b", request=GPURequest.build(gpus=1).to_dict(), holder="t", created_at=1.0,
+                lease_expires_at=2.0, status="active")).inserted_primary_key[0]
+            conn.execute(sa.insert(SHARES).values(allocation_id=row_id, device_uuid=device.uuid, node="n0",
+                                                  idx=0, milli=1000, memory_bytes=0))
+            conn.execute(sa.insert(EVENTS).values(at=1.0, kind="allocate", subject="b", detail={}))
+        found = audit(ledger)
+        assert len(found) == 1 and device.uuid in found[0] and "over-committed by b" in found[0]
