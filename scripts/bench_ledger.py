@@ -118,7 +118,8 @@ def bench(url: str, label: str, cycles: int, procs: int) -> None:
           f"CPU {cpu / max(ok, 1) * 1000:.2f} ms of it in this process)")
     print(f"{label:<11} {procs} procs: {rate:7.0f} cycles/s aggregate = {rate / base:.2f}x single "
           f"({conflicts} conflicts, wall {wall:.1f}s incl. start-up)")
-    print(f"{label:<11} violations: {violations} (over-commit instants, doubly held keys, raw errors)")
+    print(f"{label:<11} violations: {violations} "
+          "(over-commits and doubly held keys replayed in commit order, raw errors)")
     print(f"{label:<11} snapshot (512 devices, 256 active): median {statistics.median(times) * 1000:.1f} ms")
 
 

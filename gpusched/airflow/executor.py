@@ -364,6 +364,8 @@ class GPUExecutor(LocalExecutor):
         if now - self._last_reconcile >= self.reconcile_s:
             self._last_reconcile = now
             self._safe(self.reconcile)
+            if self.gpu_running:  # a worker death missed while the ledger was unavailable
+                self._safe(self._fail_orphaned)
         if now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
             self._last_renew = now
             for ledger_key in list(self.gpu_running.values()):
@@ -379,18 +381,22 @@ class GPUExecutor(LocalExecutor):
         # LocalExecutor reaps dead workers here; a dead worker was the supervisor of the task it
         # ran, so that task's result never arrives: release its devices now and fail the try
         # (Airflow retries it) instead of waiting for the task heartbeat timeout.
-        dead = {pid for pid, proc in getattr(self, "workers", {}).items() if not proc.is_alive()}
+        died = any(not proc.is_alive() for proc in getattr(self, "workers", {}).values())
         super()._check_workers()
-        if dead and self.gpu_running:
-            self._safe(lambda: self._fail_orphaned(dead))
+        if died and self.gpu_running:
+            self._safe(self._fail_orphaned)
 
-    def _fail_orphaned(self, dead_pids: set[int]) -> None:
+    def _fail_orphaned(self) -> None:
+        # Judged by pid and start time (a respawned worker may reuse a dead one's pid); a task
+        # whose worker has not picked it up yet has no worker record and is left alone.
+        from gpusched.ledger.liveness import process_alive
+
         host = socket.gethostname()
         by_ledger_key = {v: k for k, v in self.gpu_running.items()}
         for alloc in self.ledger.active(self.holder):
             airflow_key = by_ledger_key.get(alloc.key)
             workers = [p for p in alloc.processes if p.role == "worker" and p.host == host]
-            if airflow_key is None or not any(p.pid in dead_pids for p in workers):
+            if airflow_key is None or not workers or process_alive(workers[-1]) is not False:
                 continue
             reason = f"worker process {workers[-1].pid} died"
             self._release(airflow_key, reason)
