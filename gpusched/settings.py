@@ -79,6 +79,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("wait_for_api_seconds", "float", "90",
            "On start, wait this long for Airflow's execution API to answer before dispatching "
            "anything; 0 does not wait.", "30"),
+    Option("ledger_wait_seconds", "float", "5",
+           "The most one ledger operation of the executor waits for a lock; a ledger stuck longer "
+           "is left alone that long and the GPU workloads stay queued, so the scheduler loop never "
+           "stalls.", "10"),
+    Option("reconcile_seconds", "float", "5",
+           "How often the executor looks for allocations of gone or superseded task tries and "
+           "releases them.", "30"),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 
@@ -121,6 +128,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("GPUSCHED_AIRFLOW_HOME", "scripts/run.sh", "AIRFLOW_HOME of the local run (default .airflow)."),
     EnvVar("GPUSCHED_DAGS_FOLDER", "scripts/run.sh", "DAGs folder of the local run (default dags/)."),
     EnvVar("GPUSCHED_PORT", "scripts/run.sh", "UI port of the local run (default 8080)."),
+    EnvVar("GPUSCHED_LISTEN", "scripts/run.sh", "Listen address of the local UI and API "
+           "(default 127.0.0.1; 0.0.0.0 exposes them)."),
     EnvVar("GPUSCHED_VENV", "scripts/run.sh", "Virtual environment of the local run (default .venv)."),
     EnvVar("GPUSCHED_AGENT", "scripts/run.sh", "0 leaves the telemetry agent out."),
     EnvVar("GPUSCHED_AGENT_INTERVAL", "scripts/run.sh", "Seconds between agent cycles (default 10)."),
