@@ -79,7 +79,7 @@ def test_memory_leak_stops_the_task_process_holding_the_device() -> None:
             assert handled.subject == key and handled.detail["failure_kind"] == "code_error"
             assert handled.detail["retry"] is False and pending_failures(ledger) == []
             metrics = agent.metrics_text()
-            assert 'gpusched_alert_actions_total{rule="memory_growth",action="stop_task"} 1' in metrics
+            assert 'gpusched_alert_actions_total{action="stop_task",rule="memory_growth"} 1.0' in metrics
             assert f'UUID="{device.uuid}"' in metrics
             # The next cycle does not try again (the stop is done once per allocation).
             assert agent.cycle(now + 10).actions == ()
@@ -161,7 +161,7 @@ def test_tasks_waiting_for_standby_capacity_switch_the_node_on_in_the_agent_cycl
         ledger.sync_inventory(backend.discover(), source="simulated")
         ledger.allocate("busy", GPURequest.build(gpus=8, model="H100-SXM-80GB"),
                         [DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes) for d in h100.devices],
-                        holder="test", now=now - 3600)
+                        holder="test", now=now - 3600, lease_s=10**7)
         want = GPURequest.build(gpus=8, model="H100-SXM-80GB", interconnect="same_node")
         ledger.record_queue("airflow/train/fit/-1/1/manual__1", want, "8 on standby nodes", now - 200)
         agent = TelemetryAgent(backend, ledger, scale_after_s=300.0)

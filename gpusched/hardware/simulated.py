@@ -34,7 +34,7 @@ _BUSY_MEMORY_FRACTION = 0.9  # of the memory the task was given
 
 
 def default_fleet_path() -> Path:
-    """``include/fleets/default.yaml`` (the fleet used when nothing else is configured)."""
+    """``gpusched/include/fleets/default.yaml`` (the fleet used when nothing else is configured)."""
     return include_dir() / "fleets" / "default.yaml"
 
 
