@@ -46,6 +46,7 @@ from gpusched.airflow.dispatch import run_gpu_worker
 from gpusched.airflow.gpu_cycle import Hold, Launch, PendingWork, decide, running_tasks
 from gpusched.airflow.keys import ti_key_of
 from gpusched.airflow.orphans import reconcile_holder, task_state
+from gpusched.airflow.task_log import append_task_log
 from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError, LedgerUnavailableError
 from gpusched.failures import load_overrides
 from gpusched.placement.genetic import parse_weights
@@ -324,6 +325,23 @@ class GPUExecutor(LocalExecutor):
         assert request is not None
         self.ledger.record_queue(hold.key, request, hold.reason, now)
         self.log.info("gpusched: %s waits: %s", hold.key, hold.reason)
+        append_task_log(workload.key, f"gpusched: waiting for GPUs: {hold.reason}", level="info")
+
+    def log_task_event(self, *, event: str, extra: str, ti_key: Any) -> None:
+        """Write the event-log row (``/api/v2/eventLogs``, the Audit Log) now, in its own session.
+
+        BaseExecutor only queues the row for the scheduler's batched flush, which in Airflow
+        3.3.2 lost our rows ("NOT NULL constraint failed: log.event" for the whole batch).
+        """
+        try:
+            from airflow.models.log import Log
+            from airflow.utils.session import create_session
+
+            with create_session() as session:
+                session.add(Log(event=event, task_instance=ti_key, extra=extra))
+        except Exception:
+            self.log.exception("gpusched: could not write the %s event log row; queueing it", event)
+            super().log_task_event(event=event, extra=extra, ti_key=ti_key)
 
     def _reject(self, workload: Any, key: str, reason: str) -> None:
         self.queued_tasks.pop(workload.key, None)
@@ -332,6 +350,9 @@ class GPUExecutor(LocalExecutor):
         self._queue_reason.pop(key, None)
         self._safe(lambda: self.ledger.clear_queue(key))
         self.log.error("gpusched: failing %s: %s", key, reason)
+        # Where users look: the try's log (Logs tab, task-log API) and the ledger's events.
+        append_task_log(workload.key, f"gpusched: not started, {reason}")
+        self._safe(lambda: self.ledger.record_event("unschedulable", key, reason=reason))
         self.log_task_event(event="gpusched.unschedulable", extra=reason, ti_key=workload.key)
         self.fail(workload.key, info=reason)
 
