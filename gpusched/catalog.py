@@ -20,6 +20,7 @@ __all__ = [
     "AcceleratorModel",
     "Catalog",
     "LinkKind",
+    "SliceProfile",
     "Vendor",
     "arch_rank",
     "default_catalog",
@@ -75,6 +76,21 @@ def arch_rank(architecture: str) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class SliceProfile:
+    """One hard-isolated slice a model can be cut into: a MIG GPU-instance profile (``3g.40gb``) or
+    an AMD compute partition mode (``CPX``: the device becomes 8 logical devices).
+
+    ``compute_milli`` is the slice's share of the device's compute (a ``3g`` MIG instance holds
+    3 of 7 GPU slices = 428), ``memory_bytes`` its memory, ``max_count`` how many fit on one device.
+    """
+
+    name: str
+    compute_milli: int
+    memory_bytes: int
+    max_count: int
+
+
+@dataclass(frozen=True, slots=True)
 class AcceleratorModel:
     """One accelerator model as the catalog describes it (integer units where it matters)."""
 
@@ -91,6 +107,8 @@ class AcceleratorModel:
     partitioning: tuple[str, ...]
     a100_equiv_milli: int
     disclosed: bool
+    slice_profiles: tuple[SliceProfile, ...] = ()
+    memory_partitions: tuple[str, ...] = ()
 
     @property
     def arch_rank(self) -> int:
@@ -104,6 +122,16 @@ class AcceleratorModel:
             digits = self.architecture[3:]
             return f"{digits[:-1]}.{digits[-1]}"
         return None
+
+    @property
+    def supports_slices(self) -> bool:
+        """Whether the model can be cut into hard-isolated slices (MIG, AMD compute partitions)."""
+        return bool(self.slice_profiles)
+
+    def slice_profile(self, name: str) -> SliceProfile | None:
+        """The slice profile called ``name`` (case-insensitive), or None."""
+        folded = name.strip().casefold()
+        return next((p for p in self.slice_profiles if p.name.casefold() == folded), None)
 
     @property
     def supports_fractions(self) -> bool:
@@ -183,6 +211,16 @@ def _parse_model(entry: dict[str, object]) -> AcceleratorModel:
         partitioning=tuple(str(p) for p in entry.get("partitioning", ()) or ()),  # type: ignore[attr-defined]
         a100_equiv_milli=int(str(entry["a100_equiv_milli"])),
         disclosed=bool(entry.get("disclosed", True)),
+        slice_profiles=tuple(
+            SliceProfile(
+                name=str(p["name"]),
+                compute_milli=int(p["compute_milli"]),
+                memory_bytes=int(float(str(p["memory_gib"])) * GIB),
+                max_count=int(p["max_count"]),
+            )
+            for p in entry.get("slice_profiles", ()) or ()  # type: ignore[attr-defined]
+        ),
+        memory_partitions=tuple(str(p) for p in entry.get("memory_partitions", ()) or ()),  # type: ignore[attr-defined]
     )
 
 

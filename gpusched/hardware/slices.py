@@ -1,0 +1,101 @@
+"""Hard-isolated slices of one device: NVIDIA MIG instances and AMD compute partitions.
+
+One source of truth for what a slice looks like in the model (:class:`~gpusched.model.Device`
+with ``parent``, ``profile`` and ``compute_milli``) and for which layouts are possible, used by
+the fleet file, the NVIDIA and AMD backends and the request parser.
+
+* NVIDIA MIG: the GPU stays in the inventory with ``mig_enabled`` (it takes no work itself) and
+  each MIG instance is a device of its own: uuid ``MIG-…``, the parent's index, no NVLink (MIG
+  instances have no peer-to-peer), the profile's memory and compute share.
+* AMD compute partitions (SPX/DPX/QPX/CPX): ROCm shows each partition as a logical device with its
+  own index, so the partitions *are* the devices; their ``parent`` names the physical card.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+
+from gpusched.catalog import AcceleratorModel, LinkKind, SliceProfile
+from gpusched.model import MILLI, Device
+
+__all__ = [
+    "ISOLATION_VALUES",
+    "SLICE_TOLERANCE_MILLI",
+    "amd_partitions",
+    "layout_problem",
+    "mig_slices",
+    "partition_count",
+    "profile_names",
+]
+
+ISOLATION_VALUES = ("any", "hard", "soft")
+"""``isolation`` of a request: ``hard`` = a MIG instance / AMD partition of its own, ``soft`` =
+a share of a whole device (MPS limits, not enforced by hardware), ``any`` = either."""
+
+SLICE_TOLERANCE_MILLI = 7
+"""Rounding slack when adding up compute shares (7 × 1g = 7 × 142 = 994 milli is the whole GPU)."""
+
+
+def profile_names(model: AcceleratorModel) -> str:
+    """The model's slice profiles as a comma-separated list (for error messages)."""
+    return ", ".join(p.name for p in model.slice_profiles) or "none"
+
+
+def layout_problem(model: AcceleratorModel, profiles: Sequence[str], memory_bytes: int) -> str | None:
+    """Why ``profiles`` (one MIG layout of one device) cannot exist on ``model``, or None."""
+    if not model.slice_profiles:
+        return f"{model.name} cannot be partitioned (no MIG or compute partitions)"
+    chosen: list[SliceProfile] = []
+    for name in profiles:
+        profile = model.slice_profile(name)
+        if profile is None:
+            return f"{model.name} has no slice profile {name!r} (profiles: {profile_names(model)})"
+        chosen.append(profile)
+    for name, count in Counter(p.name for p in chosen).items():
+        limit = model.slice_profile(name)
+        if limit is not None and count > limit.max_count:
+            return f"at most {limit.max_count} × {name} fit on one {model.name}, not {count}"
+    if sum(p.compute_milli for p in chosen) > MILLI + SLICE_TOLERANCE_MILLI:
+        return f"the profiles {list(profiles)} need more compute than one {model.name} has"
+    if sum(p.memory_bytes for p in chosen) > memory_bytes:
+        return f"the profiles {list(profiles)} need more memory than one {model.name} has"
+    return None
+
+
+def mig_slices(parent: Device, model: AcceleratorModel, profiles: Sequence[str],
+               uuids: Sequence[str] | None = None) -> list[Device]:
+    """The MIG instances of ``parent`` (already validated with :func:`layout_problem`).
+
+    ``uuids`` are the instances' real ``MIG-…`` uuids; by default ``MIG-<parent uuid>-<k>``.
+    """
+    out = []
+    for k, name in enumerate(profiles):
+        profile = model.slice_profile(name)
+        assert profile is not None, "validate the layout with layout_problem first"
+        out.append(replace(
+            parent, uuid=uuids[k] if uuids else f"MIG-{parent.uuid}-{k}", memory_bytes=profile.memory_bytes,
+            island=None, link=LinkKind.PCIE, peers=(), mig_enabled=False, parent=parent.uuid,
+            profile=profile.name, compute_milli=profile.compute_milli,
+        ))
+    return out
+
+
+def amd_partitions(card: Device, profile: SliceProfile, first_index: int, card_id: str,
+                   uuids: Sequence[str]) -> list[Device]:
+    """The logical devices an AMD card in compute partition mode ``profile`` exposes.
+
+    Each gets its own index (``first_index`` onwards, as ROCm enumerates them), its uuid from
+    ``uuids`` (one per partition), an even share of memory and ``parent = card_id``.
+    """
+    return [
+        replace(card, uuid=uuid, index=first_index + k, memory_bytes=profile.memory_bytes,
+                peers=(), parent=card_id, profile=profile.name, compute_milli=profile.compute_milli)
+        for k, uuid in enumerate(uuids)
+    ]
+
+
+def partition_count(profile: SliceProfile) -> int:
+    """How many logical devices one card shows in this compute partition mode (CPX: 8)."""
+    return profile.max_count
