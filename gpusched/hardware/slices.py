@@ -25,6 +25,7 @@ __all__ = [
     "SLICE_TOLERANCE_MILLI",
     "amd_partitions",
     "layout_problem",
+    "mig_instance",
     "mig_slices",
     "partition_count",
     "profile_names",
@@ -74,12 +75,18 @@ def mig_slices(parent: Device, model: AcceleratorModel, profiles: Sequence[str],
     for k, name in enumerate(profiles):
         profile = model.slice_profile(name)
         assert profile is not None, "validate the layout with layout_problem first"
-        out.append(replace(
-            parent, uuid=uuids[k] if uuids else f"MIG-{parent.uuid}-{k}", memory_bytes=profile.memory_bytes,
-            island=None, link=LinkKind.PCIE, peers=(), mig_enabled=False, parent=parent.uuid,
-            profile=profile.name, compute_milli=profile.compute_milli,
-        ))
+        uuid = uuids[k] if uuids else f"MIG-{parent.uuid}-{k}"
+        out.append(mig_instance(parent, uuid, profile.name, profile.memory_bytes, profile.compute_milli))
     return out
+
+
+def mig_instance(parent: Device, uuid: str, profile: str, memory_bytes: int, compute_milli: int) -> Device:
+    """One MIG instance of ``parent``: its own uuid, memory and compute share; no peer links."""
+    return replace(
+        parent, uuid=uuid, memory_bytes=memory_bytes, island=None, link=LinkKind.PCIE, peers=(),
+        mig_enabled=False, parent=parent.uuid, profile=profile,
+        compute_milli=max(1, min(MILLI, compute_milli)),
+    )
 
 
 def amd_partitions(card: Device, profile: SliceProfile, first_index: int, card_id: str,
