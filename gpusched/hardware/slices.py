@@ -23,6 +23,7 @@ from gpusched.model import MILLI, Device
 __all__ = [
     "ISOLATION_VALUES",
     "SLICE_TOLERANCE_MILLI",
+    "amd_partition_of",
     "amd_partitions",
     "layout_problem",
     "mig_instance",
@@ -106,3 +107,13 @@ def amd_partitions(card: Device, profile: SliceProfile, first_index: int, card_i
 def partition_count(profile: SliceProfile) -> int:
     """How many logical devices one card shows in this compute partition mode (CPX: 8)."""
     return profile.max_count
+
+
+def amd_partition_of(device: Device, model: AcceleratorModel | None, compute_mode: str, card_id: str) -> Device:
+    """``device`` (one logical device as AMD SMI lists it) marked as a slice of ``card_id`` when its
+    card runs a compute partition mode that splits it (DPX/QPX/CPX); unchanged in SPX or unknown."""
+    mode = compute_mode.strip().upper()
+    profile = model.slice_profile(mode) if model is not None and mode else None
+    if profile is None or partition_count(profile) <= 1:
+        return device
+    return replace(device, parent=card_id, profile=profile.name, compute_milli=profile.compute_milli, peers=())
