@@ -1,6 +1,6 @@
 """The simulated backend: a fleet file stands in for hardware, with persistent fault injection.
 
-Used when the host has no NVIDIA or AMD device, or on request (``GPUSCHED_BACKEND=simulated``);
+Used when the host has no NVIDIA, AMD or Ascend device, or on request (``GPUSCHED_BACKEND=simulated``);
 it always calls itself ``simulated`` and says which fleet file it shows, so nobody mistakes it
 for real hardware. Samples are plausible and repeatable: an idle device reads idle, a device
 with recorded load (:meth:`SimulatedBackend.set_load`) reads busy, and injected faults show in
