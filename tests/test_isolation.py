@@ -267,3 +267,27 @@ def test_a_hard_pod_must_be_a_fraction(tmp_path: Path) -> None:
     pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,isolation\np,1,1,2,1000,hard\n", encoding="utf-8")
     with pytest.raises(TraceError, match="isolation"):
         load_openb_pods(pods)
+
+
+# ---- fleet page ----------------------------------------------------------------------------------
+
+
+def test_fleet_page_draws_slices_inside_their_device_tile(fleet: FleetSnapshot) -> None:
+    from gpusched.airflow.api_views import fleet_view
+    from gpusched.airflow.ui_page import render_page
+
+    slice_ = next(d for d in fleet.devices() if d.profile == "3g.40gb")
+    used = fleet.with_usage([DeviceShare(slice_.uuid, slice_.node, 0, 1000, slice_.memory_bytes)])
+    body = fleet_view(used)
+    tiles = {d["uuid"]: d for r in body["racks"] for n in r["nodes"] for i in n["islands"] for d in i["devices"]}
+    assert not any(uuid.startswith("MIG-") for uuid in tiles)  # slices are not tiles of their own
+    gpu = tiles[MIG_GPU]
+    assert gpu["partitioned"] == "MIG" and [s["profile"] for s in gpu["slices"]] == [
+        "3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert gpu["state"] == "shared" and gpu["slices"][0]["state"] == "allocated"
+    assert gpu["used_milli"] == 428
+    card = tiles["AMD-sim-b-mi300x-cpx-1-card0"]
+    assert card["partitioned"] == "CPX" and len(card["slices"]) == 8 and card["state"] == "free"
+    assert card["memory_gib"] == 192
+    assert body["summary"]["devices"] == len(tiles) and body["summary"]["used_gpus"] == 0.43
+    assert "function slices(list)" in render_page()
