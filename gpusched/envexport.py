@@ -94,7 +94,10 @@ def devices_env(
     env: dict[str, str] = {}
     profiles_of = [_profile_of(s, snapshot, profiles) for s in ordered]
     if the_vendor is Vendor.NVIDIA:
-        if use_uuids or any(p is not None or s.uuid.startswith("MIG-") for s, p in zip(ordered, profiles_of, strict=True)):
+        # A MIG instance has no CUDA index: it is named by its UUID.
+        sliced = any(p is not None or s.uuid.startswith("MIG-")
+                     for s, p in zip(ordered, profiles_of, strict=True))
+        if use_uuids or sliced:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(s.uuid for s in ordered)
         else:
             env["CUDA_VISIBLE_DEVICES"] = indices

@@ -169,11 +169,11 @@ def normalised_rate(
 
 def physical_milli(shares: Sequence[DeviceShare], snapshot: FleetSnapshot) -> int:
     """Milli-GPU of physical devices ``shares`` take: a whole slice counts as its compute share."""
-    return sum(
-        share.milli * (snapshot.device(share.uuid).compute_milli if snapshot.has_device(share.uuid) else MILLI)
-        // MILLI
-        for share in shares
-    )
+    total = 0
+    for share in shares:
+        part = snapshot.device(share.uuid).compute_milli if snapshot.has_device(share.uuid) else MILLI
+        total += share.milli * part // MILLI
+    return total
 
 
 def partition_capacity(snapshot: FleetSnapshot) -> int:

@@ -157,7 +157,8 @@ class GPURequest:
         candidates = [
             m for m in cat.models
             if (not models or m.name in models) and (not vendors or m.vendor in vendors)
-            and (min_arch is None or (m.vendor is arch_vendor(min_arch) and m.arch_rank >= arch_rank(min_arch)))
+            and (min_arch is None
+                 or (m.vendor is arch_vendor(min_arch) and m.arch_rank >= arch_rank(min_arch)))
         ]
         isolation, profile = parse_isolation(kwargs, count, milli, candidates, cat)
         request = cls(

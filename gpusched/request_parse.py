@@ -310,14 +310,17 @@ def parse_isolation(
     field = "profile" if profile_raw is not None else "isolation"
     if count > 1 or milli >= MILLI:
         raise GPURequestError(
-            field, profile_raw if profile_raw is not None else raw, "a fraction of one device, e.g. gpus=0.25",
+            field,
+            profile_raw if profile_raw is not None else raw,
+            "a fraction of one device, e.g. gpus=0.25",
             "hard isolation slices one device; a whole GPU is isolated already (drop isolation/profile)",
         )
     sliceable = [m for m in candidates if m.supports_slices]
     if not sliceable:
         raise GPURequestError(
             field, profile_raw if profile_raw is not None else raw,
-            "models with MIG or compute partitions: " + ", ".join(m.name for m in cat.models if m.supports_slices),
+            "models with MIG or compute partitions: "
+            + ", ".join(m.name for m in cat.models if m.supports_slices),
             "none of the allowed models can be partitioned (MIG / compute partitions)",
         )
     if profile_raw is None:
@@ -335,7 +338,8 @@ def parse_isolation(
                               "no allowed model has this slice profile")
     biggest = max(p.compute_milli for p in matches)
     if milli > biggest:
-        raise GPURequestError("gpus", milli / MILLI, f"at most {biggest / MILLI:g} for profile {matches[0].name}",
+        raise GPURequestError("gpus", milli / MILLI,
+                              f"at most {biggest / MILLI:g} for profile {matches[0].name}",
                               f"a {matches[0].name} slice holds less compute than asked")
     return isolation, matches[0].name
 

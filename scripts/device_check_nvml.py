@@ -173,8 +173,8 @@ def check_mig(devices: list[Any], pythonpath: list[str]) -> dict[str, Any]:
     slices = [d for d in devices if d.parent is not None]
     result: dict[str, Any] = {
         "gpus_in_mig_mode": [g.uuid for g in gpus if g.mig_enabled],
-        "instances": [{"uuid": d.uuid, "parent": d.parent, "profile": d.profile, "memory_bytes": d.memory_bytes,
-                       "compute_milli": d.compute_milli} for d in slices],
+        "instances": [{"uuid": d.uuid, "parent": d.parent, "profile": d.profile,
+                       "memory_bytes": d.memory_bytes, "compute_milli": d.compute_milli} for d in slices],
     }
     if not result["gpus_in_mig_mode"]:
         check(not slices, "MIG instances discovered on GPUs that are not in MIG mode")
@@ -183,12 +183,15 @@ def check_mig(devices: list[Any], pythonpath: list[str]) -> dict[str, Any]:
         return result
     for d in slices:
         check(d.uuid.startswith("MIG-"), f"MIG instance {d.uuid}: not a MIG-… UUID")
-        check(0 < d.compute_milli <= 1000 and d.memory_bytes > 0, f"MIG instance {d.uuid}: bad share or memory")
-        check(any(g.uuid == d.parent and g.mig_enabled for g in gpus), f"MIG instance {d.uuid}: unknown parent")
+        check(0 < d.compute_milli <= 1000 and d.memory_bytes > 0,
+              f"MIG instance {d.uuid}: bad share or memory")
+        check(any(g.uuid == d.parent and g.mig_enabled for g in gpus),
+              f"MIG instance {d.uuid}: unknown parent")
     listed = nvidia_smi_mig()
     if listed is not None:
         result["nvidia_smi"] = listed
-        check(set(listed) == {d.uuid for d in slices}, f"MIG UUIDs differ from nvidia-smi -L: {sorted(listed)}")
+        check(set(listed) == {d.uuid for d in slices},
+              f"MIG UUIDs differ from nvidia-smi -L: {sorted(listed)}")
         for d in slices:
             if d.uuid in listed and d.profile is not None:
                 check(d.profile.split(".")[-2:] == listed[d.uuid].split(".")[-2:],
@@ -210,7 +213,8 @@ def end_to_end(nodes: list[Any], pythonpath: list[str]) -> list[dict[str, Any]]:
     snapshot = FleetSnapshot(tuple(nodes), source="device-check")
     requests = [("whole GPU", GPURequest.build(gpus=1, vendor="nvidia"))]
     if any(d.parent is not None for d in snapshot.devices()):
-        requests.append(("hard-isolated fraction", GPURequest.build(gpus=0.1, memory="1GiB", isolation="hard")))
+        hard = GPURequest.build(gpus=0.1, memory="1GiB", isolation="hard")
+        requests.append(("hard-isolated fraction", hard))
     runs = []
     for name, request in requests:
         plan = place([PendingTask(name, request, 0.0)], snapshot, Policy(), now=0.0)
@@ -237,7 +241,8 @@ def end_to_end(nodes: list[Any], pythonpath: list[str]) -> list[dict[str, Any]]:
         target = snapshot.device(shares[0].uuid)
         physical = target.parent or target.uuid
         if run["running_on"]:
-            check(run["running_on"] == [physical], f"end to end: {name} ran on {run['running_on']}, not {physical}")
+            check(run["running_on"] == [physical],
+                  f"end to end: {name} ran on {run['running_on']}, not {physical}")
         else:
             warnings.append(f"end to end: NVML did not list the child's pid for {name} (pid namespace?)")
         runs.append(run)

@@ -40,9 +40,12 @@ def test_mig_check_accepts_what_nvidia_smi_lists(script: ModuleType, monkeypatch
     devices = _mig_node_devices()
     slices = [d for d in devices if d.parent]
     listing = "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-5c9e2c5a-0000-0000-0000-000000000000)\n" + "".join(
-        f"  MIG {d.profile} Device {k}: (UUID: {d.uuid})\n" for k, d in enumerate(slices))
+        f"  MIG {d.profile} Device {k}: (UUID: {d.uuid})\n" for k, d in enumerate(slices)
+    )
     monkeypatch.setattr(script, "nvidia_smi_mig", lambda: script.parse_mig_listing(listing))
-    monkeypatch.setattr(script, "run_child", lambda env, path: {"count": 1, "uuids": [env["CUDA_VISIBLE_DEVICES"]]})
+    monkeypatch.setattr(
+        script, "run_child", lambda env, path: {"count": 1, "uuids": [env["CUDA_VISIBLE_DEVICES"]]}
+    )
     result = script.check_mig(devices, [])
     assert script.problems == [], script.problems
     assert len(result["instances"]) == 4 and result["child_sees"]["count"] == 1
@@ -58,7 +61,9 @@ def test_mig_check_flags_a_missing_instance(script: ModuleType, monkeypatch: pyt
 
 
 def test_without_a_gpu_the_script_fails_with_a_json_report() -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 1
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["ok"] is False and "NVML" in report["crash"]

@@ -22,7 +22,12 @@ import pytest
 
 from gpusched.catalog import LinkKind, Vendor
 from gpusched.errors import BackendUnavailableError, HardwareError
-from gpusched.hardware.ascend import AscendBackend, ascend_catalog_model_name, parse_info_table, parse_topology
+from gpusched.hardware.ascend import (
+    AscendBackend,
+    ascend_catalog_model_name,
+    parse_info_table,
+    parse_topology,
+)
 from gpusched.hardware.base import HardwareBackend
 from gpusched.hardware.topology import HostInfo
 from gpusched.model import Health
@@ -201,8 +206,9 @@ def test_no_npu_smi_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
         AscendBackend(host=HOST)
 
 
-@pytest.mark.parametrize(("name", "model"), [("910B3", "Ascend-910B"), ("910B", "Ascend-910B"),
-                                             ("310P3", "310P3")])
+@pytest.mark.parametrize(
+    ("name", "model"), [("910B3", "Ascend-910B"), ("910B", "Ascend-910B"), ("310P3", "310P3")]
+)
 def test_chip_names_map_to_the_catalog(name: str, model: str) -> None:
     assert ascend_catalog_model_name(name) == model
 

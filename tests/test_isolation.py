@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.airflow.docker_devices import container_gpu_spec, profiles_from_allocation, shares_from_allocation
+from gpusched.airflow.docker_devices import (
+    container_gpu_spec,
+    profiles_from_allocation,
+    shares_from_allocation,
+)
 from gpusched.catalog import Vendor, default_catalog
 from gpusched.envexport import allocation_from_env, devices_env
 from gpusched.errors import FleetFileError, GPURequestError
@@ -43,19 +47,27 @@ def test_isolation_defaults_to_any_and_round_trips() -> None:
     assert GPURequest.from_dict(hard.to_dict()) == hard
 
 
-@pytest.mark.parametrize(("kwargs", "field", "accepted"), [
-    ({"gpus": 0.25, "memory": "8GiB", "isolation": "strict"}, "isolation", "any, hard, soft"),
-    ({"gpus": 0.25, "memory": "8GiB", "isolation": "hard", "model": "L40S"}, "isolation",
-     "models with MIG or compute partitions: H100-SXM-80GB"),
-    ({"gpus": 0.25, "memory": "8GiB", "isolation": "hard", "vendor": "ascend"}, "isolation", "MI300X"),
-    ({"gpus": 0.1, "memory": "8GiB", "profile": "5g.50gb"}, "profile", "1g.10gb"),
-    ({"gpus": 0.1, "memory": "8GiB", "profile": "CPX", "model": "A100"}, "profile", "3g.40gb"),
-    ({"gpus": 0.5, "memory": "8GiB", "profile": "1g.10gb"}, "gpus", "at most 0.142"),
-    ({"gpus": 0.1, "memory": "16GiB", "profile": "1g.10gb"}, "memory", "at most 10 GiB"),
-    ({"gpus": 1, "isolation": "hard"}, "isolation", "a fraction of one device"),
-    ({"gpus": 0.1, "memory": "1GiB", "profile": "CPX", "isolation": "soft"}, "isolation", "hard"),
-])
-def test_bad_isolation_is_rejected_at_parse_time(kwargs: dict[str, object], field: str, accepted: str) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "field", "accepted"),
+    [
+        ({"gpus": 0.25, "memory": "8GiB", "isolation": "strict"}, "isolation", "any, hard, soft"),
+        (
+            {"gpus": 0.25, "memory": "8GiB", "isolation": "hard", "model": "L40S"},
+            "isolation",
+            "models with MIG or compute partitions: H100-SXM-80GB",
+        ),
+        ({"gpus": 0.25, "memory": "8GiB", "isolation": "hard", "vendor": "ascend"}, "isolation", "MI300X"),
+        ({"gpus": 0.1, "memory": "8GiB", "profile": "5g.50gb"}, "profile", "1g.10gb"),
+        ({"gpus": 0.1, "memory": "8GiB", "profile": "CPX", "model": "A100"}, "profile", "3g.40gb"),
+        ({"gpus": 0.5, "memory": "8GiB", "profile": "1g.10gb"}, "gpus", "at most 0.142"),
+        ({"gpus": 0.1, "memory": "16GiB", "profile": "1g.10gb"}, "memory", "at most 10 GiB"),
+        ({"gpus": 1, "isolation": "hard"}, "isolation", "a fraction of one device"),
+        ({"gpus": 0.1, "memory": "1GiB", "profile": "CPX", "isolation": "soft"}, "isolation", "hard"),
+    ],
+)
+def test_bad_isolation_is_rejected_at_parse_time(
+    kwargs: dict[str, object], field: str, accepted: str
+) -> None:
     with pytest.raises(GPURequestError) as info:
         GPURequest.build(**kwargs)
     message = str(info.value)
@@ -76,7 +88,9 @@ def test_default_fleet_has_a_mig_a100_and_a_cpx_mi300x(fleet: FleetSnapshot) -> 
     assert {d.memory_bytes for d in cpx} == {24 * GIB}
 
 
-def _place(fleet: FleetSnapshot, *requests: GPURequest, running: tuple[RunningTask, ...] = ()) -> dict[str, str]:
+def _place(
+    fleet: FleetSnapshot, *requests: GPURequest, running: tuple[RunningTask, ...] = ()
+) -> dict[str, str]:
     tasks = [PendingTask(f"t{i}", r, 0.0) for i, r in enumerate(requests)]
     plan = place(tasks, fleet, Policy(), now=0.0, running=running)
     out = {a.key: a.shares[0].uuid for a in plan.assignments}
@@ -121,8 +135,13 @@ def test_soft_shares_a_whole_device_and_any_prefers_sharing(fleet: FleetSnapshot
 def test_any_falls_back_to_a_slice_when_no_device_can_be_shared(fleet: FleetSnapshot) -> None:
     a100s = [d for d in fleet.devices() if d.model == "A100-SXM-80GB" and d.takes_work and not d.parent]
     busy = tuple(
-        RunningTask(f"busy{i}", GPURequest.build(gpus=1), (DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes),),
-                    0.0, None)
+        RunningTask(
+            f"busy{i}",
+            GPURequest.build(gpus=1),
+            (DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes),),
+            0.0,
+            None,
+        )
         for i, d in enumerate(a100s)
     )
     snapshot = fleet.with_usage([s for r in busy for s in r.shares])
@@ -131,8 +150,11 @@ def test_any_falls_back_to_a_slice_when_no_device_can_be_shared(fleet: FleetSnap
 
 
 def test_profile_pins_the_slice_and_cpx_is_an_amd_partition(fleet: FleetSnapshot) -> None:
-    placed = _place(fleet, GPURequest.build(gpus=0.3, memory="30GiB", profile="3g.40gb"),
-                    GPURequest.build(gpus=0.1, memory="16GiB", profile="CPX"))
+    placed = _place(
+        fleet,
+        GPURequest.build(gpus=0.3, memory="30GiB", profile="3g.40gb"),
+        GPURequest.build(gpus=0.1, memory="16GiB", profile="CPX"),
+    )
     assert fleet.device(placed["t0"]).profile == "3g.40gb"
     cpx = fleet.device(placed["t1"])
     assert cpx.profile == "CPX" and cpx.vendor is Vendor.AMD
@@ -167,8 +189,9 @@ def test_a_slice_costs_its_share_of_the_gpu(fleet: FleetSnapshot) -> None:
     a100 = default_catalog().get("A100-SXM-80GB").a100_equiv_milli
     assert normalised_rate([share], fleet) == 1000 * a100 * slice_.compute_milli // 10**6
     assert physical_milli([share], fleet) == slice_.compute_milli == 428
-    whole_devices = sum(1 for d in fleet.devices() if d.takes_work and not d.parent
-                        and not fleet.node(d.node).standby)
+    whole_devices = sum(
+        1 for d in fleet.devices() if d.takes_work and not d.parent and not fleet.node(d.node).standby
+    )
     slices = sum(d.compute_milli for d in fleet.devices() if d.parent)
     assert partition_capacity(fleet) == whole_devices * 1000 + slices
 
@@ -184,8 +207,12 @@ def test_docker_gets_the_mig_uuid_and_the_cpx_render_node(fleet: FleetSnapshot) 
     assert spec.environment["CUDA_VISIBLE_DEVICES"] == slice_.uuid
     assert spec.environment["GPUSCHED_ISOLATION"] == "hard"
     cpx = next(d for d in fleet.devices() if d.profile == "CPX" and d.index == 5)
-    spec = container_gpu_spec([DeviceShare(cpx.uuid, cpx.node, 5, 1000, cpx.memory_bytes)], Vendor.AMD,
-                              dev_root="/dev", profiles={cpx.uuid: "CPX"})
+    spec = container_gpu_spec(
+        [DeviceShare(cpx.uuid, cpx.node, 5, 1000, cpx.memory_bytes)],
+        Vendor.AMD,
+        dev_root="/dev",
+        profiles={cpx.uuid: "CPX"},
+    )
     assert "/dev/dri/renderD133:/dev/dri/renderD133:rwm" in spec.devices
     assert spec.environment["HIP_VISIBLE_DEVICES"] == "0" and spec.environment["GPUSCHED_ISOLATION"] == "hard"
 
@@ -213,16 +240,19 @@ def _group(**extra: object) -> dict[str, object]:
     return {"racks": [{"name": "r", "nodes": [{"name": "n", "devices": {"count": 1, **extra}}]}]}
 
 
-@pytest.mark.parametrize(("group", "message"), [
-    ({"model": "L40S", "mig": ["1g.10gb"]}, "L40S has no MIG"),
-    ({"model": "A100", "mig": ["5g.50gb"]}, "no slice profile '5g.50gb'"),
-    ({"model": "A100", "mig": ["4g.40gb", "4g.40gb"]}, "at most 1 × 4g.40gb"),
-    ({"model": "A100", "mig": ["3g.40gb", "3g.40gb", "1g.10gb"]}, "more memory"),
-    ({"model": "A100", "mig": ["4g.40gb", "2g.20gb", "2g.20gb"]}, "more compute"),
-    ({"model": "MI300X", "compute_partition": "OCTO"}, "not a partition mode"),
-    ({"model": "MI300X", "compute_partition": "CPX", "memory_partition": "NPS2"}, "NPS1, NPS4"),
-    ({"model": "H100", "compute_partition": "CPX"}, "no compute partitions"),
-])
+@pytest.mark.parametrize(
+    ("group", "message"),
+    [
+        ({"model": "L40S", "mig": ["1g.10gb"]}, "L40S has no MIG"),
+        ({"model": "A100", "mig": ["5g.50gb"]}, "no slice profile '5g.50gb'"),
+        ({"model": "A100", "mig": ["4g.40gb", "4g.40gb"]}, "at most 1 × 4g.40gb"),
+        ({"model": "A100", "mig": ["3g.40gb", "3g.40gb", "1g.10gb"]}, "more memory"),
+        ({"model": "A100", "mig": ["4g.40gb", "2g.20gb", "2g.20gb"]}, "more compute"),
+        ({"model": "MI300X", "compute_partition": "OCTO"}, "not a partition mode"),
+        ({"model": "MI300X", "compute_partition": "CPX", "memory_partition": "NPS2"}, "NPS1, NPS4"),
+        ({"model": "H100", "compute_partition": "CPX"}, "no compute partitions"),
+    ],
+)
 def test_impossible_partition_layouts_are_rejected(group: dict[str, object], message: str) -> None:
     with pytest.raises(FleetFileError, match=message):
         parse_fleet(_group(**group))
@@ -251,9 +281,23 @@ def test_simulate_places_hard_isolation_pods_on_slices(tmp_path: Path) -> None:
     (soft,) = records["s0"].shares
     assert fleet.device(soft.uuid).parent is None and soft.milli == 100
     proc = subprocess.run(
-        [sys.executable, "-m", "gpusched.cli", "simulate", "--trace", str(pods), "--fleet",
-         str(default_fleet_path()), "--json", "--quiet"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "gpusched.cli",
+            "simulate",
+            "--trace",
+            str(pods),
+            "--fleet",
+            str(default_fleet_path()),
+            "--json",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["jobs_started"] == 5
@@ -264,7 +308,9 @@ def test_a_hard_pod_must_be_a_fraction(tmp_path: Path) -> None:
     from gpusched.sim.traces import load_openb_pods
 
     pods = tmp_path / "pods.csv"
-    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,isolation\np,1,1,2,1000,hard\n", encoding="utf-8")
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,isolation\np,1,1,2,1000,hard\n", encoding="utf-8"
+    )
     with pytest.raises(TraceError, match="isolation"):
         load_openb_pods(pods)
 
@@ -279,11 +325,17 @@ def test_fleet_page_draws_slices_inside_their_device_tile(fleet: FleetSnapshot) 
     slice_ = next(d for d in fleet.devices() if d.profile == "3g.40gb")
     used = fleet.with_usage([DeviceShare(slice_.uuid, slice_.node, 0, 1000, slice_.memory_bytes)])
     body = fleet_view(used)
-    tiles = {d["uuid"]: d for r in body["racks"] for n in r["nodes"] for i in n["islands"] for d in i["devices"]}
+    tiles = {
+        d["uuid"]: d for r in body["racks"] for n in r["nodes"] for i in n["islands"] for d in i["devices"]
+    }
     assert not any(uuid.startswith("MIG-") for uuid in tiles)  # slices are not tiles of their own
     gpu = tiles[MIG_GPU]
     assert gpu["partitioned"] == "MIG" and [s["profile"] for s in gpu["slices"]] == [
-        "3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+        "3g.40gb",
+        "2g.20gb",
+        "1g.10gb",
+        "1g.10gb",
+    ]
     assert gpu["state"] == "shared" and gpu["slices"][0]["state"] == "allocated"
     assert gpu["used_milli"] == 428
     card = tiles["AMD-sim-b-mi300x-cpx-1-card0"]

@@ -116,7 +116,8 @@ def fleet_view(
         for device in node.devices:
             if device.parent is not None:
                 slices_of.setdefault(device.parent, []).append(device)
-        cards = [_card(parent, parts) for parent, parts in slices_of.items() if not snapshot.has_device(parent)]
+        cards = [_card(parent, parts) for parent, parts in slices_of.items()
+                 if not snapshot.has_device(parent)]
         for device in sorted([*(d for d in node.devices if d.parent is None), *cards], key=lambda d: d.index):
             slices = slices_of.get(device.uuid, [])
             entry = _device_entry(snapshot, node, device, holders, latest)
@@ -163,13 +164,20 @@ def fleet_view(
 def _card(card_id: str, parts: Sequence[Device]) -> Device:
     """A tile for a partitioned AMD card, which has no device of its own (its partitions do)."""
     first = min(parts, key=lambda d: d.index)
-    worst = max((d.health for d in parts), key=lambda h: (Health.HEALTHY, Health.DEGRADED, Health.UNHEALTHY).index(h))
+    order = (Health.HEALTHY, Health.DEGRADED, Health.UNHEALTHY)
+    worst = max((d.health for d in parts), key=order.index)
     return replace(first, uuid=card_id, memory_bytes=sum(d.memory_bytes for d in parts), health=worst,
                    parent=None, profile=None, compute_milli=MILLI)
 
 
-def _device_entry(snapshot: FleetSnapshot, node: Node, device: Device, holders: dict[str, list[dict[str, Any]]],
-                  latest: dict[str, DeviceSample], parent: Device | None = None) -> dict[str, Any]:
+def _device_entry(
+    snapshot: FleetSnapshot,
+    node: Node,
+    device: Device,
+    holders: dict[str, list[dict[str, Any]]],
+    latest: dict[str, DeviceSample],
+    parent: Device | None = None,
+) -> dict[str, Any]:
     """One tile (or slice) of the fleet picture."""
     used = snapshot.used(device.uuid)
     state = device_state(device, node, used.used_milli)

@@ -133,8 +133,9 @@ class AmdBackend:
             peers = tuple(sorted({self._uuids[b if a == i else a] for a, b in pairs if i in (a, b)}))
             model_name = amd_catalog_model_name(str(asic.get("market_name", "AMD GPU")))
             card = f"{self.host.name}/{bdfs[i].rsplit('.', 1)[0] if bdfs[i] else self._uuids[i]}"
-            compute_mode = str(self._optional(partial(smi.amdsmi_get_gpu_compute_partition, handle), "")).upper()
-            memory_mode = str(self._optional(partial(smi.amdsmi_get_gpu_memory_partition, handle), "")).upper()
+            compute_mode = str(self._optional(partial(smi.amdsmi_get_gpu_compute_partition, handle), ""))
+            memory_mode = str(self._optional(partial(smi.amdsmi_get_gpu_memory_partition, handle), ""))
+            compute_mode, memory_mode = compute_mode.upper(), memory_mode.upper()
             self.partition_modes[card] = (compute_mode or "N/A", memory_mode or "N/A")
             devices.append(amd_partition_of(Device(
                 uuid=self._uuids[i], index=i, node=self.host.name,

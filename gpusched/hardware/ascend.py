@@ -36,14 +36,25 @@ from gpusched.hardware.base import BackendFeature
 from gpusched.hardware.topology import HostInfo, connected_groups, host_info, island_members, normalise_bus_id
 from gpusched.model import Device, DeviceSample, Health, Node
 
-__all__ = ["AscendBackend", "NpuRow", "ascend_catalog_model_name", "parse_info_table", "parse_key_values",
-           "parse_topology"]
+__all__ = [
+    "AscendBackend",
+    "NpuRow",
+    "ascend_catalog_model_name",
+    "parse_info_table",
+    "parse_key_values",
+    "parse_topology",
+]
 
 Runner = Callable[[Sequence[str]], str]
 """Runs ``npu-smi`` with the given arguments and returns its standard output."""
 
-_HEALTH = {"OK": Health.HEALTHY, "WARNING": Health.DEGRADED, "ALARM": Health.DEGRADED,
-           "CRITICAL": Health.UNHEALTHY, "UNKNOWN": Health.UNHEALTHY}
+_HEALTH = {
+    "OK": Health.HEALTHY,
+    "WARNING": Health.DEGRADED,
+    "ALARM": Health.DEGRADED,
+    "CRITICAL": Health.UNHEALTHY,
+    "UNKNOWN": Health.UNHEALTHY,
+}
 _TIMEOUT_S = 30
 MIB = 2**20
 
@@ -99,18 +110,25 @@ def parse_info_table(text: str) -> list[NpuRow]:
         pairs = _pairs(usage)
         memory = pairs[-1] if pairs else (0, 0)  # HBM-Usage when present, else Memory-Usage
         usage_numbers = _numbers(usage)
-        out.append(NpuRow(
-            npu=int(npu_first[0]), chip=int(chip_cells[0]) if chip_cells and chip_cells[0].isdigit() else 0,
-            name=" ".join(npu_first[1:]), health=npu_cells[1].split()[0] if npu_cells[1] else "UNKNOWN",
-            power_w=float(power[0]) if power else 0.0,
-            temperature_c=int(float(power[1])) if len(power) > 1 else 0,
-            bus_id="" if bus.upper() in ("NA", "") else normalise_bus_id(bus),
-            aicore_pct=int(float(usage_numbers[0])) if usage_numbers else 0,
-            memory_used_mib=memory[0], memory_total_mib=memory[1],
-        ))
+        out.append(
+            NpuRow(
+                npu=int(npu_first[0]),
+                chip=int(chip_cells[0]) if chip_cells and chip_cells[0].isdigit() else 0,
+                name=" ".join(npu_first[1:]),
+                health=npu_cells[1].split()[0] if npu_cells[1] else "UNKNOWN",
+                power_w=float(power[0]) if power else 0.0,
+                temperature_c=int(float(power[1])) if len(power) > 1 else 0,
+                bus_id="" if bus.upper() in ("NA", "") else normalise_bus_id(bus),
+                aicore_pct=int(float(usage_numbers[0])) if usage_numbers else 0,
+                memory_used_mib=memory[0],
+                memory_total_mib=memory[1],
+            )
+        )
     if not out:
-        raise HardwareError("npu-smi info printed no NPU rows in the documented table layout; "
-                            "check the driver with 'npu-smi info'")
+        raise HardwareError(
+            "npu-smi info printed no NPU rows in the documented table layout; "
+            "check the driver with 'npu-smi info'"
+        )
     return out
 
 
@@ -136,7 +154,7 @@ def parse_topology(text: str) -> tuple[list[int], dict[tuple[int, int], str]]:
         if cols is header or not cols or not re.fullmatch(r"NPU\d+", cols[0]):
             continue
         me = int(cols[0][3:])
-        for other, kind in zip(ids, cols[1:1 + len(ids)], strict=False):
+        for other, kind in zip(ids, cols[1 : 1 + len(ids)], strict=False):
             if other != me:
                 links[(me, other)] = kind.upper()
     return ids, links
@@ -159,7 +177,9 @@ def _run_npu_smi(args: Sequence[str]) -> str:
             "npu-smi is not installed; install the Ascend driver (npu-smi) or use GPUSCHED_BACKEND=simulated"
         )
     try:
-        done = subprocess.run([binary, *args], capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            [binary, *args], capture_output=True, text=True, timeout=_TIMEOUT_S, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise HardwareError(f"npu-smi {' '.join(args)} failed ({exc}); check the Ascend driver") from exc
     if done.returncode != 0:
@@ -180,7 +200,9 @@ class AscendBackend:
         try:
             rows = parse_info_table(self._run(["info"]))
         except HardwareError as exc:
-            raise BackendUnavailableError(f"no Ascend NPU answers ({exc}); use GPUSCHED_BACKEND=simulated") from exc
+            raise BackendUnavailableError(
+                f"no Ascend NPU answers ({exc}); use GPUSCHED_BACKEND=simulated"
+            ) from exc
         self._uuids = {(r.npu, r.chip): self._uuid(r) for r in rows}
         self.description = f"Ascend npu-smi on {self.host.name} ({len(rows)} device(s))"
 
@@ -189,10 +211,16 @@ class AscendBackend:
         rows = parse_info_table(self._run(["info"]))
         _, links = parse_topology(self._topology_text())
         position = {npu: i for i, npu in enumerate(sorted({r.npu for r in rows}))}
-        hccs = [(position[a], position[b]) for (a, b), kind in links.items()
-                if kind == "HCCS" and a < b and a in position and b in position]
-        pcie = [(position[a], position[b]) for (a, b), kind in links.items()
-                if kind in ("PIX", "PXB") and a < b and a in position and b in position]
+        hccs = [
+            (position[a], position[b])
+            for (a, b), kind in links.items()
+            if kind == "HCCS" and a < b and a in position and b in position
+        ]
+        pcie = [
+            (position[a], position[b])
+            for (a, b), kind in links.items()
+            if kind in ("PIX", "PXB") and a < b and a in position and b in position
+        ]
         groups = connected_groups(len(position), hccs)
         island_of = island_members(groups)
         switch_of = {m: n for n, g in enumerate(connected_groups(len(position), pcie)) for m in g}
@@ -200,32 +228,54 @@ class AscendBackend:
         for index, row in enumerate(rows):
             p = position[row.npu]
             island = island_of.get(p)
-            peers = tuple(sorted(self._uuids[(r.npu, r.chip)] for r in rows
-                                 if island is not None and island_of.get(position[r.npu]) == island
-                                 and r.npu != row.npu))
+            peers = tuple(
+                sorted(
+                    self._uuids[(r.npu, r.chip)]
+                    for r in rows
+                    if island is not None and island_of.get(position[r.npu]) == island and r.npu != row.npu
+                )
+            )
             memory_mib = row.memory_total_mib or self._hbm_capacity(row.npu)
-            devices.append(Device(
-                uuid=self._uuids[(row.npu, row.chip)], index=index, node=self.host.name,
-                model=ascend_catalog_model_name(row.name), vendor=Vendor.ASCEND,
-                architecture=self._architecture(row.name), memory_bytes=memory_mib * MIB,
-                numa_node=_numa_node(row.bus_id), pcie_switch=f"{self.host.name}/pcie{switch_of.get(p, p)}",
-                island=f"{self.host.name}/hccs{island}" if island is not None else None,
-                link=LinkKind.HCCS if island is not None else LinkKind.PCIE, peers=peers,
-                health=_HEALTH.get(row.health.upper(), Health.UNHEALTHY),
-            ))
-        return [Node(name=self.host.name, rack=self.host.rack, devices=tuple(devices), labels=self.host.labels,
-                     cpu_milli=self.host.cpu_milli, memory_bytes=self.host.memory_bytes)]
+            devices.append(
+                Device(
+                    uuid=self._uuids[(row.npu, row.chip)],
+                    index=index,
+                    node=self.host.name,
+                    model=ascend_catalog_model_name(row.name),
+                    vendor=Vendor.ASCEND,
+                    architecture=self._architecture(row.name),
+                    memory_bytes=memory_mib * MIB,
+                    numa_node=_numa_node(row.bus_id),
+                    pcie_switch=f"{self.host.name}/pcie{switch_of.get(p, p)}",
+                    island=f"{self.host.name}/hccs{island}" if island is not None else None,
+                    link=LinkKind.HCCS if island is not None else LinkKind.PCIE,
+                    peers=peers,
+                    health=_HEALTH.get(row.health.upper(), Health.UNHEALTHY),
+                )
+            )
+        return [
+            Node(
+                name=self.host.name,
+                rack=self.host.rack,
+                devices=tuple(devices),
+                labels=self.host.labels,
+                cpu_milli=self.host.cpu_milli,
+                memory_bytes=self.host.memory_bytes,
+            )
+        ]
 
     def sample(self) -> list[DeviceSample]:
         """One reading per chip from the summary table (npu-smi reports no ECC total or Xid here)."""
         now = time.time()
         return [
             DeviceSample(
-                uuid=self._uuids.get((r.npu, r.chip), self._uuid(r)), taken_at=now,
+                uuid=self._uuids.get((r.npu, r.chip), self._uuid(r)),
+                taken_at=now,
                 utilization_pct=max(0, min(100, r.aicore_pct)),
                 memory_used_bytes=r.memory_used_mib * MIB,
                 memory_total_bytes=(r.memory_total_mib or self._hbm_capacity(r.npu)) * MIB,
-                temperature_mc=r.temperature_c * 1000, power_mw=int(r.power_w * 1000),
+                temperature_mc=r.temperature_c * 1000,
+                power_mw=int(r.power_w * 1000),
             )
             for r in parse_info_table(self._run(["info"]))
         ]
@@ -237,7 +287,9 @@ class AscendBackend:
 
     def _uuid(self, row: NpuRow) -> str:
         try:
-            serial = parse_key_values(self._run(["info", "-t", "board", "-i", str(row.npu)])).get("Serial Number", "")
+            serial = parse_key_values(self._run(["info", "-t", "board", "-i", str(row.npu)])).get(
+                "Serial Number", ""
+            )
         except HardwareError:
             serial = ""
         if not serial or serial.upper() == "NA":

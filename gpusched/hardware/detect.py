@@ -2,7 +2,8 @@
 
 ``detect_backend()`` reads ``GPUSCHED_BACKEND`` (``auto`` | ``nvidia`` | ``amd`` | ``ascend`` |
 ``simulated``, default ``auto``). In ``auto`` mode NVML is tried first, then AMD SMI, then Ascend's
-``npu-smi``; only when none finds a device is the simulated fleet used (``GPUSCHED_FLEET``, default ``include/fleets/default.yaml``),
+``npu-smi``; only when none finds a device is the simulated fleet used (``GPUSCHED_FLEET``,
+default ``include/fleets/default.yaml``),
 and then it says so: a logged warning, ``backend.name == "simulated"`` and a ``description``
 naming the fleet file. Asking for a vendor explicitly never falls back.
 """

@@ -29,23 +29,30 @@ file order. Bounds: at most 128 devices per node, 64 NUMA nodes, 1,000,000 cores
 ASCII characters, labels of 63; the YAML must be UTF-8 and repeat no key (see
 ``docs/reliability.md``). UUIDs are deterministic: ``GPU-sim-<node>-<i>`` (NVIDIA), ``AMD-sim-<node>-<i>``,
 ``NPU-sim-<node>-<i>`` (Ascend); MIG instances ``MIG-GPU-sim-<node>-<i>-<k>``; an AMD card in a
-compute partition mode is ``AMD-sim-<node>-card<i>`` (``i``: its first logical device) and its logical devices (the devices the
-scheduler hands out, numbered on in file order) ``AMD-sim-<node>-<i>``. Every problem raises :class:`~gpusched.errors.FleetFileError`
+compute partition mode is ``AMD-sim-<node>-card<i>`` (``i``: its first logical device) and its
+logical devices (the devices the scheduler hands out, numbered on in file order)
+``AMD-sim-<node>-<i>``. Every problem raises :class:`~gpusched.errors.FleetFileError`
 naming the file, the node, the field and the fix.
 """
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import replace
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from gpusched.catalog import AcceleratorModel, Catalog, LinkKind, Vendor, default_catalog
 from gpusched.errors import FleetFileError, GPURequestError
 from gpusched.fields import MAX_DEVICES_PER_NODE, MAX_TEXT, FieldProblem, safe_repr, strict_yaml
-from gpusched.hardware.slices import amd_partitions, layout_problem, mig_slices, partition_count, profile_names
+from gpusched.hardware.slices import (
+    amd_partitions,
+    layout_problem,
+    mig_slices,
+    partition_count,
+    profile_names,
+)
 from gpusched.model import Device, Node
 from gpusched.request import parse_size
 

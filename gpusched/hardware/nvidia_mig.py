@@ -3,7 +3,8 @@
 For a GPU in MIG mode (``nvmlDeviceGetMigMode`` current = enabled), each populated MIG device
 slot (``nvmlDeviceGetMaxMigDeviceCount`` slots, ``nvmlDeviceGetMigDeviceHandleByIndex``) is one
 GPU instance + compute instance that CUDA sees as its own device, named by a ``MIG-…`` UUID. We
-read its UUID, memory (``nvmlDeviceGetMemoryInfo``), its GPU-instance id and attributes (``nvmlDeviceGetAttributes``: GPU slices, compute slices, SMs, memory) and the GPU
+read its UUID, memory (``nvmlDeviceGetMemoryInfo``), its GPU-instance id and attributes
+(``nvmlDeviceGetAttributes``: GPU slices, compute slices, SMs, memory) and the GPU
 instance's profile (``nvmlDeviceGetGpuInstanceById`` → ``nvmlGpuInstanceGetInfo`` → the profile
 id, matched against ``nvmlDeviceGetGpuInstanceProfileInfo`` of every profile the GPU offers).
 
@@ -29,11 +30,16 @@ MIG_GPU_SLICES = 7
 """GPU slices of a whole A100/H100/H200 (a ``7g`` instance is the whole GPU)."""
 
 _PROFILE_CONSTANTS = (
-    "NVML_GPU_INSTANCE_PROFILE_1_SLICE", "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1",
-    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2", "NVML_GPU_INSTANCE_PROFILE_2_SLICE",
-    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1", "NVML_GPU_INSTANCE_PROFILE_3_SLICE",
-    "NVML_GPU_INSTANCE_PROFILE_4_SLICE", "NVML_GPU_INSTANCE_PROFILE_6_SLICE",
-    "NVML_GPU_INSTANCE_PROFILE_7_SLICE", "NVML_GPU_INSTANCE_PROFILE_8_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1",
+    "NVML_GPU_INSTANCE_PROFILE_3_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_6_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_7_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_8_SLICE",
 )
 
 

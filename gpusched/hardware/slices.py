@@ -66,8 +66,9 @@ def layout_problem(model: AcceleratorModel, profiles: Sequence[str], memory_byte
     return None
 
 
-def mig_slices(parent: Device, model: AcceleratorModel, profiles: Sequence[str],
-               uuids: Sequence[str] | None = None) -> list[Device]:
+def mig_slices(
+    parent: Device, model: AcceleratorModel, profiles: Sequence[str], uuids: Sequence[str] | None = None
+) -> list[Device]:
     """The MIG instances of ``parent`` (already validated with :func:`layout_problem`).
 
     ``uuids`` are the instances' real ``MIG-…`` uuids; by default ``MIG-<parent uuid>-<k>``.
@@ -84,22 +85,38 @@ def mig_slices(parent: Device, model: AcceleratorModel, profiles: Sequence[str],
 def mig_instance(parent: Device, uuid: str, profile: str, memory_bytes: int, compute_milli: int) -> Device:
     """One MIG instance of ``parent``: its own uuid, memory and compute share; no peer links."""
     return replace(
-        parent, uuid=uuid, memory_bytes=memory_bytes, island=None, link=LinkKind.PCIE, peers=(),
-        mig_enabled=False, parent=parent.uuid, profile=profile,
+        parent,
+        uuid=uuid,
+        memory_bytes=memory_bytes,
+        island=None,
+        link=LinkKind.PCIE,
+        peers=(),
+        mig_enabled=False,
+        parent=parent.uuid,
+        profile=profile,
         compute_milli=max(1, min(MILLI, compute_milli)),
     )
 
 
-def amd_partitions(card: Device, profile: SliceProfile, first_index: int, card_id: str,
-                   uuids: Sequence[str]) -> list[Device]:
+def amd_partitions(
+    card: Device, profile: SliceProfile, first_index: int, card_id: str, uuids: Sequence[str]
+) -> list[Device]:
     """The logical devices an AMD card in compute partition mode ``profile`` exposes.
 
     Each gets its own index (``first_index`` onwards, as ROCm enumerates them), its uuid from
     ``uuids`` (one per partition), an even share of memory and ``parent = card_id``.
     """
     return [
-        replace(card, uuid=uuid, index=first_index + k, memory_bytes=profile.memory_bytes,
-                peers=(), parent=card_id, profile=profile.name, compute_milli=profile.compute_milli)
+        replace(
+            card,
+            uuid=uuid,
+            index=first_index + k,
+            memory_bytes=profile.memory_bytes,
+            peers=(),
+            parent=card_id,
+            profile=profile.name,
+            compute_milli=profile.compute_milli,
+        )
         for k, uuid in enumerate(uuids)
     ]
 
@@ -109,11 +126,15 @@ def partition_count(profile: SliceProfile) -> int:
     return profile.max_count
 
 
-def amd_partition_of(device: Device, model: AcceleratorModel | None, compute_mode: str, card_id: str) -> Device:
+def amd_partition_of(
+    device: Device, model: AcceleratorModel | None, compute_mode: str, card_id: str
+) -> Device:
     """``device`` (one logical device as AMD SMI lists it) marked as a slice of ``card_id`` when its
     card runs a compute partition mode that splits it (DPX/QPX/CPX); unchanged in SPX or unknown."""
     mode = compute_mode.strip().upper()
     profile = model.slice_profile(mode) if model is not None and mode else None
     if profile is None or partition_count(profile) <= 1:
         return device
-    return replace(device, parent=card_id, profile=profile.name, compute_milli=profile.compute_milli, peers=())
+    return replace(
+        device, parent=card_id, profile=profile.name, compute_milli=profile.compute_milli, peers=()
+    )

@@ -47,7 +47,9 @@ def choose(
     if reason is not None:
         return Rejection(task.key, reason, True)
     if frac:
-        fits = flt.fraction_fits(idx, elig.usable, state.free_milli, state.free_mem, milli, req.memory_per_gpu)
+        fits = flt.fraction_fits(
+            idx, elig.usable, state.free_milli, state.free_mem, milli, req.memory_per_gpu
+        )
     else:
         fits = elig.usable & (state.free_milli >= MILLI) & (state.free_mem >= idx.dev_mem)
     if task.cpu_milli or task.host_memory_bytes:

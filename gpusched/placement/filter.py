@@ -100,7 +100,12 @@ def slice_info(index: FleetIndex) -> SliceInfo:
 
 
 def fraction_fits(
-    index: FleetIndex, usable: np.ndarray, free_milli: np.ndarray, free_mem: np.ndarray, milli: int, memory: int
+    index: FleetIndex,
+    usable: np.ndarray,
+    free_milli: np.ndarray,
+    free_mem: np.ndarray,
+    milli: int,
+    memory: int,
 ) -> np.ndarray:
     """Devices that can take a fraction now: a shared device with room, or an entirely free slice."""
     shared = usable & (free_milli >= milli) & (free_mem >= memory)
@@ -199,7 +204,9 @@ def _arch_floor(min_arch: str | None) -> tuple[Vendor | None, int]:
     return Vendor.ASCEND, arch_rank(min_arch)
 
 
-def _compute(index: FleetIndex, request: GPURequest, need_partitioning: bool, fractional: bool) -> Eligibility:
+def _compute(
+    index: FleetIndex, request: GPURequest, need_partitioning: bool, fractional: bool
+) -> Eligibility:
     if index.n_devices == 0:
         empty = np.zeros(0, dtype=bool)
         return Eligibility(empty, empty, empty, 0, 0, 0, 0, 0, 0, 0)
@@ -251,7 +258,8 @@ def describe_request(request: GPURequest, *, fractional: bool | None = None) -> 
     parts: list[str] = []
     if frac:
         if request.isolation == "hard":
-            parts.append(f"a hard-isolated {request.profile or 'slice'} (≥{request.milli_per_gpu / MILLI:g}) of a")
+            share = f"≥{request.milli_per_gpu / MILLI:g}"
+            parts.append(f"a hard-isolated {request.profile or 'slice'} ({share}) of a")
         else:
             parts.append(f"{request.milli_per_gpu / MILLI:g} of a")
     else:
