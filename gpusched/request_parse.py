@@ -21,6 +21,7 @@ from gpusched.fields import MAX_DEVICES, MAX_TEXT, FieldProblem, duration_second
 from gpusched.model import MILLI
 
 __all__ = [
+    "ISOLATION_VALUES",
     "MAX_LABELS",
     "PRIORITY_NAMES",
     "Interconnect",
@@ -61,6 +62,10 @@ class Partition(StrEnum):
     BURST = "burst"
     DEV = "dev"
 
+
+ISOLATION_VALUES = ("any", "hard", "soft")
+"""``isolation`` of a request: ``hard`` = a MIG instance / AMD partition of its own, ``soft`` =
+a share of a whole device (MPS limits, not enforced by hardware), ``any`` = either."""
 
 PRIORITY_NAMES: Mapping[str, int] = {"low": 10, "normal": 50, "high": 80, "critical": 100}
 """Named priorities; ``critical`` requests may hold reservations."""
@@ -291,8 +296,6 @@ def parse_isolation(
     ``"CPX"``) pins the slice profile and implies ``hard``. Hard isolation needs a fraction of one
     device and an allowed model (``candidates``) that can be sliced, with a slice big enough.
     """
-    from gpusched.hardware.slices import ISOLATION_VALUES
-
     raw = kwargs.get("isolation")
     profile_raw = kwargs.get("profile")
     accepted = ", ".join(ISOLATION_VALUES)

@@ -2,7 +2,8 @@
 
 One source of truth for what a slice looks like in the model (:class:`~gpusched.model.Device`
 with ``parent``, ``profile`` and ``compute_milli``) and for which layouts are possible, used by
-the fleet file, the NVIDIA and AMD backends and the request parser.
+the fleet file and the NVIDIA and AMD backends (the request parser reads the profiles from the
+catalog).
 
 * NVIDIA MIG: the GPU stays in the inventory with ``mig_enabled`` (it takes no work itself) and
   each MIG instance is a device of its own: uuid ``MIG-…``, the parent's index, no NVLink (MIG
@@ -21,7 +22,6 @@ from gpusched.catalog import AcceleratorModel, LinkKind, SliceProfile
 from gpusched.model import MILLI, Device
 
 __all__ = [
-    "ISOLATION_VALUES",
     "SLICE_TOLERANCE_MILLI",
     "amd_partition_of",
     "amd_partitions",
@@ -31,10 +31,6 @@ __all__ = [
     "partition_count",
     "profile_names",
 ]
-
-ISOLATION_VALUES = ("any", "hard", "soft")
-"""``isolation`` of a request: ``hard`` = a MIG instance / AMD partition of its own, ``soft`` =
-a share of a whole device (MPS limits, not enforced by hardware), ``any`` = either."""
 
 SLICE_TOLERANCE_MILLI = 7
 """Rounding slack when adding up compute shares (7 × 1g = 7 × 142 = 994 milli is the whole GPU)."""

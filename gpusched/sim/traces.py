@@ -29,7 +29,7 @@ from typing import Any
 from gpusched.catalog import default_catalog
 from gpusched.errors import ConfigurationError, TraceError
 from gpusched.fields import MAX_DEVICES, MAX_DEVICES_PER_NODE
-from gpusched.hardware.slices import ISOLATION_VALUES
+from gpusched.request_parse import ISOLATION_VALUES
 from gpusched.sim.tracefile import rows
 
 __all__ = [
