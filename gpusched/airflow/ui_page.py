@@ -58,7 +58,7 @@ header { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; }
 .dev.cordoned { background: repeating-linear-gradient(45deg, #9ca3af 0 6px, #d1d5db 6px 12px); }
 .dev.standby { background: var(--standby); border-style: dashed; color: var(--muted); }
 .dev.degraded { outline: 3px solid #f59e0b; outline-offset: -3px; }
-.dev .slices { position: absolute; left: 2px; right: 2px; bottom: 7px; height: 13px; display: flex; gap: 1px; }
+.dev .slices { position: absolute; left: 2px; right: 2px; bottom: 2px; height: 9px; display: flex; gap: 1px; }
 .dev .slices .sl { height: 100%; border-radius: 2px; border: 1px solid #0004; min-width: 3px; }
 .sl.free { background: var(--free); } .sl.allocated, .sl.shared { background: #1e3a8a; }
 .sl.faulty { background: var(--faulty); } .sl.cordoned, .sl.standby { background: #9ca3af; }
