@@ -233,6 +233,21 @@ def test_ledger_keeps_slices_across_a_restart(tmp_path: Path) -> None:
     assert {d.profile for d in snapshot.devices() if d.vendor is Vendor.AMD} == {"CPX"}
 
 
+def test_ledger_never_hands_out_a_mig_enabled_gpu(tmp_path: Path) -> None:
+    from gpusched.errors import AllocationConflictError
+    from gpusched.ledger import Ledger
+
+    nodes = [n for n in load_fleet(default_fleet_path()) if n.name == "a-a100mig-1"]
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        ledger.migrate()
+        ledger.sync_inventory(nodes, "test")
+        gpu = ledger.snapshot().device(MIG_GPU)
+        share = DeviceShare(gpu.uuid, gpu.node, gpu.index, 1000, gpu.memory_bytes)
+        with pytest.raises(AllocationConflictError, match="in MIG mode"):
+            ledger.allocate("k", GPURequest.build(gpus=1), [share], holder="test", lease_s=60)
+        assert not ledger.active()
+
+
 # ---- fleet file ----------------------------------------------------------------------------------
 
 
