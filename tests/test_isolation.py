@@ -248,6 +248,22 @@ def test_ledger_never_hands_out_a_mig_enabled_gpu(tmp_path: Path) -> None:
         assert not ledger.active()
 
 
+def test_an_oom_on_a_slice_retries_on_a_bigger_slice(fleet: FleetSnapshot) -> None:
+    from gpusched.recovery import Classification, FailureKind, choose_remedy, fits_fleet
+
+    small = next(d for d in fleet.devices() if d.profile == "1g.10gb")
+    request = GPURequest.build(gpus=0.1, memory="8GiB", profile="1g.10gb")
+    cls = Classification(FailureKind.CUDA_OOM, ("CUDA out of memory",), tried_bytes=6 * GIB)
+    remedy = choose_remedy(cls, request, [small.uuid], fleet, attempt=1)
+    assert remedy.retry and remedy.request is not None
+    assert remedy.request.isolation == "hard" and remedy.request.profile is None
+    assert remedy.request.memory_per_gpu == 14 * GIB
+    placed = _place(fleet, remedy.request)
+    assert fleet.device(placed["t0"]).profile in ("2g.20gb", "3g.40gb", "CPX")
+    too_big = GPURequest.build(gpus=0.5, memory="60GiB", isolation="hard", model="A100")
+    assert not fits_fleet(too_big, fleet, empty=True)  # no A100 slice has 60 GiB: scale out, not retry
+
+
 # ---- fleet file ----------------------------------------------------------------------------------
 
 
