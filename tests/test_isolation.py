@@ -374,3 +374,30 @@ def test_fleet_page_draws_slices_inside_their_device_tile(fleet: FleetSnapshot) 
     assert card["memory_gib"] == 192
     assert body["summary"]["devices"] == len(tiles) and body["summary"]["used_gpus"] == 0.43
     assert "function slices(list)" in render_page()
+
+
+# ---- genetic optimiser ---------------------------------------------------------------------------
+
+
+def test_the_genetic_optimiser_keeps_hard_requests_on_whole_slices(fleet: FleetSnapshot) -> None:
+    from gpusched.placement.genetic import optimise_with_report
+
+    tasks = [
+        PendingTask(f"h{i}", GPURequest.build(gpus=0.1, memory="8GiB", isolation="hard", vendor="nvidia",
+                                              expected_duration=600 * (i + 1)), 0.0)
+        for i in range(6)
+    ] + [PendingTask(f"s{i}", GPURequest.build(gpus=0.1, memory="8GiB", isolation="soft", model="A100",
+                                               expected_duration=600), 0.0) for i in range(3)]
+    result = optimise_with_report(tasks, fleet, Policy.named("gpusched"), now=0.0, budget_ms=5_000,
+                                  max_generations=15)
+    used: dict[str, int] = {}
+    for a in result.plan.assignments:
+        (share,) = a.shares
+        device = fleet.device(share.uuid)
+        used[share.uuid] = used.get(share.uuid, 0) + share.milli
+        if a.key.startswith("h"):
+            assert device.parent == MIG_GPU and share.milli == 1000
+        else:
+            assert device.parent is None and device.takes_work and share.milli == 100
+    assert all(milli <= 1000 for milli in used.values())
+    assert sum(a.key.startswith("h") for a in result.plan.assignments) == 4  # four MIG instances
