@@ -8,6 +8,8 @@ immutable :class:`AcceleratorModel` records and resolves names and aliases case-
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
@@ -24,6 +26,8 @@ __all__ = [
     "Vendor",
     "arch_rank",
     "default_catalog",
+    "layout_problem",
+    "profile_names",
 ]
 
 GIB = 1024**3
@@ -222,6 +226,36 @@ def _parse_model(entry: dict[str, object]) -> AcceleratorModel:
         ),
         memory_partitions=tuple(str(p) for p in entry.get("memory_partitions", ()) or ()),  # type: ignore[attr-defined]
     )
+
+
+SLICE_TOLERANCE_MILLI = 7
+"""Rounding slack when adding up compute shares (7 × 1g = 7 × 142 = 994 milli is the whole GPU)."""
+
+
+def profile_names(model: AcceleratorModel) -> str:
+    """The model's slice profiles as a comma-separated list (for error messages)."""
+    return ", ".join(p.name for p in model.slice_profiles) or "none"
+
+
+def layout_problem(model: AcceleratorModel, profiles: Sequence[str], memory_bytes: int) -> str | None:
+    """Why ``profiles`` (one MIG layout of one device) cannot exist on ``model``, or None."""
+    if not model.slice_profiles:
+        return f"{model.name} cannot be partitioned (no MIG or compute partitions)"
+    chosen: list[SliceProfile] = []
+    for name in profiles:
+        profile = model.slice_profile(name)
+        if profile is None:
+            return f"{model.name} has no slice profile {name!r} (profiles: {profile_names(model)})"
+        chosen.append(profile)
+    for name, count in Counter(p.name for p in chosen).items():
+        limit = model.slice_profile(name)
+        if limit is not None and count > limit.max_count:
+            return f"at most {limit.max_count} × {name} fit on one {model.name}, not {count}"
+    if sum(p.compute_milli for p in chosen) > 1000 + SLICE_TOLERANCE_MILLI:
+        return f"the profiles {list(profiles)} need more compute than one {model.name} has"
+    if sum(p.memory_bytes for p in chosen) > memory_bytes:
+        return f"the profiles {list(profiles)} need more memory than one {model.name} has"
+    return None
 
 
 @cache

@@ -25,6 +25,7 @@ from gpusched.prometheus import render_metrics
 from gpusched.remediation import TaskStopper, apply_actions
 
 if TYPE_CHECKING:
+    from gpusched.hardware.mig_provider import MigProvider
     from gpusched.ledger import Ledger
 
 __all__ = ["CycleResult", "TelemetryAgent", "sample_once"]
@@ -69,6 +70,9 @@ class TelemetryAgent:
         stopper: stops a task for ``stop_task`` actions (None: record only).
         inventory_every_s: how often the inventory (and reported health) is re-synced.
         retention_s: samples older than this are pruned (hourly).
+        mig_provider: dynamic MIG (``GPUSCHED_DYNAMIC_MIG``; None = off, the default): each cycle,
+            idle MIG-capable GPUs are re-partitioned for waiting hard-isolated requests
+            (:func:`gpusched.mig_plan.plan_repartition`) and the inventory re-synced.
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class TelemetryAgent:
         stopper: TaskStopper | None = None,
         inventory_every_s: float = 60.0,
         retention_s: float = 7 * 86400.0,
+        mig_provider: MigProvider | None = None,
     ) -> None:
         self.backend = backend
         self.ledger = ledger
@@ -89,6 +94,7 @@ class TelemetryAgent:
         self.stopper = stopper
         self.inventory_every_s = inventory_every_s
         self.retention_s = retention_s
+        self.mig_provider = mig_provider
         self.counters: Counter[tuple[str, str]] = Counter()
         self._synced_at = float("-inf")
         self._pruned_at = float("-inf")
@@ -108,6 +114,8 @@ class TelemetryAgent:
         at = time.time() if now is None else now
         if at - self._synced_at >= self.inventory_every_s:
             self.sync_inventory(at)
+        if self.mig_provider is not None:
+            self.repartition(at)
         samples = sample_once(self.backend, self.ledger)
         own = {s.uuid for s in samples}
         window = [s for s in self.ledger.samples(None, at - self.window_s) if s.uuid in own]
@@ -126,6 +134,26 @@ class TelemetryAgent:
         self._metrics = render_metrics(samples, after, self.ledger.active() if actions else allocations,
                                        counters=self.counters, source=self.source)
         return CycleResult(at, tuple(samples), tuple(actions), tuple(applied))
+
+    def repartition(self, now: float) -> tuple[str, ...]:
+        """Dynamic MIG: re-partition idle GPUs for waiting hard requests; the GPUs changed."""
+        from gpusched.mig_plan import plan_repartition
+
+        if self.mig_provider is None:
+            return ()
+        waiting = [entry.request for entry in self.ledger.queue()]
+        steps = plan_repartition(self.ledger.snapshot(now), waiting)
+        if not steps:
+            return ()
+        result = self.mig_provider.apply(steps)
+        for line in result.detail:
+            log.warning("gpusched agent: dynamic MIG (%s): %s", result.provider, line)
+        for gpu in result.applied:
+            self.ledger.record_event("mig_repartition", gpu, now=now, provider=result.provider,
+                                     layout=next(list(s.layout) for s in steps if s.gpu == gpu))
+        if result.applied:
+            self.sync_inventory(now)
+        return result.applied
 
     def _fresh(self, actions: Sequence[Action]) -> list[Action]:
         # Health and cordon actions are already skipped once in effect (the rules see the

@@ -87,8 +87,11 @@ def run(args: argparse.Namespace) -> int:
     backend = detect_backend(kind, fleet=args.fleet)
     ledger = Ledger(args.db_url)
     ledger.migrate()
+    from gpusched.hardware.mig_provider import mig_provider_from_spec
+
     agent = TelemetryAgent(backend, ledger, config=config, window_s=args.window,
-                           stopper=None if args.no_stop else PidStopper())
+                           stopper=None if args.no_stop else PidStopper(),
+                           mig_provider=mig_provider_from_spec())
     try:
         if args.once:
             result = agent.cycle()

@@ -66,6 +66,7 @@ class SimulatedBackend:
         self._standby = {d.uuid for n in self._nodes if n.standby for d in n.devices}
         self.store = FaultStore(state_folder or state_dir())
         self._scaling_file = (state_folder or state_dir()) / "scaling.json"
+        self._mig_file = (state_folder or state_dir()) / "mig_layouts.json"
         self._clock = clock
         self.description = f"simulated fleet ({display_path(self.fleet_path)})"
 
@@ -79,15 +80,24 @@ class SimulatedBackend:
         """
         faults = self.store.faults()
         powered = self.powered_standby()
+        layouts = self._mig_layouts()
         nodes = []
         for node in self._nodes:
             if node.standby and node.name in powered:
                 node = replace(node, standby=False)
+            if layouts and any(d.uuid in layouts for d in node.devices):
+                node = replace(node, devices=_relayout(node.devices, layouts))
             if faults:
                 devices = tuple(self._with_health(d, faults.get(d.uuid, ())) for d in node.devices)
                 node = replace(node, devices=devices)
             nodes.append(node)
         return nodes
+
+    def _mig_layouts(self) -> dict[str, list[str]]:
+        """MIG layouts set by dynamic MIG (:class:`~gpusched.hardware.mig_provider.LocalMigProvider`)."""
+        from gpusched.hardware.mig_provider import LocalMigProvider
+
+        return LocalMigProvider(self._mig_file).layouts()
 
     def powered_standby(self) -> frozenset[str]:
         """Names of standby nodes switched on through the local scaler's state file."""
@@ -191,6 +201,26 @@ class SimulatedBackend:
             memory_total_bytes=device.memory_bytes, temperature_mc=temperature, power_mw=max(power, 0),
             ecc_uncorrected=ecc, xid_errors=tuple(xids),
         )
+
+
+def _relayout(devices: tuple[Device, ...], layouts: dict[str, list[str]]) -> tuple[Device, ...]:
+    """``devices`` with the GPUs named in ``layouts`` re-partitioned (an empty layout: MIG off)."""
+    from gpusched.catalog import layout_problem
+    from gpusched.hardware.slices import mig_slices
+
+    out: list[Device] = []
+    for device in devices:
+        if device.parent in layouts:
+            continue  # the GPU's old instances: replaced below
+        layout = layouts.get(device.uuid)
+        model = default_catalog().find(device.model)
+        if layout is None or model is None or (layout and layout_problem(model, layout, device.memory_bytes)):
+            out.append(device)
+            continue
+        gpu = replace(device, mig_enabled=bool(layout))
+        out.append(gpu)
+        out.extend(mig_slices(gpu, model, layout))
+    return tuple(out)
 
 
 def _jitter(uuid: str, now: float) -> int:
