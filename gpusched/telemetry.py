@@ -15,13 +15,13 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpusched.alerts import Action, ActionKind, AlertConfig, evaluate
 from gpusched.errors import HardwareError, TelemetryError
 from gpusched.hardware.base import HardwareBackend
-from gpusched.model import DeviceSample
-from gpusched.prometheus import render_metrics
+from gpusched.model import DeviceSample, FleetSnapshot
+from gpusched.prometheus import TenantBudget, exposition, metric_families, scheduling_families
 from gpusched.remediation import TaskStopper, apply_actions
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class CycleResult:
     samples: tuple[DeviceSample, ...]
     actions: tuple[Action, ...]
     applied: tuple[str, ...]
+    expired: tuple[str, ...] = ()
 
 
 class TelemetryAgent:
@@ -99,7 +100,7 @@ class TelemetryAgent:
         self._synced_at = float("-inf")
         self._pruned_at = float("-inf")
         self._once: set[tuple[str, str, str]] = set()  # stop/notify already done: (kind, rule, target)
-        self._metrics = "# no cycle has run yet\n"
+        self._families: list[Any] = []  # prometheus_client metric families of the last cycle
         self.source = str(getattr(backend, "description", backend.name))
         self.host = socket.gethostname()
 
@@ -110,8 +111,15 @@ class TelemetryAgent:
         self._synced_at = at
 
     def cycle(self, now: float | None = None) -> CycleResult:
-        """One round: sample, evaluate, apply, refresh metrics. Returns what happened."""
+        """One round: expire leases, sample, evaluate, apply, refresh metrics. Returns what happened.
+
+        Expiring leases here means a crashed executor's devices come back even while no executor
+        runs at all.
+        """
         at = time.time() if now is None else now
+        expired = tuple(a.key for a in self.ledger.expire_leases(at))
+        for key in expired:
+            log.warning("gpusched agent: the lease of %s ran out; its devices are free again", key)
         if at - self._synced_at >= self.inventory_every_s:
             self.sync_inventory(at)
         if self.mig_provider is not None:
@@ -131,9 +139,30 @@ class TelemetryAgent:
             self.ledger.prune_samples(at - self.retention_s)
             self._pruned_at = at
         after = self.ledger.snapshot(at) if actions else snapshot
-        self._metrics = render_metrics(samples, after, self.ledger.active() if actions else allocations,
-                                       counters=self.counters, source=self.source)
-        return CycleResult(at, tuple(samples), tuple(actions), tuple(applied))
+        self._families = metric_families(samples, after, self.ledger.active() if actions else allocations,
+                                         counters=self.counters, source=self.source)
+        self._families += self._scheduling_families(after, at)
+        return CycleResult(at, tuple(samples), tuple(actions), tuple(applied), expired)
+
+    def _scheduling_families(self, snapshot: FleetSnapshot, at: float) -> list[Any]:
+        """Queue waits and tenant budgets, read from the ledger (what the alert rules watch)."""
+        from gpusched.airflow import api_views
+        from gpusched.airflow.quota_file import load_quota_policy
+        from gpusched.quota import UNITS_PER_A100_HOUR
+
+        waiting_since: dict[str, float] = {}
+        for entry in self.ledger.queue():
+            partition = str(entry.request.partition)
+            waiting_since[partition] = min(entry.since, waiting_since.get(partition, entry.since))
+        policy = load_quota_policy()
+        start = api_views.period_start(at, policy.period_s)
+        usage = api_views.tenant_usage(self.ledger.history(start, at), snapshot, start, at)
+        budgets = []
+        for tenant in sorted(set(usage) | set(policy.budgets_hours)):
+            budget = policy.budget(tenant)
+            budgets.append(TenantBudget(tenant, usage.get(tenant, 0) / UNITS_PER_A100_HOUR,
+                                        None if budget is None else budget / UNITS_PER_A100_HOUR))
+        return scheduling_families(waiting_since, budgets, at)
 
     def repartition(self, now: float) -> tuple[str, ...]:
         """Dynamic MIG: re-partition idle GPUs for waiting hard requests; the GPUs changed."""
@@ -168,6 +197,10 @@ class TelemetryAgent:
             fresh.append(action)
         return fresh
 
+    def metric_families(self) -> list[Any]:
+        """The metric families of the last cycle (what ``/metrics`` serves; no I/O here)."""
+        return list(self._families)
+
     def metrics_text(self) -> str:
-        """The Prometheus text of the last cycle (served by ``/metrics``; no I/O here)."""
-        return self._metrics
+        """The Prometheus text of the last cycle."""
+        return exposition(self.metric_families)

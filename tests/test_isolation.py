@@ -163,7 +163,7 @@ def test_profile_pins_the_slice_and_cpx_is_an_amd_partition(fleet: FleetSnapshot
 
 
 def test_hard_request_on_a_fleet_without_slices_is_rejected_for_good() -> None:
-    plain = FleetSnapshot(tuple(load_fleet(ROOT / "include" / "fleets" / "small.yaml")))
+    plain = FleetSnapshot(tuple(load_fleet(default_fleet_path().with_name("small.yaml"))))
     if any(d.parent for d in plain.devices()):
         pytest.skip("the small fleet has slices")
     placed = _place(plain, GPURequest.build(gpus=0.1, memory="8GiB", isolation="hard"))

@@ -3,7 +3,7 @@
 ``detect_backend()`` reads ``GPUSCHED_BACKEND`` (``auto`` | ``nvidia`` | ``amd`` | ``ascend`` |
 ``simulated``, default ``auto``). In ``auto`` mode NVML is tried first, then AMD SMI, then Ascend's
 ``npu-smi``; only when none finds a device is the simulated fleet used (``GPUSCHED_FLEET``,
-default ``include/fleets/default.yaml``),
+default ``gpusched/include/fleets/default.yaml``),
 and then it says so: a logged warning, ``backend.name == "simulated"`` and a ``description``
 naming the fleet file. Asking for a vendor explicitly never falls back.
 """
@@ -26,7 +26,7 @@ BACKEND_KINDS = ("auto", "nvidia", "amd", "ascend", "simulated")
 
 
 def fleet_path_from_env() -> Path:
-    """The simulated fleet file: ``GPUSCHED_FLEET`` or ``include/fleets/default.yaml``."""
+    """The simulated fleet file: ``GPUSCHED_FLEET`` or ``gpusched/include/fleets/default.yaml``."""
     from gpusched.hardware.simulated import default_fleet_path
 
     override = os.environ.get("GPUSCHED_FLEET")

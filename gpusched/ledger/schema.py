@@ -66,7 +66,7 @@ DEVICES = sa.Table(
     sa.Column("peers", sa.JSON, nullable=False),
     sa.Column("mig_enabled", sa.Boolean, nullable=False),
     # Hard-isolated slices (MIG instance, AMD compute partition): the physical device, the
-    # profile and the share of its compute; NULL / 1000 for whole devices (migration 0002_i14).
+    # profile and the share of its compute; NULL / 1000 for whole devices (migration 0004_i14_slices).
     sa.Column("parent", sa.String(255), nullable=True),
     sa.Column("profile", sa.String(64), nullable=True),
     sa.Column("compute_milli", sa.Integer, nullable=False, server_default="1000"),
@@ -92,6 +92,9 @@ ALLOCATIONS = sa.Table(
     sa.Column("released_at", sa.Double, nullable=True),
     sa.Column("release_reason", sa.Text, nullable=True),
     sa.Column("status", sa.String(16), nullable=False),
+    # The processes that hold the devices (executor, worker, task: host, pid, start time), so a
+    # restart or a worker's death can tell a live holder from a dead one.
+    sa.Column("processes", sa.JSON, nullable=True),
     # At most one active allocation per key: the database itself refuses a second one.
     sa.Index(
         "ix_gpusched_allocations_active_key",
