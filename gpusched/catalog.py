@@ -8,6 +8,8 @@ immutable :class:`AcceleratorModel` records and resolves names and aliases case-
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
@@ -20,9 +22,12 @@ __all__ = [
     "AcceleratorModel",
     "Catalog",
     "LinkKind",
+    "SliceProfile",
     "Vendor",
     "arch_rank",
     "default_catalog",
+    "layout_problem",
+    "profile_names",
 ]
 
 GIB = 1024**3
@@ -75,6 +80,21 @@ def arch_rank(architecture: str) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class SliceProfile:
+    """One hard-isolated slice a model can be cut into: a MIG GPU-instance profile (``3g.40gb``) or
+    an AMD compute partition mode (``CPX``: the device becomes 8 logical devices).
+
+    ``compute_milli`` is the slice's share of the device's compute (a ``3g`` MIG instance holds
+    3 of 7 GPU slices = 428), ``memory_bytes`` its memory, ``max_count`` how many fit on one device.
+    """
+
+    name: str
+    compute_milli: int
+    memory_bytes: int
+    max_count: int
+
+
+@dataclass(frozen=True, slots=True)
 class AcceleratorModel:
     """One accelerator model as the catalog describes it (integer units where it matters)."""
 
@@ -91,6 +111,8 @@ class AcceleratorModel:
     partitioning: tuple[str, ...]
     a100_equiv_milli: int
     disclosed: bool
+    slice_profiles: tuple[SliceProfile, ...] = ()
+    memory_partitions: tuple[str, ...] = ()
 
     @property
     def arch_rank(self) -> int:
@@ -104,6 +126,16 @@ class AcceleratorModel:
             digits = self.architecture[3:]
             return f"{digits[:-1]}.{digits[-1]}"
         return None
+
+    @property
+    def supports_slices(self) -> bool:
+        """Whether the model can be cut into hard-isolated slices (MIG, AMD compute partitions)."""
+        return bool(self.slice_profiles)
+
+    def slice_profile(self, name: str) -> SliceProfile | None:
+        """The slice profile called ``name`` (case-insensitive), or None."""
+        folded = name.strip().casefold()
+        return next((p for p in self.slice_profiles if p.name.casefold() == folded), None)
 
     @property
     def supports_fractions(self) -> bool:
@@ -183,7 +215,47 @@ def _parse_model(entry: dict[str, object]) -> AcceleratorModel:
         partitioning=tuple(str(p) for p in entry.get("partitioning", ()) or ()),  # type: ignore[attr-defined]
         a100_equiv_milli=int(str(entry["a100_equiv_milli"])),
         disclosed=bool(entry.get("disclosed", True)),
+        slice_profiles=tuple(
+            SliceProfile(
+                name=str(p["name"]),
+                compute_milli=int(p["compute_milli"]),
+                memory_bytes=int(float(str(p["memory_gib"])) * GIB),
+                max_count=int(p["max_count"]),
+            )
+            for p in entry.get("slice_profiles", ()) or ()  # type: ignore[attr-defined]
+        ),
+        memory_partitions=tuple(str(p) for p in entry.get("memory_partitions", ()) or ()),  # type: ignore[attr-defined]
     )
+
+
+SLICE_TOLERANCE_MILLI = 7
+"""Rounding slack when adding up compute shares (7 × 1g = 7 × 142 = 994 milli is the whole GPU)."""
+
+
+def profile_names(model: AcceleratorModel) -> str:
+    """The model's slice profiles as a comma-separated list (for error messages)."""
+    return ", ".join(p.name for p in model.slice_profiles) or "none"
+
+
+def layout_problem(model: AcceleratorModel, profiles: Sequence[str], memory_bytes: int) -> str | None:
+    """Why ``profiles`` (one MIG layout of one device) cannot exist on ``model``, or None."""
+    if not model.slice_profiles:
+        return f"{model.name} cannot be partitioned (no MIG or compute partitions)"
+    chosen: list[SliceProfile] = []
+    for name in profiles:
+        profile = model.slice_profile(name)
+        if profile is None:
+            return f"{model.name} has no slice profile {name!r} (profiles: {profile_names(model)})"
+        chosen.append(profile)
+    for name, count in Counter(p.name for p in chosen).items():
+        limit = model.slice_profile(name)
+        if limit is not None and count > limit.max_count:
+            return f"at most {limit.max_count} × {name} fit on one {model.name}, not {count}"
+    if sum(p.compute_milli for p in chosen) > 1000 + SLICE_TOLERANCE_MILLI:
+        return f"the profiles {list(profiles)} need more compute than one {model.name} has"
+    if sum(p.memory_bytes for p in chosen) > memory_bytes:
+        return f"the profiles {list(profiles)} need more memory than one {model.name} has"
+    return None
 
 
 @cache

@@ -7,14 +7,18 @@ operator turns the same allocation into device requests.
 Variables:
 
 - NVIDIA: ``CUDA_VISIBLE_DEVICES`` (device indices by default, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
-  so CUDA counts like NVML does; or UUIDs with ``use_uuids=True``).
+  so CUDA counts like NVML does; or UUIDs with ``use_uuids=True``). A MIG instance is always
+  named by its ``MIG-…`` UUID (CUDA cannot address it by index).
+- AMD compute partitions are logical devices with their own index: nothing special.
 - AMD: ``HIP_VISIBLE_DEVICES`` and ``ROCR_VISIBLE_DEVICES``.
 - Ascend: ``ASCEND_RT_VISIBLE_DEVICES``.
 - A fraction of one device: ``GPUSCHED_MEMORY_LIMIT_BYTES`` and ``GPUSCHED_MEMORY_FRACTION``; on
   NVIDIA also ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and a
   ``PYTORCH_CUDA_ALLOC_CONF`` hint (expandable segments fragment less on a shared device).
+- A hard-isolated slice (MIG instance, AMD partition): ``GPUSCHED_ISOLATION=hard`` and its memory
+  as ``GPUSCHED_MEMORY_LIMIT_BYTES`` (the hardware enforces it; the variable tells the task).
 - Always ``GPUSCHED_ALLOCATION``: JSON with key, node, nodes, vendor, devices (indices), uuids,
-  models, milli and memory_bytes per device.
+  models, milli and memory_bytes per device, and ``profiles`` (slice profile or null per device).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ ENV_KEYS: frozenset[str] = frozenset({
     "ASCEND_RT_VISIBLE_DEVICES",
     "GPUSCHED_MEMORY_LIMIT_BYTES",
     "GPUSCHED_MEMORY_FRACTION",
+    "GPUSCHED_ISOLATION",
     ALLOCATION_VAR,
 })
 """Every variable :func:`devices_env` may set (so a reused worker can clear them all)."""
@@ -62,6 +67,7 @@ def devices_env(
     models: Mapping[str, str] | None = None,
     key: str | None = None,
     use_uuids: bool = False,
+    profiles: Mapping[str, str | None] | None = None,
 ) -> dict[str, str]:
     """The environment variables that expose ``shares`` (and only them) to a task process.
 
@@ -73,6 +79,7 @@ def devices_env(
         models: uuid → model name when no snapshot is given.
         key: the allocation key, recorded in ``GPUSCHED_ALLOCATION``.
         use_uuids: NVIDIA only: list UUIDs in ``CUDA_VISIBLE_DEVICES`` instead of indices.
+        profiles: uuid → slice profile when no snapshot is given (a slice's allocation record).
 
     Raises:
         PlacementError: no shares, shares on devices of different vendors, or no way to tell
@@ -85,8 +92,12 @@ def devices_env(
     model_names = [_model_of(s, snapshot, models) for s in ordered]
     indices = ",".join(str(s.index) for s in ordered)
     env: dict[str, str] = {}
+    profiles_of = [_profile_of(s, snapshot, profiles) for s in ordered]
     if the_vendor is Vendor.NVIDIA:
-        if use_uuids:
+        # A MIG instance has no CUDA index: it is named by its UUID.
+        sliced = any(p is not None or s.uuid.startswith("MIG-")
+                     for s, p in zip(ordered, profiles_of, strict=True))
+        if use_uuids or sliced:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(s.uuid for s in ordered)
         else:
             env["CUDA_VISIBLE_DEVICES"] = indices
@@ -108,6 +119,9 @@ def devices_env(
             # Ordinal 0: the only device this process sees after CUDA_VISIBLE_DEVICES.
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, share.memory_bytes // 2**20)}M"
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if len(ordered) == 1 and (profiles_of[0] is not None or ordered[0].uuid.startswith("MIG-")):
+        env["GPUSCHED_ISOLATION"] = "hard"
+        env["GPUSCHED_MEMORY_LIMIT_BYTES"] = str(ordered[0].memory_bytes)
     nodes = sorted({s.node for s in ordered})
     allocation: dict[str, Any] = {
         "key": key,
@@ -119,6 +133,7 @@ def devices_env(
         "models": model_names,
         "milli": [s.milli for s in ordered],
         "memory_bytes": [s.memory_bytes for s in ordered],
+        "profiles": profiles_of,
     }
     env[ALLOCATION_VAR] = json.dumps(allocation, sort_keys=True)
     return env
@@ -169,6 +184,16 @@ def _model_of(share: DeviceShare, snapshot: FleetSnapshot | None, models: Mappin
     if snapshot is not None and snapshot.has_device(share.uuid):
         return snapshot.device(share.uuid).model
     return "unknown"
+
+
+def _profile_of(
+    share: DeviceShare, snapshot: FleetSnapshot | None, profiles: Mapping[str, str | None] | None
+) -> str | None:
+    if profiles and profiles.get(share.uuid):
+        return profiles[share.uuid]
+    if snapshot is not None and snapshot.has_device(share.uuid):
+        return snapshot.device(share.uuid).profile
+    return None
 
 
 def _device_memory(share: DeviceShare, snapshot: FleetSnapshot | None) -> int:

@@ -49,6 +49,14 @@ class Device:
         pcie_switch: id of the closest PCIe switch / host bridge shared with siblings.
         island: id of the high-speed link island (NVLink/NVSwitch, xGMI, HCCS), or None.
         peers: uuids of devices reachable over a direct high-speed link.
+        mig_enabled: NVIDIA MIG mode is on: the GPU itself takes no work; its MIG instances
+            (devices whose ``parent`` is this uuid) do.
+        parent: for an isolated slice (a MIG instance, or one logical device of an AMD compute
+            partition), the physical device it is carved from (a device uuid for MIG, the
+            physical card's id for AMD); None for a whole device.
+        profile: the slice's profile (``"3g.40gb"``, ``"CPX"``); None for a whole device.
+        compute_milli: the share of the physical device's compute this unit holds, in milli
+            (1000 for a whole device, 3/7 of it = 428 for a ``3g`` MIG instance).
     """
 
     uuid: str
@@ -66,6 +74,19 @@ class Device:
     health: Health = Health.HEALTHY
     mig_enabled: bool = False
     cordoned: bool = False
+    parent: str | None = None
+    profile: str | None = None
+    compute_milli: int = MILLI
+
+    @property
+    def is_slice(self) -> bool:
+        """True for a hard-isolated slice (MIG instance, AMD partition): it is handed out whole."""
+        return self.parent is not None
+
+    @property
+    def takes_work(self) -> bool:
+        """False for a MIG-enabled GPU: its work goes to its MIG instances, never to the GPU itself."""
+        return not self.mig_enabled
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ __all__ = [
     "hours",
     "normalised_rate",
     "partition_capacity",
+    "physical_milli",
 ]
 
 UNITS_PER_A100_HOUR = MILLI * 3600
@@ -157,9 +158,21 @@ def normalised_rate(
     total = 0
     for share in shares:
         # A device gone from the inventory (or an unknown model) counts as one A100.
-        model = cat.find(snapshot.device(share.uuid).model) if snapshot.has_device(share.uuid) else None
+        device = snapshot.device(share.uuid) if snapshot.has_device(share.uuid) else None
+        model = cat.find(device.model) if device is not None else None
         equiv = model.a100_equiv_milli if model is not None else MILLI
-        total += share.milli * equiv // MILLI
+        # A slice (MIG instance, AMD partition) costs its share of the physical device.
+        part = device.compute_milli if device is not None else MILLI
+        total += share.milli * equiv * part // (MILLI * MILLI)
+    return total
+
+
+def physical_milli(shares: Sequence[DeviceShare], snapshot: FleetSnapshot) -> int:
+    """Milli-GPU of physical devices ``shares`` take: a whole slice counts as its compute share."""
+    total = 0
+    for share in shares:
+        part = snapshot.device(share.uuid).compute_milli if snapshot.has_device(share.uuid) else MILLI
+        total += share.milli * part // MILLI
     return total
 
 
@@ -167,12 +180,13 @@ def partition_capacity(snapshot: FleetSnapshot) -> int:
     """In-service capacity in milli-GPU: devices not unhealthy, not cordoned, not on standby nodes."""
     from gpusched.model import Health
 
-    return MILLI * sum(
-        1
+    # Slices count by their share of the physical device; a MIG-enabled GPU through its slices.
+    return sum(
+        d.compute_milli
         for node in snapshot.nodes
         if not node.standby and not node.cordoned
         for d in node.devices
-        if not d.cordoned and d.health is not Health.UNHEALTHY
+        if d.takes_work and not d.cordoned and d.health is not Health.UNHEALTHY
     )
 
 

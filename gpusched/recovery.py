@@ -285,10 +285,15 @@ def _oom_remedy(
     needed = max(current + cls.tried_bytes, current * 5 // 4)
     data = request.to_dict()
     data["memory"] = needed
+    hard = request.isolation == "hard" and request.is_fractional
+    if hard:
+        data["profile"] = None  # any slice big enough: the smallest free one that holds the new need
     if request.models or (request.is_fractional and held and needed > max(held)):
         vendors = request.vendors
         bigger = sorted(m.name for m in cat.models
-                        if m.disclosed and m.memory_bytes >= needed and (not vendors or m.vendor in vendors))
+                        if m.disclosed and (not vendors or m.vendor in vendors)
+                        and (max((p.memory_bytes for p in m.slice_profiles), default=0) if hard
+                             else m.memory_bytes) >= needed)
         if not bigger:
             return Remedy(False, f"out of memory: {needed / 2**30:.1f} GiB per device is more than any "
                                  "allowed model has; shard the model or reduce the batch size")
@@ -386,7 +391,13 @@ def fits_fleet(
 
 
 def _device_fits(request: GPURequest, device: Device, snapshot: FleetSnapshot, empty: bool) -> bool:
-    if device.cordoned or device.health is Health.UNHEALTHY:
+    if device.cordoned or device.health is Health.UNHEALTHY or not device.takes_work:
+        return False
+    if device.parent is not None:  # a hard-isolated slice: only for fractions that accept one
+        profile_ok = request.profile is None or device.profile == request.profile
+        if not (request.wants_slice and profile_ok and device.compute_milli >= request.milli_per_gpu):
+            return False
+    elif request.is_fractional and not request.wants_shared:
         return False
     if request.vendors and device.vendor not in request.vendors:
         return False

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from gpusched.catalog import Catalog, Vendor, default_catalog
+from gpusched.catalog import Catalog, Vendor, arch_rank, default_catalog
 from gpusched.errors import GPURequestError
 from gpusched.fields import FieldProblem, safe_repr, strict_yaml
 from gpusched.model import MILLI
@@ -28,6 +28,7 @@ from gpusched.request_parse import (
     parse_duration,
     parse_enum,
     parse_gpus,
+    parse_isolation,
     parse_labels,
     parse_min_arch,
     parse_models,
@@ -67,6 +68,10 @@ class GPURequest:
             when ``interconnect`` is ``any`` or ``same_rack``.
         tenant / priority / partition: who pays, how urgent (0–100), which capacity partition.
         expected_duration_s: the author's estimate, for backfill and quotas (0 = unknown).
+        isolation: for a fraction: ``hard`` (a MIG instance / AMD compute partition of its own,
+            handed out whole), ``soft`` (a share of a whole device under MPS limits) or ``any``.
+        profile: the slice profile a ``hard`` fraction needs (``"3g.40gb"``, ``"CPX"``), or None
+            for the smallest free slice that holds it.
     """
 
     count: int = 1
@@ -82,6 +87,8 @@ class GPURequest:
     priority: int = PRIORITY_NAMES["normal"]
     partition: Partition = Partition.TRAINING
     expected_duration_s: int = 0
+    isolation: str = "any"
+    profile: str | None = None
 
     # ---- construction -------------------------------------------------------------------
 
@@ -95,7 +102,9 @@ class GPURequest:
         characters), ``min_arch`` (an architecture a catalog model has, or
         ``min_compute_capability`` '8.0'), ``interconnect``, ``gang``, ``tenant``, ``priority``
         (0–100 or low/normal/high/critical), ``partition``, ``expected_duration`` (seconds or
-        '2h'; sub-second values round up to 1 s, at most 366 days). Non-finite numbers are rejected.
+        '2h'; sub-second values round up to 1 s, at most 366 days), ``isolation`` (any, hard,
+        soft) and ``profile`` (a slice profile of an allowed model, e.g. '3g.40gb' or 'CPX').
+        Non-finite numbers are rejected.
         """
         cat = catalog or default_catalog()
         unknown = set(kwargs) - _ACCEPTED_KEYS
@@ -145,6 +154,13 @@ class GPURequest:
             if kwargs.get("expected_duration") is not None
             else 0
         )
+        candidates = [
+            m for m in cat.models
+            if (not models or m.name in models) and (not vendors or m.vendor in vendors)
+            and (min_arch is None
+                 or (m.vendor is arch_vendor(min_arch) and m.arch_rank >= arch_rank(min_arch)))
+        ]
+        isolation, profile = parse_isolation(kwargs, count, milli, candidates, cat)
         request = cls(
             count=count,
             milli_per_gpu=milli,
@@ -159,6 +175,8 @@ class GPURequest:
             priority=parse_priority(kwargs.get("priority", "normal")),
             partition=partition or Partition.TRAINING,
             expected_duration_s=duration,
+            isolation=isolation,
+            profile=profile,
         )
         request._check_feasible_memory(cat)
         return request
@@ -206,6 +224,8 @@ class GPURequest:
             "priority": self.priority,
             "partition": str(self.partition),
             "expected_duration": self.expected_duration_s or None,
+            "isolation": self.isolation,
+            "profile": self.profile,
         }
 
     # ---- derived --------------------------------------------------------------------------
@@ -225,6 +245,16 @@ class GPURequest:
         """Whether placement may split the devices across nodes."""
         return self.gang and self.interconnect in (Interconnect.ANY, Interconnect.SAME_RACK)
 
+    @property
+    def wants_slice(self) -> bool:
+        """Whether the request may be placed on a hard-isolated slice (MIG instance, AMD partition)."""
+        return self.is_fractional and self.isolation != "soft"
+
+    @property
+    def wants_shared(self) -> bool:
+        """Whether the request may share a whole device (soft isolation) when fractional."""
+        return self.isolation != "hard"
+
     def _check_feasible_memory(self, cat: Catalog) -> None:
         if not self.memory_per_gpu:
             return
@@ -233,6 +263,16 @@ class GPURequest:
             if (not self.models or m.name in self.models)
             and (not self.vendors or m.vendor in self.vendors)
         ]
+        if self.isolation == "hard":
+            largest = max((p.memory_bytes for m in candidates for p in m.slice_profiles
+                           if self.profile is None or p.name == self.profile), default=0)
+            if self.memory_per_gpu > largest:
+                raise GPURequestError(
+                    "memory", self.memory_per_gpu, f"at most {largest // 2**30} GiB for a hard-isolated slice"
+                    + (f" of profile {self.profile}" if self.profile else ""),
+                    f"{self.memory_per_gpu / 2**30:.1f} GiB exceeds every allowed slice",
+                )
+            return
         largest = max((m.memory_bytes for m in candidates), default=0)
         if candidates and self.memory_per_gpu > largest:
             raise GPURequestError(
@@ -244,7 +284,7 @@ class GPURequest:
 _ACCEPTED_KEYS = frozenset({
     "gpus", "count", "milli", "memory", "vendor", "vendors", "model", "models", "labels",
     "min_arch", "min_compute_capability", "interconnect", "gang", "tenant", "priority",
-    "partition", "expected_duration",
+    "partition", "expected_duration", "isolation", "profile",
 })
 REQUEST_KEYS: frozenset[str] = _ACCEPTED_KEYS
 """Every keyword :meth:`GPURequest.build` accepts (for helpers that split request from other kwargs)."""

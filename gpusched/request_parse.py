@@ -15,12 +15,13 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
-from gpusched.catalog import Catalog, Vendor
+from gpusched.catalog import AcceleratorModel, Catalog, Vendor
 from gpusched.errors import CatalogError, GPURequestError
 from gpusched.fields import MAX_DEVICES, MAX_TEXT, FieldProblem, duration_seconds, safe_repr, size_bytes
 from gpusched.model import MILLI
 
 __all__ = [
+    "ISOLATION_VALUES",
     "MAX_LABELS",
     "PRIORITY_NAMES",
     "Interconnect",
@@ -30,6 +31,7 @@ __all__ = [
     "parse_duration",
     "parse_enum",
     "parse_gpus",
+    "parse_isolation",
     "parse_labels",
     "parse_min_arch",
     "parse_models",
@@ -60,6 +62,10 @@ class Partition(StrEnum):
     BURST = "burst"
     DEV = "dev"
 
+
+ISOLATION_VALUES = ("any", "hard", "soft")
+"""``isolation`` of a request: ``hard`` = a MIG instance / AMD partition of its own, ``soft`` =
+a share of a whole device (MPS limits, not enforced by hardware), ``any`` = either."""
 
 PRIORITY_NAMES: Mapping[str, int] = {"low": 10, "normal": 50, "high": 80, "critical": 100}
 """Named priorities; ``critical`` requests may hold reservations."""
@@ -278,3 +284,65 @@ def parse_priority(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 100:
         return value
     raise GPURequestError("priority", value, accepted)
+
+
+def parse_isolation(
+    kwargs: Mapping[str, Any], count: int, milli: int, candidates: Iterable[AcceleratorModel], cat: Catalog
+) -> tuple[str, str | None]:
+    """``(isolation, profile)``: how a fraction may share a device, checked against the catalog.
+
+    ``isolation`` is ``any`` (default), ``hard`` (a MIG instance / AMD compute partition of its
+    own) or ``soft`` (a share of a whole device, MPS limits). ``profile`` (``"3g.40gb"``,
+    ``"CPX"``) pins the slice profile and implies ``hard``. Hard isolation needs a fraction of one
+    device and an allowed model (``candidates``) that can be sliced, with a slice big enough.
+    """
+    raw = kwargs.get("isolation")
+    profile_raw = kwargs.get("profile")
+    accepted = ", ".join(ISOLATION_VALUES)
+    if raw is None:
+        isolation = "hard" if profile_raw is not None else "any"
+    elif not isinstance(raw, str) or raw.strip().lower() not in ISOLATION_VALUES:
+        raise GPURequestError("isolation", raw, accepted)
+    else:
+        isolation = raw.strip().lower()
+    if isolation != "hard" and profile_raw is None:
+        return isolation, None
+    if isolation != "hard":
+        raise GPURequestError("isolation", raw, "hard (or leave it out) with a profile",
+                              "a slice profile means a hard-isolated slice")
+    field = "profile" if profile_raw is not None else "isolation"
+    if count > 1 or milli >= MILLI:
+        raise GPURequestError(
+            field,
+            profile_raw if profile_raw is not None else raw,
+            "a fraction of one device, e.g. gpus=0.25",
+            "hard isolation slices one device; a whole GPU is isolated already (drop isolation/profile)",
+        )
+    sliceable = [m for m in candidates if m.supports_slices]
+    if not sliceable:
+        raise GPURequestError(
+            field, profile_raw if profile_raw is not None else raw,
+            "models with MIG or compute partitions: "
+            + ", ".join(m.name for m in cat.models if m.supports_slices),
+            "none of the allowed models can be partitioned (MIG / compute partitions)",
+        )
+    if profile_raw is None:
+        best = max(p.compute_milli for m in sliceable for p in m.slice_profiles)
+        if milli > best:
+            raise GPURequestError("gpus", milli / MILLI, f"at most {best / MILLI:g} with isolation='hard'",
+                                  "no slice profile of the allowed models holds that much compute")
+        return isolation, None
+    names = sorted({p.name for m in sliceable for p in m.slice_profiles})
+    if not isinstance(profile_raw, str) or len(profile_raw) > 32:
+        raise GPURequestError("profile", profile_raw, "one of " + ", ".join(names))
+    matches = [p for m in sliceable if (p := m.slice_profile(profile_raw)) is not None]
+    if not matches:
+        raise GPURequestError("profile", profile_raw, "one of " + ", ".join(names),
+                              "no allowed model has this slice profile")
+    biggest = max(p.compute_milli for p in matches)
+    if milli > biggest:
+        raise GPURequestError("gpus", milli / MILLI,
+                              f"at most {biggest / MILLI:g} for profile {matches[0].name}",
+                              f"a {matches[0].name} slice holds less compute than asked")
+    return isolation, matches[0].name
+

@@ -92,7 +92,7 @@ _BY_NAME = {option.name: option for option in OPTIONS}
 ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("GPUSCHED_DB_URL", "ledger", "SQLAlchemy URL of the allocation ledger "
            "(default: SQLite under $AIRFLOW_HOME/gpusched)."),
-    EnvVar("GPUSCHED_BACKEND", "hardware", "Hardware backend: auto, nvidia, amd or simulated "
+    EnvVar("GPUSCHED_BACKEND", "hardware", "Hardware backend: auto, nvidia, amd, ascend or simulated "
            "(default auto)."),
     EnvVar("GPUSCHED_FLEET", "hardware", "Fleet YAML of the simulated backend "
            "(default: the fleet shipped in the package, gpusched/include/fleets/default.yaml)."),
@@ -108,6 +108,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("GPUSCHED_RECOVERY_INLINE", "fault listener", "Boolean (default true): the failure "
            "listener runs the fault chain at once; 0 leaves it to the fault-recovery DAG."),
     EnvVar("GPUSCHED_SCALER", "remediation", "Scaler that activates standby nodes."),
+    EnvVar("GPUSCHED_DYNAMIC_MIG", "agent", "Dynamic MIG provider: off (default), local (the simulated "
+           "fleet) or nvml (GPUs already in MIG mode); re-partitions idle GPUs for waiting hard requests."),
     EnvVar("GPUSCHED_PROVISIONING_DELAY_S", "capacity_forecast DAG", "Seconds a new node needs "
            "to come up (default 900)."),
     EnvVar("GPUSCHED_DEMAND_SOURCE", "capacity_forecast DAG", "Demand history: trace:<path> or synthetic."),
@@ -122,6 +124,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("GPUSCHED_ALLOCATION", "set for tasks", "JSON of the task's allocation (host view)."),
     EnvVar("GPUSCHED_MEMORY_LIMIT_BYTES", "set for tasks", "Device memory the task may use (fractions)."),
     EnvVar("GPUSCHED_MEMORY_FRACTION", "set for tasks", "Fraction of the device's memory (fractions)."),
+    EnvVar("GPUSCHED_ISOLATION", "set for tasks", "hard when the task runs on a MIG instance or AMD "
+           "partition of its own."),
     EnvVar("GPUSCHED_DEV_ROOT", "docker", "Root of the device files for container tasks (default /dev)."),
     EnvVar("GPUSCHED_EXAMPLE_STEPS", "example DAGs", "Training steps of the example DAG."),
     EnvVar("GPUSCHED_EXAMPLE_STEP_SECONDS", "example DAGs", "Pause per step of the example DAG."),

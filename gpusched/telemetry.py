@@ -25,6 +25,7 @@ from gpusched.prometheus import TenantBudget, exposition, metric_families, sched
 from gpusched.remediation import TaskStopper, apply_actions
 
 if TYPE_CHECKING:
+    from gpusched.hardware.mig_provider import MigProvider
     from gpusched.ledger import Ledger
 
 __all__ = ["CycleResult", "TelemetryAgent", "sample_once"]
@@ -72,6 +73,9 @@ class TelemetryAgent:
         retention_s: samples older than this are pruned (hourly).
         scale_after_s: tasks waiting longer than this for capacity a standby node gives switch
             that node on (:func:`gpusched.scaling.react_to_waiting`); None: never.
+        mig_provider: dynamic MIG (``GPUSCHED_DYNAMIC_MIG``; None = off, the default): each cycle,
+            idle MIG-capable GPUs are re-partitioned for waiting hard-isolated requests
+            (:func:`gpusched.mig_plan.plan_repartition`) and the inventory re-synced.
     """
 
     def __init__(
@@ -85,6 +89,7 @@ class TelemetryAgent:
         inventory_every_s: float = 60.0,
         retention_s: float = 7 * 86400.0,
         scale_after_s: float | None = None,
+        mig_provider: MigProvider | None = None,
     ) -> None:
         self.scale_after_s = scale_after_s
         self.backend = backend
@@ -94,6 +99,7 @@ class TelemetryAgent:
         self.stopper = stopper
         self.inventory_every_s = inventory_every_s
         self.retention_s = retention_s
+        self.mig_provider = mig_provider
         self.counters: Counter[tuple[str, str]] = Counter()
         self._synced_at = float("-inf")
         self._pruned_at = float("-inf")
@@ -133,6 +139,8 @@ class TelemetryAgent:
         observe = getattr(self.backend, "observe_allocations", None)
         if observe is not None:  # the simulated fleet: devices held by tasks look busy
             observe(self.ledger.active())
+        if self.mig_provider is not None:
+            self.repartition(at)
         samples = sample_once(self.backend, self.ledger)
         own = {s.uuid for s in samples}
         window = [s for s in self.ledger.samples(None, at - self.window_s) if s.uuid in own]
@@ -172,6 +180,26 @@ class TelemetryAgent:
             budgets.append(TenantBudget(tenant, usage.get(tenant, 0) / UNITS_PER_A100_HOUR,
                                         None if budget is None else budget / UNITS_PER_A100_HOUR))
         return scheduling_families(waiting_since, budgets, at)
+
+    def repartition(self, now: float) -> tuple[str, ...]:
+        """Dynamic MIG: re-partition idle GPUs for waiting hard requests; the GPUs changed."""
+        from gpusched.mig_plan import plan_repartition
+
+        if self.mig_provider is None:
+            return ()
+        waiting = [entry.request for entry in self.ledger.queue()]
+        steps = plan_repartition(self.ledger.snapshot(now), waiting)
+        if not steps:
+            return ()
+        result = self.mig_provider.apply(steps)
+        for line in result.detail:
+            log.warning("gpusched agent: dynamic MIG (%s): %s", result.provider, line)
+        for gpu in result.applied:
+            self.ledger.record_event("mig_repartition", gpu, now=now, provider=result.provider,
+                                     layout=next(list(s.layout) for s in steps if s.gpu == gpu))
+        if result.applied:
+            self.sync_inventory(now)
+        return result.applied
 
     def _fresh(self, actions: Sequence[Action]) -> list[Action]:
         # Health and cordon actions are already skipped once in effect (the rules see the

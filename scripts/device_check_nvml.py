@@ -8,6 +8,16 @@ an allocation of device 0 into ``CUDA_VISIBLE_DEVICES`` (``gpusched.envexport.de
 index and by UUID) and asks the CUDA driver in a child process which devices it sees: exactly
 the allocated one, and none for an unknown UUID.
 
+MIG: every GPU in MIG mode must list its MIG instances (``MIG-…`` UUIDs, profile, memory, SM
+share) exactly as ``nvidia-smi -L`` does, and a child given one instance's UUID must see exactly
+one device. The script only reads: it never changes MIG mode or resets a GPU (with no GPU in MIG
+mode it reports that MIG discovery found nothing, as it should).
+
+End to end: a task is placed by the placement engine on the real fleet (a whole GPU, and a
+hard-isolated fraction when a MIG instance exists), its environment exported by
+``devices_env``, and a child process does real work on what it sees (CUDA driver API: context,
+256 MiB allocation, memset, copy back, verify) while NVML is asked which GPU runs the child.
+
 Prints one JSON report on stdout (also written to ``$OUT/device_check_nvml.json`` when ``OUT``
 is set) and exits 1 when any check fails, 0 otherwise. Needs Python ≥ 3.11 and pynvml
 (nvidia-ml-py); if pynvml is not importable it is taken from the repository's ``.venv``.
@@ -55,6 +65,28 @@ if rc == 0:
         h = bytes(raw).hex()
         out["uuids"].append(f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}")
 print(json.dumps(out))
+"""
+
+WORK = r"""
+import ctypes, json, os, sys, time
+lib = ctypes.CDLL("libcuda.so.1")
+def ok(rc, what):
+    if rc != 0:
+        print(json.dumps({"error": f"{what} failed with CUDA error {rc}"})); sys.exit(0)
+ok(lib.cuInit(0), "cuInit")
+count = ctypes.c_int(); ok(lib.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+dev = ctypes.c_int(); ok(lib.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+ctx = ctypes.c_void_p(); ok(lib.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev), "cuCtxCreate")
+size = 256 * 2**20
+ptr = ctypes.c_uint64(); ok(lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size)), "cuMemAlloc")
+ok(lib.cuMemsetD8_v2(ptr, ctypes.c_ubyte(0x5A), ctypes.c_size_t(size)), "cuMemsetD8")
+host = (ctypes.c_ubyte * size)()
+ok(lib.cuMemcpyDtoH_v2(host, ptr, ctypes.c_size_t(size)), "cuMemcpyDtoH")
+good = all(host[i] == 0x5A for i in range(0, size, 4096))
+print(json.dumps({"ready": True, "pid": os.getpid(), "count": count.value, "verified": good,
+                  "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}), flush=True)
+time.sleep(3)
+lib.cuMemFree_v2(ptr); lib.cuCtxDestroy_v2(ctx)
 """
 
 problems: list[str] = []
@@ -121,6 +153,123 @@ def nvidia_smi() -> list[dict[str, str]] | None:
             for line in out.stdout.strip().splitlines()]
 
 
+def nvidia_smi_mig() -> dict[str, str] | None:
+    """MIG UUID → profile from ``nvidia-smi -L`` ("  MIG 3g.40gb Device 0: (UUID: MIG-…)")."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    return parse_mig_listing(out.stdout)
+
+
+def parse_mig_listing(text: str) -> dict[str, str]:
+    """MIG UUID → profile from ``nvidia-smi -L`` text."""
+    found = re.findall(r"MIG\s+(\S+)\s+Device\s+\d+:\s+\(UUID:\s+(MIG-[^)\s]+)\)", text)
+    return {uuid: profile for profile, uuid in found}
+
+
+def check_mig(devices: list[Any], pythonpath: list[str]) -> dict[str, Any]:
+    """MIG instances as discovered, cross-checked with nvidia-smi -L and a child's view."""
+    gpus = [d for d in devices if d.parent is None]
+    slices = [d for d in devices if d.parent is not None]
+    result: dict[str, Any] = {
+        "gpus_in_mig_mode": [g.uuid for g in gpus if g.mig_enabled],
+        "instances": [{"uuid": d.uuid, "parent": d.parent, "profile": d.profile,
+                       "memory_bytes": d.memory_bytes, "compute_milli": d.compute_milli} for d in slices],
+    }
+    if not result["gpus_in_mig_mode"]:
+        check(not slices, "MIG instances discovered on GPUs that are not in MIG mode")
+        warnings.append("no GPU is in MIG mode: MIG discovery found nothing, as expected (MIG mode is "
+                        "left as it is; enable it with nvidia-smi -mig 1 to check instances)")
+        return result
+    for d in slices:
+        check(d.uuid.startswith("MIG-"), f"MIG instance {d.uuid}: not a MIG-… UUID")
+        check(0 < d.compute_milli <= 1000 and d.memory_bytes > 0,
+              f"MIG instance {d.uuid}: bad share or memory")
+        check(any(g.uuid == d.parent and g.mig_enabled for g in gpus),
+              f"MIG instance {d.uuid}: unknown parent")
+    listed = nvidia_smi_mig()
+    if listed is not None:
+        result["nvidia_smi"] = listed
+        check(set(listed) == {d.uuid for d in slices},
+              f"MIG UUIDs differ from nvidia-smi -L: {sorted(listed)}")
+        for d in slices:
+            if d.uuid in listed and d.profile is not None:
+                check(d.profile.split(".")[-2:] == listed[d.uuid].split(".")[-2:],
+                      f"{d.uuid}: profile {d.profile} vs nvidia-smi {listed[d.uuid]}")
+    if slices:
+        seen = run_child({"CUDA_VISIBLE_DEVICES": slices[0].uuid}, pythonpath)
+        result["child_sees"] = seen
+        check(seen.get("count") == 1, f"a child given {slices[0].uuid} saw {seen}")
+    return result
+
+
+def end_to_end(nodes: list[Any], pythonpath: list[str]) -> list[dict[str, Any]]:
+    """Place tasks on the real fleet, export their environment, run real CUDA work in a child."""
+    from gpusched.envexport import devices_env
+    from gpusched.model import FleetSnapshot
+    from gpusched.placement import PendingTask, Policy, place
+    from gpusched.request import GPURequest
+
+    snapshot = FleetSnapshot(tuple(nodes), source="device-check")
+    requests = [("whole GPU", GPURequest.build(gpus=1, vendor="nvidia"))]
+    if any(d.parent is not None for d in snapshot.devices()):
+        hard = GPURequest.build(gpus=0.1, memory="1GiB", isolation="hard")
+        requests.append(("hard-isolated fraction", hard))
+    runs = []
+    for name, request in requests:
+        plan = place([PendingTask(name, request, 0.0)], snapshot, Policy(), now=0.0)
+        if not plan.assignments:
+            problems.append(f"end to end: {name} was not placed: {plan.rejections[0].reason}")
+            continue
+        shares = plan.assignments[0].shares
+        env = devices_env(shares, snapshot, key=f"device-check/{name}")
+        run: dict[str, Any] = {"task": name, "shares": [dataclasses.asdict(s) for s in shares],
+                               "CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"]}
+        proc = subprocess.Popen([sys.executable, "-c", WORK], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=child_env(env, pythonpath))
+        try:
+            line = proc.stdout.readline() if proc.stdout else ""
+            run["child"] = json.loads(line) if line.strip() else {"error": "no output"}
+            run["running_on"] = gpus_running(int(run["child"].get("pid", -1)))
+            proc.wait(timeout=60)
+        except (ValueError, subprocess.TimeoutExpired) as exc:
+            run["child"] = {"error": repr(exc)}
+            proc.kill()
+        child = run["child"]
+        check(child.get("verified") is True and child.get("count") == 1,
+              f"end to end: {name} with CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}: {child}")
+        target = snapshot.device(shares[0].uuid)
+        physical = target.parent or target.uuid
+        if run["running_on"]:
+            check(run["running_on"] == [physical],
+                  f"end to end: {name} ran on {run['running_on']}, not {physical}")
+        else:
+            warnings.append(f"end to end: NVML did not list the child's pid for {name} (pid namespace?)")
+        runs.append(run)
+    return runs
+
+
+def gpus_running(pid: int) -> list[str]:
+    """UUIDs of the GPUs whose compute processes include ``pid`` (NVML, host pid namespace)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        found = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                pids = {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+            except pynvml.NVMLError:
+                continue
+            if pid in pids:
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+                found.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
+        return found
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def main() -> int:
     report: dict[str, Any] = {"python": sys.version.split()[0], "problems": problems, "warnings": warnings}
     if sys.version_info < (3, 11):  # noqa: UP036 - the device host's python may be older
@@ -152,13 +301,14 @@ def main() -> int:
         {"uuid": d.uuid, "index": d.index, "model": d.model, "architecture": d.architecture,
          "memory_bytes": d.memory_bytes, "numa": d.numa_node, "pcie_switch": d.pcie_switch,
          "island": d.island, "link": str(d.link), "peers": list(d.peers), "health": str(d.health),
-         "mig_enabled": d.mig_enabled}
+         "mig_enabled": d.mig_enabled, "parent": d.parent, "profile": d.profile}
         for d in devices
     ]
     check(bool(devices), "no device discovered")
+    gpus = [d for d in devices if d.parent is None]
     check("topology" in backend.features, "feature 'topology' missing")
     catalog = default_catalog()
-    for position, d in enumerate(devices):
+    for position, d in enumerate(gpus):
         tag = f"device {d.index} ({d.uuid})"
         check(d.uuid.startswith("GPU-") and len(d.uuid) == 40, f"{tag}: uuid is not a GPU-… UUID")
         check(d.index == position, f"{tag}: index {d.index} != position {position}")
@@ -188,8 +338,8 @@ def main() -> int:
         rounds.append({"ms": round((time.perf_counter() - started) * 1000, 1),
                        "samples": [dataclasses.asdict(s) for s in samples]})
         by_uuid = {s.uuid: s for s in samples}
-        check(set(by_uuid) == {d.uuid for d in devices}, "sample() does not cover the discovered devices")
-        for d in devices:
+        check(set(by_uuid) == {d.uuid for d in gpus}, "sample() does not cover the discovered GPUs")
+        for d in gpus:
             s = by_uuid.get(d.uuid)
             if s is None:
                 continue
@@ -207,8 +357,8 @@ def main() -> int:
     smi = nvidia_smi()
     if smi is not None:
         report["nvidia_smi"] = smi
-        check([r["uuid"] for r in smi] == [d.uuid for d in devices], "UUIDs/order differ from nvidia-smi")
-        for row, d in zip(smi, devices, strict=False):
+        check([r["uuid"] for r in smi] == [d.uuid for d in gpus], "UUIDs/order differ from nvidia-smi")
+        for row, d in zip(smi, gpus, strict=False):
             check(int(row["memory_mib"]) == d.memory_bytes // 2**20,
                   f"{d.uuid}: nvidia-smi memory {row['memory_mib']} MiB vs {d.memory_bytes // 2**20} MiB")
     backend.close()
@@ -228,7 +378,7 @@ def main() -> int:
         problems.append(f"gpusched inventory --json failed ({exc}): {cli.stderr.strip()[-500:]}")
 
     visibility = []
-    target = devices[0]
+    target = gpus[0]
     if target.mig_enabled:
         warnings.append("MIG is enabled on device 0: CUDA needs MIG-… UUIDs; child visibility check skipped")
     else:
@@ -245,9 +395,11 @@ def main() -> int:
         check("error" not in bogus and bogus.get("count") == 0, f"child with an unknown UUID saw {bogus}")
         everything = run_child({}, pythonpath)
         visibility.append({"env": None, "seen": everything})
-        check(everything.get("uuids") == [d.uuid for d in devices if not d.mig_enabled],
+        check(everything.get("uuids") == [d.uuid for d in gpus if not d.mig_enabled],
               f"child without CUDA_VISIBLE_DEVICES saw {everything}")
     report["visibility"] = visibility
+    report["mig"] = check_mig(devices, pythonpath)
+    report["end_to_end"] = end_to_end(nodes, pythonpath)
     report["ok"] = not problems
 
     text = json.dumps(report, indent=2, default=str)

@@ -40,6 +40,12 @@ DEMO_JOBS: list[tuple[str, dict[str, object]]] = [
                          "tenant": "vision"}),
     ("infer.bench.r1.1", {"gpus": 1, "models": ["L40S"], "tenant": "infer", "partition": "burst"}),
     ("infer.bench.r2.1", {"gpus": 4, "models": ["L40S"], "tenant": "infer", "partition": "burst"}),
+    # Hard-isolated fractions: MIG instances of the A100 in MIG mode, partitions of the CPX MI300X.
+    ("infer.serve.r5.1", {"gpus": 0.4, "memory": "30GiB", "profile": "3g.40gb", "tenant": "infer"}),
+    ("infer.embed.r5.1", {"gpus": 0.1, "memory": "8GiB", "isolation": "hard", "vendor": "nvidia",
+                          "tenant": "infer", "partition": "burst"}),
+    ("infer.rerank.r5.1", {"gpus": 0.1, "memory": "16GiB", "profile": "CPX", "tenant": "infer"}),
+    ("infer.rerank.r6.1", {"gpus": 0.1, "memory": "16GiB", "profile": "CPX", "tenant": "infer"}),
 ]
 
 

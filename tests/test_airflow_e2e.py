@@ -4,8 +4,9 @@ executor on the default simulated fleet runs the three example DAGs.
 Checks: every task succeeds; each GPU task got correctly placed devices (4 GPUs in one NVLink
 island of one node; two half-GPU fine-tunes on one shared device; the dev smoke test on a dev
 node); no device is over-committed at any instant of the ledger's allocation history; the task
-logs show the CUDA_VISIBLE_DEVICES that the ledger recorded; every allocation is released at
-the end; SIGINT stops Airflow cleanly; the API server listens on 127.0.0.1 only.
+logs show the CUDA_VISIBLE_DEVICES that the ledger recorded; a hard-isolated fraction runs on a
+MIG instance and sees its MIG UUID; every allocation is released at the end; SIGINT stops
+Airflow cleanly; the API server listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -79,6 +80,31 @@ def e2e_gpu_never_fits():
 
 
 e2e_gpu_never_fits()
+"""
+ISOLATED_DAG = "e2e_gpu_isolated"
+ISOLATED_DAG_SOURCE = """
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+from airflow.sdk import dag, task
+
+from gpusched.airflow.authoring import gpu
+
+
+@dag(dag_id="e2e_gpu_isolated", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def e2e_gpu_isolated():
+    # A hard-isolated tenth of an NVIDIA GPU: a MIG instance of its own, named by its MIG UUID.
+    @task(task_id="isolated", **gpu(gpus=0.1, memory="8GiB", isolation="hard", vendor="nvidia"))
+    def isolated() -> None:
+        print("isolated sees CUDA_VISIBLE_DEVICES=" + os.environ["CUDA_VISIBLE_DEVICES"])
+        print("isolated sees GPUSCHED_ISOLATION=" + os.environ["GPUSCHED_ISOLATION"])
+
+    isolated()
+
+
+e2e_gpu_isolated()
 """
 GPU_TASKS = {
     "example_multi_gpu_nvlink_training": ("train_resnet50",),
@@ -168,6 +194,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
         shutil.copy(REPO / "dags" / f"{dag_id}.py", dags)
     (dags / f"{WAIT_DAG}.py").write_text(WAIT_DAG_SOURCE)
     (dags / f"{NEVER_DAG}.py").write_text(NEVER_DAG_SOURCE)
+    (dags / f"{ISOLATED_DAG}.py").write_text(ISOLATED_DAG_SOURCE)
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
     env.update({
@@ -214,7 +241,7 @@ def _healthy(airflow: Airflow) -> bool:
 
 def _dags_loaded(airflow: Airflow) -> bool:
     found = {d["dag_id"] for d in airflow.api("GET", "/dags", params={"limit": 100})["dags"]}
-    return {*DAGS, WAIT_DAG, NEVER_DAG} <= found
+    return {*DAGS, WAIT_DAG, NEVER_DAG, ISOLATED_DAG} <= found
 
 
 def _log_text(airflow: Airflow, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
@@ -241,7 +268,7 @@ def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
     assert airflow.api("GET", "/importErrors")["total_entries"] == 0
 
     runs: dict[str, str] = {}
-    for dag_id in (*DAGS, WAIT_DAG):
+    for dag_id in (*DAGS, WAIT_DAG, ISOLATED_DAG):
         airflow.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
         run = airflow.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None})
         runs[dag_id] = run["dag_run_id"]
@@ -318,6 +345,17 @@ def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
         assert "gpusched: devices for" in text, f"{task_id}: listener did not log the devices"
         if alloc.shares[0].milli < MILLI:
             assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in text
+    # The hard-isolated fraction ran on a MIG instance of its own and saw its MIG UUID.
+    iso_ti = tis[(ISOLATED_DAG, "isolated")]
+    iso_key = ti_key(ISOLATED_DAG, "isolated", runs[ISOLATED_DAG], iso_ti["try_number"], iso_ti["map_index"])
+    (iso,) = [a for a in history if a.key == iso_key]
+    (iso_share,) = iso.shares
+    slice_ = snapshot.device(iso_share.uuid)
+    assert slice_.parent is not None and slice_.profile is not None and iso_share.uuid.startswith("MIG-")
+    assert snapshot.device(slice_.parent).mig_enabled and iso_share.milli == MILLI
+    iso_log = _log_text(airflow, ISOLATED_DAG, runs[ISOLATED_DAG], "isolated", iso_ti["try_number"])
+    assert f"isolated sees CUDA_VISIBLE_DEVICES={iso_share.uuid}" in iso_log, iso_log[-3000:]
+    assert "isolated sees GPUSCHED_ISOLATION=hard" in iso_log
     cpu_log = _log_text(airflow, "example_multi_gpu_nvlink_training",
                         runs["example_multi_gpu_nvlink_training"], "report",
                         tis[("example_multi_gpu_nvlink_training", "report")]["try_number"])

@@ -114,7 +114,8 @@ def test_bearer_token_and_ui_cookie_are_accepted(server: dict[str, Any]) -> None
     status, body = _get(server["base"] + "/gpusched/fleet", {"Authorization": f"Bearer {server['token']}"})
     assert status == 200
     fleet = json.loads(body)
-    assert fleet["simulated"] is True and fleet["summary"]["devices"] == 48
+    # one tile per physical device: a GPU in MIG mode or a CPX card counts once
+    assert fleet["simulated"] is True and fleet["summary"]["devices"] == 51
     assert fleet["summary"]["states"]["allocated"] > 0
     status, body = _get(server["base"] + "/gpusched/queue", {"Cookie": f"_token={server['token']}"})
     assert status == 200 and all(entry["reason"] for entry in json.loads(body))

@@ -53,6 +53,9 @@ class Gpu:
     power_w: int = 150
     used: int = 0
     uncorrectable: int = 0
+    compute_partition: str = "SPX"
+    memory_partition: str = "NPS1"
+    vram: int = VRAM
 
 
 @dataclass
@@ -94,7 +97,7 @@ def fake_functions(smi: Any, box: AmdBox) -> dict[str, Callable[..., Any]]:
         assert mem_type == smi.AmdSmiMemoryType.VRAM
         if box.memory_total_broken:
             raise fail(smi.amdsmi_wrapper.AMDSMI_STATUS_NOT_SUPPORTED)
-        return VRAM
+        return gpu(handle).vram
 
     def temp(handle: object, sensor: Any, metric: Any) -> int:
         assert metric == smi.AmdSmiTemperatureMetric.CURRENT
@@ -124,6 +127,9 @@ def fake_functions(smi: Any, box: AmdBox) -> dict[str, Callable[..., Any]]:
         "amdsmi_get_power_info": lambda h: {
             "current_socket_power": gpu(h).power_w, "average_socket_power": "N/A", "power_limit": 750,
         },
+        # Both return the mode as a string ("SPX" … "CPX", "NPS1" / "NPS4"), as the real ones do.
+        "amdsmi_get_gpu_compute_partition": lambda h: gpu(h).compute_partition,
+        "amdsmi_get_gpu_memory_partition": lambda h: gpu(h).memory_partition,
         "amdsmi_get_gpu_total_ecc_count": lambda h: {"correctable_count": 5,
                                                      "uncorrectable_count": gpu(h).uncorrectable,
                                                      "deferred_count": 0},
@@ -231,3 +237,60 @@ def test_missing_rocm_library_is_unavailable_and_quiet(capsys: pytest.CaptureFix
                                              ("AMD Instinct MI325X", "AMD Instinct MI325X"), ("T4", "T4")])
 def test_market_names_map_to_catalog(name: str, model: str) -> None:
     assert amd_catalog_model_name(name) == model
+
+
+# ---- compute / memory partitions ----------------------------------------------------------------
+
+
+def mi300x_cpx() -> AmdBox:
+    """One MI300X in CPX + NPS4: AMD SMI lists 8 logical devices, PCI functions .0–.7 of one card,
+    each with 1/8 of the VRAM; plus one MI300X in SPX (whole)."""
+    part = VRAM // 8
+    gpus = [Gpu(f"c0ff74a1-0000-1000-80a2-d1b2c3e4f5{k:02d}", f"0000:0c:00.{k}", 0, vram=part,
+                compute_partition="CPX", memory_partition="NPS4") for k in range(8)]
+    gpus.append(Gpu("d1ff74a1-0000-1000-80a2-d1b2c3e4f599", "0000:22:00.0", 1))
+    return AmdBox(gpus=gpus)
+
+
+def test_partition_fakes_match_the_real_signatures(real_amdsmi: ModuleType,
+                                                   install: Callable[[AmdBox], ModuleType]) -> None:
+    import inspect
+
+    names = ("amdsmi_get_gpu_compute_partition", "amdsmi_get_gpu_memory_partition")
+    real = {name: inspect.signature(getattr(real_amdsmi, name)) for name in names}
+    smi = install(mi300x_cpx())
+    assert {name: inspect.signature(getattr(smi, name)) for name in names} == real
+    with pytest.raises(TypeError):
+        smi.amdsmi_get_gpu_compute_partition()
+
+
+def test_cpx_partitions_are_isolated_slices_of_their_card(install: Callable[[AmdBox], ModuleType]) -> None:
+    box = mi300x_cpx()
+    install(box)
+    backend = AmdBackend(host=HOST)
+    (node,) = backend.discover()
+    parts, whole = node.devices[:8], node.devices[8]
+    assert [d.index for d in parts] == list(range(8))
+    assert {d.parent for d in parts} == {"mi-1/0000:0c:00"}
+    assert {(d.profile, d.compute_milli, d.memory_bytes) for d in parts} == {("CPX", 125, VRAM // 8)}
+    assert whole.parent is None and whole.profile is None and whole.compute_milli == 1000
+    assert backend.partition_modes == {"mi-1/0000:0c:00": ("CPX", "NPS4"), "mi-1/0000:22:00": ("SPX", "NPS1")}
+
+
+def test_hard_fraction_lands_on_a_cpx_partition(install: Callable[[AmdBox], ModuleType]) -> None:
+    from gpusched.envexport import devices_env
+    from gpusched.model import FleetSnapshot
+    from gpusched.placement import PendingTask, Policy, place
+    from gpusched.request import GPURequest
+
+    install(mi300x_cpx())
+    snapshot = FleetSnapshot(tuple(AmdBackend(host=HOST).discover()))
+    hard = GPURequest.build(gpus=0.1, memory="16GiB", profile="CPX")
+    soft = GPURequest.build(gpus=0.1, memory="16GiB", isolation="soft")
+    plan = place([PendingTask("h", hard, 0.0), PendingTask("s", soft, 0.0)], snapshot, Policy(), now=0.0)
+    (h,) = plan.assignment("h").shares  # type: ignore[union-attr]
+    (s,) = plan.assignment("s").shares  # type: ignore[union-attr]
+    assert snapshot.device(h.uuid).profile == "CPX" and h.milli == 1000
+    assert snapshot.device(s.uuid).parent is None and s.milli == 100
+    env = devices_env([h], snapshot)
+    assert env["HIP_VISIBLE_DEVICES"] == str(h.index) and env["GPUSCHED_ISOLATION"] == "hard"

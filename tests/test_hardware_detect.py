@@ -29,6 +29,7 @@ def _no_backend_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def _no_real_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make sure 'auto' sees no device even on a GPU host (the fallback is what is tested)."""
     import gpusched.hardware.amd as amd
+    import gpusched.hardware.ascend as ascend
     import gpusched.hardware.nvidia as nvidia
 
     def absent(*args: Any, **kwargs: Any) -> Any:
@@ -36,6 +37,7 @@ def _no_real_devices(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(nvidia, "NvidiaBackend", absent)
     monkeypatch.setattr(amd, "AmdBackend", absent)
+    monkeypatch.setattr(ascend, "AscendBackend", absent)
 
 
 def test_auto_falls_back_to_simulated_and_says_so(monkeypatch: pytest.MonkeyPatch,
@@ -49,7 +51,7 @@ def test_auto_falls_back_to_simulated_and_says_so(monkeypatch: pytest.MonkeyPatc
     (record,) = caplog.records
     assert record.levelno == logging.WARNING
     assert "simulated fleet (include/fleets/default.yaml)" in record.getMessage()
-    assert "no NVIDIA or AMD device found" in record.getMessage()
+    assert "no NVIDIA, AMD or Ascend device found" in record.getMessage()
 
 
 def test_auto_prefers_real_devices(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,7 +72,7 @@ def test_env_selects_simulated_and_fleet(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_unknown_kind_names_the_accepted_values() -> None:
-    with pytest.raises(ConfigurationError, match="auto, nvidia, amd, simulated"):
+    with pytest.raises(ConfigurationError, match="auto, nvidia, amd, ascend, simulated"):
         detect.detect_backend("cuda")
 
 

@@ -3,6 +3,7 @@ the REAL pynvml function (so a wrong name or arity fails), modelling real 8-GPU 
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from gpusched.hardware.topology import HostInfo
 from gpusched.model import Health
 
 SOURCE = Path(__file__).resolve().parents[1] / "gpusched" / "hardware" / "nvidia.py"
+MIG_SOURCE = SOURCE.with_name("nvidia_mig.py")
 HOST = HostInfo(name="dgx-1", rack="r9", labels=(("pool", "training"),), cpu_milli=224_000,
                 memory_bytes=2 * 2**40)
 GIB = 2**30
@@ -37,6 +39,44 @@ def nvml_error(code: int) -> pynvml.NVMLError:
 @dataclass
 class Handle:
     index: int
+
+
+@dataclass(frozen=True)
+class MigHandle:
+    """A MIG device handle: MIG slot ``slot`` of GPU ``parent``."""
+
+    parent: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class GpuInstanceHandle:
+    parent: int
+    gi: int
+
+
+@dataclass(frozen=True)
+class MigSlot:
+    """One populated MIG slot: its uuid, GPU-instance id and profile id, and its attributes."""
+
+    uuid: str
+    gi: int
+    profile_id: int
+    gpu_slices: int
+    compute_slices: int
+    memory_mib: int
+    sms: int
+
+
+# A100-SXM4-80GB GPU-instance profiles as NVML reports them: constant -> (id, slices, MiB, SMs).
+A100_PROFILES = {
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE: (0, 1, 9728, 14),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2: (9, 1, 19968, 14),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE: (1, 2, 19968, 28),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE: (2, 3, 40192, 42),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE: (3, 4, 40192, 56),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE: (4, 7, 80896, 98),
+}
 
 
 @dataclass
@@ -57,12 +97,15 @@ class FakeBox:
     xid_events: list[tuple[int, int]] = field(default_factory=list)
     init_error: int | None = None
     no_numa_api: bool = False
+    mig_slots: dict[int, dict[int, MigSlot]] = field(default_factory=dict)
+    mig_listing_error: int | None = None
 
     def __post_init__(self) -> None:
         count = len(self.buses)
         self.uuids = self.uuids or [f"GPU-{i:08x}-1111-2222-3333-44445555666{i}" for i in range(count)]
 
     def check(self, handle: Handle) -> int:
+        assert isinstance(handle, Handle), f"a GPU handle was expected, got {handle!r}"
         if handle.index in self.lost:
             raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
         return handle.index
@@ -107,17 +150,76 @@ class FakeBox:
             assert counter == pynvml.NVML_VOLATILE_ECC
             return self.ecc.get(self.check(h), 0)
 
+        def max_mig(h: Handle) -> int:
+            if self.mig_listing_error is not None:
+                raise nvml_error(self.mig_listing_error)
+            return 7 if self.check(h) in self.mig else 0
+
+        def mig_handle(h: Handle, slot: int) -> MigHandle:
+            i = self.check(h)
+            if i not in self.mig:
+                raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            if slot not in self.mig_slots.get(i, {}):
+                raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+            return MigHandle(i, slot)
+
+        def mig_slot(h: MigHandle) -> MigSlot:
+            assert isinstance(h, MigHandle), f"a MIG device handle was expected, got {h!r}"
+            return self.mig_slots[h.parent][h.slot]
+
+        def attributes(h: Handle | MigHandle) -> Any:
+            if not isinstance(h, MigHandle):  # NVML: only MIG device handles are supported
+                raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            m = mig_slot(h)
+            return SimpleNamespace(multiprocessorCount=m.sms, gpuInstanceSliceCount=m.gpu_slices,
+                                   computeInstanceSliceCount=m.compute_slices, memorySizeMB=m.memory_mib,
+                                   sharedCopyEngineCount=1, sharedDecoderCount=0, sharedEncoderCount=0,
+                                   sharedJpegCount=0, sharedOfaCount=0)
+
+        def profile_info(h: Handle, profile: int, version: int = 2) -> Any:
+            self.check(h)
+            if profile not in A100_PROFILES:
+                raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            pid, slices, mib, sms = A100_PROFILES[profile]
+            return SimpleNamespace(id=pid, sliceCount=slices, memorySizeMB=mib, multiprocessorCount=sms,
+                                   instanceCount=7 // slices)
+
+        def gi_by_id(h: Handle, gi: int) -> GpuInstanceHandle:
+            i = self.check(h)
+            if not any(m.gi == gi for m in self.mig_slots.get(i, {}).values()):
+                raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+            return GpuInstanceHandle(i, gi)
+
+        def gi_info(g: GpuInstanceHandle) -> Any:
+            slot = next(m for m in self.mig_slots[g.parent].values() if m.gi == g.gi)
+            return SimpleNamespace(id=g.gi, profileId=slot.profile_id)
+
+        def uuid(h: Handle | MigHandle) -> str:
+            return mig_slot(h).uuid if isinstance(h, MigHandle) else self.uuids[h.index]
+
+        def memory(h: Handle | MigHandle, version: int | None = None) -> Any:
+            if isinstance(h, MigHandle):
+                total = mig_slot(h).memory_mib * 2**20
+                return SimpleNamespace(total=total, used=0, free=total)
+            return SimpleNamespace(total=self.memory, used=(self.check(h) + 1) * GIB, free=self.memory - GIB)
+
         return {
+            "nvmlDeviceGetMaxMigDeviceCount": max_mig,
+            "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
+            "nvmlDeviceGetAttributes": attributes,
+            "nvmlDeviceGetGpuInstanceProfileInfo": profile_info,
+            "nvmlDeviceGetGpuInstanceId": lambda h: mig_slot(h).gi,
+            "nvmlDeviceGetGpuInstanceById": gi_by_id,
+            "nvmlGpuInstanceGetInfo": gi_info,
             "nvmlInit": init,
             "nvmlShutdown": lambda: None,
             "nvmlDeviceGetCount": lambda: len(self.buses),
             "nvmlSystemGetDriverVersion": lambda: "550.90.07",
             "nvmlDeviceGetHandleByIndex": lambda i: Handle(i),
-            "nvmlDeviceGetUUID": lambda h: self.uuids[h.index],
+            "nvmlDeviceGetUUID": uuid,
             "nvmlDeviceGetName": lambda h: self.name,
             "nvmlDeviceGetCudaComputeCapability": lambda h: self.capability,
-            "nvmlDeviceGetMemoryInfo": lambda h, version=None: SimpleNamespace(
-                total=self.memory, used=(self.check(h) + 1) * GIB, free=self.memory - GIB),
+            "nvmlDeviceGetMemoryInfo": memory,
             "nvmlDeviceGetMigMode": lambda h: [int(h.index in self.mig), int(h.index in self.mig)],
             "nvmlDeviceGetTotalEccErrors": ecc,
             "nvmlDeviceGetPciInfo": lambda h: SimpleNamespace(busId=self.buses[self.check(h)].encode()),
@@ -169,7 +271,7 @@ def patch_nvml() -> Iterator[Callable[[FakeBox], None]]:
 
 
 def test_every_nvml_function_used_exists_in_real_pynvml_and_is_faked() -> None:
-    used = set(re.findall(r"nvml\.(nvml\w+)", SOURCE.read_text()))
+    used = set(re.findall(r"nvml\.(nvml\w+)", SOURCE.read_text() + MIG_SOURCE.read_text()))
     assert used, "the backend calls no NVML function?"
     assert [name for name in used if not hasattr(pynvml, name)] == []
     functions = {name for name in used if callable(getattr(pynvml, name))}
@@ -311,3 +413,77 @@ def test_real_nvml_absent_on_this_host_is_unavailable() -> None:
 )
 def test_nvml_names_map_to_catalog(nvml_name: str, model: str) -> None:
     assert catalog_model_name(nvml_name) == model
+
+
+# ---- MIG -----------------------------------------------------------------------------------------
+
+
+def mig_a100_box() -> FakeBox:
+    """Eight A100-SXM4-80GB; GPU 0 in MIG mode with 3g.40gb + 2g.20gb + 1g.10gb + 1g.10gb in MIG
+    slots 0, 1, 2 and 4 (slot 3 empty); the others whole."""
+    box = two_island_a100()
+    box.mig = {0}
+    box.mig_slots = {0: {
+        0: MigSlot("MIG-4d5d8a1e-0000-5000-8000-000000000001", 1, 2, 3, 3, 40192, 42),
+        1: MigSlot("MIG-4d5d8a1e-0000-5000-8000-000000000002", 2, 1, 2, 2, 19968, 28),
+        2: MigSlot("MIG-4d5d8a1e-0000-5000-8000-000000000003", 9, 0, 1, 1, 9728, 14),
+        4: MigSlot("MIG-4d5d8a1e-0000-5000-8000-000000000004", 10, 0, 1, 1, 9728, 14),
+    }}
+    return box
+
+
+def test_mig_fake_functions_are_autospecs_of_the_real_ones(patch_nvml: Callable[[FakeBox], None]) -> None:
+    names = ("nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceProfileInfo",
+             "nvmlDeviceGetMaxMigDeviceCount", "nvmlGpuInstanceGetInfo", "nvmlDeviceGetAttributes",
+             "nvmlDeviceGetGpuInstanceById", "nvmlDeviceGetGpuInstanceId")
+    real = {name: inspect.signature(getattr(pynvml, name)) for name in names}
+    patch_nvml(mig_a100_box())
+    assert {name: inspect.signature(getattr(pynvml, name)) for name in names} == real
+    with pytest.raises(TypeError):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(Handle(0))  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        pynvml.nvmlDeviceGetGpuInstanceProfileInfo()  # type: ignore[call-arg]
+
+
+def test_mig_instances_are_discovered_as_isolated_slices(patch_nvml: Callable[[FakeBox], None]) -> None:
+    box = mig_a100_box()
+    patch_nvml(box)
+    (node,) = NvidiaBackend(host=HOST).discover()
+    by_uuid = {d.uuid: d for d in node.devices}
+    gpu0 = by_uuid[box.uuids[0]]
+    assert gpu0.mig_enabled and not gpu0.takes_work and gpu0.parent is None
+    slices = [d for d in node.devices if d.parent == gpu0.uuid]
+    assert [s.uuid for s in slices] == [m.uuid for _, m in sorted(box.mig_slots[0].items())]
+    assert [s.profile for s in slices] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert [s.compute_milli for s in slices] == [42 * 1000 // 98, 28 * 1000 // 98, 142, 142]
+    assert [s.memory_bytes for s in slices] == [40192 * 2**20, 19968 * 2**20, 9728 * 2**20, 9728 * 2**20]
+    assert all(s.island is None and s.peers == () and s.index == 0 and s.model == "A100-SXM-80GB"
+               for s in slices)
+    assert not any(d.parent for d in node.devices if d.uuid in box.uuids)
+    assert len(node.devices) == 8 + 4
+
+
+def test_mig_listing_failure_leaves_the_gpu_without_instances(patch_nvml: Callable[[FakeBox], None]) -> None:
+    box = mig_a100_box()
+    box.mig_listing_error = pynvml.NVML_ERROR_NO_PERMISSION
+    patch_nvml(box)
+    (node,) = NvidiaBackend(host=HOST).discover()
+    assert [d.uuid for d in node.devices if d.parent] == []
+    assert node.devices[0].mig_enabled  # still takes no work: no instance to run on
+
+
+def test_hard_fraction_lands_on_a_discovered_mig_instance(patch_nvml: Callable[[FakeBox], None]) -> None:
+    from gpusched.envexport import devices_env
+    from gpusched.model import FleetSnapshot
+    from gpusched.placement import PendingTask, Policy, place
+    from gpusched.request import GPURequest
+
+    box = mig_a100_box()
+    patch_nvml(box)
+    snapshot = FleetSnapshot(tuple(NvidiaBackend(host=HOST).discover()))
+    request = GPURequest.build(gpus=0.1, memory="8GiB", isolation="hard")
+    plan = place([PendingTask("t", request, 0.0)], snapshot, Policy(), now=0.0)
+    (share,) = plan.assignments[0].shares
+    assert share.uuid == box.mig_slots[0][2].uuid  # the smallest free instance that holds it
+    env = devices_env([share], snapshot)
+    assert env["CUDA_VISIBLE_DEVICES"] == share.uuid and env["GPUSCHED_ISOLATION"] == "hard"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpusched.model import MILLI, Health
@@ -108,37 +109,30 @@ def fleet_view(
             latest[sample.uuid] = sample
     counts = dict.fromkeys(DEVICE_STATES, 0)
     racks: dict[str, list[dict[str, Any]]] = {}
+    used_milli = 0
     for node in snapshot.nodes:
         islands: dict[str, list[dict[str, Any]]] = {}
-        for device in sorted(node.devices, key=lambda d: d.index):
-            used = snapshot.used(device.uuid)
-            state = device_state(device, node, used.used_milli)
-            counts[state] += 1
-            entry: dict[str, Any] = {
-                "uuid": device.uuid,
-                "index": device.index,
-                "model": device.model,
-                "vendor": device.vendor.value,
-                "architecture": device.architecture,
-                "memory_gib": _gib(device.memory_bytes),
-                "used_milli": used.used_milli,
-                "used_memory_gib": _gib(used.used_memory_bytes),
-                "state": state,
-                "health": device.health.value,
-                "degraded": device.health is Health.DEGRADED,
-                "numa_node": device.numa_node,
-                "link": device.link.value,
-                "holders": holders.get(device.uuid, []),
-            }
-            newest = latest.get(device.uuid)
-            if newest is not None:
-                entry["telemetry"] = {
-                    "taken_at": newest.taken_at,
-                    "utilization_pct": newest.utilization_pct,
-                    "temperature_c": round(newest.temperature_mc / 1000, 1),
-                    "power_w": round(newest.power_mw / 1000, 1),
-                    "memory_used_gib": _gib(newest.memory_used_bytes),
-                }
+        slices_of: dict[str, list[Device]] = {}
+        for device in node.devices:
+            if device.parent is not None:
+                slices_of.setdefault(device.parent, []).append(device)
+        cards = [_card(parent, parts) for parent, parts in slices_of.items()
+                 if not snapshot.has_device(parent)]
+        for device in sorted([*(d for d in node.devices if d.parent is None), *cards], key=lambda d: d.index):
+            slices = slices_of.get(device.uuid, [])
+            entry = _device_entry(snapshot, node, device, holders, latest)
+            if slices:  # a MIG GPU or a partitioned AMD card: its slices are drawn inside its tile
+                entry["slices"] = [_device_entry(snapshot, node, s, holders, latest, parent=device)
+                                   for s in sorted(slices, key=lambda d: (d.index, d.uuid))]
+                entry["partitioned"] = "MIG" if device.mig_enabled else str(slices[0].profile)
+                taken = [e for e in entry["slices"] if e["used_milli"]]
+                physical = sum(e["used_milli"] * e["compute_milli"] // MILLI for e in entry["slices"])
+                entry["used_milli"] = physical
+                if entry["state"] in ("free", "shared", "allocated"):
+                    full = len(taken) == len(entry["slices"])
+                    entry["state"] = "allocated" if full else "shared" if taken else "free"
+            counts[entry["state"]] += 1
+            used_milli += entry["used_milli"]
             islands.setdefault(device.island or "pcie", []).append(entry)
         racks.setdefault(node.rack, []).append({
             "name": node.name,
@@ -148,8 +142,7 @@ def fleet_view(
             "cordoned": node.cordoned,
             "islands": [{"id": k, "devices": v} for k, v in islands.items()],
         })
-    total = snapshot.total_devices()
-    used_milli = sum(u.used_milli for u in snapshot.usage.values())
+    total = sum(counts.values())
     in_service = counts["allocated"] + counts["shared"] + counts["free"]
     return {
         "source": snapshot.source,
@@ -166,6 +159,58 @@ def fleet_view(
         },
         "racks": [{"name": name, "nodes": nodes} for name, nodes in sorted(racks.items())],
     }
+
+
+def _card(card_id: str, parts: Sequence[Device]) -> Device:
+    """A tile for a partitioned AMD card, which has no device of its own (its partitions do)."""
+    first = min(parts, key=lambda d: d.index)
+    order = (Health.HEALTHY, Health.DEGRADED, Health.UNHEALTHY)
+    worst = max((d.health for d in parts), key=order.index)
+    return replace(first, uuid=card_id, memory_bytes=sum(d.memory_bytes for d in parts), health=worst,
+                   parent=None, profile=None, compute_milli=MILLI)
+
+
+def _device_entry(
+    snapshot: FleetSnapshot,
+    node: Node,
+    device: Device,
+    holders: dict[str, list[dict[str, Any]]],
+    latest: dict[str, DeviceSample],
+    parent: Device | None = None,
+) -> dict[str, Any]:
+    """One tile (or slice) of the fleet picture."""
+    used = snapshot.used(device.uuid)
+    state = device_state(device, node, used.used_milli)
+    if parent is not None and state in ("free", "shared", "allocated"):
+        state = device_state(parent, node, used.used_milli)  # a slice shares its GPU's faults
+    entry: dict[str, Any] = {
+        "uuid": device.uuid,
+        "index": device.index,
+        "model": device.model,
+        "vendor": device.vendor.value,
+        "architecture": device.architecture,
+        "memory_gib": _gib(device.memory_bytes),
+        "used_milli": used.used_milli,
+        "used_memory_gib": _gib(used.used_memory_bytes),
+        "state": state,
+        "health": device.health.value,
+        "degraded": device.health is Health.DEGRADED,
+        "numa_node": device.numa_node,
+        "link": device.link.value,
+        "holders": holders.get(device.uuid, []),
+        "profile": device.profile,
+        "compute_milli": device.compute_milli,
+    }
+    newest = latest.get(device.uuid)
+    if newest is not None:
+        entry["telemetry"] = {
+            "taken_at": newest.taken_at,
+            "utilization_pct": newest.utilization_pct,
+            "temperature_c": round(newest.temperature_mc / 1000, 1),
+            "power_w": round(newest.power_mw / 1000, 1),
+            "memory_used_gib": _gib(newest.memory_used_bytes),
+        }
+    return entry
 
 
 def allocations_view(allocations: Sequence[Allocation], now: float) -> list[dict[str, Any]]:

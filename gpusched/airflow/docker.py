@@ -29,7 +29,12 @@ from typing import Any
 from airflow.providers.docker.decorators.docker import _DockerDecoratedOperator
 from airflow.providers.docker.operators.docker import DockerOperator
 
-from gpusched.airflow.docker_devices import GpuContainerSpec, container_gpu_spec, shares_from_allocation
+from gpusched.airflow.docker_devices import (
+    GpuContainerSpec,
+    container_gpu_spec,
+    profiles_from_allocation,
+    shares_from_allocation,
+)
 from gpusched.envexport import allocation_from_env
 from gpusched.errors import ConfigurationError
 
@@ -122,6 +127,7 @@ class GPUDockerOperator(DockerOperator):
         return container_gpu_spec(
             shares, vendor, key=str(key) if key else None, models=models,
             dev_root=self.dev_root, render_nodes=self.render_nodes,
+            profiles=profiles_from_allocation(record),
         )
 
     def execute(self, context: Any) -> Any:

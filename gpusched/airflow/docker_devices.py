@@ -8,10 +8,14 @@ Per vendor:
 
 * NVIDIA — no device nodes; a device request ``device_ids=[uuids], capabilities=[["gpu"]]``
   that the NVIDIA container runtime resolves (it also mounts the driver libraries).
-  ``CUDA_VISIBLE_DEVICES`` lists UUIDs, which stay valid inside the container.
+  ``CUDA_VISIBLE_DEVICES`` lists UUIDs, which stay valid inside the container. A MIG instance is
+  requested by its ``MIG-…`` UUID (the runtime exposes just that instance: hard isolation) and
+  needs neither MPS nor the host IPC namespace.
 * AMD — ``/dev/kfd`` plus each device's DRM render node (``/dev/dri/renderD<128+index>`` unless
   ``render_nodes`` names it). ROCm numbers the devices it sees from 0, so inside the container
-  ``HIP_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES`` are the container ordinals ``0..n-1``.
+  ``HIP_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES`` are the container ordinals ``0..n-1``. An
+  AMD compute partition (CPX …) is a logical device with its own index and render node, so it
+  maps like a whole device and the container sees only that partition.
 * Ascend — ``/dev/davinci<index>`` per device plus ``/dev/davinci_manager``, ``/dev/devmm_svm``
   and ``/dev/hisi_hdc``; ``ASCEND_RT_VISIBLE_DEVICES`` = container ordinals.
 
@@ -37,6 +41,7 @@ __all__ = [
     "DEV_ROOT_VAR",
     "GpuContainerSpec",
     "container_gpu_spec",
+    "profiles_from_allocation",
     "shares_from_allocation",
 ]
 
@@ -87,6 +92,7 @@ def container_gpu_spec(
     dev_root: str | None = None,
     render_nodes: Mapping[str, str] | None = None,
     mps_pipe_dir: str = "/tmp/nvidia-mps",
+    profiles: Mapping[str, str | None] | None = None,
 ) -> GpuContainerSpec:
     """The container spec for ``shares`` (all on one host, one vendor).
 
@@ -100,6 +106,7 @@ def container_gpu_spec(
         render_nodes: AMD uuid → host render node path (e.g. from AMD SMI's DRM render minor),
             overriding the ``renderD<128+index>`` convention.
         mps_pipe_dir: host folder of the NVIDIA MPS control pipe (bound for fractional shares).
+        profiles: uuid → slice profile (MIG instance / AMD partition) from the allocation record.
 
     Raises:
         ConfigurationError: no shares, shares on several hosts, or an unknown vendor.
@@ -120,7 +127,7 @@ def container_gpu_spec(
         ) from None
     ordered = sorted(shares, key=lambda s: s.index)
     root = dev_root or os.environ.get(DEV_ROOT_VAR) or "/dev"
-    env = devices_env(ordered, vendor=the_vendor, models=models, key=key, use_uuids=True)
+    env = devices_env(ordered, vendor=the_vendor, models=models, key=key, use_uuids=True, profiles=profiles)
     devices: list[str] = []
     gpu_ids: tuple[str, ...] = ()
     ipc_host = False
@@ -188,6 +195,15 @@ def shares_from_allocation(
     models = allocation.get("models") or []
     named = {str(u): str(m) for u, m in zip(uuids, models, strict=False)}
     return shares, vendor, named
+
+
+def profiles_from_allocation(allocation: Mapping[str, Any]) -> dict[str, str | None]:
+    """uuid → slice profile (or None) from a decoded ``GPUSCHED_ALLOCATION`` (empty when absent)."""
+    uuids = allocation.get("uuids") or []
+    profiles = allocation.get("profiles") or []
+    if not isinstance(uuids, list) or not isinstance(profiles, list):
+        return {}
+    return {str(u): (str(p) if p else None) for u, p in zip(uuids, profiles, strict=False)}
 
 
 def _map(root: str, relative: str) -> str:

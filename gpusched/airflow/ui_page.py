@@ -2,7 +2,8 @@
 """The "GPU fleet" page: one self-contained HTML document (no external assets, works offline).
 
 It draws the fleet as a picture — racks → nodes → link islands → device tiles coloured by state
-(allocated / shared / free / faulty / cordoned / standby, degraded outlined) — with the queue
+(allocated / shared / free / faulty / cordoned / standby, degraded outlined; MIG instances and AMD
+partitions as segments inside their device's tile) — with the queue
 (and why each task waits), active allocations, partitions, tenant budgets and the demand forecast
 below, refreshed every few seconds. Its ``fetch`` calls go to the sibling JSON routes on the
 same origin with the browser's Airflow session cookie (``credentials: "same-origin"``).
@@ -57,6 +58,10 @@ header { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; }
 .dev.cordoned { background: repeating-linear-gradient(45deg, #9ca3af 0 6px, #d1d5db 6px 12px); }
 .dev.standby { background: var(--standby); border-style: dashed; color: var(--muted); }
 .dev.degraded { outline: 3px solid #f59e0b; outline-offset: -3px; }
+.dev .slices { position: absolute; left: 2px; right: 2px; bottom: 2px; height: 9px; display: flex; gap: 1px; }
+.dev .slices .sl { height: 100%; border-radius: 2px; border: 1px solid #0004; min-width: 3px; }
+.sl.free { background: var(--free); } .sl.allocated, .sl.shared { background: #1e3a8a; }
+.sl.faulty { background: var(--faulty); } .sl.cordoned, .sl.standby { background: #9ca3af; }
 table { border-collapse: collapse; width: 100%; max-width: 1300px; }
 th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid var(--line); vertical-align: top; }
 th { background: #f8fafc; font-weight: 600; }
@@ -122,11 +127,20 @@ function tile(d) {
     `used: ${d.used_milli / 1000} GPU, ${d.used_memory_gib} GiB`,
     who ? `held by:\n  ${who}` : "",
     t ? `util ${t.utilization_pct}%  ${t.temperature_c} °C  ${t.power_w} W` : ""].filter(Boolean).join("\n");
-  const line2 = d.state === "shared" ? `${fill}% used` : d.state === "allocated" ? `${d.used_memory_gib}G` :
+  const line2 = d.slices ? d.partitioned : d.state === "shared" ? `${fill}% used` : d.state === "allocated" ? `${d.used_memory_gib}G` :
                 d.state === "free" ? `${d.memory_gib}G free` : d.state;
   return `<div class="dev ${d.state}${d.degraded ? " degraded" : ""}" style="--fill:${fill}%" title="${esc(tip)}">
     <div class="ix">#${d.index}</div><div>${esc(shortModel(d.model))}</div><div>${esc(line2)}</div>
-    ${t ? `<div class="bar" style="width:${t.utilization_pct}%"></div>` : ""}</div>`;
+    ${d.slices ? slices(d.slices) : t ? `<div class="bar" style="width:${t.utilization_pct}%"></div>` : ""}</div>`;
+}
+
+// MIG instances / AMD partitions inside their device's tile, as wide as their share of its compute.
+function slices(list) {
+  return `<div class="slices">` + list.map((s) => {
+    const who = s.holders.map((h) => `${h.key} (${h.tenant})`).join(", ");
+    const tip = `${s.profile} ${s.uuid}  ${s.memory_gib} GiB, ${s.compute_milli / 10}% of the compute: ${s.state}${who ? " — " + who : ""}`;
+    return `<i class="sl ${s.state}" style="flex:${s.compute_milli}" title="${esc(tip)}"></i>`;
+  }).join("") + `</div>`;
 }
 
 function drawFleet(f) {

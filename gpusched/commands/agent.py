@@ -94,9 +94,12 @@ def run(args: argparse.Namespace) -> int:
     backend = detect_backend(kind, fleet=args.fleet)
     ledger = Ledger(args.db_url)
     ledger.migrate()
+    from gpusched.hardware.mig_provider import mig_provider_from_spec
+
     agent = TelemetryAgent(backend, ledger, config=config, window_s=args.window,
                            stopper=None if args.no_stop else PidStopper(),
-                           scale_after_s=None if args.no_scale else args.scale_after)
+                           scale_after_s=None if args.no_scale else args.scale_after,
+                           mig_provider=mig_provider_from_spec())
     try:
         if args.once:
             result = agent.cycle()

@@ -1,6 +1,6 @@
 """``gpusched inventory``: the devices this host (or the simulated fleet) has, with their topology.
 
-    gpusched inventory [--fleet FILE] [--backend auto|nvidia|amd|simulated] [--json]
+    gpusched inventory [--fleet FILE] [--backend auto|nvidia|amd|ascend|simulated] [--json]
 
 The human view lists racks → nodes → devices with NUMA node, PCIe switch and link island, and its
 first line says where the inventory comes from ("simulated fleet (include/fleets/default.yaml)"
@@ -10,7 +10,7 @@ when no real device is used). ``--json`` prints one object::
      "nodes": [{"name", "rack", "labels", "standby", "cpu_milli", "memory_bytes",
                 "devices": [{"uuid", "index", "model", "vendor", "architecture", "memory_bytes",
                              "numa", "pcie_switch", "island", "link", "links", "health",
-                             "mig_enabled"}]}]}
+                             "mig_enabled", "parent", "profile", "compute_milli"}]}]}
 
 where ``links`` lists the uuids of the device's high-speed link peers.
 """
@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--fleet", help="fleet YAML for the simulated backend (implies --backend simulated "
                         "unless --backend says otherwise); default $GPUSCHED_FLEET or "
                         "gpusched/include/fleets/default.yaml")
-    parser.add_argument("--backend", choices=("auto", "nvidia", "amd", "simulated"), default=None,
+    parser.add_argument("--backend", choices=("auto", "nvidia", "amd", "ascend", "simulated"), default=None,
                         help="which backend to use (default $GPUSCHED_BACKEND or auto)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.set_defaults(func=run)
@@ -96,6 +96,9 @@ def inventory_dict(nodes: Sequence[Node], *, source: str, simulated: bool, backe
                         "links": list(d.peers),
                         "health": str(d.health),
                         "mig_enabled": d.mig_enabled,
+                        "parent": d.parent,
+                        "profile": d.profile,
+                        "compute_milli": d.compute_milli,
                     }
                     for d in node.devices
                 ],
@@ -127,7 +130,7 @@ def render_text(nodes: Sequence[Node], *, source: str, simulated: bool) -> str:
             for d in node.devices:
                 island = f"{d.island} ({d.link}, {len(d.peers)} peers)" if d.island else "-"
                 health = "" if str(d.health) == "healthy" else f"  [{d.health}]"
-                mig = "  MIG" if d.mig_enabled else ""
+                mig = "  MIG" if d.mig_enabled else f"  slice {d.profile} of {d.parent}" if d.parent else ""
                 lines.append(
                     f"    [{d.index}] {d.model:<16} {d.vendor!s:<6} {d.architecture:<10} "
                     f"{d.memory_bytes / GIB:>5.0f}GiB  numa={d.numa_node}  switch={d.pcie_switch or '-'}  "

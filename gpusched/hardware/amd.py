@@ -2,7 +2,12 @@
 
 Discovery reads the uuid, ASIC info (market name → catalog model, ``gfx…`` architecture), VRAM
 size, NUMA node (``amdsmi_topo_get_numa_node_number``), PCIe placement (sysfs) and the xGMI
-fabric (``amdsmi_topo_get_link_type`` between every pair). Sampling reads activity, VRAM in
+fabric (``amdsmi_topo_get_link_type`` between every pair), and the card's compute and memory
+partition modes (``amdsmi_get_gpu_compute_partition``: SPX/DPX/QPX/CPX,
+``amdsmi_get_gpu_memory_partition``: NPS1/NPS4). In a splitting mode (CPX: 8 logical devices per
+MI300X) AMD SMI lists each partition as its own processor; each becomes an isolated slice whose
+``parent`` is the physical card (``<host>/<PCI bus:device>``, the partitions differing only in the
+PCI function). Sampling reads activity, VRAM in
 use, temperature (hotspot, else edge), socket power and the uncorrectable ECC total.
 
 ``import amdsmi`` itself needs ``libamd_smi.so`` (it prints to stdout and fails without it), so
@@ -23,6 +28,7 @@ from typing import Any, TypeVar
 from gpusched.catalog import LinkKind, Vendor, default_catalog
 from gpusched.errors import BackendUnavailableError, HardwareError
 from gpusched.hardware.base import BackendFeature
+from gpusched.hardware.slices import amd_partition_of
 from gpusched.hardware.topology import (
     HostInfo,
     connected_groups,
@@ -67,7 +73,9 @@ class AmdBackend:
     """:class:`~gpusched.hardware.base.HardwareBackend` for the AMD GPUs of this host."""
 
     name = "amd"
-    features: frozenset[BackendFeature] = frozenset({"topology", "xgmi", "power", "ecc"})
+    features: frozenset[BackendFeature] = frozenset({"topology", "xgmi", "power", "ecc", "partitions"})
+    partition_modes: dict[str, tuple[str, str]]
+    """Physical card → (compute, memory) partition mode, e.g. ``("CPX", "NPS4")``, from discover()."""
 
     def __init__(self, *, host: HostInfo | None = None) -> None:
         smi = import_amdsmi()
@@ -90,6 +98,7 @@ class AmdBackend:
             self._shutdown()
             raise
         self.host = host or host_info()
+        self.partition_modes = {}
         self.description = f"AMD SMI on {self.host.name} ({len(self._handles)} device(s))"
 
     # ---- HardwareBackend ------------------------------------------------------------------------
@@ -113,6 +122,7 @@ class AmdBackend:
                 for h in self._handles]
         switches: dict[str, int] = {}
         devices = []
+        self.partition_modes: dict[str, tuple[str, str]] = {}
         for i, handle in enumerate(self._handles):
             with self._translate(f"reading {self._uuids[i]}"):
                 asic = smi.amdsmi_get_gpu_asic_info(handle)
@@ -121,9 +131,15 @@ class AmdBackend:
             switch_number = switches.setdefault(switch or f"device{i}", len(switches))
             island = island_of.get(i)
             peers = tuple(sorted({self._uuids[b if a == i else a] for a, b in pairs if i in (a, b)}))
-            devices.append(Device(
+            model_name = amd_catalog_model_name(str(asic.get("market_name", "AMD GPU")))
+            card = f"{self.host.name}/{bdfs[i].rsplit('.', 1)[0] if bdfs[i] else self._uuids[i]}"
+            compute_mode = str(self._optional(partial(smi.amdsmi_get_gpu_compute_partition, handle), ""))
+            memory_mode = str(self._optional(partial(smi.amdsmi_get_gpu_memory_partition, handle), ""))
+            compute_mode, memory_mode = compute_mode.upper(), memory_mode.upper()
+            self.partition_modes[card] = (compute_mode or "N/A", memory_mode or "N/A")
+            devices.append(amd_partition_of(Device(
                 uuid=self._uuids[i], index=i, node=self.host.name,
-                model=amd_catalog_model_name(str(asic.get("market_name", "AMD GPU"))),
+                model=model_name,
                 vendor=Vendor.AMD, architecture=str(asic.get("target_graphics_version", "unknown")),
                 memory_bytes=memory,
                 numa_node=int(self._optional(partial(smi.amdsmi_topo_get_numa_node_number, handle), -1)),
@@ -132,7 +148,7 @@ class AmdBackend:
                 link=LinkKind.XGMI if island is not None else LinkKind.PCIE,
                 peers=peers if island is not None else (),
                 health=self._health(handle),
-            ))
+            ), default_catalog().find(model_name), compute_mode, card))
         return [Node(
             name=self.host.name, rack=self.host.rack, devices=tuple(devices), labels=self.host.labels,
             cpu_milli=self.host.cpu_milli, memory_bytes=self.host.memory_bytes,

@@ -1,10 +1,11 @@
 """Choosing the hardware backend: real devices when the host has them, the simulated fleet otherwise.
 
-``detect_backend()`` reads ``GPUSCHED_BACKEND`` (``auto`` | ``nvidia`` | ``amd`` | ``simulated``,
-default ``auto``). In ``auto`` mode NVML is tried first, then AMD SMI; only when neither finds a
-device is the simulated fleet used (``GPUSCHED_FLEET``, default ``gpusched/include/fleets/default.yaml``),
+``detect_backend()`` reads ``GPUSCHED_BACKEND`` (``auto`` | ``nvidia`` | ``amd`` | ``ascend`` |
+``simulated``, default ``auto``). In ``auto`` mode NVML is tried first, then AMD SMI, then Ascend's
+``npu-smi``; only when none finds a device is the simulated fleet used (``GPUSCHED_FLEET``,
+default ``gpusched/include/fleets/default.yaml``),
 and then it says so: a logged warning, ``backend.name == "simulated"`` and a ``description``
-naming the fleet file. Asking for ``nvidia`` or ``amd`` explicitly never falls back.
+naming the fleet file. Asking for a vendor explicitly never falls back.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ __all__ = ["BACKEND_KINDS", "detect_backend", "fleet_path_from_env"]
 
 log = logging.getLogger(__name__)
 
-BACKEND_KINDS = ("auto", "nvidia", "amd", "simulated")
+BACKEND_KINDS = ("auto", "nvidia", "amd", "ascend", "simulated")
 """Values ``GPUSCHED_BACKEND`` and ``detect_backend(kind)`` accept."""
 
 
@@ -36,12 +37,12 @@ def detect_backend(kind: str | None = None, *, fleet: str | Path | None = None) 
     """The backend for this host (see the module docstring for the rules).
 
     Args:
-        kind: ``auto``, ``nvidia``, ``amd`` or ``simulated``; None reads ``GPUSCHED_BACKEND``.
+        kind: ``auto``, ``nvidia``, ``amd``, ``ascend`` or ``simulated``; None reads ``GPUSCHED_BACKEND``.
         fleet: the fleet file for the simulated backend (default :func:`fleet_path_from_env`).
 
     Raises:
         ConfigurationError: an unknown ``kind``.
-        BackendUnavailableError: ``nvidia`` or ``amd`` was asked for and is not there.
+        BackendUnavailableError: ``nvidia``, ``amd`` or ``ascend`` was asked for and is not there.
         FleetFileError: the simulated fleet file is invalid.
     """
     chosen = (kind or os.environ.get("GPUSCHED_BACKEND") or "auto").strip().lower()
@@ -58,15 +59,19 @@ def detect_backend(kind: str | None = None, *, fleet: str | Path | None = None) 
         from gpusched.hardware.amd import AmdBackend
 
         return AmdBackend()
+    if chosen == "ascend":
+        from gpusched.hardware.ascend import AscendBackend
+
+        return AscendBackend()
     if chosen == "simulated":
         return _simulated(fleet_path, "the simulated backend was asked for")
     reasons = []
-    for name in ("nvidia", "amd"):
+    for name in ("nvidia", "amd", "ascend"):
         try:
             return detect_backend(name)
         except BackendUnavailableError as exc:
             reasons.append(f"{name}: {exc}")
-    return _simulated(fleet_path, "no NVIDIA or AMD device found (" + "; ".join(reasons) + ")")
+    return _simulated(fleet_path, "no NVIDIA, AMD or Ascend device found (" + "; ".join(reasons) + ")")
 
 
 def _simulated(fleet_path: Path, why: str) -> HardwareBackend:

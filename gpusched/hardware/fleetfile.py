@@ -20,12 +20,18 @@ Format (see ``docs/hardware.md`` for the full reference)::
               islands: [[0, 1, 2, 3, 4, 5, 6, 7]]   # default: one island if the model has
                                                     # NVLink/NVSwitch/xGMI/HCCS, none for PCIe
               memory: 80GiB               # optional override of the catalog figure
+              mig: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]   # NVIDIA: MIG instances on each device
+              compute_partition: CPX      # AMD: SPX/DPX/QPX/CPX (CPX: 8 logical devices each)
+              memory_partition: NPS4      # AMD: NPS1/NPS4 (with compute_partition)
 
 Indices inside a group count from 0 within that group; devices are numbered across groups in
 file order. Bounds: at most 128 devices per node, 64 NUMA nodes, 1,000,000 cores, names of 1–253
 ASCII characters, labels of 63; the YAML must be UTF-8 and repeat no key (see
 ``docs/reliability.md``). UUIDs are deterministic: ``GPU-sim-<node>-<i>`` (NVIDIA), ``AMD-sim-<node>-<i>``,
-``NPU-sim-<node>-<i>`` (Ascend). Every problem raises :class:`~gpusched.errors.FleetFileError`
+``NPU-sim-<node>-<i>`` (Ascend); MIG instances ``MIG-GPU-sim-<node>-<i>-<k>``; an AMD card in a
+compute partition mode is ``AMD-sim-<node>-card<i>`` (``i``: its first logical device) and its
+logical devices (the devices the scheduler hands out, numbered on in file order)
+``AMD-sim-<node>-<i>``. Every problem raises :class:`~gpusched.errors.FleetFileError`
 naming the file, the node, the field and the fix.
 """
 
@@ -33,12 +39,20 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from gpusched.catalog import AcceleratorModel, Catalog, LinkKind, Vendor, default_catalog
 from gpusched.errors import FleetFileError, GPURequestError
 from gpusched.fields import MAX_DEVICES_PER_NODE, MAX_TEXT, FieldProblem, safe_repr, strict_yaml
+from gpusched.hardware.slices import (
+    amd_partitions,
+    layout_problem,
+    mig_slices,
+    partition_count,
+    profile_names,
+)
 from gpusched.model import Device, Node
 from gpusched.request import parse_size
 
@@ -50,7 +64,10 @@ UUID_PREFIX: Mapping[Vendor, str] = {Vendor.NVIDIA: "GPU", Vendor.AMD: "AMD", Ve
 _TOP_KEYS = frozenset({"name", "description", "racks"})
 _RACK_KEYS = frozenset({"name", "labels", "nodes"})
 _NODE_KEYS = frozenset({"name", "cpu", "memory", "numa_nodes", "labels", "standby", "devices"})
-_GROUP_KEYS = frozenset({"model", "count", "numa", "pcie_switches", "islands", "memory"})
+_GROUP_KEYS = frozenset({
+    "model", "count", "numa", "pcie_switches", "islands", "memory", "mig", "compute_partition",
+    "memory_partition",
+})
 
 
 class _Where:
@@ -151,8 +168,9 @@ def _parse_node(entry: object, rack: str, rack_labels: dict[str, str], position:
     switch_offset = 0
     island_offset = 0
     for group_number, group in enumerate(groups):
+        next_index = 1 + max((d.index for d in devices), default=-1)
         built, switches, islands = _parse_group(
-            group, f"devices[{group_number}]", name, numa_nodes, len(devices),
+            group, f"devices[{group_number}]", name, numa_nodes, next_index,
             switch_offset, island_offset, where, cat,
         )
         devices.extend(built)
@@ -211,7 +229,60 @@ def _parse_group(group: object, field: str, node: str, numa_nodes: int, first_in
             link = model.link
         devices.append(_device(model, uuids[i], first_index + i, node, memory, numa[i],
                                f"{node}/pcie{switch_offset + switch_of[i]}", island_id, link, peers))
-    return devices, len(switches), len(islands)
+    return _sliced(group, field, devices, model, memory, where), len(switches), len(islands)
+
+
+def _sliced(group: Mapping[str, Any], field: str, devices: list[Device], model: AcceleratorModel,
+            memory: int, where: _Where) -> list[Device]:
+    """The group's devices with MIG instances added (``mig``) or cut into AMD partitions."""
+    mig = group.get("mig")
+    compute = group.get("compute_partition")
+    nps = group.get("memory_partition")
+    if mig is None and compute is None and nps is None:
+        return devices
+    if mig is not None:
+        if compute is not None or nps is not None:
+            raise where.error(f"{field}.mig", "MIG and AMD partitions in one group",
+                              "use 'mig' for NVIDIA models, 'compute_partition' for AMD ones")
+        if "mig" not in model.partitioning:
+            raise where.error(f"{field}.mig", f"{model.name} has no MIG",
+                              "remove 'mig' or use a MIG-capable model (A100, H100, H200)")
+        if not isinstance(mig, list) or not mig or not all(isinstance(p, str) for p in mig):
+            raise where.error(f"{field}.mig", f"{safe_repr(mig)} is not a list of MIG profiles",
+                              f"write e.g. [3g.40gb, 3g.40gb] from: {profile_names(model)}")
+        problem = layout_problem(model, mig, memory)
+        if problem:
+            raise where.error(f"{field}.mig", problem, f"choose profiles from: {profile_names(model)}")
+        out: list[Device] = []
+        for device in devices:
+            parent = replace(device, mig_enabled=True)
+            out.append(parent)
+            out.extend(mig_slices(parent, model, mig))
+        return out
+    if "compute-partition" not in model.partitioning:
+        raise where.error(f"{field}.compute_partition", f"{model.name} has no compute partitions",
+                          "remove 'compute_partition'/'memory_partition' or use an MI300X")
+    if not isinstance(compute, str) or model.slice_profile(compute) is None:
+        raise where.error(f"{field}.compute_partition", f"{safe_repr(compute)} is not a partition mode",
+                          f"use one of: {profile_names(model)}")
+    if nps is not None and (not isinstance(nps, str) or nps.upper() not in model.memory_partitions):
+        raise where.error(f"{field}.memory_partition", f"{safe_repr(nps)} is not a memory partition mode",
+                          f"use one of: {', '.join(model.memory_partitions)}")
+    profile = model.slice_profile(compute)
+    assert profile is not None
+    per_card = partition_count(profile)
+    first = devices[0].index
+    if first + len(devices) * per_card > MAX_DEVICES_PER_NODE:
+        raise where.error(f"{field}.compute_partition", f"{len(devices)} × {per_card} logical devices "
+                          f"exceed {MAX_DEVICES_PER_NODE} per node", "use fewer cards or a coarser mode")
+    prefix = UUID_PREFIX[model.vendor]
+    out = []
+    for c, card in enumerate(devices):
+        start = first + c * per_card
+        uuids = [f"{prefix}-sim-{card.node}-{start + k}" for k in range(per_card)]
+        card_id = f"{prefix}-sim-{card.node}-card{start}"
+        out.extend(amd_partitions(card, profile, start, card_id, uuids))
+    return out
 
 
 def _device(model: AcceleratorModel, uuid: str, index: int, node: str, memory: int, numa: int,

@@ -7,6 +7,9 @@ direct NVLink peer, anything else is an NVSwitch shared by every GPU that reache
 ``pynvml.NVMLError`` is translated into :class:`~gpusched.errors.HardwareError` or, when the
 library, driver or devices are absent, :class:`~gpusched.errors.BackendUnavailableError`.
 
+MIG: a GPU in MIG mode takes no work itself; its MIG instances are listed after it as isolated
+slices (:mod:`gpusched.hardware.nvidia_mig`).
+
 Device models: the NVML name (``"NVIDIA H100 80GB HBM3"``) is looked up among catalog names and
 aliases; an unknown name is reported as given, with the architecture from the compute capability.
 """
@@ -132,7 +135,10 @@ class NvidiaBackend:
                 "link": link,
                 "peers": peers,
             }
-            devices.append(self._device(i, handle, topology))
+            device = self._device(i, handle, topology)
+            devices.append(device)
+            if device.mig_enabled:
+                devices.extend(self._mig_instances(handle, device))
         return [Node(
             name=self.host.name, rack=self.host.rack, devices=tuple(devices), labels=self.host.labels,
             cpu_milli=self.host.cpu_milli, memory_bytes=self.host.memory_bytes,
@@ -159,6 +165,16 @@ class NvidiaBackend:
             vendor=Vendor.NVIDIA, architecture=f"sm_{major}{minor}", memory_bytes=memory,
             health=health, mig_enabled=mig == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1), **topology,
         )
+
+    def _mig_instances(self, handle: Any, gpu: Device) -> list[Device]:
+        """The MIG instances of a MIG-enabled GPU (none when the driver cannot list them)."""
+        from gpusched.hardware.nvidia_mig import mig_instances
+
+        try:
+            return mig_instances(self._nvml, handle, gpu, default_catalog().find(gpu.model))
+        except self._nvml.NVMLError as exc:
+            log.warning("cannot list the MIG instances of %s (%s); it takes no work", gpu.uuid, exc)
+            return []
 
     def sample(self) -> list[DeviceSample]:
         """One reading per answering GPU; a GPU that is lost is skipped (and unhealthy in discover)."""

@@ -1,6 +1,6 @@
 """The simulated backend: a fleet file stands in for hardware, with persistent fault injection.
 
-Used when the host has no NVIDIA or AMD device, or on request (``GPUSCHED_BACKEND=simulated``);
+Used when the host has no NVIDIA, AMD or Ascend device, or on request (``GPUSCHED_BACKEND=simulated``);
 it always calls itself ``simulated`` and says which fleet file it shows, so nobody mistakes it
 for real hardware. Samples are plausible and repeatable: an idle device reads idle, a device
 with recorded load (:meth:`SimulatedBackend.set_load`) reads busy, and injected faults show in
@@ -70,6 +70,7 @@ class SimulatedBackend:
         self.store = FaultStore(state_folder or state_dir())
         self._scaling_file = (state_folder or state_dir()) / "scaling.json"
         self._allocated: dict[str, tuple[int, int]] = {}
+        self._mig_file = (state_folder or state_dir()) / "mig_layouts.json"
         self._clock = clock
         self.description = f"simulated fleet ({display_path(self.fleet_path)})"
 
@@ -83,15 +84,24 @@ class SimulatedBackend:
         """
         faults = self.store.faults()
         powered = self.powered_standby()
+        layouts = self._mig_layouts()
         nodes = []
         for node in self._nodes:
             if node.standby and node.name in powered:
                 node = replace(node, standby=False)
+            if layouts and any(d.uuid in layouts for d in node.devices):
+                node = replace(node, devices=_relayout(node.devices, layouts))
             if faults:
                 devices = tuple(self._with_health(d, faults.get(d.uuid, ())) for d in node.devices)
                 node = replace(node, devices=devices)
             nodes.append(node)
         return nodes
+
+    def _mig_layouts(self) -> dict[str, list[str]]:
+        """MIG layouts set by dynamic MIG (:class:`~gpusched.hardware.mig_provider.LocalMigProvider`)."""
+        from gpusched.hardware.mig_provider import LocalMigProvider
+
+        return LocalMigProvider(self._mig_file).layouts()
 
     def powered_standby(self) -> frozenset[str]:
         """Names of standby nodes switched on through the local scaler's state file."""
@@ -215,6 +225,26 @@ class SimulatedBackend:
             memory_total_bytes=device.memory_bytes, temperature_mc=temperature, power_mw=max(power, 0),
             ecc_uncorrected=ecc, xid_errors=tuple(xids),
         )
+
+
+def _relayout(devices: tuple[Device, ...], layouts: dict[str, list[str]]) -> tuple[Device, ...]:
+    """``devices`` with the GPUs named in ``layouts`` re-partitioned (an empty layout: MIG off)."""
+    from gpusched.catalog import layout_problem
+    from gpusched.hardware.slices import mig_slices
+
+    out: list[Device] = []
+    for device in devices:
+        if device.parent in layouts:
+            continue  # the GPU's old instances: replaced below
+        layout = layouts.get(device.uuid)
+        model = default_catalog().find(device.model)
+        if layout is None or model is None or (layout and layout_problem(model, layout, device.memory_bytes)):
+            out.append(device)
+            continue
+        gpu = replace(device, mig_enabled=bool(layout))
+        out.append(gpu)
+        out.extend(mig_slices(gpu, model, layout))
+    return tuple(out)
 
 
 def _jitter(uuid: str, now: float) -> int:

@@ -30,7 +30,7 @@ _USAGE_OF = _USAGE_ALL.where(SHARES.c.device_uuid.in_(sa.bindparam("uuids", expa
 _DEVICES_OF = (
     sa.select(
         DEVICES.c.uuid, DEVICES.c.node, DEVICES.c.memory_bytes, DEVICES.c.cordoned,
-        DEVICES.c.reported_health, DEVICES.c.health_override,
+        DEVICES.c.reported_health, DEVICES.c.health_override, DEVICES.c.mig_enabled,
     )
     .where(DEVICES.c.uuid.in_(sa.bindparam("uuids", expanding=True)))
     .order_by(DEVICES.c.uuid)
@@ -89,6 +89,8 @@ def check_fit(conn: sa.Connection, key: str, shares: Sequence[DeviceShare]) -> N
             problems.append(f"{share.uuid} is on standby node {row.node}")
         elif effective_health(row.reported_health, row.health_override) is Health.UNHEALTHY:
             problems.append(f"{share.uuid} is unhealthy")
+        elif row.mig_enabled:  # its MIG instances hold its capacity: never hand the GPU out too
+            problems.append(f"{share.uuid} is in MIG mode; allocate one of its MIG instances")
         else:
             used = usage.get(share.uuid, DeviceUsage())
             too_much_milli = used.used_milli + share.milli > MILLI

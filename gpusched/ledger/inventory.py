@@ -102,6 +102,9 @@ def _write_device(
         "link": str(device.link),
         "peers": list(device.peers),
         "mig_enabled": device.mig_enabled,
+        "parent": device.parent,
+        "profile": device.profile,
+        "compute_milli": device.compute_milli,
         "reported_health": str(device.health),
         "updated_at": now,
     }
@@ -137,6 +140,9 @@ def load_nodes(conn: sa.Connection) -> tuple[tuple[Node, ...], tuple[str, ...]]:
             health=effective_health(row.reported_health, row.health_override),
             mig_enabled=row.mig_enabled,
             cordoned=row.cordoned,
+            parent=row.parent,
+            profile=row.profile,
+            compute_milli=row.compute_milli,
         ))
     nodes = []
     sources: set[str] = set()

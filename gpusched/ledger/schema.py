@@ -65,6 +65,11 @@ DEVICES = sa.Table(
     sa.Column("link", sa.String(32), nullable=False),
     sa.Column("peers", sa.JSON, nullable=False),
     sa.Column("mig_enabled", sa.Boolean, nullable=False),
+    # Hard-isolated slices (MIG instance, AMD compute partition): the physical device, the
+    # profile and the share of its compute; NULL / 1000 for whole devices (migration 0004_i14_slices).
+    sa.Column("parent", sa.String(255), nullable=True),
+    sa.Column("profile", sa.String(64), nullable=True),
+    sa.Column("compute_milli", sa.Integer, nullable=False, server_default="1000"),
     # Health as the hardware backend last reported it, and the override set by the fault chain;
     # the effective health is the worse of the two.
     sa.Column("reported_health", sa.String(16), nullable=False),

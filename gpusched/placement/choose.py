@@ -47,7 +47,9 @@ def choose(
     if reason is not None:
         return Rejection(task.key, reason, True)
     if frac:
-        fits = elig.usable & (state.free_milli >= milli) & (state.free_mem >= req.memory_per_gpu)
+        fits = flt.fraction_fits(
+            idx, elig.usable, state.free_milli, state.free_mem, milli, req.memory_per_gpu
+        )
     else:
         fits = elig.usable & (state.free_milli >= MILLI) & (state.free_mem >= idx.dev_mem)
     if task.cpu_milli or task.host_memory_bytes:
@@ -98,6 +100,16 @@ def _fraction(
     cand = np.flatnonzero(fits)
     if len(cand) == 0:
         return Rejection(task.key, _busy_reason(task.request, elig, fits, fits_now, True), False)
+    info = flt.slice_info(idx)
+    if info.any_slices:
+        shared = cand[~info.is_slice[cand]]
+        if len(shared) == 0:  # only slices: the smallest free one that holds the task
+            d = int(cand[np.lexsort((cand, info.compute[cand], idx.dev_mem[cand]))[0]])
+            if policy.chooser is Chooser.RANDOM:
+                d = int(rng.choice(cand))
+            take_milli, take_mem = flt.fraction_take(idx, d, milli, task.request.memory_per_gpu)
+            return _Choice([d], take_milli, [take_mem], 0.0)
+        cand = shared  # "any": share a whole device while one has room; slices stay for "hard"
     free = state.free_milli[cand]
     score = 0.0
     if policy.chooser is Chooser.FIRST_FIT:

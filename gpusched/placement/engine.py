@@ -32,7 +32,7 @@ from gpusched.placement.types import (
     Reservation,
     RunningTask,
 )
-from gpusched.quota import QuotaState, check_budget, check_partition
+from gpusched.quota import QuotaState, check_budget, check_partition, physical_milli
 from gpusched.request import GPURequest, Partition
 
 __all__ = ["Placer", "place"]
@@ -251,7 +251,7 @@ class Placer:
                 continue
             shares = self._shares(outcome)
             if ctx is not None:
-                verdict = ctx.admit(task, shares, outcome.milli * len(shares), now)
+                verdict = ctx.admit(task, shares, physical_milli(shares, self.snapshot), now)
                 if verdict is not None:
                     rejections.append(verdict)
                     continue
@@ -386,7 +386,7 @@ class _Quota:
         self.used = {p: 0 for p in Partition}
         self.committed: dict[str, int] = {}
         for r in running:
-            self.used[r.request.partition] += sum(s.milli for s in r.shares)
+            self.used[r.request.partition] += physical_milli(r.shares, self.snapshot)
             if r.expected_end is not None and r.expected_end > now:
                 cost = normalised_rate(r.shares, self.snapshot) * int(r.expected_end - now)
                 self.committed[r.request.tenant] = self.committed.get(r.request.tenant, 0) + cost

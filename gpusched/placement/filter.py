@@ -1,10 +1,16 @@
 """Hard constraints: which devices a request may use at all, and why others may not.
 
 :func:`eligibility` turns a request's static needs (vendor, model, labels, minimum architecture,
-memory, partitioning support) plus operational state (health, cordons, standby nodes) into a
+memory, partitioning support, isolation) plus operational state (health, cordons, standby nodes) into a
 boolean mask over the fleet's devices, cached per request signature on the fleet index. It also
 counts how many devices each rule turned away, so a rejection can say why in plain words
 (:func:`describe_request`, :func:`shortage_reason`).
+
+Isolation: a MIG-enabled GPU never takes work itself (its MIG instances do); a hard-isolated slice
+(MIG instance, AMD compute partition) is only for fractional requests that accept ``hard``
+isolation, matches their profile, memory and compute, and is handed out whole
+(:func:`fraction_take`); whole-device and ``soft`` requests use unsliced devices only. A slice
+whose parent GPU is unhealthy or cordoned is out of service with it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,16 @@ from gpusched.model import MILLI
 from gpusched.placement.index import FleetIndex
 from gpusched.request import GPURequest, Interconnect
 
-__all__ = ["Eligibility", "describe_request", "eligibility", "memory_need", "milli_need"]
+__all__ = [
+    "Eligibility",
+    "describe_request",
+    "eligibility",
+    "fraction_fits",
+    "fraction_take",
+    "memory_need",
+    "milli_need",
+    "slice_info",
+]
 
 GIB = 1024**3
 
@@ -53,10 +68,65 @@ def memory_need(request: GPURequest, milli: int) -> int:
     return request.memory_per_gpu if milli < MILLI else 0
 
 
+@dataclass(frozen=True, slots=True)
+class SliceInfo:
+    """Per device of one fleet index: slice or not, MIG parent or not, compute share, profile."""
+
+    is_slice: np.ndarray  # bool [D]
+    mig_parent: np.ndarray  # bool [D]: MIG mode on, takes no work itself
+    compute: np.ndarray  # int64 [D] compute_milli
+    profile: tuple[str, ...]  # [D] casefolded profile, "" for whole devices
+    parent_pos: np.ndarray  # int64 [D] position of the parent device, -1 when none in the fleet
+    any_slices: bool
+
+
+def slice_info(index: FleetIndex) -> SliceInfo:
+    """The (cached) slice arrays of ``index``."""
+    hit: SliceInfo | None = index.masks.get("slices")
+    if hit is not None:
+        return hit
+    devs = index.devices
+    is_slice = np.array([d.parent is not None for d in devs], dtype=bool)
+    hit = SliceInfo(
+        is_slice=is_slice,
+        mig_parent=np.array([not d.takes_work for d in devs], dtype=bool),
+        compute=np.array([d.compute_milli for d in devs], dtype=np.int64),
+        profile=tuple((d.profile or "").casefold() for d in devs),
+        parent_pos=np.array([index.pos.get(d.parent, -1) if d.parent else -1 for d in devs], dtype=np.int64),
+        any_slices=bool(is_slice.any()),
+    )
+    index.masks["slices"] = hit
+    return hit
+
+
+def fraction_fits(
+    index: FleetIndex,
+    usable: np.ndarray,
+    free_milli: np.ndarray,
+    free_mem: np.ndarray,
+    milli: int,
+    memory: int,
+) -> np.ndarray:
+    """Devices that can take a fraction now: a shared device with room, or an entirely free slice."""
+    shared = usable & (free_milli >= milli) & (free_mem >= memory)
+    info = slice_info(index)
+    if not info.any_slices:
+        return shared
+    return np.where(info.is_slice, usable & (free_milli >= MILLI), shared)
+
+
+def fraction_take(index: FleetIndex, device: int, milli: int, memory: int) -> tuple[int, int]:
+    """``(milli, memory)`` a fraction takes on ``device``: all of a slice, else what it asked."""
+    if index.devices[device].parent is not None:
+        return MILLI, int(index.dev_mem[device])
+    return milli, memory
+
+
 def eligibility(
     index: FleetIndex, request: GPURequest, *, fractional: bool, fractions_need_partitioning: bool
 ) -> Eligibility:
     """The (cached) eligibility of ``request``'s devices on ``index``'s fleet."""
+    isolation = (request.isolation, request.profile, request.milli_per_gpu) if fractional else None
     key = (
         "elig",
         request.vendors,
@@ -65,13 +135,30 @@ def eligibility(
         request.min_arch,
         request.memory_per_gpu,
         fractional and fractions_need_partitioning,
+        isolation,
     )
     hit = index.masks.get(key)
     if hit is not None:
         return hit
-    result = _compute(index, request, fractional and fractions_need_partitioning)
+    result = _compute(index, request, fractional and fractions_need_partitioning, fractional)
     index.masks[key] = result
     return result
+
+
+def _isolation_ok(index: FleetIndex, request: GPURequest, fractional: bool) -> np.ndarray:
+    """Devices the request's isolation allows: unsliced ones, and for hard/any fractions slices."""
+    info = slice_info(index)
+    whole = ~info.is_slice & ~info.mig_parent
+    if not fractional or not info.any_slices:
+        return whole if request.wants_shared or not fractional else np.zeros(index.n_devices, dtype=bool)
+    allowed = whole if request.wants_shared else np.zeros(index.n_devices, dtype=bool)
+    if request.wants_slice:
+        want = (request.profile or "").casefold()
+        slices = info.is_slice & (info.compute >= request.milli_per_gpu)
+        if want:
+            slices &= np.array([p == want for p in info.profile], dtype=bool)
+        allowed = allowed | slices
+    return allowed
 
 
 def _model_ok(
@@ -117,7 +204,9 @@ def _arch_floor(min_arch: str | None) -> tuple[Vendor | None, int]:
     return Vendor.ASCEND, arch_rank(min_arch)
 
 
-def _compute(index: FleetIndex, request: GPURequest, need_partitioning: bool) -> Eligibility:
+def _compute(
+    index: FleetIndex, request: GPURequest, need_partitioning: bool, fractional: bool
+) -> Eligibility:
     if index.n_devices == 0:
         empty = np.zeros(0, dtype=bool)
         return Eligibility(empty, empty, empty, 0, 0, 0, 0, 0, 0, 0)
@@ -126,15 +215,24 @@ def _compute(index: FleetIndex, request: GPURequest, need_partitioning: bool) ->
     if request.labels:
         kind &= _labels_ok(index, request.labels)[index.dev_node]
     memory = kind & (index.dev_mem >= request.memory_per_gpu)
-    hardware = memory & share_m[index.dev_model]
-    unhealthy = hardware & (index.dev_health == 2)
-    cordoned = hardware & ~unhealthy & index.dev_cordoned
-    standby = hardware & ~unhealthy & ~index.dev_cordoned & index.dev_standby
-    usable = hardware & ~unhealthy & ~index.dev_cordoned & ~index.dev_standby
+    info = slice_info(index)
+    # A slice is isolated hardware: "supports sharing" is about whole devices only.
+    hardware = memory & (share_m[index.dev_model] | info.is_slice) & _isolation_ok(index, request, fractional)
+    health = index.dev_health
+    cordoned_dev = index.dev_cordoned
+    if info.any_slices:  # a slice is as healthy and as cordoned as its parent GPU
+        parent = np.maximum(info.parent_pos, 0)
+        has_parent = info.parent_pos >= 0
+        health = np.where(has_parent, np.maximum(health, health[parent]), health)
+        cordoned_dev = cordoned_dev | (has_parent & cordoned_dev[parent])
+    unhealthy = hardware & (health == 2)
+    cordoned = hardware & ~unhealthy & cordoned_dev
+    standby = hardware & ~unhealthy & ~cordoned_dev & index.dev_standby
+    usable = hardware & ~unhealthy & ~cordoned_dev & ~index.dev_standby
     return Eligibility(
         hardware=hardware,
         usable=usable,
-        healthy=usable & (index.dev_health == 0),
+        healthy=usable & (health == 0),
         n_kind=int(kind.sum()),
         n_memory=int(memory.sum()),
         n_hardware=int(hardware.sum()),
@@ -159,7 +257,11 @@ def describe_request(request: GPURequest, *, fractional: bool | None = None) -> 
     frac = request.is_fractional if fractional is None else fractional
     parts: list[str] = []
     if frac:
-        parts.append(f"{request.milli_per_gpu / MILLI:g} of a")
+        if request.isolation == "hard":
+            share = f"≥{request.milli_per_gpu / MILLI:g}"
+            parts.append(f"a hard-isolated {request.profile or 'slice'} ({share}) of a")
+        else:
+            parts.append(f"{request.milli_per_gpu / MILLI:g} of a")
     else:
         parts.append(str(request.count))
         if request.count > 1 and _LINK_WORDS[request.interconnect]:
@@ -193,6 +295,11 @@ def static_reason(request: GPURequest, elig: Eligibility, *, fractional: bool) -
         return (
             f"needs {what}: none of the {elig.n_kind} matching devices has "
             f"{_gib(request.memory_per_gpu)} of memory"
+        )
+    if elig.n_hardware == 0 and fractional and request.isolation == "hard":
+        return (
+            f"needs {what}: none of the {elig.n_memory} matching devices is a MIG instance or compute "
+            "partition that holds it; partition a GPU (MIG / CPX) or allow isolation='soft'"
         )
     if elig.n_hardware == 0:
         return (

@@ -115,6 +115,8 @@ class Problem:
             req.expected_duration_s,
             req.priority,
             task.job_type,
+            req.isolation,
+            req.profile,
         )
         sets = self._shapes.get(key)
         if sets is None:
@@ -137,7 +139,9 @@ class Problem:
             idx, req, fractional=frac, fractions_need_partitioning=policy.fractions_need_partitioning
         )
         if frac:
-            fits = elig.usable & ~blocked & (self.free_milli >= milli) & (self.free_mem >= req.memory_per_gpu)
+            fits = ~blocked & flt.fraction_fits(
+                idx, elig.usable, self.free_milli, self.free_mem, milli, req.memory_per_gpu
+            )
             devs = np.flatnonzero(fits)
             if len(devs) == 0:
                 return []
@@ -151,7 +155,8 @@ class Problem:
             out = []
             for d in best.tolist():
                 la, e = self.costs(task, idx.dev_model[[d]], milli / MILLI)
-                out.append(Candidate((d,), milli, (req.memory_per_gpu,), float(la[0]), float(e[0])))
+                take_milli, take_mem = flt.fraction_take(idx, d, milli, req.memory_per_gpu)
+                out.append(Candidate((d,), take_milli, (take_mem,), float(la[0]), float(e[0])))
             return out
         k = req.count
         fits = elig.usable & ~blocked & (self.free_milli >= MILLI) & (self.free_mem >= idx.dev_mem)

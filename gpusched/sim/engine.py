@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import Assignment, PendingTask, PlacementPlan, Policy, RunningTask, place
+from gpusched.quota import physical_milli
 from gpusched.request import GPURequest
 
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]
@@ -148,7 +149,8 @@ def simulate(
     _check_jobs(jobs)
     ordered = sorted(jobs, key=lambda j: j.arrival_s)
     by_key = {j.key: j for j in ordered}
-    capacity = fleet.total_devices() * 1000
+    # Physical milli-GPU: a MIG-enabled GPU counts through its slices, a slice by its share.
+    capacity = sum(d.compute_milli for d in fleet.devices() if d.takes_work)
     watch = set(stop_after) if stop_after is not None else None
     snapshot = fleet
     pending: dict[str, PendingTask] = {}
@@ -189,7 +191,7 @@ def simulate(
                 _, _, key = heapq.heappop(completions)
                 task = running.pop(key)
                 freed.extend(task.shares)
-                used -= sum(s.milli for s in task.shares)
+                used -= physical_milli(task.shares, fleet)
                 if watch is not None and key in watch:
                     watch.discard(key)
                     if bar is not None:
@@ -230,7 +232,7 @@ def simulate(
                 heapq.heappush(completions, (end, seq, a.key))
                 seq += 1
                 taken.extend(a.shares)
-                used += sum(s.milli for s in a.shares)
+                used += physical_milli(a.shares, fleet)
             for r in plan.rejections:
                 if r.permanent:
                     rejected[r.key] = r.reason

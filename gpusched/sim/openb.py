@@ -77,7 +77,8 @@ def pod_request(pod: OpenbPod) -> GPURequest:
     models = frozenset(cat.get(m).name for m in pod.gpu_spec)
     if pod.num_gpu == 1 and pod.gpu_milli < MILLI:
         # One byte of device memory: the trace (and FGD) only constrain the compute share.
-        return GPURequest(count=1, milli_per_gpu=pod.gpu_milli, memory_per_gpu=1, models=models)
+        return GPURequest(count=1, milli_per_gpu=pod.gpu_milli, memory_per_gpu=1, models=models,
+                          isolation=pod.isolation)
     return GPURequest(count=pod.num_gpu, gang=pod.num_gpu > 1, models=models)
 
 

@@ -29,6 +29,7 @@ from typing import Any
 from gpusched.catalog import default_catalog
 from gpusched.errors import ConfigurationError, TraceError
 from gpusched.fields import MAX_DEVICES, MAX_DEVICES_PER_NODE
+from gpusched.request_parse import ISOLATION_VALUES
 from gpusched.sim.tracefile import rows
 
 __all__ = [
@@ -73,7 +74,9 @@ class OpenbPod:
     """One task of an openb pod list.
 
     ``gpu_milli`` is the share of one GPU when ``num_gpu == 1`` (1–1000); multi-GPU pods take
-    whole GPUs. ``gpu_spec`` lists the allowed trace model names (empty = any).
+    whole GPUs. ``gpu_spec`` lists the allowed trace model names (empty = any). ``isolation``
+    (an optional column, gpusched's own extension) is ``any``, ``hard`` (a MIG instance / AMD
+    partition) or ``soft`` for a fractional pod.
     """
 
     name: str
@@ -82,6 +85,7 @@ class OpenbPod:
     num_gpu: int
     gpu_milli: int
     gpu_spec: tuple[str, ...] = ()
+    isolation: str = "any"
 
     @property
     def total_gpu_milli(self) -> int:
@@ -179,6 +183,12 @@ def load_openb_pods(path: Path | str) -> list[OpenbPod]:
         if num_gpu:
             gpu_milli = row.whole("gpu_milli", minimum=1 if num_gpu == 1 else 0, maximum=1000,
                                   default=None if num_gpu == 1 else 1000)
+        isolation = row.text("isolation", default="any").strip().lower() or "any"
+        if isolation not in ISOLATION_VALUES:
+            raise row.error("isolation", f"{isolation!r} is not an isolation", "use any, hard or soft")
+        if isolation == "hard" and not (num_gpu == 1 and gpu_milli < 1000):
+            raise row.error("isolation", "hard isolation is for a fraction of one GPU",
+                            "give num_gpu 1 and gpu_milli below 1000, or drop isolation")
         pods.append(
             OpenbPod(
                 name=name,
@@ -187,6 +197,7 @@ def load_openb_pods(path: Path | str) -> list[OpenbPod]:
                 num_gpu=num_gpu,
                 gpu_milli=gpu_milli,
                 gpu_spec=spec,
+                isolation=isolation,
             )
         )
     return pods
