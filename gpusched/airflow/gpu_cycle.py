@@ -1,9 +1,11 @@
-"""One scheduling cycle of the GPU executor, as a pure decision.
+"""One scheduling cycle of the GPU executors, as a pure decision: ``decide(CycleRequest) -> CycleReply``.
 
-Input: the GPU workloads waiting in the executor, the fleet snapshot from the ledger, the tasks
-already holding devices and the policy. Output: which workloads to launch (with their shares
-and task environment) and which to hold (with the reason the UI shows). The executor does the
-I/O around it: it records the launches in the ledger, dispatches them, and records the holds.
+Input, in one :class:`CycleRequest` (as Ray autoscaler v2's ``SchedulingRequest``): the GPU
+workloads waiting in the executor (their requests already rewritten by the fault chain's
+overrides), the fleet snapshot from the ledger, the tasks already holding devices, the policy,
+the clock and the re-planning budget. Output, one :class:`CycleReply`: which workloads to launch
+(with their shares and task environment) and which to hold (with the reason the UI shows). The
+executors do the I/O around it (:mod:`gpusched.airflow.gpu_scheduling`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask, place
 from gpusched.request import GPURequest
 
-__all__ = ["CycleDecision", "Hold", "Launch", "PendingWork", "decide", "running_tasks"]
+__all__ = [
+    "CycleDecision", "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "decide", "running_tasks",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,25 +59,40 @@ class Hold:
 
 
 @dataclass(frozen=True, slots=True)
-class CycleDecision:
+class CycleReply:
     """Every pending key appears once: in ``launches`` or in ``holds``."""
 
     launches: tuple[Launch, ...]
     holds: tuple[Hold, ...]
 
 
-def decide(
-    pending: Sequence[PendingWork],
-    snapshot: FleetSnapshot,
-    policy: Policy,
-    *,
-    now: float,
-    running: Sequence[RunningTask] = (),
-    use_uuids: bool = False,
-    seed: int = 0,
-    replan_budget_ms: float = 0.0,
-    replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
-) -> CycleDecision:
+CycleDecision = CycleReply
+"""Former name of :class:`CycleReply`."""
+
+
+@dataclass(frozen=True, slots=True)
+class CycleRequest:
+    """Every input of one cycle (no caller can leave one out: all but the tuning knobs are required).
+
+    ``pending``: the waiting work, requests as the fault chain's overrides left them;
+    ``snapshot``: the fleet now (usage counts every active allocation); ``running``: the tasks
+    holding devices (for the policy's expected ends); ``now``: the clock; ``replan_budget_ms`` /
+    ``replan_weights``: the genetic re-planning budget (0 = greedy only) and its objective weights
+    (latency, fragmentation, energy).
+    """
+
+    pending: tuple[PendingWork, ...]
+    snapshot: FleetSnapshot
+    policy: Policy
+    running: tuple[RunningTask, ...]
+    now: float
+    use_uuids: bool = False
+    seed: int = 0
+    replan_budget_ms: float = 0.0
+    replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1)
+
+
+def decide(request: CycleRequest) -> CycleReply:
     """Decide one cycle: place what waits on what is free and build each launch's environment.
 
     Workloads that already own an allocation are launched on it first; the rest go to
@@ -82,6 +101,9 @@ def decide(
     genetic optimiser re-plans the batch from the greedy plan within that budget (never worse
     than greedy by its objective; ``replan_weights`` = latency, fragmentation, energy).
     """
+    pending, snapshot, policy, now = request.pending, request.snapshot, request.policy, request.now
+    running, use_uuids, seed = request.running, request.use_uuids, request.seed
+    replan_budget_ms, replan_weights = request.replan_budget_ms, request.replan_weights
     launches: list[Launch] = []
     holds: list[Hold] = []
     to_place: list[PendingTask] = []
@@ -106,7 +128,7 @@ def decide(
             _launch_or_hold(work, assignment.shares, snapshot, use_uuids, False, launches, holds)
         for rejection in plan.rejections:
             holds.append(Hold(rejection.key, rejection.reason, rejection.permanent))
-    return CycleDecision(tuple(launches), tuple(holds))
+    return CycleReply(tuple(launches), tuple(holds))
 
 
 def running_tasks(allocations: Iterable[object]) -> list[RunningTask]:

@@ -1,0 +1,365 @@
+"""The GPU half of gpusched's executors: placement, holds, allocations, leases, release, hosts.
+
+One implementation serves :class:`gpusched.airflow.executor.GPUExecutor` (LocalExecutor) and
+:class:`gpusched.airflow.celery_executor.GPUCeleryExecutor` (CeleryExecutor). The executor owns
+Airflow's bookkeeping and hands its GPU workloads here; :class:`GPUScheduling` builds one
+:class:`~gpusched.airflow.gpu_cycle.CycleRequest` per cycle (fault-chain overrides applied),
+calls :func:`~gpusched.airflow.gpu_cycle.decide`, writes each launch's allocation to the ledger
+and gives the launch back to the executor's :class:`Dispatcher` — which differs per executor
+(a local worker with the devices' environment, or the Celery queue of the host that owns them).
+
+Also here: release when a task process ends or is revoked, lease renewal and expiry, reconcile
+after a restart, and — for a fleet of GPU hosts — marking a host whose agent stopped
+heartbeating lost: its allocations are released and its tasks failed (node lost) so that Airflow
+retries them on another host.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpusched.airflow.authoring import request_from_executor_config
+from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
+from gpusched.airflow.keys import KEY_PREFIX, parse_ti_key, ti_key, ti_key_of
+from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError
+from gpusched.failures import load_overrides
+from gpusched.placement.genetic import parse_weights
+from gpusched.request import GPURequest
+
+if TYPE_CHECKING:
+    from gpusched.ledger import Ledger
+    from gpusched.placement import Policy
+
+__all__ = ["Dispatcher", "GPUScheduling", "conf_bool", "conf_str", "is_gpu_workload"]
+
+_NOT_FINISHED = frozenset({"running", "queued", "scheduled", "restarting", "deferred"})
+
+
+def conf_str(name: str, fallback: str) -> str:
+    """``[gpusched] name`` (``AIRFLOW__GPUSCHED__<NAME>``) or ``fallback``."""
+    from airflow.configuration import conf
+
+    return str(conf.get("gpusched", name, fallback=fallback))
+
+
+def conf_bool(name: str, fallback: bool) -> bool:
+    """``[gpusched] name`` read as a boolean."""
+    return conf_str(name, str(fallback)).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def is_gpu_workload(workload: Any) -> bool:
+    """True for a task workload whose ``executor_config`` carries a ``gpusched`` request."""
+    ti = getattr(workload, "ti", None)
+    config = getattr(ti, "executor_config", None) if ti is not None else None
+    return isinstance(config, dict) and "gpusched" in config
+
+
+class Dispatcher(Protocol):
+    """How one executor starts a task on its devices (the only part that differs per executor)."""
+
+    def refuse(self, launch: Launch) -> str | None:
+        """Why ``launch`` cannot be dispatched by this executor now (it is held), or None."""
+        ...
+
+    def dispatch(self, workload: Any, launch: Launch) -> None:
+        """Send ``workload`` (fresh token) to run on ``launch.shares`` with ``launch.env``."""
+        ...
+
+
+class GPUScheduling:
+    """GPU placement and allocation lifecycle for one executor (see the module docstring).
+
+    ``executor`` is the Airflow executor composing this (its ``log``, ``queued_tasks``,
+    ``jwt_generator``, ``fail`` and ``log_task_event`` are used); ``dispatcher`` starts launches.
+    Settings: ``[gpusched]`` ``policy``, ``lease_seconds``, ``fail_unschedulable``,
+    ``visible_devices_by_uuid``, ``replan_budget_ms``, ``replan_weights``, ``host_timeout_seconds``
+    (30: a GPU host whose agent has not heartbeated for this long is lost; 0 = never).
+    """
+
+    def __init__(self, executor: Any, dispatcher: Dispatcher, *, holder: str) -> None:
+        self.executor = executor
+        self.dispatcher = dispatcher
+        self.holder = holder
+        self.lease_s = int(conf_str("lease_seconds", "600"))
+        self.fail_unschedulable = conf_bool("fail_unschedulable", True)
+        self.use_uuids = conf_bool("visible_devices_by_uuid", False)
+        self.replan_budget_ms = float(conf_str("replan_budget_ms", "0"))
+        self.replan_weights = parse_weights(
+            conf_str("replan_weights", "1,1,0.1"), where="[gpusched] replan_weights"
+        )
+        self.host_timeout_s = float(conf_str("host_timeout_seconds", "30"))
+        self._ledger: Ledger | None = None
+        self._policy: Policy | None = None
+        # Airflow key -> ledger key of dispatched GPU work (the executors' ``running`` is not enough).
+        self.gpu_running: dict[Any, str] = {}
+        self._submitted: dict[Any, float] = {}
+        self._seen: set[Any] = set()
+        self._cycle_requests: dict[str, GPURequest] = {}
+        self._queue_reason: dict[str, str] = {}
+        self._last_renew = 0.0
+        self._last_host_check = 0.0
+
+    @property
+    def log(self) -> Any:
+        return self.executor.log
+
+    @property
+    def ledger(self) -> Ledger:
+        """The allocation ledger (opened on first use)."""
+        if self._ledger is None:
+            from gpusched.ledger import Ledger
+
+            self._ledger = Ledger()
+        return self._ledger
+
+    @property
+    def policy(self) -> Policy:
+        """The placement policy named by ``[gpusched] policy``."""
+        if self._policy is None:
+            from gpusched.placement import Policy
+
+            self._policy = Policy.named(conf_str("policy", "gpusched"))
+        return self._policy
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def reconcile(self) -> list[str]:
+        """Release this holder's allocations whose task instance is not queued or running any more."""
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+        from airflow.utils.state import TaskInstanceState
+        from sqlalchemy import select
+
+        live_states = [TaskInstanceState.QUEUED, TaskInstanceState.RUNNING, TaskInstanceState.RESTARTING]
+        ti = TaskInstance
+        with create_session() as session:
+            rows = session.execute(
+                select(ti.dag_id, ti.task_id, ti.run_id, ti.try_number, ti.map_index).where(
+                    ti.state.in_(live_states)
+                )
+            ).all()
+        live = {ti_key(r[0], r[1], r[2], r[3], r[4]) for r in rows}
+        released = self.ledger.reconcile(live, holder=self.holder)
+        for alloc in released:
+            self.log.info("gpusched: released stale allocation %s after restart", alloc.key)
+        for entry in self.ledger.queue():  # waiting records of tasks that are gone
+            if entry.key.startswith(KEY_PREFIX) and entry.key not in live:
+                self.ledger.clear_queue(entry.key)
+        return [a.key for a in released]
+
+    def end(self, queued: Sequence[Any]) -> None:
+        """Release what is still held and forget the waiting records of ``queued`` workloads."""
+        for key in list(self.gpu_running):
+            self.release(key, "executor stopped")
+        for workload in queued:
+            if is_gpu_workload(workload):
+                self._safe(lambda w=workload: self.ledger.clear_queue(ti_key_of(w.ti)))
+
+    def queued(self, workload: Any) -> None:
+        """Remember when a GPU workload started to wait."""
+        if is_gpu_workload(workload):
+            self._submitted.setdefault(workload.key, time.time())
+
+    def revoke(self, ti: Any) -> None:
+        """Forget a task: drop it from the GPU queue and release its devices. Never raises."""
+        key = ti.key
+        self.executor.queued_tasks.pop(key, None)
+        self._submitted.pop(key, None)
+        self._seen.discard(key)
+        ledger_key = ti_key_of(ti)
+        self._queue_reason.pop(ledger_key, None)
+        self._safe(lambda: self.ledger.clear_queue(ledger_key))
+        if key in self.gpu_running:
+            self.release(key, "revoked: stuck in queued")
+        else:
+            self._safe(lambda: self.ledger.release(ledger_key, reason="revoked: stuck in queued"))
+
+    def finished(self, key: Any, state: Any) -> None:
+        """The executor learnt ``state`` for ``key``: release its devices once the process ended."""
+        if key in self.gpu_running and str(state) not in _NOT_FINISHED:
+            self.release(key, f"task process ended ({state})")
+
+    # ---- one cycle ---------------------------------------------------------------------------
+
+    def schedule(self, workloads: Sequence[Any]) -> None:
+        """Place ``workloads`` (GPU ones); launch what fits, hold the rest. Never raises."""
+        try:
+            self._schedule(workloads)
+        except Exception:  # keep the scheduler loop alive; the workloads stay queued
+            self.log.exception("gpusched: GPU scheduling cycle failed; retrying next heartbeat")
+
+    def cycle_request(self, pending: Sequence[PendingWork], now: float) -> CycleRequest:
+        """Every input of one cycle, read from the ledger now."""
+        return CycleRequest(
+            tuple(pending), self.ledger.snapshot(now), self.policy,
+            tuple(running_tasks(self.ledger.active())), now, use_uuids=self.use_uuids,
+            replan_budget_ms=self.replan_budget_ms, replan_weights=self.replan_weights,
+        )
+
+    def _schedule(self, workloads: Sequence[Any]) -> None:
+        now = time.time()
+        ledger = self.ledger
+        pending: list[PendingWork] = []
+        by_key: dict[str, Any] = {}
+        # The fault chain may have replaced a task's request (more memory, another model) or
+        # refused its retry (code errors fail the same way on any GPU): both live in the ledger.
+        overrides = load_overrides(ledger)
+        self._cycle_requests.clear()
+        for workload in workloads:
+            ti = workload.ti
+            key = ti_key_of(ti)
+            refusal = overrides.refusal(ti.dag_id, ti.task_id, ti.run_id, ti.try_number)
+            if refusal:
+                self.reject(workload, key, f"gpusched fault chain refused this retry: {refusal}")
+                continue
+            try:
+                request = overrides.lookup(ti.dag_id, ti.task_id, ti.run_id) or (
+                    request_from_executor_config(ti.executor_config)
+                )
+            except GPURequestError as exc:
+                self.reject(workload, key, f"invalid GPU request in executor_config: {exc}")
+                continue
+            assert request is not None
+            self._cycle_requests[key] = request
+            shares: tuple[Any, ...] = ()
+            if workload.key not in self._seen:
+                # Only a workload queued again (scheduler restart) can already own an allocation.
+                self._seen.add(workload.key)
+                existing = ledger.get(key)
+                shares = tuple(existing.shares) if existing and existing.released_at is None else ()
+            by_key[key] = workload
+            pending.append(PendingWork(key, request, self._submitted.get(workload.key, now), shares))
+        if not pending:
+            return
+        reply = decide(self.cycle_request(pending, now))
+        for launch in reply.launches:
+            self._launch(by_key[launch.key], launch, now)
+        for hold in reply.holds:
+            self.hold(by_key[hold.key], hold, now)
+
+    def _launch(self, workload: Any, launch: Launch, now: float) -> None:
+        refusal = self.dispatcher.refuse(launch)
+        if refusal:
+            if launch.reused:
+                self._safe(lambda: self.ledger.release(launch.key, reason=refusal))
+            self.hold(workload, Hold(launch.key, refusal), now)
+            return
+        if not launch.reused:
+            try:
+                self.ledger.allocate(
+                    launch.key, launch.request, launch.shares, holder=self.holder,
+                    lease_s=self.lease_s, now=now,
+                )
+            except AllocationConflictError as exc:
+                self.hold(workload, Hold(launch.key, f"devices taken meanwhile, retrying: {exc}"), now)
+                return
+        self._queue_reason.pop(launch.key, None)
+        self.ledger.clear_queue(launch.key)
+        from airflow.executors.workloads import ExecuteTask
+
+        # The token minted at queue time expires after task_queued_timeout; a task that waited
+        # for devices needs a fresh one or its start is refused (HTTP 403).
+        fresh = workload.model_copy(
+            update={"token": ExecuteTask.generate_token(str(workload.ti.id), self.executor.jwt_generator)}
+        )
+        self._submitted.pop(workload.key, None)
+        self._seen.discard(workload.key)
+        self.gpu_running[workload.key] = launch.key
+        self.dispatcher.dispatch(fresh, launch)
+        devices = ", ".join(f"{s.node}:{s.index}({s.milli}m)" for s in launch.shares)
+        self.log.info("gpusched: %s dispatched on %s", launch.key, devices)
+        self.executor.log_task_event(
+            event="gpusched.allocated",
+            extra=json.dumps({"devices": devices, "env": launch.env.get("CUDA_VISIBLE_DEVICES")}),
+            ti_key=workload.key,
+        )
+
+    def hold(self, workload: Any, hold: Hold, now: float) -> None:
+        """Keep ``workload`` waiting with ``hold.reason`` (or fail it when it can never fit)."""
+        if hold.permanent and self.fail_unschedulable:
+            self.reject(workload, hold.key, f"can never fit this fleet: {hold.reason}")
+            return
+        if self._queue_reason.get(hold.key) == hold.reason:
+            return  # already recorded; the ledger keeps the first time it started waiting
+        self._queue_reason[hold.key] = hold.reason
+        request = self._cycle_requests.get(hold.key) or request_from_executor_config(
+            workload.ti.executor_config
+        )
+        assert request is not None
+        self.ledger.record_queue(hold.key, request, hold.reason, now)
+        self.log.info("gpusched: %s waits: %s", hold.key, hold.reason)
+
+    def reject(self, workload: Any, key: str, reason: str) -> None:
+        """Fail ``workload`` now with ``reason`` (in the task's event log)."""
+        self.executor.queued_tasks.pop(workload.key, None)
+        self._submitted.pop(workload.key, None)
+        self._seen.discard(workload.key)
+        self._queue_reason.pop(key, None)
+        self._safe(lambda: self.ledger.clear_queue(key))
+        self.log.error("gpusched: failing %s: %s", key, reason)
+        self.executor.log_task_event(event="gpusched.unschedulable", extra=reason, ti_key=workload.key)
+        self.executor.fail(workload.key, info=reason)
+
+    # ---- leases, release, hosts ----------------------------------------------------------------
+
+    def periodic(self, now: float | None = None) -> None:
+        """Renew this executor's leases, expire dead ones, and handle GPU hosts that went silent."""
+        now = time.time() if now is None else now
+        if now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
+            self._last_renew = now
+            for ledger_key in list(self.gpu_running.values()):
+                self._safe(lambda k=ledger_key: self.ledger.renew(k, self.lease_s))
+            # Leases of a crashed executor (any holder) run out here.
+            for alloc in self._safe(lambda: self.ledger.expire_leases(now)) or ():
+                self.log.warning("gpusched: lease of %s expired; devices released", alloc.key)
+        if self.host_timeout_s > 0 and now - self._last_host_check >= min(5.0, self.host_timeout_s / 3):
+            self._last_host_check = now
+            self._safe(lambda: self.handle_lost_hosts(now))
+
+    def handle_lost_hosts(self, now: float) -> list[str]:
+        """Mark silent GPU hosts lost; release their allocations and fail their tasks (node lost)."""
+        from airflow.models.taskinstancekey import TaskInstanceKey
+
+        lost_keys: list[str] = []
+        for host in self.ledger.mark_lost_hosts(self.host_timeout_s, now=now):
+            nodes = set(self.ledger.host_nodes(host.name))
+            self.log.error("gpusched: GPU host %s lost: %s", host.name, host.reason)
+            by_ledger_key = {v: k for k, v in self.gpu_running.items()}
+            for alloc in self.ledger.active():
+                if not any(s.node in nodes for s in alloc.shares):
+                    continue
+                reason = f"{host.reason}; its devices are released and the task is retried on another host"
+                self.ledger.release(alloc.key, reason=reason, now=now)
+                self.ledger.record_event("node_lost", alloc.key, now=now, host=host.name, reason=host.reason)
+                lost_keys.append(alloc.key)
+                airflow_key = by_ledger_key.get(alloc.key)
+                if airflow_key is None:
+                    parts = parse_ti_key(alloc.key)
+                    if parts is None:
+                        continue
+                    airflow_key = TaskInstanceKey(parts.dag_id, parts.task_id, parts.run_id,
+                                                  parts.try_number, parts.map_index)
+                self.gpu_running.pop(airflow_key, None)
+                self.executor.log_task_event(event="gpusched.node_lost", extra=reason, ti_key=airflow_key)
+                self.executor.fail(airflow_key, info=reason)
+        return lost_keys
+
+    def release(self, key: Any, reason: str) -> None:
+        """Release the devices of Airflow key ``key`` (idempotent with the task-side listener)."""
+        ledger_key = self.gpu_running.pop(key, None)
+        if ledger_key is None:
+            return
+        if self._safe(lambda: self.ledger.release(ledger_key, reason=reason)) is not None:
+            self.log.info("gpusched: released %s (%s)", ledger_key, reason)
+
+    def _safe(self, action: Any) -> Any:
+        try:
+            return action()
+        except GpuschedError:
+            self.log.exception("gpusched: ledger operation failed")
+        except Exception:  # a database hiccup must not stop the scheduler
+            self.log.exception("gpusched: unexpected error in a ledger operation")
+        return None
