@@ -9,6 +9,11 @@ listener looks the allocation up in the ledger by task-instance key and exports 
 ``on_task_instance_success`` / ``_failed`` / ``_skipped`` release the allocation (idempotent with
 the executor's own release), so the devices are free as soon as the task's work is done.
 
+On a GPU host of a multi-host fleet (``GPUSCHED_HOST`` set, as for a Celery worker beside
+``gpusched agent``) the allocation must be on that host's nodes: a task that landed anywhere
+else (misrouting, a stale queue) refuses to run — it logs why and its process exits before
+``execute()``, so the try fails and is retried through the executor.
+
 Registered by ``plugins/gpusched_plugin.py``. Light at import: Airflow's hook marker and the
 standard library; the ledger is imported only for GPU tasks.
 """
@@ -22,8 +27,11 @@ from typing import Any
 from airflow.listeners import hookimpl
 
 from gpusched.envexport import ALLOCATION_VAR, allocation_from_env
+from gpusched.errors import WrongHostError
 
 __all__ = [
+    "HOST_VAR",
+    "check_host",
     "export_devices",
     "on_task_instance_failed",
     "on_task_instance_running",
@@ -33,6 +41,20 @@ __all__ = [
 ]
 
 _log = logging.getLogger("gpusched.listener")
+
+HOST_VAR = "GPUSCHED_HOST"
+"""Names the GPU host a Celery worker (and its agent) serve; set on every GPU host."""
+
+
+def check_host(host: str, shares: Any, host_nodes: Any) -> None:
+    """Raise WrongHostError unless every share is on one of ``host_nodes`` (the nodes of ``host``)."""
+    nodes = sorted({s.node for s in shares})
+    if not set(nodes) <= set(host_nodes):
+        raise WrongHostError(
+            f"this task's devices are on {', '.join(nodes)} but it landed on GPU host {host} "
+            f"(nodes: {', '.join(sorted(host_nodes)) or 'none registered'}); refusing to run on "
+            f"devices it does not own — misrouted or stale queue; it is retried on its own host"
+        )
 
 
 def _is_gpu_task(task_instance: Any) -> bool:
@@ -65,15 +87,23 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
         from gpusched.envexport import devices_env
         from gpusched.ledger import Ledger
 
+        host = os.environ.get(HOST_VAR, "").strip()
         ledger = Ledger()
         try:
             found = ledger.get(key)
             if found is None or found.released_at is not None:
+                if host:
+                    raise WrongHostError(
+                        f"no active GPU allocation for {key} (released: host lost or revoked); "
+                        f"host {host} will not run it without devices"
+                    )
                 _logger(task_instance).warning(
                     "gpusched: no active GPU allocation for %s; the task runs without device "
                     "restriction. Run it under gpusched.airflow.executor.GPUExecutor.", key,
                 )
                 return None
+            if host:
+                check_host(host, found.shares, ledger.host_nodes(host))
             variables = devices_env(found.shares, ledger.snapshot(), key=key)
         finally:
             ledger.close()
@@ -122,6 +152,10 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
         return
     try:
         export_devices(task_instance)
+    except WrongHostError as exc:
+        _logger(task_instance).error("gpusched: %s", exc)
+        # Airflow swallows listener exceptions; leaving the process is the only way not to run.
+        raise SystemExit(f"gpusched: {exc}") from None
     except Exception:
         _logger(task_instance).exception("gpusched: could not export the task's devices")
 

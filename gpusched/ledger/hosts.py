@@ -151,6 +151,18 @@ class LedgerHosts:
             rows = conn.execute(sa.select(NODES.c.name).where(NODES.c.source == HOST_SOURCE_PREFIX + name))
             return sorted(r.name for r in rows)
 
+    def node_hosts(self) -> dict[str, tuple[str, str]]:
+        """Node name -> (host name, host state) for every node a host's agent registered."""
+        with read_tx(self.engine) as conn:
+            states = {r.name: r.state for r in conn.execute(sa.select(HOSTS.c.name, HOSTS.c.state))}
+            rows = conn.execute(sa.select(NODES.c.name, NODES.c.source).where(
+                NODES.c.source.startswith(HOST_SOURCE_PREFIX)))
+            result = {}
+            for row in rows:
+                host = row.source[len(HOST_SOURCE_PREFIX):]
+                result[row.name] = (host, states.get(host, HostState.LOST))
+            return result
+
     def mark_lost_hosts(self, timeout_s: float, *, now: float | None = None) -> list[HostRecord]:
         """Mark every live host whose last heartbeat is older than ``timeout_s`` lost; return them."""
         at = time.time() if now is None else now
