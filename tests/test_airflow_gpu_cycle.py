@@ -53,7 +53,8 @@ def test_waits_with_a_reason_when_the_fleet_is_full(fleet: FleetSnapshot) -> Non
     full = fleet.with_usage(
         DeviceShare(d.uuid, d.node, d.index, MILLI, d.memory_bytes) for d in fleet.devices()
     )
-    decision = decide(CycleRequest((PendingWork("t", _req(gpus=1), 1.0),), full, Policy.named("first-fit"), (), 5.0))
+    work = (PendingWork("t", _req(gpus=1), 1.0),)
+    decision = decide(CycleRequest(work, full, Policy.named("first-fit"), (), 5.0))
     assert decision.launches == ()
     (hold,) = decision.holds
     assert not hold.permanent and hold.reason

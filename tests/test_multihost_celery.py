@@ -14,6 +14,7 @@ task succeeds on a retry on the other host; at the end no allocation is left.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -146,21 +147,15 @@ class Cluster:
 def _stop_all(procs: dict[str, subprocess.Popen[bytes]]) -> None:
     for proc in procs.values():
         if proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
     deadline = time.monotonic() + 20
     for proc in procs.values():
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
     for proc in procs.values():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the group: celery's pool children too
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=10)
 
 
@@ -190,6 +185,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__EXECUTOR": "gpusched.airflow.celery_executor.GPUCeleryExecutor",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db_url,
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": db_url,  # psycopg 3 is async too (no asyncpg)
         "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_SIZE": "2",
         "AIRFLOW__CELERY__BROKER_URL": broker,
         "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + db_url,

@@ -40,7 +40,8 @@ class GPUCeleryExecutor(CeleryExecutor):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        holder = f"GPUCeleryExecutor@{socket.gethostname()}" + (f"/{self.team_name}" if self.team_name else "")
+        team = f"/{self.team_name}" if self.team_name else ""
+        holder = f"GPUCeleryExecutor@{socket.gethostname()}{team}"
         self.gpu = GPUScheduling(self, _CeleryDispatcher(self), holder=holder)
 
     @property

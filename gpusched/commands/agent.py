@@ -91,13 +91,13 @@ def _config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Run the agent; returns the exit code."""
+    import os
+
     from gpusched.hardware.detect import detect_backend
     from gpusched.ledger import Ledger
     from gpusched.prometheus import MetricsServer
     from gpusched.remediation import PidStopper
     from gpusched.telemetry import TelemetryAgent
-
-    import os
 
     config = _config(args)
     kind = args.backend or ("simulated" if args.fleet else None)

@@ -127,7 +127,9 @@ class LedgerHosts:
         with write_tx(self.engine) as conn:
             row = conn.execute(sa.select(HOSTS.c.state).where(HOSTS.c.name == name)).first()
             if row is None:
-                raise LedgerError(f"host {name!r} is not registered; start `gpusched agent --host-name {name}`")
+                raise LedgerError(
+                    f"host {name!r} is not registered; start `gpusched agent --host-name {name}`"
+                )
             conn.execute(sa.update(HOSTS).where(HOSTS.c.name == name).values(
                 last_heartbeat=at, state=HostState.LIVE, reason=None))
             if row.state != HostState.LIVE:
