@@ -11,12 +11,14 @@ executors do the I/O around it (:mod:`gpusched.airflow.gpu_scheduling`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gpusched.airflow.gang import GangMember
 from gpusched.envexport import devices_env
 from gpusched.errors import PlacementError
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask, place
+from gpusched.quota import QuotaState
 from gpusched.request import GPURequest
 
 __all__ = [
@@ -28,7 +30,7 @@ __all__ = [
 class PendingWork:
     """A GPU workload waiting in the executor.
 
-    ``existing`` holds the shares of an allocation the ledger already has under ``key`` (a
+    ``gang``: this work is one member (one node) of a multi-node gang. ``existing`` holds the shares of an allocation the ledger already has under ``key`` (a
     workload queued again after a scheduler restart): it is launched on them, not placed anew.
     """
 
@@ -36,6 +38,7 @@ class PendingWork:
     request: GPURequest
     submitted_at: float
     existing: tuple[DeviceShare, ...] = ()
+    gang: GangMember | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +81,8 @@ class CycleRequest:
     ``snapshot``: the fleet now (usage counts every active allocation); ``running``: the tasks
     holding devices (for the policy's expected ends); ``now``: the clock; ``replan_budget_ms`` /
     ``replan_weights``: the genetic re-planning budget (0 = greedy only) and its objective weights
-    (latency, fragmentation, energy).
+    (latency, fragmentation, energy); ``quota``: partition and budget state (None = none);
+    ``addresses``: node -> address of its GPU host (rendezvous of multi-node gangs).
     """
 
     pending: tuple[PendingWork, ...]
@@ -90,6 +94,8 @@ class CycleRequest:
     seed: int = 0
     replan_budget_ms: float = 0.0
     replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1)
+    quota: QuotaState | None = None
+    addresses: Mapping[str, str] = field(default_factory=dict)
 
 
 def decide(request: CycleRequest) -> CycleReply:
@@ -108,14 +114,18 @@ def decide(request: CycleRequest) -> CycleReply:
     holds: list[Hold] = []
     to_place: list[PendingTask] = []
     by_key: dict[str, PendingWork] = {}
+    gangs: dict[str, list[PendingWork]] = {}
     for work in pending:
         by_key[work.key] = work
         if work.existing:
             _launch_or_hold(work, work.existing, snapshot, use_uuids, True, launches, holds)
+        elif work.gang is not None:
+            gangs.setdefault(work.gang.gang, []).append(work)
         else:
             to_place.append(PendingTask(work.key, work.request, work.submitted_at))
+    snapshot = _place_gangs(request, gangs, snapshot, launches, holds)
     if to_place:
-        plan = place(to_place, snapshot, policy, now=now, running=running, seed=seed)
+        plan = place(to_place, snapshot, policy, now=now, running=running, seed=seed, quota=request.quota)
         if replan_budget_ms > 0 and len(to_place) >= 2:
             from gpusched.placement.genetic import optimise
 
@@ -129,6 +139,42 @@ def decide(request: CycleRequest) -> CycleReply:
         for rejection in plan.rejections:
             holds.append(Hold(rejection.key, rejection.reason, rejection.permanent))
     return CycleReply(tuple(launches), tuple(holds))
+
+
+def _place_gangs(
+    request: CycleRequest,
+    gangs: Mapping[str, list[PendingWork]],
+    snapshot: FleetSnapshot,
+    launches: list[Launch],
+    holds: list[Hold],
+) -> FleetSnapshot:
+    """Launch every complete gang that fits (all members or none); return the snapshot after them."""
+    from gpusched.airflow.gang_cycle import place_gang
+
+    for members in gangs.values():
+        size = members[0].gang.size  # type: ignore[union-attr]
+        ranks = {m.gang.rank for m in members}  # type: ignore[union-attr]
+        if len(ranks) < size:
+            reason = (f"multi-node gang {members[0].gang.gang.rsplit('/', 1)[-1]}: "  # type: ignore[union-attr]
+                      f"{len(ranks)} of {size} members queued; waiting for the rest")
+            holds.extend(Hold(m.key, reason) for m in members)
+            continue
+        plan = place_gang(members, snapshot, request.policy, now=request.now, running=request.running,
+                          addresses=request.addresses)
+        if not plan.shares:
+            holds.extend(Hold(m.key, plan.reason, plan.permanent) for m in members)
+            continue
+        gang_launches: list[Launch] = []
+        gang_holds: list[Hold] = []
+        for member in members:
+            _launch_or_hold(member, plan.shares[member.key], snapshot, request.use_uuids, False,
+                            gang_launches, gang_holds, extra=plan.rendezvous[member.key])
+        if gang_holds:  # all or nothing
+            holds.extend(Hold(m.key, gang_holds[0].reason) for m in members)
+            continue
+        launches.extend(gang_launches)
+        snapshot = snapshot.with_usage(s for launch in gang_launches for s in launch.shares)
+    return snapshot
 
 
 def running_tasks(allocations: Iterable[object]) -> list[RunningTask]:
@@ -158,10 +204,13 @@ def _launch_or_hold(
     reused: bool,
     launches: list[Launch],
     holds: list[Hold],
+    extra: Mapping[str, str] | None = None,
 ) -> None:
     try:
         env = devices_env(shares, snapshot, key=work.key, use_uuids=use_uuids)
     except PlacementError as exc:
         holds.append(Hold(work.key, f"cannot expose the chosen devices: {exc}"))
         return
+    if extra:
+        env.update(extra)
     launches.append(Launch(work.key, work.request, tuple(shares), env, reused))

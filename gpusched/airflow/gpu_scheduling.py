@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched.airflow.authoring import request_from_executor_config
+from gpusched.airflow.gang import RENDEZVOUS_VARS, gang_member
 from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
 from gpusched.airflow.keys import KEY_PREFIX, parse_ti_key, ti_key, ti_key_of
 from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError
@@ -101,6 +102,8 @@ class GPUScheduling:
         self._queue_reason: dict[str, str] = {}
         self._last_renew = 0.0
         self._last_host_check = 0.0
+        self._last_gang_check = 0.0
+        self.gangs: dict[str, set[Any]] = {}  # launched multi-node gangs: gang id -> Airflow keys
 
     @property
     def log(self) -> Any:
@@ -197,6 +200,7 @@ class GPUScheduling:
             tuple(pending), self.ledger.snapshot(now), self.policy,
             tuple(running_tasks(self.ledger.active())), now, use_uuids=self.use_uuids,
             replan_budget_ms=self.replan_budget_ms, replan_weights=self.replan_weights,
+            addresses=self.ledger.node_addresses() if any(p.gang for p in pending) else {},
         )
 
     def _schedule(self, workloads: Sequence[Any]) -> None:
@@ -219,6 +223,8 @@ class GPUScheduling:
                 request = overrides.lookup(ti.dag_id, ti.task_id, ti.run_id) or (
                     request_from_executor_config(ti.executor_config)
                 )
+                member = gang_member(ti.executor_config, dag_id=ti.dag_id, run_id=ti.run_id,
+                                     map_index=ti.map_index if ti.map_index is not None else -1)
             except GPURequestError as exc:
                 self.reject(workload, key, f"invalid GPU request in executor_config: {exc}")
                 continue
@@ -231,7 +237,10 @@ class GPUScheduling:
                 existing = ledger.get(key)
                 shares = tuple(existing.shares) if existing and existing.released_at is None else ()
             by_key[key] = workload
-            pending.append(PendingWork(key, request, self._submitted.get(workload.key, now), shares))
+            pending.append(PendingWork(key, request, self._submitted.get(workload.key, now), shares,
+                                       None if shares else member))
+            if member is not None and shares:
+                self.gangs.setdefault(member.gang, set()).add(workload.key)
         if not pending:
             return
         reply = decide(self.cycle_request(pending, now))
@@ -268,6 +277,10 @@ class GPUScheduling:
         self._submitted.pop(workload.key, None)
         self._seen.discard(workload.key)
         self.gpu_running[workload.key] = launch.key
+        rendezvous = {k: v for k, v in launch.env.items() if k in RENDEZVOUS_VARS}
+        if rendezvous:  # the task side (another host) reads it from the ledger
+            self.ledger.record_event("rendezvous", launch.key, now=now, env=rendezvous)
+            self.gangs.setdefault(rendezvous["GPUSCHED_GANG"], set()).add(workload.key)
         self.dispatcher.dispatch(fresh, launch)
         devices = ", ".join(f"{s.node}:{s.index}({s.milli}m)" for s in launch.shares)
         self.log.info("gpusched: %s dispatched on %s", launch.key, devices)
@@ -315,6 +328,9 @@ class GPUScheduling:
             # Leases of a crashed executor (any holder) run out here.
             for alloc in self._safe(lambda: self.ledger.expire_leases(now)) or ():
                 self.log.warning("gpusched: lease of %s expired; devices released", alloc.key)
+        if self.gangs and now - self._last_gang_check >= 2.0:
+            self._last_gang_check = now
+            self._safe(self.stop_broken_gangs)
         if self.host_timeout_s > 0 and now - self._last_host_check >= min(5.0, self.host_timeout_s / 3):
             self._last_host_check = now
             self._safe(lambda: self.handle_lost_hosts(now))
@@ -346,6 +362,46 @@ class GPUScheduling:
                 self.executor.log_task_event(event="gpusched.node_lost", extra=reason, ti_key=airflow_key)
                 self.executor.fail(airflow_key, info=reason)
         return lost_keys
+
+    def stop_broken_gangs(self) -> list[Any]:
+        """Stop the live members of every launched gang one of whose members failed (or was lost).
+
+        The stopped members fail now (their retries wait for the whole gang again); Airflow's
+        task supervisor ends their processes at the next heartbeat. Returns the stopped keys.
+        """
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+        from sqlalchemy import and_, or_, select
+
+        keys = {k for members in self.gangs.values() for k in members}
+        ti = TaskInstance
+        with create_session() as session:
+            rows = session.execute(select(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number,
+                                          ti.state).where(or_(*(and_(
+                ti.dag_id == k.dag_id, ti.task_id == k.task_id, ti.run_id == k.run_id,
+                ti.map_index == k.map_index) for k in keys)))).all()
+        state = {}
+        for r in rows:
+            for k in keys:
+                if (k.dag_id, k.task_id, k.run_id, k.map_index) == (r[0], r[1], r[2], r[3]):
+                    state[k] = str(r[5]) if r[4] == k.try_number else "superseded"
+        broken_states = {"failed", "up_for_retry", "upstream_failed", "removed", "superseded"}
+        live_states = {"queued", "running", "scheduled", "None"}
+        stopped = []
+        for gang, members in list(self.gangs.items()):
+            broken = sorted(str(k.task_id) for k in members if state.get(k) in broken_states)
+            if broken:
+                reason = (f"multi-node gang member {', '.join(broken)} failed; stopping the other members "
+                          "so that the gang is retried as a whole")
+                for k in members:
+                    if state.get(k) in live_states and k.task_id not in broken:
+                        self.release(k, reason)
+                        self.executor.log_task_event(event="gpusched.gang_stopped", extra=reason, ti_key=k)
+                        self.executor.fail(k, info=reason)
+                        stopped.append(k)
+            if broken or not any(state.get(k) in live_states for k in members):
+                del self.gangs[gang]
+        return stopped
 
     def release(self, key: Any, reason: str) -> None:
         """Release the devices of Airflow key ``key`` (idempotent with the task-side listener)."""

@@ -105,6 +105,9 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
             if host:
                 check_host(host, found.shares, ledger.host_nodes(host))
             variables = devices_env(found.shares, ledger.snapshot(), key=key)
+            # A multi-node gang member: the executor recorded its rendezvous variables at launch.
+            for event in ledger.events(1, kinds=["rendezvous"], subject=key):
+                variables.update({str(k): str(v) for k, v in dict(event.detail.get("env") or {}).items()})
         finally:
             ledger.close()
         env.update(variables)
@@ -113,7 +116,8 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
         name: env[name]
         for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                      "ASCEND_RT_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-                     "GPUSCHED_MEMORY_LIMIT_BYTES")
+                     "GPUSCHED_MEMORY_LIMIT_BYTES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE",
+                     "NODE_RANK", "NNODES", "LOCAL_WORLD_SIZE")
         if name in env
     }
     assert allocation is not None

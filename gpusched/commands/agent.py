@@ -61,6 +61,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--host-name", default=None,
                         help="serve GPU host NAME of a multi-host fleet: register it and heartbeat "
                              "(default $GPUSCHED_HOST; unset = single-host agent)")
+    parser.add_argument("--address", default=None,
+                        help="address other hosts reach this one at (rendezvous of multi-node gangs; "
+                             "default $GPUSCHED_HOST_ADDRESS or this host's resolved name)")
     parser.add_argument("--heartbeat", type=finite_float(0.0, 3600.0, strict_min=True), default=5.0,
                         help="seconds between host heartbeats (default 5)")
     parser.add_argument("--host-timeout", type=finite_float(0.0, 86_400.0, strict_min=True), default=30.0,
@@ -112,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         from gpusched.hardware.host_slice import HostSlice
 
         backend = HostSlice(backend, host)
-        ledger.register_host(host, backend.discover(), stale_after_s=args.host_timeout)
+        ledger.register_host(host, backend.discover(), stale_after_s=args.host_timeout,
+                             address=_address(args.address))
         print(f"gpusched agent: registered GPU host {host} (queue gpusched@{host})", flush=True)
         if not args.once:
             heartbeat = _Heartbeat(ledger, host, args.heartbeat)
@@ -133,6 +137,18 @@ def run(args: argparse.Namespace) -> int:
             heartbeat.stop()
         backend.close()
         ledger.close()
+
+
+def _address(given: str | None) -> str:
+    import os
+    import socket
+
+    if given or os.environ.get("GPUSCHED_HOST_ADDRESS"):
+        return str(given or os.environ["GPUSCHED_HOST_ADDRESS"])
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return socket.gethostname()
 
 
 class _Heartbeat(threading.Thread):

@@ -44,6 +44,7 @@ class HostRecord:
     name: str
     fingerprint: str
     devices: tuple[str, ...]
+    address: str
     state: str
     reason: str | None
     registered_at: float
@@ -71,7 +72,7 @@ def _event(conn: sa.Connection, at: float, kind: str, subject: str, **detail: An
 
 
 def _record(row: Any) -> HostRecord:
-    return HostRecord(row.name, row.fingerprint, tuple(row.devices), row.state, row.reason,
+    return HostRecord(row.name, row.fingerprint, tuple(row.devices), row.address, row.state, row.reason,
                       row.registered_at, row.last_heartbeat)
 
 
@@ -84,9 +85,12 @@ class LedgerHosts:
         raise NotImplementedError  # provided by Ledger
 
     def register_host(
-        self, name: str, nodes: Sequence[Node], *, stale_after_s: float, now: float | None = None
+        self, name: str, nodes: Sequence[Node], *, stale_after_s: float, address: str = "127.0.0.1",
+        now: float | None = None,
     ) -> HostRecord:
         """Register (or re-admit) host ``name`` with ``nodes`` and record its inventory.
+
+        ``address`` is where other hosts reach this one (rank 0 of a multi-node gang).
 
         Raises:
             HostConflictError: ``name`` is registered, alive (heartbeat within ``stale_after_s``),
@@ -109,7 +113,8 @@ class LedgerHosts:
                     f"({len(row.devices)} device(s), heartbeat {at - row.last_heartbeat:.0f} s ago); "
                     "give each GPU host its own name (GPUSCHED_HOST) or stop the other agent"
                 )
-            values = {"fingerprint": fingerprint, "devices": devices, "state": HostState.LIVE,
+            values = {"fingerprint": fingerprint, "devices": devices, "address": address,
+                      "state": HostState.LIVE,
                       "reason": None, "last_heartbeat": at}
             if row is None:
                 conn.execute(sa.insert(HOSTS).values(name=name, registered_at=at, **values))
@@ -153,6 +158,15 @@ class LedgerHosts:
             rows = conn.execute(sa.select(NODES.c.name).where(NODES.c.source == HOST_SOURCE_PREFIX + name))
             return sorted(r.name for r in rows)
 
+    def node_addresses(self) -> dict[str, str]:
+        """Node name -> address of the GPU host that registered it."""
+        with read_tx(self.engine) as conn:
+            addresses = {r.name: r.address for r in conn.execute(sa.select(HOSTS.c.name, HOSTS.c.address))}
+            rows = conn.execute(sa.select(NODES.c.name, NODES.c.source).where(
+                NODES.c.source.startswith(HOST_SOURCE_PREFIX)))
+            return {r.name: addresses[r.source[len(HOST_SOURCE_PREFIX):]] for r in rows
+                    if r.source[len(HOST_SOURCE_PREFIX):] in addresses}
+
     def node_hosts(self) -> dict[str, tuple[str, str]]:
         """Node name -> (host name, host state) for every node a host's agent registered."""
         with read_tx(self.engine) as conn:
@@ -177,8 +191,8 @@ class LedgerHosts:
                 conn.execute(sa.update(HOSTS).where(HOSTS.c.name == row.name).values(
                     state=HostState.LOST, reason=reason))
                 _event(conn, at, "host", row.name, state="lost", reason=reason)
-                lost.append(HostRecord(row.name, row.fingerprint, tuple(row.devices), HostState.LOST,
-                                       reason, row.registered_at, row.last_heartbeat))
+                lost.append(HostRecord(row.name, row.fingerprint, tuple(row.devices), row.address,
+                                       HostState.LOST, reason, row.registered_at, row.last_heartbeat))
         return lost
 
     def unavailable_nodes(self, conn: sa.Connection) -> set[str]:

@@ -23,6 +23,7 @@ def upgrade() -> None:
         sa.Column("name", sa.String(255), primary_key=True),
         sa.Column("fingerprint", sa.String(64), nullable=False),
         sa.Column("devices", sa.JSON, nullable=False),
+        sa.Column("address", sa.String(255), nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("reason", sa.Text, nullable=True),
         sa.Column("registered_at", sa.Double, nullable=False),
