@@ -49,6 +49,7 @@ from pathlib import Path
 from airflow.sdk import dag, get_current_context, task
 
 from gpusched.airflow.authoring import gpu
+from gpusched.airflow.gang import gang_task
 
 OUT = Path(os.environ["GPUSCHED_TEST_OUT"])
 
@@ -56,7 +57,9 @@ OUT = Path(os.environ["GPUSCHED_TEST_OUT"])
 def _record(name: str) -> None:
     ctx = get_current_context()
     ti = ctx["ti"]
-    seen = {k: os.environ.get(k) for k in ("GPUSCHED_HOST", "CUDA_VISIBLE_DEVICES", "GPUSCHED_ALLOCATION")}
+    names = ("GPUSCHED_HOST", "CUDA_VISIBLE_DEVICES", "GPUSCHED_ALLOCATION", "MASTER_ADDR", "MASTER_PORT",
+             "WORLD_SIZE", "NODE_RANK", "NNODES", "LOCAL_WORLD_SIZE")
+    seen = {k: os.environ.get(k) for k in names}
     seen["try_number"] = ti.try_number
     seen["pid"] = os.getpid()
     seen["started"] = time.time()
@@ -94,8 +97,25 @@ def mh_victim():
     victim()
 
 
+@dag(dag_id="mh_gang", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def mh_gang():
+    @gang_task(nodes=2, gpus_per_node=1, vendor="nvidia", interconnect="same_rack", retries=1,
+               retry_delay=timedelta(seconds=1))
+    def train() -> None:
+        ti = get_current_context()["ti"]
+        _record(ti.task_id)
+        if ti.try_number == 1:
+            if os.environ["NODE_RANK"] == "1":
+                time.sleep(3)
+                raise RuntimeError("rank 1 fails on its first try")
+            time.sleep(120)  # rank 0 is stopped when rank 1 fails
+
+    train()
+
+
 mh_models()
 mh_victim()
+mh_gang()
 '''
 
 
@@ -291,7 +311,29 @@ def test_gpu_tasks_run_on_the_host_that_owns_their_devices_and_survive_a_host_de
             assert json.loads(seen["GPUSCHED_ALLOCATION"])["uuids"] == sorted(s.uuid for s in alloc.shares)
             assert alloc.released_at is not None
 
-        # 2. Kill the host running the victim mid-task: host lost, allocation released, retry elsewhere.
+        # 2. A two-host gang: members start together on distinct hosts with one rendezvous; when
+        #    rank 1 fails, rank 0 is stopped and the gang is retried as a whole.
+        run_id = _run_dag(cluster, "mh_gang")
+        cluster.wait("mh_gang to finish",
+                     lambda: _run_state(cluster, "mh_gang", run_id) in ("success", "failed"), 240, 2)
+        tis = _tis(cluster, "mh_gang", run_id)
+        assert {t: (ti["state"], ti["try_number"]) for t, ti in tis.items()} == {
+            "train__node0": ("success", 2), "train__node1": ("success", 2)}, cluster.tail()
+        history = ledger.history(since=started - 5)
+        for try_number in (1, 2):
+            members = [_seen(cluster, f"train__node{rank}", try_number) for rank in (0, 1)]
+            assert {m["GPUSCHED_HOST"] for m in members} == set(HOSTS)
+            assert [m["NODE_RANK"] for m in members] == ["0", "1"]
+            for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NNODES", "LOCAL_WORLD_SIZE"):
+                assert len({m[name] for m in members}) == 1, name
+            assert (members[0]["WORLD_SIZE"], members[0]["NNODES"]) == ("2", "2")
+            allocs = [a for a in history if a.key in {ti_key("mh_gang", f"train__node{r}", run_id, try_number)
+                                                      for r in (0, 1)}]
+            assert len(allocs) == 2 and len({a.created_at for a in allocs}) == 1  # placed in one cycle
+        stopped = {e.subject for e in ledger.events(kinds=["gang_stopped"], limit=50)}
+        assert ti_key("mh_gang", "train__node0", run_id, 1) in stopped
+
+        # 3. Kill the host running the victim mid-task: host lost, allocation released, retry elsewhere.
         run_id = _run_dag(cluster, "mh_victim")
         first_key = ti_key("mh_victim", "victim", run_id, 1)
         cluster.wait("the victim to start", lambda: (cluster.out / "victim-1.json").exists(), 180)
@@ -322,7 +364,7 @@ def test_gpu_tasks_run_on_the_host_that_owns_their_devices_and_survive_a_host_de
         assert doomed not in {n.name for n in ledger.snapshot().nodes}
         print(f"host death -> task running on {survivor}: {recovered_s:.1f} s")
 
-        # 3. Nothing is left allocated.
+        # 4. Nothing is left allocated.
         cluster.wait("every allocation to be released", lambda: not ledger.active(), 60)
     finally:
         ledger.close()

@@ -54,7 +54,9 @@ class GangMember:
     scope: str = "same_rack"
 
 
-def gang_member(executor_config: object, *, dag_id: str, run_id: str, map_index: int = -1) -> GangMember | None:
+def gang_member(
+    executor_config: object, *, dag_id: str, run_id: str, map_index: int = -1
+) -> GangMember | None:
     """The gang membership in a task's ``executor_config``, or None for an ordinary task.
 
     Raises:
@@ -114,11 +116,13 @@ def gang_task(
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise GPURequestError("gpus_per_node", gpus_per_node, "an integer >= 1 (whole GPUs per node)")
     if interconnect not in _SCOPES:
-        raise GPURequestError("interconnect", interconnect, f"one of {', '.join(_SCOPES)} for a multi-node gang")
+        raise GPURequestError("interconnect", interconnect,
+                              f"one of {', '.join(_SCOPES)} for a multi-node gang")
     request_kwargs = {k: v for k, v in kwargs.items() if k in REQUEST_KEYS}
     for forbidden in ("gpus", "gang"):
         if forbidden in request_kwargs:
-            raise GPURequestError(forbidden, request_kwargs[forbidden], "not given: use nodes and gpus_per_node")
+            raise GPURequestError(forbidden, request_kwargs[forbidden],
+                                  "not given: use nodes and gpus_per_node")
     task_kwargs = {k: v for k, v in kwargs.items() if k not in REQUEST_KEYS}
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
@@ -135,8 +139,8 @@ def gang_task(
                 config = dict(per_node["executor_config"])
                 config[GANG_KEY] = {"name": name, "size": nodes, "rank": rank, "scope": interconnect}
                 extra = {k: v for k, v in per_node.items() if k != "executor_config"}
-                member = task(fn, task_id=f"{name}__node{rank}", executor_config=config, **extra,
-                              **task_kwargs)
+                member = task(task_id=f"{name}__node{rank}", executor_config=config, **extra,
+                              **task_kwargs)(fn)
                 members.append(member(*args, **call_kwargs))
             return members
 

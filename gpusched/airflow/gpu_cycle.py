@@ -30,8 +30,9 @@ __all__ = [
 class PendingWork:
     """A GPU workload waiting in the executor.
 
-    ``gang``: this work is one member (one node) of a multi-node gang. ``existing`` holds the shares of an allocation the ledger already has under ``key`` (a
-    workload queued again after a scheduler restart): it is launched on them, not placed anew.
+    ``gang``: this work is one member (one node) of a multi-node gang. ``existing`` holds the
+    shares of an allocation the ledger already has under ``key`` (a workload queued again after a
+    scheduler restart): it is launched on them, not placed anew.
     """
 
     key: str

@@ -395,6 +395,8 @@ class GPUScheduling:
                           "so that the gang is retried as a whole")
                 for k in members:
                     if state.get(k) in live_states and k.task_id not in broken:
+                        ledger_key = ti_key(k.dag_id, k.task_id, k.run_id, k.try_number, k.map_index)
+                        self.ledger.record_event("gang_stopped", ledger_key, reason=reason)
                         self.release(k, reason)
                         self.executor.log_task_event(event="gpusched.gang_stopped", extra=reason, ti_key=k)
                         self.executor.fail(k, info=reason)
