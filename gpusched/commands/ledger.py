@@ -194,15 +194,15 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
             print(f"{action}ed {target}")
         return 0
     if action == "hosts":
-        found = ledger.hosts()
+        registered = ledger.hosts()
         if args.json:
             print(json.dumps([{"name": h.name, "state": h.state, "reason": h.reason, "address": h.address,
                                "last_heartbeat": h.last_heartbeat, "devices": list(h.devices),
-                               "queue": h.queue} for h in found], indent=2))
+                               "queue": h.queue} for h in registered], indent=2))
             return 0
-        if not found:
+        if not registered:
             print("no GPU host registered (start `gpusched agent --host-name H` on each GPU host)")
-        for h in found:
+        for h in registered:
             ago = time.time() - h.last_heartbeat
             print(f"{h.name:<20} {h.state:<5} heartbeat {ago:6.0f} s ago  {len(h.devices)} device(s)  "
                   f"queue {h.queue}" + (f"  ({h.reason})" if h.reason else ""))
