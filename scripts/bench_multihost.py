@@ -7,6 +7,9 @@ One local deployment (``gpusched.multihost_cluster.LocalCluster``: Redis, Postgr
 api-server, dag-processor, two GPU hosts with a Celery worker and an agent each) runs, in the same
 scheduler, ``[core] executor = GPUCeleryExecutor,CeleryExecutor``:
 
+After a warm-up run (worker pools forked, DAGs serialised), the two batches alternate
+plain, GPU, GPU, plain (N/2 tasks per run) so that neither gains from running later:
+
 1. ``bench_plain``: N short tasks on the plain CeleryExecutor, hand-routed (``queue="gpusched@host-a"``
    / ``host-b``), no GPU placement: the baseline.
 2. ``bench_gpu``: the same N tasks as GPU tasks (a quarter of an A100 or of an L40S each) through the
@@ -45,7 +48,7 @@ from airflow.sdk import dag, get_current_context, task
 
 from gpusched.airflow.authoring import gpu
 
-N = int(os.environ["GPUSCHED_BENCH_TASKS"])
+N = int(os.environ["GPUSCHED_BENCH_TASKS"])  # per DAG run; each benchmark DAG runs twice
 HALF = N // 2
 
 
@@ -93,9 +96,29 @@ def bench_death():
     victim()
 
 
+@dag(dag_id="bench_warm", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def bench_warm():
+    @task(executor="CeleryExecutor", queue="gpusched@host-a")
+    def plain_a(i: int) -> None:
+        pass
+
+    @task(executor="CeleryExecutor", queue="gpusched@host-b")
+    def plain_b(i: int) -> None:
+        pass
+
+    @task(**gpu(gpus=0.25, memory="8GiB", vendor="nvidia"))
+    def gpu_any(i: int) -> None:
+        pass
+
+    plain_a.expand(i=list(range(4)))
+    plain_b.expand(i=list(range(4)))
+    gpu_any.expand(i=list(range(8)))
+
+
 bench_plain()
 bench_gpu()
 bench_death()
+bench_warm()
 '''
 
 
@@ -123,7 +146,8 @@ def _scheduler_cpu(cluster: LocalCluster) -> float:
     return total
 
 
-def _batch(cluster: LocalCluster, dag_id: str, tasks: int) -> dict[str, float]:
+def _run(cluster: LocalCluster, dag_id: str, tasks: int) -> tuple[list[float], float, float]:
+    """One run of ``dag_id``: the queued -> running waits, wall seconds, scheduler CPU seconds."""
     cpu0, wall0 = _scheduler_cpu(cluster), time.time()
     run_id = cluster.trigger(dag_id)
     last = -1
@@ -141,9 +165,14 @@ def _batch(cluster: LocalCluster, dag_id: str, tasks: int) -> dict[str, float]:
     failed = [t for t in tis if t["state"] != "success"]
     if failed:
         raise SystemExit(f"{dag_id}: {len(failed)} task(s) did not succeed: {failed[:3]}")
-    waits = [_ts(t["start_date"]) - _ts(t["queued_when"]) for t in tis]
-    return {"tasks": len(tis), "p50_s": _pct(waits, 0.5), "p95_s": _pct(waits, 0.95),
-            "mean_s": statistics.fmean(waits), "wall_s": wall, "scheduler_cpu_s_per_task": cpu / len(tis)}
+    return [_ts(t["start_date"]) - _ts(t["queued_when"]) for t in tis], wall, cpu
+
+
+def _summary(runs: list[tuple[list[float], float, float]]) -> dict[str, float]:
+    waits = [w for run in runs for w in run[0]]
+    wall, cpu = sum(r[1] for r in runs), sum(r[2] for r in runs)
+    return {"tasks": len(waits), "p50_s": _pct(waits, 0.5), "p95_s": _pct(waits, 0.95),
+            "mean_s": statistics.fmean(waits), "wall_s": wall, "scheduler_cpu_s_per_task": cpu / len(waits)}
 
 
 def _death(cluster: LocalCluster, round_no: int) -> dict[str, float | str]:
@@ -188,10 +217,14 @@ def main() -> int:
         cluster.wait("scheduler and dag-processor", cluster.healthy, 300, 2)
         for dag_id in ("bench_plain", "bench_gpu", "bench_death"):
             cluster.wait(f"{dag_id} to be parsed", lambda d=dag_id: cluster.api("GET", f"/dags/{d}"), 240, 2)
-        print("plain CeleryExecutor, hand-routed queues:", flush=True)
-        plain = _batch(cluster, "bench_plain", args.tasks)
-        print("GPU Celery executor (placement + allocation + routing):", flush=True)
-        gpu = _batch(cluster, "bench_gpu", args.tasks)
+        print("warm-up:", flush=True)
+        _run(cluster, "bench_warm", 16)
+        runs: dict[str, list[tuple[list[float], float, float]]] = {"bench_plain": [], "bench_gpu": []}
+        for dag_id in ("bench_plain", "bench_gpu", "bench_gpu", "bench_plain"):
+            label = "plain CeleryExecutor, hand-routed" if dag_id == "bench_plain" else "GPU Celery executor"
+            print(f"{label}:", flush=True)
+            runs[dag_id].append(_run(cluster, dag_id, args.tasks // 2))
+        plain, gpu = _summary(runs["bench_plain"]), _summary(runs["bench_gpu"])
         print(f"host deaths ({args.deaths}):", flush=True)
         deaths = [_death(cluster, i + 1) for i in range(args.deaths)]
     finally:

@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["PINNED_AIRFLOW", "PINNED_CELERY_PROVIDER", "celery_send", "local_put", "local_spawn_worker"]
+__all__ = [
+    "PINNED_AIRFLOW", "PINNED_CELERY_PROVIDER", "celery_send", "local_put", "local_spawn_worker",
+    "save_task_event",
+]
 
 PINNED_AIRFLOW = "3.3.2"
 """The Airflow version these internals were checked against."""
@@ -53,3 +56,22 @@ def celery_send(executor: Any, workloads: Sequence[Any]) -> None:
     from airflow.providers.celery.executors.celery_executor import CeleryExecutor
 
     CeleryExecutor._process_workloads(executor, workloads)
+
+
+def save_task_event(executor: Any, *, event: str, extra: str, ti_key: Any) -> None:
+    """Write one row of Airflow's event log for task ``ti_key`` now.
+
+    ``BaseExecutor.log_task_event`` queues the row for the scheduler, which saves the queue with
+    ``session.bulk_save_objects(<generator>)``; with the pinned SQLAlchemy 2.1 that inserts empty
+    rows and fails (NOT NULL on ``log.event``), so every executor event would be lost. Writing the
+    row in its own transaction avoids it; on any error the row goes the usual way.
+    """
+    try:
+        from airflow.models.log import Log
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            session.add(Log(event=event, task_instance=ti_key, extra=extra))
+    except Exception:
+        executor.log.warning("gpusched: could not write the event log row %s; queueing it", event)
+        executor.log_task_event(event=event, extra=extra, ti_key=ti_key)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched.airflow.authoring import request_from_executor_config
+from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.gang import RENDEZVOUS_VARS, gang_member
 from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
 from gpusched.airflow.keys import KEY_PREFIX, parse_ti_key, ti_key, ti_key_of
@@ -74,7 +75,8 @@ class GPUScheduling:
     """GPU placement and allocation lifecycle for one executor (see the module docstring).
 
     ``executor`` is the Airflow executor composing this (its ``log``, ``queued_tasks``,
-    ``jwt_generator``, ``fail`` and ``log_task_event`` are used); ``dispatcher`` starts launches.
+    ``jwt_generator`` and ``fail`` are used; event-log rows are written directly);
+    ``dispatcher`` starts launches.
     Settings: ``[gpusched]`` ``policy``, ``lease_seconds``, ``fail_unschedulable``,
     ``visible_devices_by_uuid``, ``replan_budget_ms``, ``replan_weights``, ``host_timeout_seconds``
     (30: a GPU host whose agent has not heartbeated for this long is lost; 0 = never).
@@ -284,7 +286,8 @@ class GPUScheduling:
         self.dispatcher.dispatch(fresh, launch)
         devices = ", ".join(f"{s.node}:{s.index}({s.milli}m)" for s in launch.shares)
         self.log.info("gpusched: %s dispatched on %s", launch.key, devices)
-        self.executor.log_task_event(
+        save_task_event(
+            self.executor,
             event="gpusched.allocated",
             extra=json.dumps({"devices": devices, "env": launch.env.get("CUDA_VISIBLE_DEVICES")}),
             ti_key=workload.key,
@@ -313,7 +316,7 @@ class GPUScheduling:
         self._queue_reason.pop(key, None)
         self._safe(lambda: self.ledger.clear_queue(key))
         self.log.error("gpusched: failing %s: %s", key, reason)
-        self.executor.log_task_event(event="gpusched.unschedulable", extra=reason, ti_key=workload.key)
+        save_task_event(self.executor, event="gpusched.unschedulable", extra=reason, ti_key=workload.key)
         self.executor.fail(workload.key, info=reason)
 
     # ---- leases, release, hosts ----------------------------------------------------------------
@@ -359,7 +362,7 @@ class GPUScheduling:
                     airflow_key = TaskInstanceKey(parts.dag_id, parts.task_id, parts.run_id,
                                                   parts.try_number, parts.map_index)
                 self.gpu_running.pop(airflow_key, None)
-                self.executor.log_task_event(event="gpusched.node_lost", extra=reason, ti_key=airflow_key)
+                save_task_event(self.executor, event="gpusched.node_lost", extra=reason, ti_key=airflow_key)
                 self.executor.fail(airflow_key, info=reason)
         return lost_keys
 
@@ -398,7 +401,7 @@ class GPUScheduling:
                         ledger_key = ti_key(k.dag_id, k.task_id, k.run_id, k.try_number, k.map_index)
                         self.ledger.record_event("gang_stopped", ledger_key, reason=reason)
                         self.release(k, reason)
-                        self.executor.log_task_event(event="gpusched.gang_stopped", extra=reason, ti_key=k)
+                        save_task_event(self.executor, event="gpusched.gang_stopped", extra=reason, ti_key=k)
                         self.executor.fail(k, info=reason)
                         stopped.append(k)
             if broken or not any(state.get(k) in live_states for k in members):
