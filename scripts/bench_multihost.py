@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -207,15 +208,16 @@ def main() -> int:
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="gpusched-bench-multihost-"))
     executors = "gpusched.airflow.celery_executor.GPUCeleryExecutor,CeleryExecutor"
+    env = {"GPUSCHED_BENCH_TASKS": str(args.tasks // 2), "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "64",
+           "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "1200"}
     cluster = LocalCluster(base, {"bench_dags.py": DAGS}, executor=executors,
-                           worker_concurrency=args.concurrency, env={"GPUSCHED_BENCH_TASKS": str(args.tasks),
-                                "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "64",
-                                "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "1200"})
+                           worker_concurrency=args.concurrency, env=env)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the deployment on SIGTERM too
     print(f"gpusched bench multihost: starting the deployment in {base}", flush=True)
     try:
         cluster.start()
         cluster.wait("scheduler and dag-processor", cluster.healthy, 300, 2)
-        for dag_id in ("bench_plain", "bench_gpu", "bench_death"):
+        for dag_id in ("bench_plain", "bench_gpu", "bench_death", "bench_warm"):
             cluster.wait(f"{dag_id} to be parsed", lambda d=dag_id: cluster.api("GET", f"/dags/{d}"), 240, 2)
         print("warm-up:", flush=True)
         _run(cluster, "bench_warm", 16)
