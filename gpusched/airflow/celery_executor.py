@@ -98,8 +98,8 @@ class GPUCeleryExecutor(CeleryExecutor):
 
     def _process_workloads(self, workload_items: Any) -> None:
         plain = [w for w in workload_items if not is_gpu_workload(w)]
-        if plain:
-            super()._process_workloads(plain)
+        if plain:  # exactly as CeleryExecutor: each to its own queue
+            celery_send(self, plain)
         self.gpu.schedule([w for w in workload_items if is_gpu_workload(w)])
 
     def change_state(
