@@ -126,9 +126,11 @@ def test_gang_members_go_to_their_hosts_with_one_rendezvous(executor: Any) -> No
     assert "1 of 2 members queued" in executor.ledger.queue()[0].reason
     _submit(executor, members[1])
     assert sorted(w.ti.queue for w in executor.sent) == ["gpusched@host-a", "gpusched@host-b"]
-    envs = [executor.ledger.events(1, kinds=["rendezvous"], subject=ti_key("d", f"train__node{r}",
-                                                                          "manual__1", 1))[0].detail["env"]
-            for r in (0, 1)]
+    launches = [executor.ledger.events(1, kinds=["launch"], subject=ti_key("d", f"train__node{r}",
+                                                                          "manual__1", 1))[0].detail
+                for r in (0, 1)]
+    assert sorted(d["host"] for d in launches) == ["host-a", "host-b"]
+    envs = [d["env"] for d in launches]
     assert [e["NODE_RANK"] for e in envs] == ["0", "1"]
     for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE"):
         assert envs[0][name] == envs[1][name], name

@@ -27,7 +27,7 @@ from gpusched.airflow.executor_compat import celery_send
 from gpusched.airflow.gpu_cycle import Launch
 from gpusched.airflow.gpu_scheduling import GPUScheduling, is_gpu_workload
 from gpusched.errors import ConfigurationError
-from gpusched.ledger.hosts import HostState, host_queue
+from gpusched.ledger.hosts import LAUNCH_EVENT, HostState, host_queue
 
 if TYPE_CHECKING:
     from gpusched.ledger import Ledger
@@ -145,5 +145,7 @@ class _CeleryDispatcher:
         found = self._host_of(launch.shares[0].node)
         assert found is not None
         queue = host_queue(found[0])
+        # The task side on that host reads its environment (devices, rendezvous) and host from here.
+        self.executor.ledger.record_event(LAUNCH_EVENT, launch.key, env=dict(launch.env), host=found[0])
         routed = workload.model_copy(update={"ti": workload.ti.model_copy(update={"queue": queue})})
         celery_send(self.executor, [routed])

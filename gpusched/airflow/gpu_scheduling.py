@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched.airflow.authoring import request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
-from gpusched.airflow.gang import RENDEZVOUS_VARS, gang_member
+from gpusched.airflow.gang import gang_member
 from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
-from gpusched.airflow.keys import KEY_PREFIX, parse_ti_key, ti_key, ti_key_of
-from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError
+from gpusched.airflow.keys import KEY_PREFIX, ti_key, ti_key_of
+from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError, UnknownAllocationError
 from gpusched.failures import load_overrides
 from gpusched.placement.genetic import parse_weights
 from gpusched.request import GPURequest
@@ -279,10 +279,9 @@ class GPUScheduling:
         self._submitted.pop(workload.key, None)
         self._seen.discard(workload.key)
         self.gpu_running[workload.key] = launch.key
-        rendezvous = {k: v for k, v in launch.env.items() if k in RENDEZVOUS_VARS}
-        if rendezvous:  # the task side (another host) reads it from the ledger
-            self.ledger.record_event("rendezvous", launch.key, now=now, env=rendezvous)
-            self.gangs.setdefault(rendezvous["GPUSCHED_GANG"], set()).add(workload.key)
+        gang = launch.env.get("GPUSCHED_GANG")
+        if gang:  # watched: a failed member stops the others
+            self.gangs.setdefault(gang, set()).add(workload.key)
         self.dispatcher.dispatch(fresh, launch)
         devices = ", ".join(f"{s.node}:{s.index}({s.milli}m)" for s in launch.shares)
         self.log.info("gpusched: %s dispatched on %s", launch.key, devices)
@@ -332,7 +331,7 @@ class GPUScheduling:
         if now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
             self._last_renew = now
             for ledger_key in list(self.gpu_running.values()):
-                self._safe(lambda k=ledger_key: self.ledger.renew(k, self.lease_s))
+                self._safe(lambda k=ledger_key: self._renew(k))
             # Leases of a crashed executor (any holder) run out here.
             for alloc in self._safe(lambda: self.ledger.expire_leases(now)) or ():
                 self.log.warning("gpusched: lease of %s expired; devices released", alloc.key)
@@ -343,75 +342,23 @@ class GPUScheduling:
             self._last_host_check = now
             self._safe(lambda: self.handle_lost_hosts(now))
 
+    def _renew(self, ledger_key: str) -> None:
+        try:
+            self.ledger.renew(ledger_key, self.lease_s)
+        except UnknownAllocationError:  # the task side released it already; the executor learns soon
+            self.log.debug("gpusched: %s already released", ledger_key)
+
     def handle_lost_hosts(self, now: float) -> list[str]:
         """Mark silent GPU hosts lost; release their allocations and fail their tasks (node lost)."""
-        from airflow.models.taskinstancekey import TaskInstanceKey
+        from gpusched.airflow.gpu_faults import handle_lost_hosts
 
-        lost_keys: list[str] = []
-        for host in self.ledger.mark_lost_hosts(self.host_timeout_s, now=now):
-            nodes = set(self.ledger.host_nodes(host.name))
-            self.log.error("gpusched: GPU host %s lost: %s", host.name, host.reason)
-            by_ledger_key = {v: k for k, v in self.gpu_running.items()}
-            for alloc in self.ledger.active():
-                if not any(s.node in nodes for s in alloc.shares):
-                    continue
-                reason = f"{host.reason}; its devices are released and the task is retried on another host"
-                self.ledger.release(alloc.key, reason=reason, now=now)
-                self.ledger.record_event("node_lost", alloc.key, now=now, host=host.name, reason=host.reason)
-                lost_keys.append(alloc.key)
-                airflow_key = by_ledger_key.get(alloc.key)
-                if airflow_key is None:
-                    parts = parse_ti_key(alloc.key)
-                    if parts is None:
-                        continue
-                    airflow_key = TaskInstanceKey(parts.dag_id, parts.task_id, parts.run_id,
-                                                  parts.try_number, parts.map_index)
-                self.gpu_running.pop(airflow_key, None)
-                save_task_event(self.executor, event="gpusched.node_lost", extra=reason, ti_key=airflow_key)
-                self.executor.fail(airflow_key, info=reason)
-        return lost_keys
+        return handle_lost_hosts(self, now)
 
     def stop_broken_gangs(self) -> list[Any]:
-        """Stop the live members of every launched gang one of whose members failed (or was lost).
+        """Stop the live members of every launched gang one of whose members failed (or was lost)."""
+        from gpusched.airflow.gpu_faults import stop_broken_gangs
 
-        The stopped members fail now (their retries wait for the whole gang again); Airflow's
-        task supervisor ends their processes at the next heartbeat. Returns the stopped keys.
-        """
-        from airflow.models.taskinstance import TaskInstance
-        from airflow.utils.session import create_session
-        from sqlalchemy import and_, or_, select
-
-        keys = {k for members in self.gangs.values() for k in members}
-        ti = TaskInstance
-        with create_session() as session:
-            rows = session.execute(select(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number,
-                                          ti.state).where(or_(*(and_(
-                ti.dag_id == k.dag_id, ti.task_id == k.task_id, ti.run_id == k.run_id,
-                ti.map_index == k.map_index) for k in keys)))).all()
-        state = {}
-        for r in rows:
-            for k in keys:
-                if (k.dag_id, k.task_id, k.run_id, k.map_index) == (r[0], r[1], r[2], r[3]):
-                    state[k] = str(r[5]) if r[4] == k.try_number else "superseded"
-        broken_states = {"failed", "up_for_retry", "upstream_failed", "removed", "superseded"}
-        live_states = {"queued", "running", "scheduled", "None"}
-        stopped = []
-        for gang, members in list(self.gangs.items()):
-            broken = sorted(str(k.task_id) for k in members if state.get(k) in broken_states)
-            if broken:
-                reason = (f"multi-node gang member {', '.join(broken)} failed; stopping the other members "
-                          "so that the gang is retried as a whole")
-                for k in members:
-                    if state.get(k) in live_states and k.task_id not in broken:
-                        ledger_key = ti_key(k.dag_id, k.task_id, k.run_id, k.try_number, k.map_index)
-                        self.ledger.record_event("gang_stopped", ledger_key, reason=reason)
-                        self.release(k, reason)
-                        save_task_event(self.executor, event="gpusched.gang_stopped", extra=reason, ti_key=k)
-                        self.executor.fail(k, info=reason)
-                        stopped.append(k)
-            if broken or not any(state.get(k) in live_states for k in members):
-                del self.gangs[gang]
-        return stopped
+        return stop_broken_gangs(self)
 
     def release(self, key: Any, reason: str) -> None:
         """Release the devices of Airflow key ``key`` (idempotent with the task-side listener)."""

@@ -65,6 +65,20 @@ def _is_gpu_task(task_instance: Any) -> bool:
     return isinstance(config, dict) and "gpusched" in config
 
 
+_LEDGERS: dict[str, Any] = {}
+
+
+def _ledger() -> Any:
+    """One ledger per task process (export and release share its connection pool)."""
+    from gpusched.ledger import Ledger
+    from gpusched.ledger.engine import default_url
+
+    url = default_url()
+    if url not in _LEDGERS:
+        _LEDGERS[url] = Ledger(url)
+    return _LEDGERS[url]
+
+
 def _logger(task_instance: Any) -> Any:
     return getattr(task_instance, "log", None) or _log
 
@@ -85,31 +99,32 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
         if not _is_gpu_task(task_instance):
             return None
         from gpusched.envexport import devices_env
-        from gpusched.ledger import Ledger
+        from gpusched.ledger.hosts import LAUNCH_EVENT
 
         host = os.environ.get(HOST_VAR, "").strip()
-        ledger = Ledger()
-        try:
-            found = ledger.get(key)
-            if found is None or found.released_at is not None:
-                if host:
-                    raise WrongHostError(
-                        f"no active GPU allocation for {key} (released: host lost or revoked); "
-                        f"host {host} will not run it without devices"
-                    )
-                _logger(task_instance).warning(
-                    "gpusched: no active GPU allocation for %s; the task runs without device "
-                    "restriction. Run it under gpusched.airflow.executor.GPUExecutor.", key,
+        ledger = _ledger()
+        found = ledger.get(key)
+        if found is None or found.released_at is not None:
+            if host:
+                raise WrongHostError(
+                    f"no active GPU allocation for {key} (released: host lost or revoked); "
+                    f"host {host} will not run it without devices"
                 )
-                return None
+            _logger(task_instance).warning(
+                "gpusched: no active GPU allocation for %s; the task runs without device "
+                "restriction. Run it under gpusched.airflow.executor.GPUExecutor.", key,
+            )
+            return None
+        launched = ledger.events(1, kinds=[LAUNCH_EVENT], subject=key)
+        if launched:  # the Celery executor recorded the environment and the host at dispatch
+            detail = launched[0].detail
+            if host and detail.get("host") != host:
+                check_host(host, found.shares, ledger.host_nodes(host))
+            variables = {str(k): str(v) for k, v in dict(detail.get("env") or {}).items()}
+        else:
             if host:
                 check_host(host, found.shares, ledger.host_nodes(host))
             variables = devices_env(found.shares, ledger.snapshot(), key=key)
-            # A multi-node gang member: the executor recorded its rendezvous variables at launch.
-            for event in ledger.events(1, kinds=["rendezvous"], subject=key):
-                variables.update({str(k): str(v) for k, v in dict(event.detail.get("env") or {}).items()})
-        finally:
-            ledger.close()
         env.update(variables)
         allocation = allocation_from_env(env)
     visible = {
@@ -137,13 +152,7 @@ def release_devices(task_instance: Any, reason: str) -> bool:
     allocation = allocation_from_env(os.environ)
     if not _is_gpu_task(task_instance) and (allocation is None or allocation.get("key") != key):
         return False
-    from gpusched.ledger import Ledger
-
-    ledger = Ledger()
-    try:
-        released = ledger.release(key, reason=reason)
-    finally:
-        ledger.close()
+    released = _ledger().release(key, reason=reason)
     if released is not None:
         _logger(task_instance).info("gpusched: released the devices of %s (%s)", key, reason)
     return released is not None

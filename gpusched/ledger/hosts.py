@@ -23,8 +23,12 @@ from gpusched.ledger.schema import EVENTS, HOSTS, NODES
 from gpusched.model import Node
 
 __all__ = [
-    "HOST_SOURCE_PREFIX", "HostRecord", "HostState", "LedgerHosts", "devices_fingerprint", "host_queue",
+    "HOST_SOURCE_PREFIX", "LAUNCH_EVENT", "HostRecord", "HostState", "LedgerHosts", "devices_fingerprint",
+    "host_queue",
 ]
+
+LAUNCH_EVENT = "launch"
+"""Event the Celery executor records per dispatched task: the task's environment and its host."""
 
 HOST_SOURCE_PREFIX = "host:"
 """Inventory source of the nodes a host's agent registered: ``host:<name>``."""
