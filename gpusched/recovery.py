@@ -47,6 +47,7 @@ class FailureKind(StrEnum):
     COMMUNICATION = "communication"
     HARDWARE = "hardware"
     CODE_ERROR = "code_error"
+    NODE_LOST = "node_lost"
     UNKNOWN = "unknown"
 
 
@@ -91,6 +92,9 @@ _OOM_PATTERNS = [re.compile(p) for p in (
     r"NPU out of memory",
     r"NCCL WARN.*out of memory",
 )]
+_NODE_LOST_RE = re.compile(r"node lost: no heartbeat from host \S+")
+"""The reason the GPU executors give a task whose GPU host stopped heartbeating."""
+
 _COMM_PATTERNS = [re.compile(p) for p in (
     r"NCCL WARN",
     r"\bNCCL error\b",
@@ -137,6 +141,9 @@ def classify_failure(
             growing): a leak is the program's bug, so such a try is a code error.
     """
     lines = log_text.splitlines()
+    lost = [line for line in lines if _NODE_LOST_RE.search(line)]
+    if lost:  # the whole host went away: a hardware fault of the node, not of one device
+        return Classification(FailureKind.NODE_LOST, _evidence(lost), ())
     xids: list[int] = []
     hw_lines: list[str] = []
     for line in lines:
@@ -250,6 +257,10 @@ def choose_remedy(
         where = ", ".join(suspects) or "an unknown device"
         reason = f"hardware fault on {where}; cordoned, retrying elsewhere"
         return _with_capacity(Remedy(True, reason, None, suspects, suspects), request, snapshot, excluded)
+    if kind is FailureKind.NODE_LOST:
+        # The lost host's devices are out of the snapshot until its agent is back: no cordon.
+        reason = "node lost (hardware fault of the host); retrying on another host"
+        return _with_capacity(Remedy(True, reason), request, snapshot)
     if kind is FailureKind.CUDA_OOM:
         return _oom_remedy(classification, request, devices, snapshot, catalog or default_catalog())
     if kind is FailureKind.COMMUNICATION:

@@ -197,3 +197,14 @@ def test_shortage_after_cordon_asks_to_activate_the_standby_node(fleet: FleetSna
     assert remedy.scale_out == request and remedy.activate == ("a-h100-2",)
     cordoned = fleet.with_device(replace(fleet.device(devices[3]), cordoned=True))
     assert not fits_fleet(request, cordoned, empty=True)
+
+
+def test_a_lost_host_is_a_node_fault_retried_elsewhere_twice_without_cordons(fleet: FleetSnapshot) -> None:
+    text = ("Executor GPUCeleryExecutor reported that the task instance finished with state failed. "
+            "Extra info: node lost: no heartbeat from host host-a for 12 s; its devices are released")
+    verdict = classify_failure(text)
+    assert verdict.kind is FailureKind.NODE_LOST and "host-a" in verdict.evidence[0]
+    request = GPURequest.build(gpus=1)
+    for attempt in (1, 2):  # an unknown failure would not be retried a second time
+        remedy = choose_remedy(verdict, request, ("GPU-x",), fleet, attempt=attempt)
+        assert remedy.retry and remedy.cordon == () and "node lost" in remedy.reason
