@@ -58,15 +58,19 @@ class GPUCeleryExecutor(CeleryExecutor):
         """Check the broker and the ledger, then release allocations of tasks that are gone."""
         super().start()
         self.check_broker()
+        self.check_ledger()
+        self.gpu.reconcile()
+
+    def check_ledger(self) -> None:
+        """Migrate the shared ledger; ConfigurationError (one line) when it cannot be reached."""
         try:
             self.ledger.migrate()
         except Exception as exc:
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
             raise ConfigurationError(
-                f"GPUCeleryExecutor cannot open the gpusched ledger ({exc.__class__.__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); set GPUSCHED_DB_URL to the "
-                "shared PostgreSQL database every GPU host's agent uses"
+                f"GPUCeleryExecutor cannot open the gpusched ledger ({exc.__class__.__name__}: {first}); "
+                "set GPUSCHED_DB_URL to the shared PostgreSQL database every GPU host's agent uses"
             ) from exc
-        self.gpu.reconcile()
 
     def check_broker(self) -> None:
         """Raise ConfigurationError when the Celery broker does not answer."""
