@@ -199,13 +199,52 @@ def _death(cluster: LocalCluster, round_no: int) -> dict[str, float | str]:
     return {"killed": doomed, "ran_on": host, "seconds": seconds}
 
 
+def plot(result: dict[str, object], path: Path) -> None:
+    """Two panels: queued -> running p50/p95 per executor; host death -> running per round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    names = [("plain_celery", "CeleryExecutor\nhand-routed queues"),
+             ("gpu_celery", "GPU Celery executor\n(placed + allocated)")]
+    xs = range(len(names))
+    for offset, (stat, colour) in enumerate((("p50_s", "#4c72b0"), ("p95_s", "#dd8452"))):
+        values = [float(result[key][stat]) for key, _ in names]  # type: ignore[index]
+        bars = left.bar([x + offset * 0.38 for x in xs], values, 0.36, color=colour, label=stat[:3])
+        left.bar_label(bars, fmt="%.1f s", fontsize=8)
+    left.set_xticks([x + 0.19 for x in xs], [label for _, label in names], fontsize=8)
+    left.set_ylabel("queued -> running (s)")
+    left.set_title(f"{result['tasks']} short tasks per executor, same run", fontsize=9)
+    left.legend(fontsize=8)
+    deaths = result["host_death_to_running_s"]
+    seconds = [float(d["seconds"]) for d in deaths]  # type: ignore[union-attr]
+    bars = right.bar(range(1, len(seconds) + 1), seconds, color="#55a868")
+    right.bar_label(bars, fmt="%.1f s", fontsize=8)
+    right.set_xticks(range(1, len(seconds) + 1))
+    right.axhline(60, color="#c44e52", linestyle="--", linewidth=1, label="goal: 60 s")
+    right.set_xlabel("host death (SIGKILL of worker + agent), round")
+    right.set_ylabel("death -> task running elsewhere (s)")
+    right.set_title(f"host timeout {result['host_timeout_s']} s (seed's production figure: 15 min)",
+                    fontsize=9)
+    right.set_ylim(0, 70)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=200, help="short tasks per executor (default 200)")
     parser.add_argument("--deaths", type=int, default=3, help="host deaths to time (default 3)")
     parser.add_argument("--concurrency", type=int, default=4, help="Celery worker slots per host (default 4)")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "multihost.json")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out and exit")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(json.loads(args.out.read_text()), args.out.with_suffix(".png"))
+        return 0
     base = Path(tempfile.mkdtemp(prefix="gpusched-bench-multihost-"))
     executors = "gpusched.airflow.celery_executor.GPUCeleryExecutor,CeleryExecutor"
     env = {"GPUSCHED_BENCH_TASKS": str(args.tasks // 2), "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "64",
@@ -243,6 +282,7 @@ def main() -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
+    plot(result, args.out.with_suffix(".png"))
     print(json.dumps(result, indent=2))
     return 0
 
