@@ -151,3 +151,19 @@ def test_unreachable_ledger_is_one_clear_error(executor: Any, monkeypatch: pytes
     executor.gpu._ledger = Ledger(f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none")
     with pytest.raises(ConfigurationError, match=r"cannot open the gpusched ledger .*GPUSCHED_DB_URL"):
         executor.check_ledger()
+
+
+def test_adopted_gpu_tasks_keep_their_allocations(executor: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from airflow.models.taskinstancekey import TaskInstanceKey
+    from airflow.providers.celery.executors.celery_executor import CeleryExecutor
+
+    w = _workload("long", {"gpus": 1, "models": ["L40S"]})
+    _submit(executor, w)
+    executor.gpu.gpu_running.clear()  # a new scheduler process knows nothing of it
+    monkeypatch.setattr(CeleryExecutor, "try_adopt_task_instances", lambda self, tis: [])  # all adopted
+    key = TaskInstanceKey("d", "long", "manual__1", 1, -1)
+    ti = SimpleNamespace(key=key, dag_id="d", task_id="long", run_id="manual__1", try_number=1, map_index=-1)
+    assert executor.try_adopt_task_instances([ti]) == []
+    assert executor.gpu.gpu_running == {key: ti_key("d", "long", "manual__1", 1)}

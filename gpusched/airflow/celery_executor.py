@@ -26,6 +26,7 @@ from airflow.providers.celery.executors.celery_executor import CeleryExecutor
 from gpusched.airflow.executor_compat import celery_send
 from gpusched.airflow.gpu_cycle import Launch
 from gpusched.airflow.gpu_scheduling import GPUScheduling, is_gpu_workload
+from gpusched.airflow.keys import ti_key_of
 from gpusched.errors import ConfigurationError
 from gpusched.ledger.hosts import LAUNCH_EVENT, HostState, host_queue
 
@@ -89,6 +90,19 @@ class GPUCeleryExecutor(CeleryExecutor):
         """End as CeleryExecutor does; forget the waiting records of what never started."""
         super().end(*args, **kwargs)
         self.gpu.end(list(self.queued_tasks.values()))
+
+    def try_adopt_task_instances(self, tis: Any) -> Any:
+        """Adopt as CeleryExecutor does; adopted GPU tasks keep their allocations (leases renewed)."""
+        not_adopted = super().try_adopt_task_instances(tis)
+        left = {ti.key for ti in not_adopted}
+        for ti in tis:
+            if ti.key in left:
+                continue
+            ledger_key = ti_key_of(ti)
+            alloc = self.gpu._safe(lambda k=ledger_key: self.ledger.get(k))
+            if alloc is not None and alloc.released_at is None:
+                self.gpu.gpu_running[ti.key] = ledger_key
+        return not_adopted
 
     def revoke_task(self, *, ti: Any, **kwargs: Any) -> None:
         """Revoke in Celery and release the task's devices."""
