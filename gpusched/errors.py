@@ -42,6 +42,7 @@ __all__ = [
     "HardwareError",
     "HostConflictError",
     "LedgerError",
+    "LedgerUnavailableError",
     "PlacementError",
     "QuotaError",
     "ScalingError",
@@ -125,6 +126,10 @@ class UnschedulableError(PlacementError):
 
 class LedgerError(GpuschedError):
     """The allocation ledger refused or failed an operation."""
+
+
+class LedgerUnavailableError(LedgerError):
+    """The ledger database could not be reached, or stayed locked past the wait bound."""
 
 
 class AllocationConflictError(LedgerError):

@@ -7,9 +7,16 @@ finds devices on the ledger's fleet snapshot; then the allocation is written to 
 one transaction, the workload gets a fresh token and goes to a worker with the devices'
 environment. Every other workload runs exactly as under LocalExecutor.
 
-Lifecycle of an allocation: written at dispatch, lease renewed on heartbeats, released when the
-task process ends (``change_state``), when the task is revoked, when the executor ends, or —
-after a crash — on the next start (``reconcile``) or when its lease expires.
+Lifecycle of an allocation: written at dispatch (recording the executor process; the worker that
+picks the task up and the task process add themselves), lease renewed on heartbeats, released when
+the task process ends (``change_state``), when the task is revoked, when the executor ends, at
+once when the worker running it dies (the task is then failed, so Airflow retries it), or — after
+a crash — by ``reconcile`` (on start and every few seconds: a superseded or finished try, or one
+whose holder processes are gone) or when its lease expires.
+
+The executor never waits on the ledger longer than ``ledger_wait_seconds``: a writer stuck inside
+a transaction makes the GPU part of a heartbeat give up (workloads stay queued) instead of
+stalling the scheduler loop, and the ledger is left alone for that long before the next try.
 
 Settings (``[gpusched]`` section, or ``AIRFLOW__GPUSCHED__<NAME>``): ``policy`` (gpusched,
 first-fit, best-fit, random), ``lease_seconds`` (600), ``fail_unschedulable`` (True: a request
@@ -17,7 +24,9 @@ that can never fit this fleet fails at once instead of waiting), ``visible_devic
 (False), ``sync_inventory_on_start`` (True: discover the hardware or simulated fleet on start),
 ``pool_sync`` (default: the ``GPUSCHED_POOL_SYNC`` variable; keeps the ``gpu_<partition>`` pools
 sized to the fleet, see :mod:`gpusched.airflow.pool_sync`), ``wait_for_api_seconds`` (90: on start,
-wait this long for the execution API to answer before dispatching anything; 0 = do not wait).
+wait this long for the execution API to answer before dispatching anything; 0 = do not wait),
+``ledger_wait_seconds`` (5: the most one ledger operation waits for a lock), ``reconcile_seconds``
+(5: how often allocations of gone or superseded tries are looked for).
 
 The GPU logic is :class:`gpusched.airflow.gpu_scheduling.GPUScheduling`, shared with
 :class:`gpusched.airflow.celery_executor.GPUCeleryExecutor`; this class adds only how a launch is
@@ -34,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.executors.local_executor import LocalExecutor
 
 from gpusched.airflow.dispatch import run_gpu_worker
-from gpusched.airflow.executor_compat import local_put, local_spawn_worker
+from gpusched.airflow.executor_compat import local_any_worker_dead, local_put, local_spawn_worker
 from gpusched.airflow.gpu_cycle import Launch
 from gpusched.airflow.gpu_scheduling import GPUScheduling, conf_bool, conf_str, is_gpu_workload
 
@@ -79,6 +88,7 @@ class GPUExecutor(LocalExecutor):
     def start(self) -> None:
         """Start the workers, open the ledger, sync the inventory and reconcile after a restart."""
         super().start()
+        self.gpu.start_process()
         ledger = self.ledger
         ledger.migrate()
         if conf_bool("sync_inventory_on_start", True):
@@ -143,6 +153,15 @@ class GPUExecutor(LocalExecutor):
 
     def _spawn_worker(self) -> None:
         local_spawn_worker(self, run_gpu_worker)
+
+    def _check_workers(self) -> None:
+        # LocalExecutor reaps dead workers here; a dead worker was the supervisor of the task it
+        # ran, so that task's result never arrives: release its devices now and fail the try
+        # (Airflow retries it) instead of waiting for the task heartbeat timeout.
+        died = local_any_worker_dead(self)
+        super()._check_workers()
+        if died and self.gpu_running:
+            self.gpu._safe(self.gpu.fail_orphaned)
 
 
 class _LocalDispatcher:

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    "PINNED_AIRFLOW", "PINNED_CELERY_PROVIDER", "celery_send", "local_put", "local_spawn_worker",
+    "PINNED_AIRFLOW", "PINNED_CELERY_PROVIDER", "celery_send", "local_any_worker_dead", "local_put",
+    "local_spawn_worker",
     "save_task_event",
 ]
 
@@ -49,6 +50,11 @@ def local_spawn_worker(executor: Any, target: Any) -> None:
     proc.start()
     assert proc.pid is not None
     executor.workers[proc.pid] = proc
+
+
+def local_any_worker_dead(executor: Any) -> bool:
+    """Whether a LocalExecutor worker process has died (before ``_check_workers`` reaps it)."""
+    return any(not proc.is_alive() for proc in getattr(executor, "workers", {}).values())
 
 
 def celery_send(executor: Any, workloads: Sequence[Any]) -> None:

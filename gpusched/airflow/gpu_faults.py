@@ -1,4 +1,4 @@
-"""What the GPU core does when hardware goes away: lost GPU hosts and broken multi-node gangs.
+"""What the GPU core does when something goes away: lost GPU hosts, dead workers, broken gangs.
 
 Both run from :meth:`gpusched.airflow.gpu_scheduling.GPUScheduling.periodic` in the scheduler
 process: a lost host's allocations are released and its tasks failed through the executor (so
@@ -7,6 +7,7 @@ Airflow retries them elsewhere); a gang with a failed member has its other membe
 
 from __future__ import annotations
 
+import socket
 from typing import TYPE_CHECKING, Any
 
 from gpusched.airflow.executor_compat import save_task_event
@@ -15,7 +16,7 @@ from gpusched.airflow.keys import parse_ti_key, ti_key
 if TYPE_CHECKING:
     from gpusched.airflow.gpu_scheduling import GPUScheduling
 
-__all__ = ["handle_lost_hosts", "stop_broken_gangs"]
+__all__ = ["fail_orphaned", "handle_lost_hosts", "stop_broken_gangs"]
 
 
 def handle_lost_hosts(core: GPUScheduling, now: float) -> list[str]:
@@ -88,3 +89,27 @@ def stop_broken_gangs(core: GPUScheduling) -> list[Any]:
         if broken or not any(state.get(k) in live_states for k in members):
             del core.gangs[gang]
     return stopped
+
+
+def fail_orphaned(core: GPUScheduling) -> list[str]:
+    """Release and fail the tries whose LocalExecutor worker (their supervisor) died.
+
+    Judged by pid and start time (a respawned worker may reuse a dead one's pid); a task
+    whose worker has not picked it up yet has no worker record and is left alone.
+    """
+    from gpusched.ledger.liveness import process_alive
+
+    host = socket.gethostname()
+    by_ledger_key = {v: k for k, v in core.gpu_running.items()}
+    failed = []
+    for alloc in core.ledger.active(core.holder):
+        airflow_key = by_ledger_key.get(alloc.key)
+        workers = [p for p in alloc.processes if p.role == "worker" and p.host == host]
+        if airflow_key is None or not workers or process_alive(workers[-1]) is not False:
+            continue
+        reason = f"worker process {workers[-1].pid} died"
+        core.release(airflow_key, reason)
+        core.log.error("gpusched: %s: %s; failing the try so Airflow retries it", alloc.key, reason)
+        core.executor.fail(airflow_key, info=f"gpusched: {reason}")
+        failed.append(alloc.key)
+    return failed

@@ -25,8 +25,15 @@ from gpusched.airflow.authoring import request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.gang import gang_member
 from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
-from gpusched.airflow.keys import KEY_PREFIX, ti_key, ti_key_of
-from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError, UnknownAllocationError
+from gpusched.airflow.keys import ti_key_of
+from gpusched.airflow.orphans import reconcile_holder, task_state
+from gpusched.errors import (
+    AllocationConflictError,
+    GPURequestError,
+    GpuschedError,
+    LedgerUnavailableError,
+    UnknownAllocationError,
+)
 from gpusched.failures import load_overrides
 from gpusched.placement.genetic import parse_weights
 from gpusched.request import GPURequest
@@ -79,7 +86,9 @@ class GPUScheduling:
     ``dispatcher`` starts launches.
     Settings: ``[gpusched]`` ``policy``, ``lease_seconds``, ``fail_unschedulable``,
     ``visible_devices_by_uuid``, ``replan_budget_ms``, ``replan_weights``, ``host_timeout_seconds``
-    (30: a GPU host whose agent has not heartbeated for this long is lost; 0 = never).
+    (30: a GPU host whose agent has not heartbeated for this long is lost; 0 = never),
+    ``ledger_wait_seconds`` (5: the most one ledger operation waits for a lock; after a timeout
+    the GPU work pauses that long, workloads stay queued), ``reconcile_seconds`` (5).
     """
 
     def __init__(self, executor: Any, dispatcher: Dispatcher, *, holder: str) -> None:
@@ -94,6 +103,11 @@ class GPUScheduling:
             conf_str("replan_weights", "1,1,0.1"), where="[gpusched] replan_weights"
         )
         self.host_timeout_s = float(conf_str("host_timeout_seconds", "30"))
+        self.ledger_wait_s = float(conf_str("ledger_wait_seconds", "5"))
+        self.reconcile_s = float(conf_str("reconcile_seconds", "5"))
+        self._ledger_down_until = 0.0  # monotonic time before which the ledger is left alone
+        self.process: Any = None  # this executor as a HolderProcess (set by start_process)
+        self._last_reconcile = 0.0
         self._ledger: Ledger | None = None
         self._policy: Policy | None = None
         # Airflow key -> ledger key of dispatched GPU work (the executors' ``running`` is not enough).
@@ -117,7 +131,7 @@ class GPUScheduling:
         if self._ledger is None:
             from gpusched.ledger import Ledger
 
-            self._ledger = Ledger()
+            self._ledger = Ledger(lock_wait_s=self.ledger_wait_s)
         return self._ledger
 
     @property
@@ -131,29 +145,26 @@ class GPUScheduling:
 
     # ---- lifecycle -------------------------------------------------------------------------
 
-    def reconcile(self) -> list[str]:
-        """Release this holder's allocations whose task instance is not queued or running any more."""
-        from airflow.models.taskinstance import TaskInstance
-        from airflow.utils.session import create_session
-        from airflow.utils.state import TaskInstanceState
-        from sqlalchemy import select
+    def start_process(self) -> None:
+        """Record this process as the executor that holds the allocations it makes."""
+        from gpusched.ledger.liveness import current_process
 
-        live_states = [TaskInstanceState.QUEUED, TaskInstanceState.RUNNING, TaskInstanceState.RESTARTING]
-        ti = TaskInstance
-        with create_session() as session:
-            rows = session.execute(
-                select(ti.dag_id, ti.task_id, ti.run_id, ti.try_number, ti.map_index).where(
-                    ti.state.in_(live_states)
-                )
-            ).all()
-        live = {ti_key(r[0], r[1], r[2], r[3], r[4]) for r in rows}
-        released = self.ledger.reconcile(live, holder=self.holder)
-        for alloc in released:
-            self.log.info("gpusched: released stale allocation %s after restart", alloc.key)
-        for entry in self.ledger.queue():  # waiting records of tasks that are gone
-            if entry.key.startswith(KEY_PREFIX) and entry.key not in live:
-                self.ledger.clear_queue(entry.key)
-        return [a.key for a in released]
+        self.process = current_process("executor")
+
+    def reconcile(self) -> list[str]:
+        """Release this holder's allocations that no live try needs; renew those still in use.
+
+        Looks at every active allocation of this holder that this executor did not dispatch and
+        does not hold queued: released when Airflow has superseded the try, when the task instance
+        is no longer queued or running, or when every recorded holder process is gone
+        (:func:`gpusched.airflow.orphans.stale_reason`); renewed when a process of it still runs
+        (a task that outlived a restarted scheduler). Returns the released keys.
+        """
+        waiting = {ti_key_of(w.ti) for w in self.executor.queued_tasks.values() if is_gpu_workload(w)}
+        return reconcile_holder(
+            self.ledger, self.holder, dispatched=set(self.gpu_running.values()), waiting=waiting,
+            lease_s=self.lease_s, log=self.log,
+        )
 
     def end(self, queued: Sequence[Any]) -> None:
         """Release what is still held and forget the waiting records of ``queued`` workloads."""
@@ -185,14 +196,22 @@ class GPUScheduling:
     def finished(self, key: Any, state: Any) -> None:
         """The executor learnt ``state`` for ``key``: release its devices once the process ended."""
         if key in self.gpu_running and str(state) not in _NOT_FINISHED:
-            self.release(key, f"task process ended ({state})")
+            # The executor's state only says the process ended; the reason names the task's own
+            # outcome (a SIGKILLed task ends "success" here but "failed" in Airflow).
+            outcome = self._safe(lambda: task_state(key))
+            self.release(key, f"task process ended (task {outcome})" if outcome
+                         else f"task process ended (executor state {state})")
 
     # ---- one cycle ---------------------------------------------------------------------------
 
     def schedule(self, workloads: Sequence[Any]) -> None:
         """Place ``workloads`` (GPU ones); launch what fits, hold the rest. Never raises."""
+        if not workloads or not self._ledger_usable():
+            return
         try:
             self._schedule(workloads)
+        except LedgerUnavailableError as exc:
+            self._ledger_unavailable(exc)
         except Exception:  # keep the scheduler loop alive; the workloads stay queued
             self.log.exception("gpusched: GPU scheduling cycle failed; retrying next heartbeat")
 
@@ -246,10 +265,20 @@ class GPUScheduling:
         if not pending:
             return
         reply = decide(self.cycle_request(pending, now))
+        # One task's failure never costs the others their turn; only an unreachable or locked
+        # ledger ends the cycle (every write would wait out its bound in turn).
         for launch in reply.launches:
-            self._launch(by_key[launch.key], launch, now)
+            self._isolated(launch.key, lambda w=by_key[launch.key], x=launch: self._launch(w, x, now))
         for hold in reply.holds:
-            self.hold(by_key[hold.key], hold, now)
+            self._isolated(hold.key, lambda w=by_key[hold.key], x=hold: self.hold(w, x, now))
+
+    def _isolated(self, key: str, action: Any) -> None:
+        try:
+            action()
+        except LedgerUnavailableError:
+            raise
+        except Exception:
+            self.log.exception("gpusched: %s failed this cycle; it stays queued", key)
 
     def _launch(self, workload: Any, launch: Launch, now: float) -> None:
         refusal = self.dispatcher.refuse(launch)
@@ -262,7 +291,7 @@ class GPUScheduling:
             try:
                 self.ledger.allocate(
                     launch.key, launch.request, launch.shares, holder=self.holder,
-                    lease_s=self.lease_s, now=now,
+                    lease_s=self.lease_s, now=now, process=self.process,
                 )
             except AllocationConflictError as exc:
                 self.hold(workload, Hold(launch.key, f"devices taken meanwhile, retrying: {exc}"), now)
@@ -328,6 +357,11 @@ class GPUScheduling:
     def periodic(self, now: float | None = None) -> None:
         """Renew this executor's leases, expire dead ones, and handle GPU hosts that went silent."""
         now = time.time() if now is None else now
+        if not self._ledger_usable():
+            return
+        if now - self._last_reconcile >= self.reconcile_s:
+            self._last_reconcile = now
+            self._safe(self.reconcile)
         if now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
             self._last_renew = now
             for ledger_key in list(self.gpu_running.values()):
@@ -368,9 +402,27 @@ class GPUScheduling:
         if self._safe(lambda: self.ledger.release(ledger_key, reason=reason)) is not None:
             self.log.info("gpusched: released %s (%s)", ledger_key, reason)
 
+    def fail_orphaned(self) -> list[str]:
+        """Release and fail the tries whose LocalExecutor worker (their supervisor) died."""
+        from gpusched.airflow.gpu_faults import fail_orphaned
+
+        return fail_orphaned(self)
+
+    def _ledger_usable(self) -> bool:
+        return time.monotonic() >= self._ledger_down_until
+
+    def _ledger_unavailable(self, exc: Exception) -> None:
+        self._ledger_down_until = time.monotonic() + self.ledger_wait_s
+        self.log.error("gpusched: ledger unavailable, GPU work paused for %.0f s: %s",
+                       self.ledger_wait_s, exc)
+
     def _safe(self, action: Any) -> Any:
+        if not self._ledger_usable():
+            return None  # paused after a lock timeout or outage; reconcile catches up later
         try:
             return action()
+        except LedgerUnavailableError as exc:
+            self._ledger_unavailable(exc)
         except GpuschedError:
             self.log.exception("gpusched: ledger operation failed")
         except Exception:  # a database hiccup must not stop the scheduler

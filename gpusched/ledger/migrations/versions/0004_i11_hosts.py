@@ -1,7 +1,7 @@
 """GPU hosts of a multi-host fleet: name, devices fingerprint, last heartbeat, state.
 
-Revision ID: 0002_i11_hosts
-Revises: 0002
+Revision ID: 0004_i11_hosts
+Revises: 0003_i9_processes
 Create Date: 2026-12-03
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_i11_hosts"
-down_revision = "0002"
+revision = "0004_i11_hosts"
+down_revision = "0003_i9_processes"
 branch_labels = None
 depends_on = None
 
