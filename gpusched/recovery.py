@@ -48,6 +48,7 @@ class FailureKind(StrEnum):
     HARDWARE = "hardware"
     CODE_ERROR = "code_error"
     NODE_LOST = "node_lost"
+    GANG_STOPPED = "gang_stopped"
     UNKNOWN = "unknown"
 
 
@@ -94,6 +95,9 @@ _OOM_PATTERNS = [re.compile(p) for p in (
 )]
 _NODE_LOST_RE = re.compile(r"node lost: no heartbeat from host \S+")
 """The reason the GPU executors give a task whose GPU host stopped heartbeating."""
+
+_GANG_STOPPED_RE = re.compile(r"multi-node gang member .* failed; stopping the other members")
+"""The reason the GPU executors give a gang member they stopped because another member failed."""
 
 _COMM_PATTERNS = [re.compile(p) for p in (
     r"NCCL WARN",
@@ -144,6 +148,9 @@ def classify_failure(
     lost = [line for line in lines if _NODE_LOST_RE.search(line)]
     if lost:  # the whole host went away: a hardware fault of the node, not of one device
         return Classification(FailureKind.NODE_LOST, _evidence(lost), ())
+    stopped = [line for line in lines if _GANG_STOPPED_RE.search(line)]
+    if stopped:  # not this member's fault: it retries with its gang
+        return Classification(FailureKind.GANG_STOPPED, _evidence(stopped), ())
     xids: list[int] = []
     hw_lines: list[str] = []
     for line in lines:
@@ -257,6 +264,9 @@ def choose_remedy(
         where = ", ".join(suspects) or "an unknown device"
         reason = f"hardware fault on {where}; cordoned, retrying elsewhere"
         return _with_capacity(Remedy(True, reason, None, suspects, suspects), request, snapshot, excluded)
+    if kind is FailureKind.GANG_STOPPED:
+        return Remedy(True, "stopped because another member of its multi-node gang failed; "
+                            "retried with the gang")
     if kind is FailureKind.NODE_LOST:
         # The lost host's devices are out of the snapshot until its agent is back: no cordon.
         reason = "node lost (hardware fault of the host); retrying on another host"

@@ -208,3 +208,12 @@ def test_a_lost_host_is_a_node_fault_retried_elsewhere_twice_without_cordons(fle
     for attempt in (1, 2):  # an unknown failure would not be retried a second time
         remedy = choose_remedy(verdict, request, ("GPU-x",), fleet, attempt=attempt)
         assert remedy.retry and remedy.cordon == () and "node lost" in remedy.reason
+
+
+def test_a_stopped_gang_member_is_retried_with_its_gang(fleet: FleetSnapshot) -> None:
+    text = ("Extra info: multi-node gang member train__node1 failed; stopping the other members so that "
+            "the gang is retried as a whole")
+    verdict = classify_failure(text)
+    assert verdict.kind is FailureKind.GANG_STOPPED
+    for attempt in (1, 2):
+        assert choose_remedy(verdict, GPURequest.build(gpus=1), (), fleet, attempt=attempt).retry
