@@ -58,6 +58,7 @@ class GPUCeleryExecutor(CeleryExecutor):
     def start(self) -> None:
         """Check the broker and the ledger, then release allocations of tasks that are gone."""
         super().start()
+        self.gpu.start_process()
         self.check_broker()
         self.check_ledger()
         self.gpu.reconcile()
