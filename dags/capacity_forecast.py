@@ -5,7 +5,7 @@ Tasks
    (``GPUSCHED_DEMAND_SOURCE=trace:<path to philly_jobs.csv>``) or a synthetic series
    (``synthetic``, for demos and tests). The fleet capacity comes from the ledger's snapshot
    (``GPUSCHED_FORECAST_CAPACITY`` overrides it).
-2. ``validate`` — the great-expectations suite ``include/expectations/demand_history.json``
+2. ``validate`` — the great-expectations suite ``gpusched/include/expectations/demand_history.json``
    (non-null, strictly increasing hourly timestamps, no gaps, 0 ≤ demand ≤ capacity). A failure
    fails the task naming each failed expectation.
 3. ``select_model`` — rolling-origin backtest of seasonal-naive, ETS and SARIMAX (MASE);

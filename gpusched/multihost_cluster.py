@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.errors import ConfigurationError
+from gpusched.paths import include_dir
 
 __all__ = ["LocalCluster", "free_port"]
 
@@ -46,7 +47,7 @@ class LocalCluster:
         base: an empty folder for homes, logs and the PostgreSQL cluster.
         dags: DAG files to copy into the DAGs folder (name -> source).
         hosts: GPU host names (nodes of ``fleet``).
-        fleet: the simulated fleet file.
+        fleet: the simulated fleet file (default: the package's ``fleets/multihost.yaml``).
         executor: ``[core] executor``.
         env: extra environment for every process (``AIRFLOW__…`` settings).
         worker_concurrency: Celery worker slots per host.
@@ -58,7 +59,7 @@ class LocalCluster:
         dags: Mapping[str, str],
         *,
         hosts: Sequence[str] = ("host-a", "host-b"),
-        fleet: Path = REPO / "include" / "fleets" / "multihost.yaml",
+        fleet: Path | None = None,
         executor: str = "gpusched.airflow.celery_executor.GPUCeleryExecutor",
         env: Mapping[str, str] | None = None,
         worker_concurrency: int = 2,
@@ -81,7 +82,7 @@ class LocalCluster:
         self.url = f"http://127.0.0.1:{self.api_port}"
         self.db_url = ""
         self._executor = executor
-        self._fleet = fleet
+        self._fleet = fleet or include_dir() / "fleets" / "multihost.yaml"
         self._extra = dict(env or {})
         self.env: dict[str, str] = {}
 

@@ -18,7 +18,7 @@ for name in AIRFLOW__DATABASE__SQL_ALCHEMY_CONN AIRFLOW__CELERY__BROKER_URL GPUS
 done
 export GPUSCHED_HOST="${GPUSCHED_HOST:-$(hostname)}"
 if [ -x .venv/bin/python ]; then export PATH="$PWD/.venv/bin:$PATH"; fi
-gpusched agent --host-name "$GPUSCHED_HOST" --port "${GPUSCHED_AGENT_PORT:-9400}" &
+gpusched agent --host-name "$GPUSCHED_HOST" --port "${GPUSCHED_METRICS_PORT:-9400}" &
 agent=$!
 trap 'kill "$agent" 2>/dev/null || true' EXIT
 airflow celery worker --queues "gpusched@$GPUSCHED_HOST,default" "$@"

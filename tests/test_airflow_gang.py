@@ -14,7 +14,7 @@ from gpusched.model import FleetSnapshot
 from gpusched.placement import Policy
 from gpusched.request import GPURequest
 
-FLEETS = Path(__file__).resolve().parent.parent / "include" / "fleets"
+FLEETS = Path(__file__).resolve().parent.parent / "gpusched" / "include" / "fleets"
 
 
 def _fleet(name: str) -> FleetSnapshot:

@@ -23,7 +23,7 @@ from gpusched.request import GPURequest
 
 pytestmark = pytest.mark.airflow
 
-FLEET = Path(__file__).resolve().parent.parent / "include" / "fleets" / "multihost.yaml"
+FLEET = Path(__file__).resolve().parent.parent / "gpusched" / "include" / "fleets" / "multihost.yaml"
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ def test_gpusched_installed_and_ledger_on_postgres(compose: dict[str, Any]) -> N
     assert "CREATE DATABASE gpusched" in (REPO / init_sql).read_text()
     dockerfile = (REPO / "Dockerfile").read_text()
     assert dockerfile.startswith("#") and "FROM apache/airflow:3.3.2" in dockerfile
-    assert "-c /opt/gpusched/constraints.txt" in dockerfile
+    assert "-c /tmp/dist/constraints.txt" in dockerfile  # the wheel is installed pinned
     assert compose["x-airflow-common"]["build"] == "."
 
 

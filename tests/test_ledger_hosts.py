@@ -13,7 +13,7 @@ from gpusched.hardware.host_slice import HostSlice
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceShare
 
-FLEET = Path(__file__).resolve().parent.parent / "include" / "fleets" / "multihost.yaml"
+FLEET = Path(__file__).resolve().parent.parent / "gpusched" / "include" / "fleets" / "multihost.yaml"
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ Boots (``gpusched.multihost_cluster.LocalCluster``) real processes on 127.0.0.1:
 ``redis-server``, a throwaway PostgreSQL (Airflow's metadata, the Celery result backend and the
 gpusched ledger), ``airflow scheduler`` with
 ``GPUCeleryExecutor``, ``airflow api-server``, ``airflow dag-processor``, and per GPU host
-(``host-a``: 2 A100, ``host-b``: 2 L40S of ``include/fleets/multihost.yaml``) one
+(``host-a``: 2 A100, ``host-b``: 2 L40S of ``gpusched/include/fleets/multihost.yaml``) one
 ``airflow celery worker --queues gpusched@<host>`` plus one ``gpusched agent --host-name <host>``,
 each host in its own process group.
 

@@ -79,7 +79,7 @@ def test_memory_leak_stops_the_task_process_holding_the_device() -> None:
             assert handled.subject == key and handled.detail["failure_kind"] == "code_error"
             assert handled.detail["retry"] is False and pending_failures(ledger) == []
             metrics = agent.metrics_text()
-            assert 'gpusched_alert_actions_total{rule="memory_growth",action="stop_task"} 1' in metrics
+            assert 'gpusched_alert_actions_total{action="stop_task",rule="memory_growth"} 1.0' in metrics
             assert f'UUID="{device.uuid}"' in metrics
             # The next cycle does not try again (the stop is done once per allocation).
             assert agent.cycle(now + 10).actions == ()

@@ -18,7 +18,9 @@ The executor never waits on the ledger longer than ``ledger_wait_seconds``: a wr
 a transaction makes the GPU part of a heartbeat give up (workloads stay queued) instead of
 stalling the scheduler loop, and the ledger is left alone for that long before the next try.
 
-Settings (``[gpusched]`` section, or ``AIRFLOW__GPUSCHED__<NAME>``): ``policy`` (gpusched,
+Settings (``[gpusched]`` section of the executor's team-scoped config, or
+``AIRFLOW__GPUSCHED__<NAME>``; declared with types and defaults in :mod:`gpusched.settings`):
+``policy`` (gpusched,
 first-fit, best-fit, random), ``lease_seconds`` (600), ``fail_unschedulable`` (True: a request
 that can never fit this fleet fails at once instead of waiting), ``visible_devices_by_uuid``
 (False), ``sync_inventory_on_start`` (True: discover the hardware or simulated fleet on start),
@@ -35,17 +37,17 @@ dispatched (a local worker with the devices' environment).
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any
 
 from airflow.executors.local_executor import LocalExecutor
 
+from gpusched import settings
 from gpusched.airflow.dispatch import run_gpu_worker
 from gpusched.airflow.executor_compat import local_any_worker_dead, local_put, local_spawn_worker
 from gpusched.airflow.gpu_cycle import Launch
-from gpusched.airflow.gpu_scheduling import GPUScheduling, conf_bool, conf_str, is_gpu_workload
+from gpusched.airflow.gpu_scheduling import GPUScheduling, is_gpu_workload
 
 if TYPE_CHECKING:
     from gpusched.ledger import Ledger
@@ -61,9 +63,9 @@ class GPUExecutor(LocalExecutor):
         holder = f"GPUExecutor@{socket.gethostname()}" + (f"/{self.team_name}" if self.team_name else "")
         self.gpu = GPUScheduling(self, _LocalDispatcher(self), holder=holder)
         self._last_pool_check = 0.0
-        pool_default = os.environ.get("GPUSCHED_POOL_SYNC", "").strip().lower() in {"1", "true", "yes", "on"}
+        pool_default = settings.env_bool("GPUSCHED_POOL_SYNC")
         self._pool_syncer: Any = None
-        if conf_bool("pool_sync", pool_default):
+        if settings.get_bool("pool_sync", self.conf, empty=pool_default):
             from gpusched.airflow.pool_sync import PoolSyncer
 
             self._pool_syncer = PoolSyncer()
@@ -91,7 +93,7 @@ class GPUExecutor(LocalExecutor):
         self.gpu.start_process()
         ledger = self.ledger
         ledger.migrate()
-        if conf_bool("sync_inventory_on_start", True):
+        if settings.get_bool("sync_inventory_on_start", self.conf):
             from gpusched.hardware.detect import detect_backend
 
             backend = detect_backend()
@@ -183,7 +185,7 @@ def wait_for_execution_api(executor: Any) -> None:
     `airflow standalone` starts the scheduler and the api-server together; a task dispatched
     before the execution API listens fails at once (connection refused).
     """
-    timeout = float(conf_str("wait_for_api_seconds", "90"))
+    timeout = settings.get_float("wait_for_api_seconds", executor.conf)
     if timeout <= 0:
         return
     import httpx

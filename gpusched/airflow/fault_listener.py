@@ -164,13 +164,14 @@ def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any)
         from gpusched.failures import record_failure
         from gpusched.ledger import Ledger
         from gpusched.remediation import PidRegistry, handle_failure
+        from gpusched.settings import env_bool
 
         PidRegistry().unregister(ti_key_of(task_instance))
         ledger = Ledger()
         try:
             record = build_failure_record(task_instance, error, ledger)
             record_failure(ledger, record)
-            if os.environ.get("GPUSCHED_RECOVERY_INLINE", "1") != "0":
+            if env_bool("GPUSCHED_RECOVERY_INLINE", True):
                 handled = handle_failure(ledger, record)
                 _log.warning(
                     "gpusched: %s failed: %s (%s); %s", record.key, handled.classification.kind,

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gpusched import settings
 from gpusched.airflow.authoring import request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.gang import gang_member
@@ -42,21 +43,9 @@ if TYPE_CHECKING:
     from gpusched.ledger import Ledger
     from gpusched.placement import Policy
 
-__all__ = ["Dispatcher", "GPUScheduling", "conf_bool", "conf_str", "is_gpu_workload"]
+__all__ = ["Dispatcher", "GPUScheduling", "is_gpu_workload"]
 
 _NOT_FINISHED = frozenset({"running", "queued", "scheduled", "restarting", "deferred"})
-
-
-def conf_str(name: str, fallback: str) -> str:
-    """``[gpusched] name`` (``AIRFLOW__GPUSCHED__<NAME>``) or ``fallback``."""
-    from airflow.configuration import conf
-
-    return str(conf.get("gpusched", name, fallback=fallback))
-
-
-def conf_bool(name: str, fallback: bool) -> bool:
-    """``[gpusched] name`` read as a boolean."""
-    return conf_str(name, str(fallback)).strip().lower() in {"1", "true", "yes", "on"}
 
 
 def is_gpu_workload(workload: Any) -> bool:
@@ -84,7 +73,8 @@ class GPUScheduling:
     ``executor`` is the Airflow executor composing this (its ``log``, ``queued_tasks``,
     ``jwt_generator`` and ``fail`` are used; event-log rows are written directly);
     ``dispatcher`` starts launches.
-    Settings: ``[gpusched]`` ``policy``, ``lease_seconds``, ``fail_unschedulable``,
+    Settings (:mod:`gpusched.settings`, read from the executor's team-scoped config): ``[gpusched]``
+    ``policy``, ``lease_seconds``, ``fail_unschedulable``,
     ``visible_devices_by_uuid``, ``replan_budget_ms``, ``replan_weights``, ``host_timeout_seconds``
     (30: a GPU host whose agent has not heartbeated for this long is lost; 0 = never),
     ``ledger_wait_seconds`` (5: the most one ledger operation waits for a lock; after a timeout
@@ -95,16 +85,19 @@ class GPUScheduling:
         self.executor = executor
         self.dispatcher = dispatcher
         self.holder = holder
-        self.lease_s = int(conf_str("lease_seconds", "600"))
-        self.fail_unschedulable = conf_bool("fail_unschedulable", True)
-        self.use_uuids = conf_bool("visible_devices_by_uuid", False)
-        self.replan_budget_ms = float(conf_str("replan_budget_ms", "0"))
+        conf = getattr(executor, "conf", None)  # the executor's team-scoped config
+        self.conf = conf
+        self.lease_s = settings.get_int("lease_seconds", conf)
+        self.fail_unschedulable = settings.get_bool("fail_unschedulable", conf)
+        self.use_uuids = settings.get_bool("visible_devices_by_uuid", conf)
+        # Genetic re-planning of each cycle's batch (0 = greedy only), and its objective weights.
+        self.replan_budget_ms = settings.get_float("replan_budget_ms", conf)
         self.replan_weights = parse_weights(
-            conf_str("replan_weights", "1,1,0.1"), where="[gpusched] replan_weights"
+            settings.get_str("replan_weights", conf), where="[gpusched] replan_weights"
         )
-        self.host_timeout_s = float(conf_str("host_timeout_seconds", "30"))
-        self.ledger_wait_s = float(conf_str("ledger_wait_seconds", "5"))
-        self.reconcile_s = float(conf_str("reconcile_seconds", "5"))
+        self.host_timeout_s = settings.get_float("host_timeout_seconds", conf)
+        self.ledger_wait_s = settings.get_float("ledger_wait_seconds", conf)
+        self.reconcile_s = settings.get_float("reconcile_seconds", conf)
         self._ledger_down_until = 0.0  # monotonic time before which the ledger is left alone
         self.process: Any = None  # this executor as a HolderProcess (set by start_process)
         self._last_reconcile = 0.0
@@ -140,7 +133,7 @@ class GPUScheduling:
         if self._policy is None:
             from gpusched.placement import Policy
 
-            self._policy = Policy.named(conf_str("policy", "gpusched"))
+            self._policy = Policy.named(settings.get_str("policy", self.conf))
         return self._policy
 
     # ---- lifecycle -------------------------------------------------------------------------

@@ -182,7 +182,7 @@ def _loop(agent: Any, args: argparse.Namespace, server_cls: Any) -> int:
     server = None
     agent.cycle()
     if args.port:
-        server = server_cls(agent.metrics_text, host=args.host, port=args.port)
+        server = server_cls(agent.metric_families, host=args.host, port=args.port)
         server.start()
         print(f"gpusched agent: {agent.source}; metrics on http://{args.host}:{server.port}/metrics",
               flush=True)

@@ -31,7 +31,7 @@ _IDLE_MEMORY_FRACTION = 0.005  # driver/context overhead on an idle device
 
 
 def default_fleet_path() -> Path:
-    """``include/fleets/default.yaml`` (the fleet used when nothing else is configured)."""
+    """``gpusched/include/fleets/default.yaml`` (the fleet used when nothing else is configured)."""
     return include_dir() / "fleets" / "default.yaml"
 
 
