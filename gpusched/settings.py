@@ -139,6 +139,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("GPUSCHED_AGENT_INTERVAL", "scripts/run.sh", "Seconds between agent cycles (default 10)."),
     EnvVar("GPUSCHED_METRICS_PORT", "scripts/run.sh", "Port of the agent's /metrics (default 9400)."),
     EnvVar("GPUSCHED_STOP_TIMEOUT", "scripts/run.sh", "Seconds to wait for Airflow to stop (default 90)."),
+    EnvVar("GPUSCHED_RUN_SIGINT_RESTORED", "scripts/run.sh", "Internal: set when the script has re-run "
+           "itself with SIGINT restored (a background job starts with it ignored)."),
     EnvVar("GPUSCHED_DOCKERD_DIR", "scripts/start_dockerd.sh", "State folder of the test Docker engine."),
     EnvVar("GPUSCHED_IMAGE", "docker-compose.yaml", "Image of the Airflow services."),
     EnvVar("GPUSCHED_TEST_PG_URL", "tests, benchmarks", "PostgreSQL URL for the PostgreSQL tests."),

@@ -70,6 +70,8 @@ class TelemetryAgent:
         stopper: stops a task for ``stop_task`` actions (None: record only).
         inventory_every_s: how often the inventory (and reported health) is re-synced.
         retention_s: samples older than this are pruned (hourly).
+        scale_after_s: tasks waiting longer than this for capacity a standby node gives switch
+            that node on (:func:`gpusched.scaling.react_to_waiting`); None: never.
     """
 
     def __init__(
@@ -82,7 +84,9 @@ class TelemetryAgent:
         stopper: TaskStopper | None = None,
         inventory_every_s: float = 60.0,
         retention_s: float = 7 * 86400.0,
+        scale_after_s: float | None = None,
     ) -> None:
+        self.scale_after_s = scale_after_s
         self.backend = backend
         self.ledger = ledger
         self.config = config or AlertConfig()
@@ -116,6 +120,19 @@ class TelemetryAgent:
             log.warning("gpusched agent: the lease of %s ran out; its devices are free again", key)
         if at - self._synced_at >= self.inventory_every_s:
             self.sync_inventory(at)
+        scaled: list[str] = []
+        if self.scale_after_s is not None:
+            from gpusched.scaling import react_to_waiting
+
+            try:
+                scaled = list(react_to_waiting(self.ledger, threshold_s=self.scale_after_s, now=at).reasons)
+            except Exception as exc:  # a scaler failure must not stop sampling and alerting
+                scaled = [f"reactive scale-out failed: {exc}"]
+            if scaled:
+                self.sync_inventory(at)  # activated nodes are usable at once
+        observe = getattr(self.backend, "observe_allocations", None)
+        if observe is not None:  # the simulated fleet: devices held by tasks look busy
+            observe(self.ledger.active())
         samples = sample_once(self.backend, self.ledger)
         own = {s.uuid for s in samples}
         window = [s for s in self.ledger.samples(None, at - self.window_s) if s.uuid in own]
@@ -134,7 +151,7 @@ class TelemetryAgent:
         self._families = metric_families(samples, after, self.ledger.active() if actions else allocations,
                                          counters=self.counters, source=self.source)
         self._families += self._scheduling_families(after, at)
-        return CycleResult(at, tuple(samples), tuple(actions), tuple(applied), expired)
+        return CycleResult(at, tuple(samples), tuple(actions), tuple(scaled) + tuple(applied), expired)
 
     def _scheduling_families(self, snapshot: FleetSnapshot, at: float) -> list[Any]:
         """Queue waits and tenant budgets, read from the ledger (what the alert rules watch)."""

@@ -217,3 +217,15 @@ def test_a_stopped_gang_member_is_retried_with_its_gang(fleet: FleetSnapshot) ->
     assert verdict.kind is FailureKind.GANG_STOPPED
     for attempt in (1, 2):
         assert choose_remedy(verdict, GPURequest.build(gpus=1), (), fleet, attempt=attempt).retry
+
+
+def test_a_request_that_can_never_fit_is_not_retried_nor_scaled_out(fleet: FleetSnapshot) -> None:
+    """Before: 'unknown failure; retrying once unchanged' plus a 64-device scale-out request."""
+    log = ("Could not read served logs: Hostname not available for worker\n"
+           "gpusched: not started, can never fit this fleet: needs 64 NVLink-connected GPUs; "
+           "the largest island has 8")
+    verdict = classify_failure(log)
+    assert verdict.kind is FailureKind.UNSCHEDULABLE and "largest island has 8" in verdict.evidence[0]
+    remedy = choose_remedy(verdict, GPURequest.build(gpus=64, interconnect="island"), [], fleet)
+    assert not remedy.retry and remedy.scale_out is None and remedy.activate == ()
+    assert "not retrying" in remedy.reason and "largest island has 8" in remedy.reason

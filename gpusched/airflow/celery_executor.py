@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.celery.executors.celery_executor import CeleryExecutor
 
-from gpusched.airflow.executor_compat import celery_send
+from gpusched.airflow.executor_compat import celery_send, save_task_event
 from gpusched.airflow.gpu_cycle import Launch
 from gpusched.airflow.gpu_scheduling import GPUScheduling, is_gpu_workload
 from gpusched.airflow.keys import ti_key_of
@@ -120,6 +120,10 @@ class GPUCeleryExecutor(CeleryExecutor):
         if plain:  # exactly as CeleryExecutor: each to its own queue
             celery_send(self, plain)
         self.gpu.schedule([w for w in workload_items if is_gpu_workload(w)])
+
+    def log_task_event(self, *, event: str, extra: str, ti_key: Any) -> None:
+        """Write the event-log row (Audit Log, ``/api/v2/eventLogs``) now, in its own session."""
+        save_task_event(self, event=event, extra=extra, ti_key=ti_key)
 
     def change_state(
         self, key: Any, state: Any, info: Any = None, remove_running: bool = True, **kwargs: Any

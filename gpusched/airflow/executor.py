@@ -45,7 +45,12 @@ from airflow.executors.local_executor import LocalExecutor
 
 from gpusched import settings
 from gpusched.airflow.dispatch import run_gpu_worker
-from gpusched.airflow.executor_compat import local_any_worker_dead, local_put, local_spawn_worker
+from gpusched.airflow.executor_compat import (
+    local_any_worker_dead,
+    local_put,
+    local_spawn_worker,
+    save_task_event,
+)
 from gpusched.airflow.gpu_cycle import Launch
 from gpusched.airflow.gpu_scheduling import GPUScheduling, is_gpu_workload
 
@@ -136,6 +141,10 @@ class GPUExecutor(LocalExecutor):
         self.gpu.schedule([w for w in workload_list if is_gpu_workload(w)])
 
     # ---- completion, leases --------------------------------------------------------------------
+
+    def log_task_event(self, *, event: str, extra: str, ti_key: Any) -> None:
+        """Write the event-log row (Audit Log, ``/api/v2/eventLogs``) now, in its own session."""
+        save_task_event(self, event=event, extra=extra, ti_key=ti_key)
 
     def change_state(
         self, key: Any, state: Any, info: Any = None, remove_running: bool = True, **kwargs: Any

@@ -79,5 +79,7 @@ def save_task_event(executor: Any, *, event: str, extra: str, ti_key: Any) -> No
         with create_session() as session:
             session.add(Log(event=event, task_instance=ti_key, extra=extra))
     except Exception:
-        executor.log.warning("gpusched: could not write the event log row %s; queueing it", event)
-        executor.log_task_event(event=event, extra=extra, ti_key=ti_key)
+        from airflow.executors.base_executor import BaseExecutor
+
+        executor.log.exception("gpusched: could not write the %s event log row; queueing it", event)
+        BaseExecutor.log_task_event(executor, event=event, extra=extra, ti_key=ti_key)

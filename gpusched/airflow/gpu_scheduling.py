@@ -28,6 +28,7 @@ from gpusched.airflow.gang import gang_member
 from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
 from gpusched.airflow.keys import ti_key_of
 from gpusched.airflow.orphans import reconcile_holder, task_state
+from gpusched.airflow.task_log import append_task_log
 from gpusched.errors import (
     AllocationConflictError,
     GPURequestError,
@@ -333,6 +334,7 @@ class GPUScheduling:
         assert request is not None
         self.ledger.record_queue(hold.key, request, hold.reason, now)
         self.log.info("gpusched: %s waits: %s", hold.key, hold.reason)
+        append_task_log(workload.key, f"gpusched: waiting for GPUs: {hold.reason}", level="info")
 
     def reject(self, workload: Any, key: str, reason: str) -> None:
         """Fail ``workload`` now with ``reason`` (in the task's event log)."""
@@ -342,6 +344,9 @@ class GPUScheduling:
         self._queue_reason.pop(key, None)
         self._safe(lambda: self.ledger.clear_queue(key))
         self.log.error("gpusched: failing %s: %s", key, reason)
+        # Where users look: the try's log (Logs tab, task-log API) and the ledger's events.
+        append_task_log(workload.key, f"gpusched: not started, {reason}")
+        self._safe(lambda: self.ledger.record_event("unschedulable", key, reason=reason))
         save_task_event(self.executor, event="gpusched.unschedulable", extra=reason, ti_key=workload.key)
         self.executor.fail(workload.key, info=reason)
 

@@ -57,6 +57,12 @@ def register(subparsers: Any) -> None:
                         help="device memory growth that stops a task, MB/min (default 100)")
     parser.add_argument("--temp-limit", action="append", default=[], metavar="VENDOR=CELSIUS",
                         help="over-temperature limit per vendor, e.g. nvidia=85 amd=100 (repeatable)")
+    parser.add_argument("--scale-after", type=finite_float(0.0, 86_400.0 * 7), default=300.0,
+                        metavar="SECONDS",
+                        help="switch on a standby node when tasks waited this long for capacity it "
+                             "gives (default 300; 0 = at once)")
+    parser.add_argument("--no-scale", action="store_true",
+                        help="never switch standby nodes on for waiting tasks")
     parser.add_argument("--no-stop", action="store_true",
                         help="record stop-task alerts but do not signal the task")
     parser.add_argument("--host-name", default=None,
@@ -123,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
             heartbeat = _Heartbeat(ledger, host, args.heartbeat)
             heartbeat.start()
     agent = TelemetryAgent(backend, ledger, config=config, window_s=args.window,
-                           stopper=None if args.no_stop else PidStopper())
+                           stopper=None if args.no_stop else PidStopper(),
+                           scale_after_s=None if args.no_scale else args.scale_after)
     try:
         if args.once:
             result = agent.cycle()
