@@ -7,6 +7,8 @@ host ``H`` of a multi-host test or demo owns the fleet file's node named ``H``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpusched.errors import ConfigurationError
 from gpusched.hardware.base import BackendFeature, HardwareBackend
 from gpusched.ledger.hosts import HOST_SOURCE_PREFIX
@@ -45,3 +47,7 @@ class HostSlice:
     def close(self) -> None:
         """Close the underlying backend."""
         self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Optional backend features (fault injection, observe_allocations …) pass through.
+        return getattr(self.inner, name)
