@@ -40,6 +40,7 @@ __all__ = [
     "GPURequestError",
     "GpuschedError",
     "HardwareError",
+    "HostConflictError",
     "LedgerError",
     "LedgerUnavailableError",
     "PlacementError",
@@ -49,6 +50,7 @@ __all__ = [
     "TraceError",
     "UnknownAllocationError",
     "UnschedulableError",
+    "WrongHostError",
 ]
 
 
@@ -140,6 +142,14 @@ class AllocationConflictError(LedgerError):
 
 class UnknownAllocationError(LedgerError):
     """No allocation or lease exists under the given key."""
+
+
+class HostConflictError(LedgerError):
+    """A GPU host name is already registered, alive, with other devices."""
+
+
+class WrongHostError(GpuschedError):
+    """A task landed on a host that does not own its devices (misrouting, stale queue)."""
 
 
 class QuotaError(GpuschedError):

@@ -15,7 +15,10 @@ from gpusched.settings import provider_config
 
 __all__ = ["get_cli_commands", "get_provider_info"]
 
-EXECUTORS = ("gpusched.airflow.executor.GPUExecutor",)
+EXECUTORS = (
+    "gpusched.airflow.executor.GPUExecutor",  # one host (LocalExecutor)
+    "gpusched.airflow.celery_executor.GPUCeleryExecutor",  # several GPU hosts (CeleryExecutor)
+)
 
 
 def get_cli_commands() -> list[Any]:

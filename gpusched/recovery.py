@@ -47,6 +47,8 @@ class FailureKind(StrEnum):
     COMMUNICATION = "communication"
     HARDWARE = "hardware"
     CODE_ERROR = "code_error"
+    NODE_LOST = "node_lost"
+    GANG_STOPPED = "gang_stopped"
     UNSCHEDULABLE = "unschedulable"
     UNKNOWN = "unknown"
 
@@ -92,6 +94,12 @@ _OOM_PATTERNS = [re.compile(p) for p in (
     r"NPU out of memory",
     r"NCCL WARN.*out of memory",
 )]
+_NODE_LOST_RE = re.compile(r"node lost: no heartbeat from host \S+")
+"""The reason the GPU executors give a task whose GPU host stopped heartbeating."""
+
+_GANG_STOPPED_RE = re.compile(r"multi-node gang member .* failed; stopping the other members")
+"""The reason the GPU executors give a gang member they stopped because another member failed."""
+
 _COMM_PATTERNS = [re.compile(p) for p in (
     r"NCCL WARN",
     r"\bNCCL error\b",
@@ -143,6 +151,12 @@ def classify_failure(
     never_fits = [line for line in lines if _UNSCHEDULABLE_RE.search(line)]
     if never_fits:  # the try never started: nothing else in the log is about this request
         return Classification(FailureKind.UNSCHEDULABLE, _evidence(never_fits))
+    lost = [line for line in lines if _NODE_LOST_RE.search(line)]
+    if lost:  # the whole host went away: a hardware fault of the node, not of one device
+        return Classification(FailureKind.NODE_LOST, _evidence(lost), ())
+    stopped = [line for line in lines if _GANG_STOPPED_RE.search(line)]
+    if stopped:  # not this member's fault: it retries with its gang
+        return Classification(FailureKind.GANG_STOPPED, _evidence(stopped), ())
     xids: list[int] = []
     hw_lines: list[str] = []
     for line in lines:
@@ -262,6 +276,13 @@ def choose_remedy(
         where = ", ".join(suspects) or "an unknown device"
         reason = f"hardware fault on {where}; cordoned, retrying elsewhere"
         return _with_capacity(Remedy(True, reason, None, suspects, suspects), request, snapshot, excluded)
+    if kind is FailureKind.GANG_STOPPED:
+        return Remedy(True, "stopped because another member of its multi-node gang failed; "
+                            "retried with the gang")
+    if kind is FailureKind.NODE_LOST:
+        # The lost host's devices are out of the snapshot until its agent is back: no cordon.
+        reason = "node lost (hardware fault of the host); retrying on another host"
+        return _with_capacity(Remedy(True, reason), request, snapshot)
     if kind is FailureKind.CUDA_OOM:
         return _oom_remedy(classification, request, devices, snapshot, catalog or default_catalog())
     if kind is FailureKind.COMMUNICATION:

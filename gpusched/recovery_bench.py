@@ -109,7 +109,7 @@ def run_trial(
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> Trial:
     """Run one trial in the current ``AIRFLOW_HOME`` (fresh state expected); see the module doc."""
-    from gpusched.airflow.gpu_cycle import PendingWork, decide, running_tasks
+    from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide, running_tasks
     from gpusched.airflow.keys import ti_key
     from gpusched.failures import FailureRecord, load_overrides, record_failure
     from gpusched.hardware.simulated import SimulatedBackend
@@ -139,8 +139,10 @@ def run_trial(
         wanted = load_overrides(ledger).lookup(dag_id, task_id, run_id) or request
         while True:
             snapshot = ledger.snapshot()
-            decision = decide([PendingWork(key, wanted, time.time())], snapshot, policy, now=time.time(),
-                              running=running_tasks(ledger.active()), use_uuids=True)
+            decision = decide(CycleRequest(
+                (PendingWork(key, wanted, time.time()),), snapshot, policy,
+                tuple(running_tasks(ledger.active())), time.time(), use_uuids=True,
+            ))
             if decision.launches:
                 chosen = decision.launches[0]
                 ledger.allocate(key, chosen.request, chosen.shares, holder="bench")

@@ -83,6 +83,10 @@ OPTIONS: tuple[Option, ...] = (
            "The most one ledger operation of the executor waits for a lock; a ledger stuck longer "
            "is left alone that long and the GPU workloads stay queued, so the scheduler loop never "
            "stalls.", "10"),
+    Option("host_timeout_seconds", "float", "30",
+           "Several GPU hosts (GPUCeleryExecutor): a host whose agent has not heartbeated for this "
+           "long is lost; its allocations are released and its tasks failed so that Airflow retries "
+           "them on another host. 0 never marks a host lost.", "60"),
     Option("reconcile_seconds", "float", "5",
            "How often the executor looks for allocations of gone or superseded task tries and "
            "releases them.", "30"),
@@ -144,6 +148,20 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("GPUSCHED_DOCKERD_DIR", "scripts/start_dockerd.sh", "State folder of the test Docker engine."),
     EnvVar("GPUSCHED_IMAGE", "docker-compose.yaml", "Image of the Airflow services."),
     EnvVar("GPUSCHED_TEST_PG_URL", "tests, benchmarks", "PostgreSQL URL for the PostgreSQL tests."),
+    EnvVar("GPUSCHED_HOST", "agent, Celery worker, task side",
+           "On a GPU host of a multi-host fleet: its name; the agent registers the host under it, its "
+           "Celery worker serves the queue gpusched@<name>, and a task refuses to run when its "
+           "allocation is on another host."),
+    EnvVar("GPUSCHED_HOST_ADDRESS", "agent",
+           "Address other hosts reach this GPU host at (MASTER_ADDR of a multi-node gang whose rank 0 "
+           "runs here; default: the host name resolved)."),
+    EnvVar("GPUSCHED_GANG", "task environment",
+           "Set by the executor in a multi-node gang member's environment: the gang's id (with "
+           "MASTER_ADDR, MASTER_PORT, WORLD_SIZE, NODE_RANK, NNODES, LOCAL_WORLD_SIZE)."),
+    EnvVar("GPUSCHED_TEST_OUT", "multihost test and benchmark DAGs",
+           "Folder the tasks of the local multi-host deployment write their records to."),
+    EnvVar("GPUSCHED_BENCH_TASKS", "scripts/bench_multihost.py DAGs",
+           "Tasks per run of the multi-host benchmark DAGs."),
 )
 
 

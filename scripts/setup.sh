@@ -11,7 +11,7 @@ if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 if command -v apt-get >/dev/null 2>&1; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-        docker.io docker-compose busybox-static postgresql chromium prometheus >/dev/null
+        docker.io docker-compose busybox-static postgresql redis-server chromium prometheus >/dev/null
 fi
 
 PYTHON="${PYTHON:-python3.11}"

@@ -106,7 +106,11 @@ print(json.dumps(found))
     assert found.pop("_heavy") == []
     assert set(found) == {
         "example_multi_gpu_nvlink_training", "example_fractional_finetune", "example_dev_smoke_test",
+        "example_multi_node_gang",
     }
+    gang = found["example_multi_node_gang"]
+    assert sorted(gang) == ["pretrain__node0", "pretrain__node1"]
+    assert all(member["count"] == 8 and member["interconnect"] == "same_node" for member in gang.values())
     train = found["example_multi_gpu_nvlink_training"]
     assert train["prepare_dataset"] is None
     assert train["train_resnet50"]["count"] == 4 and train["train_resnet50"]["interconnect"] == "island"

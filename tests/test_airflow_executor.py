@@ -194,7 +194,7 @@ def test_heartbeat_renews_leases_of_running_tasks(executor: Any) -> None:
     _drain(executor)
     key = _key(w)
     before = executor.ledger.get(key).lease_expires_at
-    executor._last_renew = 0.0
+    executor.gpu._last_renew = 0.0
     time.sleep(0.05)
     executor.sync()
     assert executor.ledger.get(key).lease_expires_at > before

@@ -74,7 +74,7 @@ def test_frozen_ledger_writer_does_not_stall_the_heartbeat(executor: Any, tmp_pa
         for w in waiting:
             executor.queue_workload(w, session=None)
         durations = []
-        executor._last_renew = 0.0  # make this heartbeat renew leases (a write) too
+        executor.gpu._last_renew = 0.0  # make this heartbeat renew leases (a write) too
         for _ in range(6):
             started = time.monotonic()
             executor.trigger_tasks(executor.parallelism)

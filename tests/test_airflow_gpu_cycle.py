@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpusched.airflow.gpu_cycle import PendingWork, decide, running_tasks
+from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide, running_tasks
 from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement import Policy
@@ -30,7 +30,7 @@ def test_launches_carry_shares_and_env_and_holds_carry_reasons(fleet: FleetSnaps
         PendingWork("ft-b", _req(gpus=0.5, memory="16GiB", vendor="nvidia"), 2.0),
         PendingWork("huge", _req(gpus=16, vendor="nvidia", interconnect="island"), 3.0),
     ]
-    decision = decide(pending, fleet, Policy.named("gpusched"), now=10.0)
+    decision = decide(CycleRequest(tuple(pending), fleet, Policy.named("gpusched"), (), 10.0))
     keys = [launch.key for launch in decision.launches] + [hold.key for hold in decision.holds]
     assert sorted(keys) == sorted(w.key for w in pending)  # every key exactly once
 
@@ -53,7 +53,8 @@ def test_waits_with_a_reason_when_the_fleet_is_full(fleet: FleetSnapshot) -> Non
     full = fleet.with_usage(
         DeviceShare(d.uuid, d.node, d.index, MILLI, d.memory_bytes) for d in fleet.devices()
     )
-    decision = decide([PendingWork("t", _req(gpus=1), 1.0)], full, Policy.named("first-fit"), now=5.0)
+    work = (PendingWork("t", _req(gpus=1), 1.0),)
+    decision = decide(CycleRequest(work, full, Policy.named("first-fit"), (), 5.0))
     assert decision.launches == ()
     (hold,) = decision.holds
     assert not hold.permanent and hold.reason
@@ -64,7 +65,7 @@ def test_existing_allocation_is_reused_not_placed_again(fleet: FleetSnapshot) ->
     share = DeviceShare(device.uuid, device.node, device.index, MILLI, device.memory_bytes)
     used = fleet.with_usage([share])  # the ledger counts the allocation as used
     work = PendingWork("again", _req(gpus=1), 1.0, existing=(share,))
-    decision = decide([work], used, Policy.named("gpusched"), now=2.0)
+    decision = decide(CycleRequest((work,), used, Policy.named("gpusched"), (), 2.0))
     (launch,) = decision.launches
     assert launch.reused and launch.shares == (share,)
 
@@ -85,8 +86,9 @@ def test_genetic_replan_keeps_every_key_once_and_never_overbooks(fleet: FleetSna
         PendingWork(f"job-{i}", _req(gpus=g, vendor="nvidia", memory="16GiB"), float(i))
         for i, g in enumerate([1, 2, 4, 1, 2, 0.5, 0.5, 8, 1, 2])
     ]
-    greedy = decide(pending, fleet, Policy.named("gpusched"), now=20.0)
-    replanned = decide(pending, fleet, Policy.named("gpusched"), now=20.0, replan_budget_ms=60, seed=3)
+    greedy = decide(CycleRequest(tuple(pending), fleet, Policy.named("gpusched"), (), 20.0))
+    replanned = decide(CycleRequest(tuple(pending), fleet, Policy.named("gpusched"), (), 20.0,
+                                   replan_budget_ms=60, seed=3))
     keys = [launch.key for launch in replanned.launches] + [hold.key for hold in replanned.holds]
     assert sorted(keys) == sorted(w.key for w in pending)
     # the optimiser keeps what greedy placed placed

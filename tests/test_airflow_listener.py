@@ -83,3 +83,22 @@ def test_hooks_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     listener.on_task_instance_running(None, ti)
     listener.on_task_instance_success(None, ti)
     listener.on_task_instance_failed(None, ti, RuntimeError("x"))
+
+
+def test_on_a_gpu_host_the_recorded_launch_is_exported_and_another_host_refuses(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shares = _allocate(ledger, "routed", "L40S", 1)
+    key = ti_key("d", "routed", "r1", 1)
+    env = {**devices_env(shares, ledger.snapshot(), key=key), "NODE_RANK": "1"}
+    ledger.record_event("launch", key, env=env, host="host-b")
+    monkeypatch.setenv("GPUSCHED_HOST", "host-b")
+    environ: dict[str, str] = {}
+    listener.export_devices(_ti("routed", {"gpus": 1}), environ)
+    assert environ["CUDA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] and environ["NODE_RANK"] == "1"
+    monkeypatch.setenv("GPUSCHED_HOST", "host-a")  # a stale queue delivered it to the wrong host
+    with pytest.raises(SystemExit, match=r"landed on GPU host host-a.*refusing to run"):
+        listener.on_task_instance_running(None, _ti("routed", {"gpus": 1}))
+    ledger.release(key, reason="host lost")
+    with pytest.raises(SystemExit, match="no active GPU allocation"):
+        listener.on_task_instance_running(None, _ti("routed", {"gpus": 1}))

@@ -48,7 +48,7 @@ def test_gpusched_installed_and_ledger_on_postgres(compose: dict[str, Any]) -> N
     assert "CREATE DATABASE gpusched" in (REPO / init_sql).read_text()
     dockerfile = (REPO / "Dockerfile").read_text()
     assert dockerfile.startswith("#") and "FROM apache/airflow:3.3.2" in dockerfile
-    assert "-c /opt/gpusched/constraints.txt" in dockerfile
+    assert "-c /tmp/dist/constraints.txt" in dockerfile  # the wheel is installed pinned
     assert compose["x-airflow-common"]["build"] == "."
 
 
@@ -67,20 +67,33 @@ def test_one_scheduler_per_profile_and_gpu_reservations(compose: dict[str, Any])
     assert _nvidia(services["gpusched-agent"])
 
 
-def test_celery_variant_one_worker_per_gpu_host_with_its_queue(compose: dict[str, Any]) -> None:
+def test_celery_variant_one_worker_and_agent_per_gpu_host(compose: dict[str, Any]) -> None:
     services = compose["services"]
     assert services["redis"]["profiles"] == ["celery"]
+    executor = "gpusched.airflow.celery_executor.GPUCeleryExecutor"
+    assert services["airflow-scheduler-celery"]["environment"]["AIRFLOW__CORE__EXECUTOR"] == executor
     workers = {n: s for n, s in services.items() if str(s.get("command", "")).startswith("celery worker")}
     assert len(workers) >= 2
-    queues, gpus = set(), []
+    hosts, gpus = set(), []
     for svc in workers.values():
-        assert svc["profiles"] == ["celery"]
-        queue = svc["command"].split("--queues ")[1].split()[0]
-        queues.add(queue)
+        assert svc["profiles"] == ["celery"] and svc["environment"]["AIRFLOW__CORE__EXECUTOR"] == executor
+        host = svc["environment"]["GPUSCHED_HOST"]
+        queues = svc["command"].split("--queues ")[1].split()[0].split(",")
+        assert f"gpusched@{host}" in queues  # the queue the executor routes the host's tasks to
+        hosts.add(host)
         (reservation,) = _nvidia(svc)
         gpus.extend(reservation["device_ids"])
-    assert len(queues) == len(workers) and all(q.startswith("gpu-host-") for q in queues)
-    assert len(gpus) == len(set(gpus))  # no GPU reserved by two workers
+        agent = services[f"gpusched-agent-{host}"]
+        assert agent["command"][:3] == ["agent", "--host-name", host]
+        assert _nvidia(agent)[0]["device_ids"] == reservation["device_ids"]  # the same GPUs
+    assert len(hosts) == len(workers)
+    assert len(gpus) == len(set(gpus))  # no GPU reserved by two hosts
+
+
+def test_no_hand_written_queue_anywhere() -> None:
+    for path in [*REPO.glob("dags/*.py"), COMPOSE, REPO / "README.md", *REPO.glob("docs/*.md")]:
+        text = path.read_text()
+        assert 'queue="gpu-host' not in text and "queue='gpu-host" not in text, path
 
 
 def test_compose_config_validates() -> None:

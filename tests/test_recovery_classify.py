@@ -199,6 +199,26 @@ def test_shortage_after_cordon_asks_to_activate_the_standby_node(fleet: FleetSna
     assert not fits_fleet(request, cordoned, empty=True)
 
 
+def test_a_lost_host_is_a_node_fault_retried_elsewhere_twice_without_cordons(fleet: FleetSnapshot) -> None:
+    text = ("Executor GPUCeleryExecutor reported that the task instance finished with state failed. "
+            "Extra info: node lost: no heartbeat from host host-a for 12 s; its devices are released")
+    verdict = classify_failure(text)
+    assert verdict.kind is FailureKind.NODE_LOST and "host-a" in verdict.evidence[0]
+    request = GPURequest.build(gpus=1)
+    for attempt in (1, 2):  # an unknown failure would not be retried a second time
+        remedy = choose_remedy(verdict, request, ("GPU-x",), fleet, attempt=attempt)
+        assert remedy.retry and remedy.cordon == () and "node lost" in remedy.reason
+
+
+def test_a_stopped_gang_member_is_retried_with_its_gang(fleet: FleetSnapshot) -> None:
+    text = ("Extra info: multi-node gang member train__node1 failed; stopping the other members so that "
+            "the gang is retried as a whole")
+    verdict = classify_failure(text)
+    assert verdict.kind is FailureKind.GANG_STOPPED
+    for attempt in (1, 2):
+        assert choose_remedy(verdict, GPURequest.build(gpus=1), (), fleet, attempt=attempt).retry
+
+
 def test_a_request_that_can_never_fit_is_not_retried_nor_scaled_out(fleet: FleetSnapshot) -> None:
     """Before: 'unknown failure; retrying once unchanged' plus a 64-device scale-out request."""
     log = ("Could not read served logs: Hostname not available for worker\n"

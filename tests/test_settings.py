@@ -36,7 +36,9 @@ def test_provider_info_is_valid_for_airflow_and_generated_from_the_settings() ->
     info = get_provider_info()
     jsonschema.validate(info, schema)
     assert info["package-name"] == "gpusched" and info["versions"] == [__version__]
-    assert info["executors"] == ["gpusched.airflow.executor.GPUExecutor"]
+    assert info["executors"] == [
+        "gpusched.airflow.executor.GPUExecutor", "gpusched.airflow.celery_executor.GPUCeleryExecutor",
+    ]
     options = info["config"]["gpusched"]["options"]
     assert list(options) == [o.name for o in OPTIONS]
     for option in OPTIONS:

@@ -1,37 +1,45 @@
-"""One scheduling cycle of the GPU executor, as a pure decision.
+"""One scheduling cycle of the GPU executors, as a pure decision: ``decide(CycleRequest) -> CycleReply``.
 
-Input: the GPU workloads waiting in the executor, the fleet snapshot from the ledger, the tasks
-already holding devices and the policy. Output: which workloads to launch (with their shares
-and task environment) and which to hold (with the reason the UI shows). The executor does the
-I/O around it: it records the launches in the ledger, dispatches them, and records the holds.
+Input, in one :class:`CycleRequest` (as Ray autoscaler v2's ``SchedulingRequest``): the GPU
+workloads waiting in the executor (their requests already rewritten by the fault chain's
+overrides), the fleet snapshot from the ledger, the tasks already holding devices, the policy,
+the clock and the re-planning budget. Output, one :class:`CycleReply`: which workloads to launch
+(with their shares and task environment) and which to hold (with the reason the UI shows). The
+executors do the I/O around it (:mod:`gpusched.airflow.gpu_scheduling`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gpusched.airflow.gang import GangMember
 from gpusched.envexport import devices_env
 from gpusched.errors import PlacementError
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask, place
+from gpusched.quota import QuotaState
 from gpusched.request import GPURequest
 
-__all__ = ["CycleDecision", "Hold", "Launch", "PendingWork", "decide", "running_tasks"]
+__all__ = [
+    "CycleDecision", "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "decide", "running_tasks",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class PendingWork:
     """A GPU workload waiting in the executor.
 
-    ``existing`` holds the shares of an allocation the ledger already has under ``key`` (a
-    workload queued again after a scheduler restart): it is launched on them, not placed anew.
+    ``gang``: this work is one member (one node) of a multi-node gang. ``existing`` holds the
+    shares of an allocation the ledger already has under ``key`` (a workload queued again after a
+    scheduler restart): it is launched on them, not placed anew.
     """
 
     key: str
     request: GPURequest
     submitted_at: float
     existing: tuple[DeviceShare, ...] = ()
+    gang: GangMember | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,25 +63,43 @@ class Hold:
 
 
 @dataclass(frozen=True, slots=True)
-class CycleDecision:
+class CycleReply:
     """Every pending key appears once: in ``launches`` or in ``holds``."""
 
     launches: tuple[Launch, ...]
     holds: tuple[Hold, ...]
 
 
-def decide(
-    pending: Sequence[PendingWork],
-    snapshot: FleetSnapshot,
-    policy: Policy,
-    *,
-    now: float,
-    running: Sequence[RunningTask] = (),
-    use_uuids: bool = False,
-    seed: int = 0,
-    replan_budget_ms: float = 0.0,
-    replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
-) -> CycleDecision:
+CycleDecision = CycleReply
+"""Former name of :class:`CycleReply`."""
+
+
+@dataclass(frozen=True, slots=True)
+class CycleRequest:
+    """Every input of one cycle (no caller can leave one out: all but the tuning knobs are required).
+
+    ``pending``: the waiting work, requests as the fault chain's overrides left them;
+    ``snapshot``: the fleet now (usage counts every active allocation); ``running``: the tasks
+    holding devices (for the policy's expected ends); ``now``: the clock; ``replan_budget_ms`` /
+    ``replan_weights``: the genetic re-planning budget (0 = greedy only) and its objective weights
+    (latency, fragmentation, energy); ``quota``: partition and budget state (None = none);
+    ``addresses``: node -> address of its GPU host (rendezvous of multi-node gangs).
+    """
+
+    pending: tuple[PendingWork, ...]
+    snapshot: FleetSnapshot
+    policy: Policy
+    running: tuple[RunningTask, ...]
+    now: float
+    use_uuids: bool = False
+    seed: int = 0
+    replan_budget_ms: float = 0.0
+    replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1)
+    quota: QuotaState | None = None
+    addresses: Mapping[str, str] = field(default_factory=dict)
+
+
+def decide(request: CycleRequest) -> CycleReply:
     """Decide one cycle: place what waits on what is free and build each launch's environment.
 
     Workloads that already own an allocation are launched on it first; the rest go to
@@ -82,18 +108,25 @@ def decide(
     genetic optimiser re-plans the batch from the greedy plan within that budget (never worse
     than greedy by its objective; ``replan_weights`` = latency, fragmentation, energy).
     """
+    pending, snapshot, policy, now = request.pending, request.snapshot, request.policy, request.now
+    running, use_uuids, seed = request.running, request.use_uuids, request.seed
+    replan_budget_ms, replan_weights = request.replan_budget_ms, request.replan_weights
     launches: list[Launch] = []
     holds: list[Hold] = []
     to_place: list[PendingTask] = []
     by_key: dict[str, PendingWork] = {}
+    gangs: dict[str, list[PendingWork]] = {}
     for work in pending:
         by_key[work.key] = work
         if work.existing:
             _launch_or_hold(work, work.existing, snapshot, use_uuids, True, launches, holds)
+        elif work.gang is not None:
+            gangs.setdefault(work.gang.gang, []).append(work)
         else:
             to_place.append(PendingTask(work.key, work.request, work.submitted_at))
+    snapshot = _place_gangs(request, gangs, snapshot, launches, holds)
     if to_place:
-        plan = place(to_place, snapshot, policy, now=now, running=running, seed=seed)
+        plan = place(to_place, snapshot, policy, now=now, running=running, seed=seed, quota=request.quota)
         if replan_budget_ms > 0 and len(to_place) >= 2:
             from gpusched.placement.genetic import optimise
 
@@ -106,7 +139,43 @@ def decide(
             _launch_or_hold(work, assignment.shares, snapshot, use_uuids, False, launches, holds)
         for rejection in plan.rejections:
             holds.append(Hold(rejection.key, rejection.reason, rejection.permanent))
-    return CycleDecision(tuple(launches), tuple(holds))
+    return CycleReply(tuple(launches), tuple(holds))
+
+
+def _place_gangs(
+    request: CycleRequest,
+    gangs: Mapping[str, list[PendingWork]],
+    snapshot: FleetSnapshot,
+    launches: list[Launch],
+    holds: list[Hold],
+) -> FleetSnapshot:
+    """Launch every complete gang that fits (all members or none); return the snapshot after them."""
+    from gpusched.airflow.gang_cycle import place_gang
+
+    for members in gangs.values():
+        size = members[0].gang.size  # type: ignore[union-attr]
+        ranks = {m.gang.rank for m in members}  # type: ignore[union-attr]
+        if len(ranks) < size:
+            reason = (f"multi-node gang {members[0].gang.gang.rsplit('/', 1)[-1]}: "  # type: ignore[union-attr]
+                      f"{len(ranks)} of {size} members queued; waiting for the rest")
+            holds.extend(Hold(m.key, reason) for m in members)
+            continue
+        plan = place_gang(members, snapshot, request.policy, now=request.now, running=request.running,
+                          addresses=request.addresses)
+        if not plan.shares:
+            holds.extend(Hold(m.key, plan.reason, plan.permanent) for m in members)
+            continue
+        gang_launches: list[Launch] = []
+        gang_holds: list[Hold] = []
+        for member in members:
+            _launch_or_hold(member, plan.shares[member.key], snapshot, request.use_uuids, False,
+                            gang_launches, gang_holds, extra=plan.rendezvous[member.key])
+        if gang_holds:  # all or nothing
+            holds.extend(Hold(m.key, gang_holds[0].reason) for m in members)
+            continue
+        launches.extend(gang_launches)
+        snapshot = snapshot.with_usage(s for launch in gang_launches for s in launch.shares)
+    return snapshot
 
 
 def running_tasks(allocations: Iterable[object]) -> list[RunningTask]:
@@ -136,10 +205,13 @@ def _launch_or_hold(
     reused: bool,
     launches: list[Launch],
     holds: list[Hold],
+    extra: Mapping[str, str] | None = None,
 ) -> None:
     try:
         env = devices_env(shares, snapshot, key=work.key, use_uuids=use_uuids)
     except PlacementError as exc:
         holds.append(Hold(work.key, f"cannot expose the chosen devices: {exc}"))
         return
+    if extra:
+        env.update(extra)
     launches.append(Launch(work.key, work.request, tuple(shares), env, reused))

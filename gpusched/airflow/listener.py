@@ -10,6 +10,11 @@ as a holder of the allocation (so crash recovery can tell whether it still runs)
 ``on_task_instance_success`` / ``_failed`` / ``_skipped`` release the allocation (idempotent with
 the executor's own release), so the devices are free as soon as the task's work is done.
 
+On a GPU host of a multi-host fleet (``GPUSCHED_HOST`` set, as for a Celery worker beside
+``gpusched agent``) the allocation must be on that host's nodes: a task that landed anywhere
+else (misrouting, a stale queue) refuses to run — it logs why and its process exits before
+``execute()``, so the try fails and is retried through the executor.
+
 Registered by ``plugins/gpusched_plugin.py``. Light at import: Airflow's hook marker and the
 standard library; the ledger is imported only for GPU tasks.
 """
@@ -23,8 +28,11 @@ from typing import Any
 from airflow.listeners import hookimpl
 
 from gpusched.envexport import ALLOCATION_VAR, allocation_from_env
+from gpusched.errors import WrongHostError
 
 __all__ = [
+    "HOST_VAR",
+    "check_host",
     "export_devices",
     "on_task_instance_failed",
     "on_task_instance_running",
@@ -36,6 +44,20 @@ __all__ = [
 
 _log = logging.getLogger("gpusched.listener")
 
+HOST_VAR = "GPUSCHED_HOST"
+"""Names the GPU host a Celery worker (and its agent) serve; set on every GPU host."""
+
+
+def check_host(host: str, shares: Any, host_nodes: Any) -> None:
+    """Raise WrongHostError unless every share is on one of ``host_nodes`` (the nodes of ``host``)."""
+    nodes = sorted({s.node for s in shares})
+    if not set(nodes) <= set(host_nodes):
+        raise WrongHostError(
+            f"this task's devices are on {', '.join(nodes)} but it landed on GPU host {host} "
+            f"(nodes: {', '.join(sorted(host_nodes)) or 'none registered'}); refusing to run on "
+            f"devices it does not own — misrouted or stale queue; it is retried on its own host"
+        )
+
 
 def _is_gpu_task(task_instance: Any) -> bool:
     task = getattr(task_instance, "task", None)
@@ -43,6 +65,20 @@ def _is_gpu_task(task_instance: Any) -> bool:
     if config is None:
         config = getattr(task_instance, "executor_config", None)
     return isinstance(config, dict) and "gpusched" in config
+
+
+_LEDGERS: dict[str, Any] = {}
+
+
+def _ledger() -> Any:
+    """One ledger per task process (export and release share its connection pool)."""
+    from gpusched.ledger import Ledger
+    from gpusched.ledger.engine import default_url
+
+    url = default_url()
+    if url not in _LEDGERS:
+        _LEDGERS[url] = Ledger(url, lock_wait_s=10.0)
+    return _LEDGERS[url]
 
 
 def _logger(task_instance: Any) -> Any:
@@ -65,27 +101,40 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
         if not _is_gpu_task(task_instance):
             return None
         from gpusched.envexport import devices_env
-        from gpusched.ledger import Ledger
+        from gpusched.ledger.hosts import LAUNCH_EVENT
 
-        ledger = Ledger()
-        try:
-            found = ledger.get(key)
-            if found is None or found.released_at is not None:
-                _logger(task_instance).warning(
-                    "gpusched: no active GPU allocation for %s; the task runs without device "
-                    "restriction. Run it under gpusched.airflow.executor.GPUExecutor.", key,
+        host = os.environ.get(HOST_VAR, "").strip()
+        ledger = _ledger()
+        found = ledger.get(key)
+        if found is None or found.released_at is not None:
+            if host:
+                raise WrongHostError(
+                    f"no active GPU allocation for {key} (released: host lost or revoked); "
+                    f"host {host} will not run it without devices"
                 )
-                return None
+            _logger(task_instance).warning(
+                "gpusched: no active GPU allocation for %s; the task runs without device "
+                "restriction. Run it under gpusched.airflow.executor.GPUExecutor.", key,
+            )
+            return None
+        launched = ledger.events(1, kinds=[LAUNCH_EVENT], subject=key)
+        if launched:  # the Celery executor recorded the environment and the host at dispatch
+            detail = launched[0].detail
+            if host and detail.get("host") != host:
+                check_host(host, found.shares, ledger.host_nodes(host))
+            variables = {str(k): str(v) for k, v in dict(detail.get("env") or {}).items()}
+        else:
+            if host:
+                check_host(host, found.shares, ledger.host_nodes(host))
             variables = devices_env(found.shares, ledger.snapshot(), key=key)
-        finally:
-            ledger.close()
         env.update(variables)
         allocation = allocation_from_env(env)
     visible = {
         name: env[name]
         for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                      "ASCEND_RT_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-                     "GPUSCHED_MEMORY_LIMIT_BYTES")
+                     "GPUSCHED_MEMORY_LIMIT_BYTES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE",
+                     "NODE_RANK", "NNODES", "LOCAL_WORLD_SIZE")
         if name in env
     }
     assert allocation is not None
@@ -105,13 +154,7 @@ def release_devices(task_instance: Any, reason: str) -> bool:
     allocation = allocation_from_env(os.environ)
     if not _is_gpu_task(task_instance) and (allocation is None or allocation.get("key") != key):
         return False
-    from gpusched.ledger import Ledger
-
-    ledger = Ledger()
-    try:
-        released = ledger.release(key, reason=reason)
-    finally:
-        ledger.close()
+    released = _ledger().release(key, reason=reason)
     if released is not None:
         _logger(task_instance).info("gpusched: released the devices of %s (%s)", key, reason)
     return released is not None
@@ -124,6 +167,10 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
         return
     try:
         allocation = export_devices(task_instance)
+    except WrongHostError as exc:
+        _logger(task_instance).error("gpusched: %s", exc)
+        # Airflow swallows listener exceptions; leaving the process is the only way not to run.
+        raise SystemExit(f"gpusched: {exc}") from None
     except Exception:
         _logger(task_instance).exception("gpusched: could not export the task's devices")
         return
@@ -137,14 +184,9 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
 def record_task_process(task_instance: Any) -> bool:
     """Record this process as the ``task`` holder of the task's active allocation."""
     from gpusched.airflow.keys import ti_key_of
-    from gpusched.ledger import Ledger
     from gpusched.ledger.liveness import current_process
 
-    ledger = Ledger(lock_wait_s=10.0)
-    try:
-        return ledger.attach_process(ti_key_of(task_instance), current_process("task"))
-    finally:
-        ledger.close()
+    return bool(_ledger().attach_process(ti_key_of(task_instance), current_process("task")))
 
 
 @hookimpl

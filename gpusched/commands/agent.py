@@ -3,6 +3,13 @@
     gpusched agent [--interval S] [--once] [--port P] [--host ADDR] [--backend KIND] [--fleet FILE]
                    [--db-url URL] [--window S] [--memory-growth MB_PER_MIN]
                    [--temp-limit VENDOR=CELSIUS ...] [--no-stop]
+                   [--host-name NAME] [--heartbeat S] [--host-timeout S]
+
+With ``--host-name NAME`` (or ``GPUSCHED_HOST``) the agent serves one GPU host of a multi-host
+fleet: it registers the host's devices in the shared ledger under NAME (a name registered by a
+live host with other devices is refused), heartbeats every ``--heartbeat`` seconds from its own
+thread, and the fleet snapshot counts the host's devices only while it does. Run it beside the
+host's Celery worker (``airflow celery worker --queues gpusched@NAME``).
 
 Every interval: release allocations whose lease ran out (so a crashed executor's devices come
 back even while no executor runs), sync the inventory (each minute), read every device into the
@@ -58,6 +65,17 @@ def register(subparsers: Any) -> None:
                         help="never switch standby nodes on for waiting tasks")
     parser.add_argument("--no-stop", action="store_true",
                         help="record stop-task alerts but do not signal the task")
+    parser.add_argument("--host-name", default=None,
+                        help="serve GPU host NAME of a multi-host fleet: register it and heartbeat "
+                             "(default $GPUSCHED_HOST; unset = single-host agent)")
+    parser.add_argument("--address", default=None,
+                        help="address other hosts reach this one at (rendezvous of multi-node gangs; "
+                             "default $GPUSCHED_HOST_ADDRESS or this host's resolved name)")
+    parser.add_argument("--heartbeat", type=finite_float(0.0, 3600.0, strict_min=True), default=5.0,
+                        help="seconds between host heartbeats (default 5)")
+    parser.add_argument("--host-timeout", type=finite_float(0.0, 86_400.0, strict_min=True), default=30.0,
+                        help="a host silent this long counts as gone when its name is claimed again "
+                             "(default 30; match [gpusched] host_timeout_seconds)")
     parser.set_defaults(func=run)
 
 
@@ -83,6 +101,8 @@ def _config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Run the agent; returns the exit code."""
+    import os
+
     from gpusched.hardware.detect import detect_backend
     from gpusched.ledger import Ledger
     from gpusched.prometheus import MetricsServer
@@ -91,9 +111,23 @@ def run(args: argparse.Namespace) -> int:
 
     config = _config(args)
     kind = args.backend or ("simulated" if args.fleet else None)
+    host = (args.host_name or os.environ.get("GPUSCHED_HOST") or "").strip()
+    if host:
+        os.environ.setdefault("GPUSCHED_NODE_NAME", host)  # a real host's node is named after it
     backend = detect_backend(kind, fleet=args.fleet)
     ledger = Ledger(args.db_url)
     ledger.migrate()
+    heartbeat = None
+    if host:
+        from gpusched.hardware.host_slice import HostSlice
+
+        backend = HostSlice(backend, host)
+        ledger.register_host(host, backend.discover(), stale_after_s=args.host_timeout,
+                             address=_address(args.address))
+        print(f"gpusched agent: registered GPU host {host} (queue gpusched@{host})", flush=True)
+        if not args.once:
+            heartbeat = _Heartbeat(ledger, host, args.heartbeat)
+            heartbeat.start()
     from gpusched.hardware.mig_provider import mig_provider_from_spec
 
     agent = TelemetryAgent(backend, ledger, config=config, window_s=args.window,
@@ -110,8 +144,41 @@ def run(args: argparse.Namespace) -> int:
             return 0
         return _loop(agent, args, MetricsServer)
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         backend.close()
         ledger.close()
+
+
+def _address(given: str | None) -> str:
+    import os
+    import socket
+
+    if given or os.environ.get("GPUSCHED_HOST_ADDRESS"):
+        return str(given or os.environ["GPUSCHED_HOST_ADDRESS"])
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return socket.gethostname()
+
+
+class _Heartbeat(threading.Thread):
+    """Heartbeats GPU host ``host`` every ``interval`` seconds, apart from the sampling cycle."""
+
+    def __init__(self, ledger: Any, host: str, interval: float) -> None:
+        super().__init__(name=f"gpusched-heartbeat-{host}", daemon=True)
+        self.ledger, self.host, self.interval = ledger, host, interval
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.ledger.heartbeat_host(self.host)
+            except Exception as exc:  # the database may be briefly away; keep trying
+                print(f"gpusched agent: heartbeat of {self.host} failed: {exc}", flush=True)
+
+    def stop(self) -> None:
+        self._stop_event.set()
 
 
 def _loop(agent: Any, args: argparse.Namespace, server_cls: Any) -> int:

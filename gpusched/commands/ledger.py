@@ -5,8 +5,9 @@
     gpusched ledger allocations [--all] [--json] [--url URL]
     gpusched ledger events [--limit N] [--json] [--url URL]
     gpusched ledger release KEY [--reason TEXT] [--url URL]
-    gpusched ledger cordon TARGET --reason TEXT [--url URL]
-    gpusched ledger uncordon TARGET [--url URL]
+    gpusched ledger cordon (TARGET | --host H) --reason TEXT [--url URL]
+    gpusched ledger uncordon (TARGET | --host H) [--url URL]
+    gpusched ledger hosts [--json] [--url URL]
     gpusched ledger expire [--url URL]
 
 ``--url`` may stand before or after the action. Where the ledger is: ``--url``, else
@@ -65,10 +66,14 @@ def register(subparsers: Any) -> None:
     release.add_argument("key", help="the allocation key (see `gpusched ledger allocations`)")
     release.add_argument("--reason", default="released by operator", help="recorded with the release")
     cordon = action("cordon", "stop new allocations on a device uuid or node name")
-    cordon.add_argument("target", help="device uuid or node name (see `gpusched inventory`)")
+    cordon.add_argument("target", nargs="?", help="device uuid or node name (see `gpusched inventory`)")
+    cordon.add_argument("--host", help="drain GPU host H: cordon every node its agent registered")
     cordon.add_argument("--reason", required=True, help="why (recorded and shown on the fleet page)")
     uncordon = action("uncordon", "allow new allocations on a device uuid or node name")
-    uncordon.add_argument("target", help="device uuid or node name")
+    uncordon.add_argument("target", nargs="?", help="device uuid or node name")
+    uncordon.add_argument("--host", help="every node of GPU host H")
+    hosts = action("hosts", "GPU hosts of a multi-host fleet: state, last heartbeat, devices, queue")
+    hosts.add_argument("--json", action="store_true", help="print machine-readable JSON")
     action("expire", "release allocations whose lease has expired")
     parser.set_defaults(func=run)
 
@@ -180,13 +185,27 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
         released = ledger.release(args.key, reason=args.reason)
         print(f"released {args.key}" if released else f"{args.key} holds no active allocation")
         return 0
-    if action == "cordon":
-        ledger.cordon(args.target, args.reason)
-        print(f"cordoned {args.target}")
+    if action in ("cordon", "uncordon"):
+        for target in _targets(ledger, args):
+            if action == "cordon":
+                ledger.cordon(target, args.reason)
+            else:
+                ledger.uncordon(target)
+            print(f"{action}ed {target}")
         return 0
-    if action == "uncordon":
-        ledger.uncordon(args.target)
-        print(f"uncordoned {args.target}")
+    if action == "hosts":
+        registered = ledger.hosts()
+        if args.json:
+            print(json.dumps([{"name": h.name, "state": h.state, "reason": h.reason, "address": h.address,
+                               "last_heartbeat": h.last_heartbeat, "devices": list(h.devices),
+                               "queue": h.queue} for h in registered], indent=2))
+            return 0
+        if not registered:
+            print("no GPU host registered (start `gpusched agent --host-name H` on each GPU host)")
+        for h in registered:
+            ago = time.time() - h.last_heartbeat
+            print(f"{h.name:<20} {h.state:<5} heartbeat {ago:6.0f} s ago  {len(h.devices)} device(s)  "
+                  f"queue {h.queue}" + (f"  ({h.reason})" if h.reason else ""))
         return 0
     expired = ledger.expire_leases()
     print(f"expired {len(expired)} allocation(s)" + "".join(f"\n  {a.key}" for a in expired))
@@ -232,3 +251,22 @@ def _status(ledger: Ledger, as_json: bool) -> int:
         for key, value in data.items():
             print(f"{key:<20} {value}")
     return 0
+
+
+def _targets(ledger: Any, args: argparse.Namespace) -> list[str]:
+    from gpusched.errors import ConfigurationError
+
+    if bool(args.target) == bool(args.host):
+        raise ConfigurationError(
+            f"ledger {args.ledger_command}: give a device uuid or node name, or --host H (one)"
+        )
+    if not args.host:
+        return [str(args.target)]
+    nodes = ledger.host_nodes(args.host)
+    if not nodes:
+        known = ", ".join(h.name for h in ledger.hosts()) or "none"
+        raise ConfigurationError(
+            f"ledger {args.ledger_command}: no GPU host {args.host!r} registered (hosts: {known})"
+        )
+    return list(nodes)
+

@@ -14,6 +14,7 @@ __all__ = [
     "ALLOCATIONS",
     "DEVICES",
     "EVENTS",
+    "HOSTS",
     "METADATA",
     "NODES",
     "QUEUE",
@@ -66,7 +67,7 @@ DEVICES = sa.Table(
     sa.Column("peers", sa.JSON, nullable=False),
     sa.Column("mig_enabled", sa.Boolean, nullable=False),
     # Hard-isolated slices (MIG instance, AMD compute partition): the physical device, the
-    # profile and the share of its compute; NULL / 1000 for whole devices (migration 0004_i14_slices).
+    # profile and the share of its compute; NULL / 1000 for whole devices (migration 0004_slices).
     sa.Column("parent", sa.String(255), nullable=True),
     sa.Column("profile", sa.String(64), nullable=True),
     sa.Column("compute_milli", sa.Integer, nullable=False, server_default="1000"),
@@ -159,4 +160,19 @@ EVENTS = sa.Table(
     sa.Column("subject", sa.String(1024), nullable=False, index=True),
     sa.Column("detail", sa.JSON, nullable=False),
     sa.Index("ix_gpusched_events_kind_id", "kind", "id"),
+)
+
+HOSTS = sa.Table(
+    "gpusched_hosts",
+    METADATA,
+    # One GPU host of a multi-host fleet: its agent registers the host's nodes under this name
+    # (inventory source ``host:<name>``) and heartbeats; a host whose heartbeat stops is ``lost``.
+    sa.Column("name", sa.String(255), primary_key=True),
+    sa.Column("fingerprint", sa.String(64), nullable=False),
+    sa.Column("devices", sa.JSON, nullable=False),
+    sa.Column("address", sa.String(255), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("registered_at", sa.Double, nullable=False),
+    sa.Column("last_heartbeat", sa.Double, nullable=False),
 )

@@ -20,6 +20,7 @@ from gpusched.errors import AllocationConflictError, LedgerError, UnknownAllocat
 from gpusched.ledger import capacity, inventory
 from gpusched.ledger.engine import default_url, make_engine, read_tx, write_tx
 from gpusched.ledger.extras import LedgerExtras
+from gpusched.ledger.hosts import LedgerHosts
 from gpusched.ledger.migrate import upgrade
 from gpusched.ledger.records import (
     Allocation,
@@ -81,7 +82,7 @@ def _share_key(shares: Sequence[DeviceShare]) -> list[tuple[str, int, int]]:
     return sorted((s.uuid, s.milli, s.memory_bytes) for s in shares)
 
 
-class Ledger(LedgerExtras):
+class Ledger(LedgerExtras, LedgerHosts):
     """Allocations, leases, inventory, health, cordons, queue, samples and events in one database.
 
     ``Ledger(url)``: ``url`` None means ``$GPUSCHED_DB_URL``, else SQLite (WAL) at
@@ -138,6 +139,9 @@ class Ledger(LedgerExtras):
         with read_tx(self.engine) as conn:
             nodes, sources = inventory.load_nodes(conn)
             usage = capacity.active_usage(conn)
+            gone = self.unavailable_nodes(conn)
+        if gone:  # nodes of lost GPU hosts take no work until their agent is back
+            nodes = tuple(n for n in nodes if n.name not in gone)
         known = {d.uuid for n in nodes for d in n.devices}
         return FleetSnapshot(
             nodes,

@@ -1,6 +1,6 @@
 """Allocations record the processes that hold them (host, pid, start time).
 
-Revision ID: 0003_i9_processes
+Revision ID: 0003_processes
 Revises: 0002
 Create Date: 2026-12-03
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003_i9_processes"
+revision = "0003_processes"
 down_revision = "0002"
 branch_labels = None
 depends_on = None

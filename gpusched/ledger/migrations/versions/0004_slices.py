@@ -1,7 +1,7 @@
 """Hard-isolated slices in the inventory: parent device, slice profile, compute share.
 
-Revision ID: 0004_i14_slices
-Revises: 0003_i9_processes
+Revision ID: 0004_slices
+Revises: 0003_processes
 Create Date: 2026-12-03
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_i14_slices"
-down_revision = "0003_i9_processes"
+revision = "0004_slices"
+down_revision = "0003_processes"
 branch_labels = None
 depends_on = None
 

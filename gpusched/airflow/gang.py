@@ -1,0 +1,149 @@
+"""Multi-node gangs: one member task per node, placed and started together, with rendezvous variables.
+
+A request bigger than one node (16 GPUs over two 8-GPU hosts) runs as one member task per node.
+DAG authors write it once::
+
+    from gpusched.airflow.gang import gang_task
+
+    @gang_task(nodes=2, gpus_per_node=8, models=["H100-SXM-80GB"], interconnect="same_rack", retries=2)
+    def train():
+        subprocess.run(["torchrun", "--nnodes", os.environ["NNODES"], "--node-rank",
+                        os.environ["NODE_RANK"], "--nproc-per-node", os.environ["LOCAL_WORLD_SIZE"],
+                        "--master-addr", os.environ["MASTER_ADDR"], "--master-port",
+                        os.environ["MASTER_PORT"], "train.py"], check=True)
+
+    train()   # -> member tasks train__node0, train__node1
+
+The executor places every member in the same cycle (one node each, distinct nodes, one rack for
+``same_rack``) or none of them, dispatches them together (each on its host's queue under the
+Celery executor) and gives each the variables torchrun / DeepSpeed read: ``MASTER_ADDR`` (the
+address of rank 0's host), ``MASTER_PORT``, ``WORLD_SIZE`` (all GPUs), ``NODE_RANK``, ``NNODES``,
+``LOCAL_WORLD_SIZE`` (GPUs per node) and ``GPUSCHED_GANG``. When one member fails or its host is
+lost, the executor stops the others; each member's retry waits for the whole gang again.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpusched.errors import GPURequestError
+
+__all__ = ["GANG_KEY", "RENDEZVOUS_VARS", "GangMember", "gang_member", "gang_task", "rendezvous_env"]
+
+GANG_KEY = "gpusched_gang"
+"""Key of the gang spec in a member task's ``executor_config``."""
+
+RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "NNODES", "LOCAL_WORLD_SIZE",
+                   "GPUSCHED_GANG")
+"""Every variable :func:`rendezvous_env` sets."""
+
+_SCOPES = ("same_rack", "any")
+_PORT_BASE, _PORT_SPAN = 29500, 500
+
+
+@dataclass(frozen=True, slots=True)
+class GangMember:
+    """One member of a multi-node gang: ``gang`` is unique per DAG run (and map index)."""
+
+    gang: str
+    size: int
+    rank: int
+    scope: str = "same_rack"
+
+
+def gang_member(
+    executor_config: object, *, dag_id: str, run_id: str, map_index: int = -1
+) -> GangMember | None:
+    """The gang membership in a task's ``executor_config``, or None for an ordinary task.
+
+    Raises:
+        GPURequestError: the ``gpusched_gang`` entry is malformed.
+    """
+    if not isinstance(executor_config, Mapping) or GANG_KEY not in executor_config:
+        return None
+    spec = executor_config[GANG_KEY]
+    try:
+        name, size, rank = str(spec["name"]), int(spec["size"]), int(spec["rank"])
+        scope = str(spec.get("scope", "same_rack"))
+    except (KeyError, TypeError, ValueError):
+        raise GPURequestError(GANG_KEY, spec, "a mapping with name, size and rank (use gang_task)") from None
+    if size < 2 or not 0 <= rank < size or scope not in _SCOPES:
+        raise GPURequestError(GANG_KEY, spec, f"size >= 2, 0 <= rank < size, scope in {_SCOPES}")
+    return GangMember(f"{dag_id}/{run_id}/{map_index}/{name}", size, rank, scope)
+
+
+def rendezvous_env(member: GangMember, gpus_per_node: int, master_addr: str) -> dict[str, str]:
+    """The torchrun / DeepSpeed variables of ``member`` (``MASTER_PORT`` derived from the gang id)."""
+    port = _PORT_BASE + zlib.crc32(member.gang.encode()) % _PORT_SPAN
+    return {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(member.size * gpus_per_node),
+        "NODE_RANK": str(member.rank),
+        "NNODES": str(member.size),
+        "LOCAL_WORLD_SIZE": str(gpus_per_node),
+        "GPUSCHED_GANG": member.gang,
+    }
+
+
+def gang_task(
+    python_callable: Callable[..., Any] | None = None,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    interconnect: str = "same_rack",
+    **kwargs: Any,
+) -> Any:
+    """``@task`` for a multi-node gang: calling the decorated function adds one member task per node.
+
+    Args:
+        nodes: members (one per node), at least 2.
+        gpus_per_node: whole GPUs each member gets on its node.
+        interconnect: ``same_rack`` (every member in one rack) or ``any``.
+        **kwargs: other request fields (``models``, ``vendor``, ``memory`` …) and ``@task``
+            arguments (``retries`` …); ``task_id`` names the gang (default: the function name).
+
+    Raises:
+        GPURequestError: at parse time, for a bad size, scope or request field.
+    """
+    from gpusched.request import REQUEST_KEYS
+
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 2:
+        raise GPURequestError("nodes", nodes, "an integer >= 2 (one member task per node)")
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise GPURequestError("gpus_per_node", gpus_per_node, "an integer >= 1 (whole GPUs per node)")
+    if interconnect not in _SCOPES:
+        raise GPURequestError("interconnect", interconnect,
+                              f"one of {', '.join(_SCOPES)} for a multi-node gang")
+    request_kwargs = {k: v for k, v in kwargs.items() if k in REQUEST_KEYS}
+    for forbidden in ("gpus", "gang"):
+        if forbidden in request_kwargs:
+            raise GPURequestError(forbidden, request_kwargs[forbidden],
+                                  "not given: use nodes and gpus_per_node")
+    task_kwargs = {k: v for k, v in kwargs.items() if k not in REQUEST_KEYS}
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
+        from airflow.sdk import task
+
+        from gpusched.airflow.authoring import gpu
+
+        name = str(task_kwargs.pop("task_id", fn.__name__))
+        per_node = gpu(gpus=gpus_per_node, interconnect="same_node", **request_kwargs)
+
+        def add_members(*args: Any, **call_kwargs: Any) -> list[Any]:
+            members = []
+            for rank in range(nodes):
+                config = dict(per_node["executor_config"])
+                config[GANG_KEY] = {"name": name, "size": nodes, "rank": rank, "scope": interconnect}
+                extra = {k: v for k, v in per_node.items() if k != "executor_config"}
+                member = task(task_id=f"{name}__node{rank}", executor_config=config, **extra,
+                              **task_kwargs)(fn)
+                members.append(member(*args, **call_kwargs))
+            return members
+
+        return add_members
+
+    return decorate if python_callable is None else decorate(python_callable)

@@ -1,0 +1,96 @@
+"""Placement of multi-node gangs in one cycle: every member on its own node, or none of them (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpusched.airflow.gang import rendezvous_env
+from gpusched.model import DeviceShare, FleetSnapshot, Node
+from gpusched.placement import PendingTask, Policy, RunningTask, place
+
+__all__ = ["GangPlan", "place_gang"]
+
+LOCAL_ADDRESS = "127.0.0.1"
+"""Rendezvous address of a node with no registered GPU host (the local executor: one machine)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GangPlan:
+    """Shares and rendezvous variables per member key, or why the gang waits."""
+
+    shares: Mapping[str, tuple[DeviceShare, ...]]
+    rendezvous: Mapping[str, Mapping[str, str]]
+    reason: str = ""
+    permanent: bool = False
+
+
+def place_gang(
+    members: Sequence[object],
+    snapshot: FleetSnapshot,
+    policy: Policy,
+    *,
+    now: float,
+    running: Sequence[RunningTask] = (),
+    addresses: Mapping[str, str] | None = None,
+) -> GangPlan:
+    """Place every member (``PendingWork`` with ``gang``, all ranks present) on distinct nodes.
+
+    ``same_rack`` gangs try one rack at a time (racks with more free devices first). Returns an
+    empty plan with the reason (``permanent`` when even an idle fleet could not hold the gang).
+    """
+    ordered = sorted(members, key=lambda m: m.gang.rank)  # type: ignore[attr-defined]
+    first = ordered[0]
+    shares, best, why = _try(ordered, snapshot, policy, now, running)
+    if shares is None:
+        idle = FleetSnapshot(snapshot.nodes, {}, snapshot.source, snapshot.taken_at)
+        never = _try(ordered, idle, policy, now, ())[0] is None
+        gang = first.gang  # type: ignore[attr-defined]
+        scope = "one rack" if gang.scope == "same_rack" else "the fleet"
+        reason = (f"multi-node gang {gang.gang.rsplit('/', 1)[-1]}: only {best} of {gang.size} members "
+                  f"fit on distinct nodes of {scope}{' even when idle' if never else ' now'}"
+                  f"{f' ({why})' if why else ''}")
+        return GangPlan({}, {}, reason, never)
+    master_node = shares[first.key][0].node  # type: ignore[attr-defined]
+    master = (addresses or {}).get(master_node, LOCAL_ADDRESS)
+    per_node = first.request.count  # type: ignore[attr-defined]
+    rendezvous = {m.key: rendezvous_env(m.gang, per_node, master) for m in ordered}  # type: ignore[attr-defined]
+    return GangPlan(shares, rendezvous)
+
+
+def _groups(snapshot: FleetSnapshot, scope: str) -> list[tuple[Node, ...]]:
+    if scope != "same_rack":
+        return [snapshot.nodes]
+    racks: dict[str, list[Node]] = {}
+    for node in snapshot.nodes:
+        racks.setdefault(node.rack, []).append(node)
+
+    def free(nodes: list[Node]) -> int:
+        return sum(1 for n in nodes for d in n.devices if snapshot.usage.get(d.uuid) is None)
+
+    return [tuple(nodes) for _, nodes in sorted(racks.items(), key=lambda kv: (-free(kv[1]), kv[0]))]
+
+
+def _try(
+    members: Sequence[object], snapshot: FleetSnapshot, policy: Policy, now: float,
+    running: Sequence[RunningTask],
+) -> tuple[dict[str, tuple[DeviceShare, ...]] | None, int, str]:
+    best, why = 0, ""
+    for group in _groups(snapshot, members[0].gang.scope):  # type: ignore[attr-defined]
+        snap, used, placed = snapshot, set(), {}
+        for member in members:
+            nodes = tuple(n for n in group if n.name not in used)
+            sub = FleetSnapshot(nodes, snap.usage, snap.source, snap.taken_at)
+            task = PendingTask(member.key, member.request, member.submitted_at)  # type: ignore[attr-defined]
+            plan = place([task], sub, policy, now=now, running=running)
+            if not plan.assignments:
+                why = plan.rejections[0].reason if plan.rejections else why
+                break
+            chosen = tuple(plan.assignments[0].shares)
+            used.add(chosen[0].node)
+            snap = snap.with_usage(chosen)
+            placed[member.key] = chosen  # type: ignore[attr-defined]
+        if len(placed) == len(members):
+            return placed, len(placed), ""
+        best = max(best, len(placed))
+    return None, best, why

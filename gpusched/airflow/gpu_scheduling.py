@@ -1,0 +1,428 @@
+"""The GPU half of gpusched's executors: placement, holds, allocations, leases, release, hosts.
+
+One implementation serves :class:`gpusched.airflow.executor.GPUExecutor` (LocalExecutor) and
+:class:`gpusched.airflow.celery_executor.GPUCeleryExecutor` (CeleryExecutor). The executor owns
+Airflow's bookkeeping and hands its GPU workloads here; :class:`GPUScheduling` builds one
+:class:`~gpusched.airflow.gpu_cycle.CycleRequest` per cycle (fault-chain overrides applied),
+calls :func:`~gpusched.airflow.gpu_cycle.decide`, writes each launch's allocation to the ledger
+and gives the launch back to the executor's :class:`Dispatcher` — which differs per executor
+(a local worker with the devices' environment, or the Celery queue of the host that owns them).
+
+Also here: release when a task process ends or is revoked, lease renewal and expiry, reconcile
+after a restart, and — for a fleet of GPU hosts — marking a host whose agent stopped
+heartbeating lost: its allocations are released and its tasks failed (node lost) so that Airflow
+retries them on another host.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpusched import settings
+from gpusched.airflow.authoring import request_from_executor_config
+from gpusched.airflow.executor_compat import save_task_event
+from gpusched.airflow.gang import gang_member
+from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
+from gpusched.airflow.keys import ti_key_of
+from gpusched.airflow.orphans import reconcile_holder, task_state
+from gpusched.airflow.task_log import append_task_log
+from gpusched.errors import (
+    AllocationConflictError,
+    GPURequestError,
+    GpuschedError,
+    LedgerUnavailableError,
+    UnknownAllocationError,
+)
+from gpusched.failures import load_overrides
+from gpusched.placement.genetic import parse_weights
+from gpusched.request import GPURequest
+
+if TYPE_CHECKING:
+    from gpusched.ledger import Ledger
+    from gpusched.placement import Policy
+
+__all__ = ["Dispatcher", "GPUScheduling", "is_gpu_workload"]
+
+_NOT_FINISHED = frozenset({"running", "queued", "scheduled", "restarting", "deferred"})
+
+
+def is_gpu_workload(workload: Any) -> bool:
+    """True for a task workload whose ``executor_config`` carries a ``gpusched`` request."""
+    ti = getattr(workload, "ti", None)
+    config = getattr(ti, "executor_config", None) if ti is not None else None
+    return isinstance(config, dict) and "gpusched" in config
+
+
+class Dispatcher(Protocol):
+    """How one executor starts a task on its devices (the only part that differs per executor)."""
+
+    def refuse(self, launch: Launch) -> str | None:
+        """Why ``launch`` cannot be dispatched by this executor now (it is held), or None."""
+        ...
+
+    def dispatch(self, workload: Any, launch: Launch) -> None:
+        """Send ``workload`` (fresh token) to run on ``launch.shares`` with ``launch.env``."""
+        ...
+
+
+class GPUScheduling:
+    """GPU placement and allocation lifecycle for one executor (see the module docstring).
+
+    ``executor`` is the Airflow executor composing this (its ``log``, ``queued_tasks``,
+    ``jwt_generator`` and ``fail`` are used; event-log rows are written directly);
+    ``dispatcher`` starts launches.
+    Settings (:mod:`gpusched.settings`, read from the executor's team-scoped config): ``[gpusched]``
+    ``policy``, ``lease_seconds``, ``fail_unschedulable``,
+    ``visible_devices_by_uuid``, ``replan_budget_ms``, ``replan_weights``, ``host_timeout_seconds``
+    (30: a GPU host whose agent has not heartbeated for this long is lost; 0 = never),
+    ``ledger_wait_seconds`` (5: the most one ledger operation waits for a lock; after a timeout
+    the GPU work pauses that long, workloads stay queued), ``reconcile_seconds`` (5).
+    """
+
+    def __init__(self, executor: Any, dispatcher: Dispatcher, *, holder: str) -> None:
+        self.executor = executor
+        self.dispatcher = dispatcher
+        self.holder = holder
+        conf = getattr(executor, "conf", None)  # the executor's team-scoped config
+        self.conf = conf
+        self.lease_s = settings.get_int("lease_seconds", conf)
+        self.fail_unschedulable = settings.get_bool("fail_unschedulable", conf)
+        self.use_uuids = settings.get_bool("visible_devices_by_uuid", conf)
+        # Genetic re-planning of each cycle's batch (0 = greedy only), and its objective weights.
+        self.replan_budget_ms = settings.get_float("replan_budget_ms", conf)
+        self.replan_weights = parse_weights(
+            settings.get_str("replan_weights", conf), where="[gpusched] replan_weights"
+        )
+        self.host_timeout_s = settings.get_float("host_timeout_seconds", conf)
+        self.ledger_wait_s = settings.get_float("ledger_wait_seconds", conf)
+        self.reconcile_s = settings.get_float("reconcile_seconds", conf)
+        self._ledger_down_until = 0.0  # monotonic time before which the ledger is left alone
+        self.process: Any = None  # this executor as a HolderProcess (set by start_process)
+        self._last_reconcile = 0.0
+        self._ledger: Ledger | None = None
+        self._policy: Policy | None = None
+        # Airflow key -> ledger key of dispatched GPU work (the executors' ``running`` is not enough).
+        self.gpu_running: dict[Any, str] = {}
+        self._submitted: dict[Any, float] = {}
+        self._seen: set[Any] = set()
+        self._cycle_requests: dict[str, GPURequest] = {}
+        self._queue_reason: dict[str, str] = {}
+        self._last_renew = 0.0
+        self._last_host_check = 0.0
+        self._last_gang_check = 0.0
+        self.gangs: dict[str, set[Any]] = {}  # launched multi-node gangs: gang id -> Airflow keys
+
+    @property
+    def log(self) -> Any:
+        return self.executor.log
+
+    @property
+    def ledger(self) -> Ledger:
+        """The allocation ledger (opened on first use)."""
+        if self._ledger is None:
+            from gpusched.ledger import Ledger
+
+            self._ledger = Ledger(lock_wait_s=self.ledger_wait_s)
+        return self._ledger
+
+    @property
+    def policy(self) -> Policy:
+        """The placement policy named by ``[gpusched] policy``."""
+        if self._policy is None:
+            from gpusched.placement import Policy
+
+            self._policy = Policy.named(settings.get_str("policy", self.conf))
+        return self._policy
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start_process(self) -> None:
+        """Record this process as the executor that holds the allocations it makes."""
+        from gpusched.ledger.liveness import current_process
+
+        self.process = current_process("executor")
+
+    def reconcile(self) -> list[str]:
+        """Release this holder's allocations that no live try needs; renew those still in use.
+
+        Looks at every active allocation of this holder that this executor did not dispatch and
+        does not hold queued: released when Airflow has superseded the try, when the task instance
+        is no longer queued or running, or when every recorded holder process is gone
+        (:func:`gpusched.airflow.orphans.stale_reason`); renewed when a process of it still runs
+        (a task that outlived a restarted scheduler). Returns the released keys.
+        """
+        waiting = {ti_key_of(w.ti) for w in self.executor.queued_tasks.values() if is_gpu_workload(w)}
+        return reconcile_holder(
+            self.ledger, self.holder, dispatched=set(self.gpu_running.values()), waiting=waiting,
+            lease_s=self.lease_s, log=self.log,
+        )
+
+    def end(self, queued: Sequence[Any]) -> None:
+        """Release what is still held and forget the waiting records of ``queued`` workloads."""
+        for key in list(self.gpu_running):
+            self.release(key, "executor stopped")
+        for workload in queued:
+            if is_gpu_workload(workload):
+                self._safe(lambda w=workload: self.ledger.clear_queue(ti_key_of(w.ti)))
+
+    def queued(self, workload: Any) -> None:
+        """Remember when a GPU workload started to wait."""
+        if is_gpu_workload(workload):
+            self._submitted.setdefault(workload.key, time.time())
+
+    def revoke(self, ti: Any) -> None:
+        """Forget a task: drop it from the GPU queue and release its devices. Never raises."""
+        key = ti.key
+        self.executor.queued_tasks.pop(key, None)
+        self._submitted.pop(key, None)
+        self._seen.discard(key)
+        ledger_key = ti_key_of(ti)
+        self._queue_reason.pop(ledger_key, None)
+        self._safe(lambda: self.ledger.clear_queue(ledger_key))
+        if key in self.gpu_running:
+            self.release(key, "revoked: stuck in queued")
+        else:
+            self._safe(lambda: self.ledger.release(ledger_key, reason="revoked: stuck in queued"))
+
+    def finished(self, key: Any, state: Any) -> None:
+        """The executor learnt ``state`` for ``key``: release its devices once the process ended."""
+        if key in self.gpu_running and str(state) not in _NOT_FINISHED:
+            # The executor's state only says the process ended; the reason names the task's own
+            # outcome (a SIGKILLed task ends "success" here but "failed" in Airflow).
+            outcome = self._safe(lambda: task_state(key))
+            self.release(key, f"task process ended (task {outcome})" if outcome
+                         else f"task process ended (executor state {state})")
+
+    # ---- one cycle ---------------------------------------------------------------------------
+
+    def schedule(self, workloads: Sequence[Any]) -> None:
+        """Place ``workloads`` (GPU ones); launch what fits, hold the rest. Never raises."""
+        if not workloads or not self._ledger_usable():
+            return
+        try:
+            self._schedule(workloads)
+        except LedgerUnavailableError as exc:
+            self._ledger_unavailable(exc)
+        except Exception:  # keep the scheduler loop alive; the workloads stay queued
+            self.log.exception("gpusched: GPU scheduling cycle failed; retrying next heartbeat")
+
+    def cycle_request(self, pending: Sequence[PendingWork], now: float) -> CycleRequest:
+        """Every input of one cycle, read from the ledger now."""
+        return CycleRequest(
+            tuple(pending), self.ledger.snapshot(now), self.policy,
+            tuple(running_tasks(self.ledger.active())), now, use_uuids=self.use_uuids,
+            replan_budget_ms=self.replan_budget_ms, replan_weights=self.replan_weights,
+            addresses=self.ledger.node_addresses() if any(p.gang for p in pending) else {},
+        )
+
+    def _schedule(self, workloads: Sequence[Any]) -> None:
+        now = time.time()
+        ledger = self.ledger
+        pending: list[PendingWork] = []
+        by_key: dict[str, Any] = {}
+        # The fault chain may have replaced a task's request (more memory, another model) or
+        # refused its retry (code errors fail the same way on any GPU): both live in the ledger.
+        overrides = load_overrides(ledger)
+        self._cycle_requests.clear()
+        for workload in workloads:
+            ti = workload.ti
+            key = ti_key_of(ti)
+            refusal = overrides.refusal(ti.dag_id, ti.task_id, ti.run_id, ti.try_number)
+            if refusal:
+                self.reject(workload, key, f"gpusched fault chain refused this retry: {refusal}")
+                continue
+            try:
+                request = overrides.lookup(ti.dag_id, ti.task_id, ti.run_id) or (
+                    request_from_executor_config(ti.executor_config)
+                )
+                member = gang_member(ti.executor_config, dag_id=ti.dag_id, run_id=ti.run_id,
+                                     map_index=ti.map_index if ti.map_index is not None else -1)
+            except GPURequestError as exc:
+                self.reject(workload, key, f"invalid GPU request in executor_config: {exc}")
+                continue
+            assert request is not None
+            self._cycle_requests[key] = request
+            shares: tuple[Any, ...] = ()
+            if workload.key not in self._seen:
+                # Only a workload queued again (scheduler restart) can already own an allocation.
+                self._seen.add(workload.key)
+                existing = ledger.get(key)
+                shares = tuple(existing.shares) if existing and existing.released_at is None else ()
+            by_key[key] = workload
+            pending.append(PendingWork(key, request, self._submitted.get(workload.key, now), shares,
+                                       None if shares else member))
+            if member is not None and shares:
+                self.gangs.setdefault(member.gang, set()).add(workload.key)
+        if not pending:
+            return
+        reply = decide(self.cycle_request(pending, now))
+        # One task's failure never costs the others their turn; only an unreachable or locked
+        # ledger ends the cycle (every write would wait out its bound in turn).
+        for launch in reply.launches:
+            self._isolated(launch.key, lambda w=by_key[launch.key], x=launch: self._launch(w, x, now))
+        for hold in reply.holds:
+            self._isolated(hold.key, lambda w=by_key[hold.key], x=hold: self.hold(w, x, now))
+
+    def _isolated(self, key: str, action: Any) -> None:
+        try:
+            action()
+        except LedgerUnavailableError:
+            raise
+        except Exception:
+            self.log.exception("gpusched: %s failed this cycle; it stays queued", key)
+
+    def _launch(self, workload: Any, launch: Launch, now: float) -> None:
+        refusal = self.dispatcher.refuse(launch)
+        if refusal:
+            if launch.reused:
+                self._safe(lambda: self.ledger.release(launch.key, reason=refusal))
+            self.hold(workload, Hold(launch.key, refusal), now)
+            return
+        if not launch.reused:
+            try:
+                self.ledger.allocate(
+                    launch.key, launch.request, launch.shares, holder=self.holder,
+                    lease_s=self.lease_s, now=now, process=self.process,
+                )
+            except AllocationConflictError as exc:
+                self.hold(workload, Hold(launch.key, f"devices taken meanwhile, retrying: {exc}"), now)
+                return
+        self._queue_reason.pop(launch.key, None)
+        self.ledger.clear_queue(launch.key)
+        from airflow.executors.workloads import ExecuteTask
+
+        # The token minted at queue time expires after task_queued_timeout; a task that waited
+        # for devices needs a fresh one or its start is refused (HTTP 403).
+        fresh = workload.model_copy(
+            update={"token": ExecuteTask.generate_token(str(workload.ti.id), self.executor.jwt_generator)}
+        )
+        self._submitted.pop(workload.key, None)
+        self._seen.discard(workload.key)
+        self.gpu_running[workload.key] = launch.key
+        gang = launch.env.get("GPUSCHED_GANG")
+        if gang:  # watched: a failed member stops the others
+            self.gangs.setdefault(gang, set()).add(workload.key)
+        self.dispatcher.dispatch(fresh, launch)
+        devices = ", ".join(f"{s.node}:{s.index}({s.milli}m)" for s in launch.shares)
+        self.log.info("gpusched: %s dispatched on %s", launch.key, devices)
+        save_task_event(
+            self.executor,
+            event="gpusched.allocated",
+            extra=json.dumps({"devices": devices, "env": launch.env.get("CUDA_VISIBLE_DEVICES")}),
+            ti_key=workload.key,
+        )
+
+    def hold(self, workload: Any, hold: Hold, now: float) -> None:
+        """Keep ``workload`` waiting with ``hold.reason`` (or fail it when it can never fit)."""
+        if hold.permanent:
+            lost = sorted(h.name for h in self.ledger.hosts() if h.state != "live")
+            if lost:  # their devices may come back: wait for them rather than fail
+                hold = Hold(hold.key, f"{hold.reason}; GPU host(s) {', '.join(lost)} lost: "
+                                      "waiting for them to come back")
+        if hold.permanent and self.fail_unschedulable:
+            self.reject(workload, hold.key, f"can never fit this fleet: {hold.reason}")
+            return
+        if self._queue_reason.get(hold.key) == hold.reason:
+            return  # already recorded; the ledger keeps the first time it started waiting
+        self._queue_reason[hold.key] = hold.reason
+        request = self._cycle_requests.get(hold.key) or request_from_executor_config(
+            workload.ti.executor_config
+        )
+        assert request is not None
+        self.ledger.record_queue(hold.key, request, hold.reason, now)
+        self.log.info("gpusched: %s waits: %s", hold.key, hold.reason)
+        append_task_log(workload.key, f"gpusched: waiting for GPUs: {hold.reason}", level="info")
+
+    def reject(self, workload: Any, key: str, reason: str) -> None:
+        """Fail ``workload`` now with ``reason`` (in the task's event log)."""
+        self.executor.queued_tasks.pop(workload.key, None)
+        self._submitted.pop(workload.key, None)
+        self._seen.discard(workload.key)
+        self._queue_reason.pop(key, None)
+        self._safe(lambda: self.ledger.clear_queue(key))
+        self.log.error("gpusched: failing %s: %s", key, reason)
+        # Where users look: the try's log (Logs tab, task-log API) and the ledger's events.
+        append_task_log(workload.key, f"gpusched: not started, {reason}")
+        self._safe(lambda: self.ledger.record_event("unschedulable", key, reason=reason))
+        save_task_event(self.executor, event="gpusched.unschedulable", extra=reason, ti_key=workload.key)
+        self.executor.fail(workload.key, info=reason)
+
+    # ---- leases, release, hosts ----------------------------------------------------------------
+
+    def periodic(self, now: float | None = None) -> None:
+        """Renew this executor's leases, expire dead ones, and handle GPU hosts that went silent."""
+        now = time.time() if now is None else now
+        if not self._ledger_usable():
+            return
+        if now - self._last_reconcile >= self.reconcile_s:
+            self._last_reconcile = now
+            self._safe(self.reconcile)
+        if now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
+            self._last_renew = now
+            for ledger_key in list(self.gpu_running.values()):
+                self._safe(lambda k=ledger_key: self._renew(k))
+            # Leases of a crashed executor (any holder) run out here.
+            for alloc in self._safe(lambda: self.ledger.expire_leases(now)) or ():
+                self.log.warning("gpusched: lease of %s expired; devices released", alloc.key)
+        if self.gangs and now - self._last_gang_check >= 2.0:
+            self._last_gang_check = now
+            self._safe(self.stop_broken_gangs)
+        if self.host_timeout_s > 0 and now - self._last_host_check >= min(5.0, self.host_timeout_s / 3):
+            self._last_host_check = now
+            self._safe(lambda: self.handle_lost_hosts(now))
+
+    def _renew(self, ledger_key: str) -> None:
+        try:
+            self.ledger.renew(ledger_key, self.lease_s)
+        except UnknownAllocationError:  # the task side released it already; the executor learns soon
+            self.log.debug("gpusched: %s already released", ledger_key)
+
+    def handle_lost_hosts(self, now: float) -> list[str]:
+        """Mark silent GPU hosts lost; release their allocations and fail their tasks (node lost)."""
+        from gpusched.airflow.gpu_faults import handle_lost_hosts
+
+        return handle_lost_hosts(self, now)
+
+    def stop_broken_gangs(self) -> list[Any]:
+        """Stop the live members of every launched gang one of whose members failed (or was lost)."""
+        from gpusched.airflow.gpu_faults import stop_broken_gangs
+
+        return stop_broken_gangs(self)
+
+    def release(self, key: Any, reason: str) -> None:
+        """Release the devices of Airflow key ``key`` (idempotent with the task-side listener)."""
+        ledger_key = self.gpu_running.pop(key, None)
+        if ledger_key is None:
+            return
+        if self._safe(lambda: self.ledger.release(ledger_key, reason=reason)) is not None:
+            self.log.info("gpusched: released %s (%s)", ledger_key, reason)
+
+    def fail_orphaned(self) -> list[str]:
+        """Release and fail the tries whose LocalExecutor worker (their supervisor) died."""
+        from gpusched.airflow.gpu_faults import fail_orphaned
+
+        return fail_orphaned(self)
+
+    def _ledger_usable(self) -> bool:
+        return time.monotonic() >= self._ledger_down_until
+
+    def _ledger_unavailable(self, exc: Exception) -> None:
+        self._ledger_down_until = time.monotonic() + self.ledger_wait_s
+        self.log.error("gpusched: ledger unavailable, GPU work paused for %.0f s: %s",
+                       self.ledger_wait_s, exc)
+
+    def _safe(self, action: Any) -> Any:
+        if not self._ledger_usable():
+            return None  # paused after a lock timeout or outage; reconcile catches up later
+        try:
+            return action()
+        except LedgerUnavailableError as exc:
+            self._ledger_unavailable(exc)
+        except GpuschedError:
+            self.log.exception("gpusched: ledger operation failed")
+        except Exception:  # a database hiccup must not stop the scheduler
+            self.log.exception("gpusched: unexpected error in a ledger operation")
+        return None

@@ -1,0 +1,258 @@
+"""A multi-host Airflow deployment on one machine, for the multi-host test, benchmark and demo.
+
+Real processes only, all on 127.0.0.1: ``redis-server`` (Celery broker), a throwaway PostgreSQL
+(``scripts/start_postgres.sh``: Airflow's metadata, the Celery result backend and the gpusched
+ledger), ``airflow scheduler`` (with :class:`gpusched.airflow.celery_executor.GPUCeleryExecutor`
+or any executor list), ``airflow api-server`` and ``airflow dag-processor``; and per GPU host one
+``airflow celery worker --queues gpusched@<host>`` plus one ``gpusched agent --host-name <host>``,
+each host in its own process group so that :meth:`LocalCluster.kill_host` can SIGKILL it like a
+machine dying. The hosts' slices of the simulated fleet are the nodes of the fleet file named
+after them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpusched.errors import ConfigurationError
+from gpusched.paths import include_dir
+
+__all__ = ["LocalCluster", "free_port"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalCluster:
+    """Control host + GPU hosts as local processes; ``stop()`` (or ``with``) ends every one of them.
+
+    Args:
+        base: an empty folder for homes, logs and the PostgreSQL cluster.
+        dags: DAG files to copy into the DAGs folder (name -> source).
+        hosts: GPU host names (nodes of ``fleet``).
+        fleet: the simulated fleet file (default: the package's ``fleets/multihost.yaml``).
+        executor: ``[core] executor``.
+        env: extra environment for every process (``AIRFLOW__…`` settings).
+        worker_concurrency: Celery worker slots per host.
+    """
+
+    def __init__(
+        self,
+        base: Path,
+        dags: Mapping[str, str],
+        *,
+        hosts: Sequence[str] = ("host-a", "host-b"),
+        fleet: Path | None = None,
+        executor: str = "gpusched.airflow.celery_executor.GPUCeleryExecutor",
+        env: Mapping[str, str] | None = None,
+        worker_concurrency: int = 2,
+    ) -> None:
+        self.base = base
+        self.hosts = tuple(hosts)
+        self.logs = base / "logs"
+        self.out = base / "out"
+        self.home = base / "home"
+        self.dags = base / "dags"
+        for folder in (self.logs, self.out, self.home, self.dags):
+            folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.out, 0o777)
+        for name, source in dags.items():
+            (self.dags / name).write_text(source)
+        self.worker_concurrency = worker_concurrency
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._pgdir: Path | None = None
+        self.api_port = free_port()
+        self.url = f"http://127.0.0.1:{self.api_port}"
+        self.db_url = ""
+        self._executor = executor
+        self._fleet = fleet or include_dir() / "fleets" / "multihost.yaml"
+        self._extra = dict(env or {})
+        self.env: dict[str, str] = {}
+
+    # ---- start / stop ----------------------------------------------------------------------
+
+    def start(self) -> LocalCluster:
+        """Start PostgreSQL, Redis, migrate, then api-server, dag-processor, hosts and scheduler."""
+        if shutil.which("redis-server") is None:
+            raise ConfigurationError("redis-server is not installed; run scripts/setup.sh (apt redis-server)")
+        self._pgdir = Path(tempfile.mkdtemp(prefix="gpusched-pg-"))
+        os.chmod(self._pgdir, 0o755)
+        started = subprocess.run(["bash", str(REPO / "scripts" / "start_postgres.sh"), str(self._pgdir)],
+                                 capture_output=True, text=True, timeout=120)
+        if started.returncode != 0:
+            raise ConfigurationError(f"PostgreSQL did not start: {started.stderr.strip()[-500:]}")
+        self.db_url = started.stdout.strip()
+        redis_port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
+        env.update({
+            "PYTHONPATH": str(REPO),
+            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__EXECUTOR": self._executor,
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.db_url,
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": self.db_url,  # psycopg 3 is async too
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_SIZE": "2",
+            "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:{redis_port}/0",
+            "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.db_url,
+            "AIRFLOW__CELERY__SYNC_PARALLELISM": "1",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__API__PORT": str(self.api_port),
+            "AIRFLOW__API_AUTH__JWT_SECRET": "gpusched-local-cluster",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__GPUSCHED__HOST_TIMEOUT_SECONDS": "10",
+            "GPUSCHED_DB_URL": self.db_url,
+            "GPUSCHED_BACKEND": "simulated",
+            "GPUSCHED_FLEET": str(self._fleet),
+            "GPUSCHED_TEST_OUT": str(self.out),
+        })
+        env.update(self._extra)
+        self.env = env
+        self._spawn("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no"])
+        migrated = subprocess.run([*self._airflow, "db", "migrate"], env=env, cwd=REPO, capture_output=True,
+                                  text=True, timeout=600)
+        if migrated.returncode != 0:
+            raise ConfigurationError(f"airflow db migrate failed: {migrated.stderr.strip()[-800:]}")
+        self._spawn("api-server", [*self._airflow, "api-server", "--port", str(self.api_port)])
+        self._spawn("dag-processor", [*self._airflow, "dag-processor"])
+        for host in self.hosts:
+            self.start_host(host)
+        self._spawn("scheduler", [*self._airflow, "scheduler"])
+        return self
+
+    def start_host(self, host: str) -> None:
+        """Start (or restart) GPU host ``host``: its agent and its Celery worker."""
+        host_env = {"GPUSCHED_HOST": host, "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
+        self._spawn(f"{host}-agent", [sys.executable, "-m", "gpusched.cli", "agent", "--host-name", host,
+                                      "--port", "0", "--interval", "30", "--heartbeat", "2",
+                                      "--host-timeout", "10"], host_env)
+        self._spawn(f"{host}-worker", [*self._airflow, "celery", "worker", "--queues",
+                                       f"gpusched@{host},default", "--celery-hostname", f"{host}@%h",
+                                       "--concurrency", str(self.worker_concurrency), "--without-mingle",
+                                       "--without-gossip"], host_env)
+
+    def kill_host(self, host: str) -> None:
+        """SIGKILL every process of GPU host ``host`` (worker, its pool and task processes, agent)."""
+        for role in ("worker", "agent"):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.procs[f"{host}-{role}"].pid, signal.SIGKILL)
+            self.procs[f"{host}-{role}"].wait(timeout=30)
+
+    def stop(self) -> None:
+        """Stop every process (SIGTERM, then SIGKILL of each process group) and PostgreSQL."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for proc in self.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the group: celery's pool children too
+            proc.wait(timeout=10)
+        if self._pgdir is not None:
+            subprocess.run(["bash", str(REPO / "scripts" / "start_postgres.sh"), "--stop", str(self._pgdir)],
+                           capture_output=True, timeout=120)
+            self._pgdir = None
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- talking to it -------------------------------------------------------------------------
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Call the REST API (``/api/v2`` + path); raise AssertionError on an error status."""
+        import httpx
+
+        response = httpx.request(method, f"{self.url}/api/v2{path}", timeout=30, **kwargs)
+        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text}"
+        return response.json()
+
+    def healthy(self) -> bool:
+        """Scheduler and dag-processor report healthy."""
+        import httpx
+
+        health = httpx.get(f"{self.url}/api/v2/monitor/health", timeout=5).json()
+        return bool(health["scheduler"]["status"] == "healthy"
+                    and health["dag_processor"]["status"] == "healthy")
+
+    def trigger(self, dag_id: str) -> str:
+        """Start a run of ``dag_id``; its run id."""
+        return str(self.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None})["dag_run_id"])
+
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        """The state of one DAG run."""
+        return str(self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """Every task instance of one run (mapped ones included)."""
+        found: list[dict[str, Any]] = []
+        while True:
+            body = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
+                            params={"limit": 100, "offset": len(found)})
+            found.extend(body["task_instances"])
+            if len(found) >= body["total_entries"] or not body["task_instances"]:
+                return found
+
+    def tail(self, chars: int = 2500) -> str:
+        """The end of every process's log."""
+        parts = []
+        for name in self.procs:
+            text = (self.logs / f"{name}.log").read_text(errors="replace")
+            parts.append(f"----- {name} -----\n{text[-chars:]}")
+        return "\n".join(parts)
+
+    def wait(self, what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
+        """Poll ``check`` until truthy; TimeoutError (with the logs' tails) after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None and not name.startswith(self.hosts):
+                    raise RuntimeError(f"{name} exited ({proc.returncode}) while waiting for {what}:\n"
+                                       f"{self.tail()}")
+            try:
+                result = check()
+            except Exception:  # not up yet
+                result = None
+            if result:
+                return result
+            time.sleep(interval)
+        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}:\n{self.tail()}")
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    @property
+    def _airflow(self) -> list[str]:
+        return [sys.executable, "-m", "airflow"]
+
+    def _spawn(self, name: str, argv: list[str], extra: Mapping[str, str] | None = None) -> None:
+        with (self.logs / f"{name}.log").open("ab") as sink:
+            self.procs[name] = subprocess.Popen(argv, cwd=REPO, env={**self.env, **(extra or {})},
+                                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
