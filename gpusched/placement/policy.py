@@ -6,9 +6,11 @@ reads it. ``Policy.named(name)`` gives the presets:
 ``gpusched``  topology locality + fragmentation (FGD-style, model-aware) + heterogeneity-aware
               speed + energy, reservations for critical tasks with backfill; within a priority,
               shortest expected GPU-time first with aging.
-``fgd``       fragmentation only (Weng et al., ATC '23), to compare with the published FGD.
+``fgd``       fragmentation only (Weng et al., ATC '23), to compare with the published FGD,
+              with the published scheduler's integer node score (ties to the earliest node).
               Like the baselines below, FIFO within a priority.
-``best-fit``  the node (and device) with the least free capacity that still fits.
+``best-fit``  the node (and device) with the least free capacity that still fits (for tasks
+              with host CPU, the published BestFit's CPU+GPU key in whole hundredths).
 ``first-fit`` FIFO and count-based, like Airflow pools: the first node in inventory order with
               enough free devices; no topology or model preference; a fractional request takes a
               whole device (a pool slot).
