@@ -62,35 +62,64 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
             workload, policy = stem.split("__", 1)
             ours.setdefault(workload, {})[policy] = data
     lines = [
-        "| pod list | Random (pub.) | Random (ours) | BestFit (pub.) | BestFit (ours) | FGD (pub.) "
-        "| gpusched (ours) | fgd preset (ours) | seeds |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| pod list | Random (pub.) | Random (ours) | Δ | BestFit (pub.) | BestFit (ours) | Δ "
+        "| FGD (pub.) | fgd preset (ours) | Δ | gpusched (ours) | gpusched − FGD (pub.) | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     names = sorted(ours)
+    deltas: dict[str, list[float]] = {"random": [], "best-fit": [], "fgd": [], "gpusched": []}
     for workload in names:
         pub = published.get(workload, {})
         mine = ours[workload]
 
-        def med(policy: str, mine: dict[str, dict[str, Any]] = mine) -> Any:
-            return mine.get(policy, {}).get("unallocated_gpu_pct_median")
+        def med(policy: str, mine: dict[str, dict[str, Any]] = mine) -> str:
+            data = mine.get(policy, {})
+            # A run without "measure" predates the FGD-procedure harness (single-point reading).
+            stale = bool(data) and "measure" not in data
+            return _fmt(data.get("unallocated_gpu_pct_median")) + (" *" if stale else "")
+
+        def diff(
+            policy: str,
+            pub_key: str,
+            mine: dict[str, dict[str, Any]] = mine,
+            pub: dict[str, float] = pub,
+        ) -> str:
+            value = mine.get(policy, {}).get("unallocated_gpu_pct_median")
+            if value is None or pub.get(pub_key) is None or "measure" not in mine.get(policy, {}):
+                return "—"
+            deltas[policy].append(value - pub[pub_key])
+            return f"{value - pub[pub_key]:+.2f}"
 
         seeds = max((len(v.get("seeds", [])) for v in mine.values()), default=0)
         lines.append(
             f"| {workload.replace('openb_pod_list_', '')} "
-            f"| {_fmt(pub.get('Random'))} | {_fmt(med('random'))} "
-            f"| {_fmt(pub.get('BestFit'))} | {_fmt(med('best-fit'))} | {_fmt(pub.get('FGD'))} "
-            f"| {_fmt(med('gpusched'))} | {_fmt(med('fgd'))} | {seeds} |"
+            f"| {_fmt(pub.get('Random'))} | {med('random')} | {diff('random', 'Random')} "
+            f"| {_fmt(pub.get('BestFit'))} | {med('best-fit')} | {diff('best-fit', 'BestFit')} "
+            f"| {_fmt(pub.get('FGD'))} | {med('fgd')} | {diff('fgd', 'FGD')} "
+            f"| {med('gpusched')} | {diff('gpusched', 'FGD')} | {seeds} |"
         )
+
+    def mean(policy: str) -> str:
+        values = deltas[policy]
+        return f"{sum(values) / len(values):+.2f} (n={len(values)})" if values else "—"
+
+    lines.append(
+        f"| **mean Δ** | | | {mean('random')} | | | {mean('best-fit')} | | | {mean('fgd')} | | "
+        f"{mean('gpusched')} | |"
+    )
+    lines.append("")
+    lines.append("`*` = a run of the earlier harness (one reading at the crossing arrival): not comparable.")
     if names:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(12, 4.5))
-        width = 0.13
+        width = 0.12
         series = [
             ("Random pub.", "Random", None),
             ("Random ours", None, "random"),
             ("BestFit pub.", "BestFit", None),
             ("BestFit ours", None, "best-fit"),
             ("FGD pub.", "FGD", None),
+            ("fgd preset ours", None, "fgd"),
             ("gpusched ours", None, "gpusched"),
         ]
         for k, (label, pub_key, our_key) in enumerate(series):
@@ -102,7 +131,7 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
                     v = ours[workload].get(our_key or "", {}).get("unallocated_gpu_pct_median")
                     values.append(float("nan") if v is None else v)
             ax.bar(
-                [i + (k - 2.5) * width for i in range(len(names))],
+                [i + (k - 3) * width for i in range(len(names))],
                 values,
                 width,
                 label=label,
