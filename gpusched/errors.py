@@ -41,6 +41,7 @@ __all__ = [
     "GpuschedError",
     "HardwareError",
     "LedgerError",
+    "LedgerUnavailableError",
     "PlacementError",
     "QuotaError",
     "ScalingError",
@@ -123,6 +124,10 @@ class UnschedulableError(PlacementError):
 
 class LedgerError(GpuschedError):
     """The allocation ledger refused or failed an operation."""
+
+
+class LedgerUnavailableError(LedgerError):
+    """The ledger database could not be reached, or stayed locked past the wait bound."""
 
 
 class AllocationConflictError(LedgerError):

@@ -56,6 +56,7 @@ class CycleResult:
     samples: tuple[DeviceSample, ...]
     actions: tuple[Action, ...]
     applied: tuple[str, ...]
+    expired: tuple[str, ...] = ()
 
 
 class TelemetryAgent:
@@ -104,8 +105,15 @@ class TelemetryAgent:
         self._synced_at = at
 
     def cycle(self, now: float | None = None) -> CycleResult:
-        """One round: sample, evaluate, apply, refresh metrics. Returns what happened."""
+        """One round: expire leases, sample, evaluate, apply, refresh metrics. Returns what happened.
+
+        Expiring leases here means a crashed executor's devices come back even while no executor
+        runs at all.
+        """
         at = time.time() if now is None else now
+        expired = tuple(a.key for a in self.ledger.expire_leases(at))
+        for key in expired:
+            log.warning("gpusched agent: the lease of %s ran out; its devices are free again", key)
         if at - self._synced_at >= self.inventory_every_s:
             self.sync_inventory(at)
         samples = sample_once(self.backend, self.ledger)
@@ -125,7 +133,7 @@ class TelemetryAgent:
         after = self.ledger.snapshot(at) if actions else snapshot
         self._metrics = render_metrics(samples, after, self.ledger.active() if actions else allocations,
                                        counters=self.counters, source=self.source)
-        return CycleResult(at, tuple(samples), tuple(actions), tuple(applied))
+        return CycleResult(at, tuple(samples), tuple(actions), tuple(applied), expired)
 
     def _fresh(self, actions: Sequence[Action]) -> list[Action]:
         # Health and cordon actions are already skipped once in effect (the rules see the

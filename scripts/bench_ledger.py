@@ -8,7 +8,11 @@ For each backend (SQLite in a temporary folder; PostgreSQL when ``--pg-url`` or
 - single-process allocate+release cycles per second (the baseline);
 - the aggregate rate of P processes racing on the same devices, as a ratio to the baseline
   (below 1.0 means the write lock serialises them, as designed);
-- snapshot() time on a 64-node × 8-device fleet with 256 active allocations.
+- snapshot() time on a 64-node × 8-device fleet with 256 active allocations;
+- violations: moments of the ledger's whole history, replayed in commit order
+  (:mod:`gpusched.ledger.audit`), where a device held more than 1000 milli-GPU or more memory than
+  it has or a key held two allocations, plus errors other than AllocationConflictError seen by the
+  racing processes (all must be 0).
 """
 
 from __future__ import annotations
@@ -44,9 +48,9 @@ def _fleet(nodes: int, per_node: int) -> list[Node]:
     ]
 
 
-def _cycles(url: str, worker: int, cycles: int) -> tuple[int, int, float]:
+def _cycles(url: str, worker: int, cycles: int) -> tuple[int, int, float, int]:
     request = GPURequest.build(gpus=0.25, memory="10GiB")
-    ok = conflicts = 0
+    ok = conflicts = errors = 0
     with Ledger(url) as led:
         devices = list(led.snapshot().node("n0").devices)
         start = time.perf_counter()
@@ -60,18 +64,34 @@ def _cycles(url: str, worker: int, cycles: int) -> tuple[int, int, float]:
                 led.release(key, reason="success")
             except AllocationConflictError:
                 conflicts += 1
-        return ok, conflicts, time.perf_counter() - start
+            except Exception as exc:  # a raw database error is a violation of the contract
+                errors += 1
+                print(f"worker {worker}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return ok, conflicts, time.perf_counter() - start, errors
 
 
-def _worker(args: tuple[str, int, int]) -> tuple[int, int, float]:
+def _worker(args: tuple[str, int, int]) -> tuple[int, int, float, int]:
     return _cycles(*args)
+
+
+def _violations(url: str) -> int:
+    """Over-commitments and doubly held keys, replaying the whole history in commit order."""
+    from gpusched.ledger.audit import audit
+
+    with Ledger(url) as led:
+        found = audit(led)
+    for line in found[:5]:
+        print(f"violation: {line}", file=sys.stderr)
+    return len(found)
 
 
 def bench(url: str, label: str, cycles: int, procs: int) -> None:
     with Ledger(url) as led:
         led.migrate()
         led.sync_inventory(_fleet(64, 8), "bench")
-    ok, _, elapsed = _cycles(url, 0, cycles)
+    cpu0 = time.process_time()
+    ok, _, elapsed, _ = _cycles(url, 0, cycles)
+    cpu = time.process_time() - cpu0
     base = ok / elapsed
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(procs) as pool:
@@ -80,7 +100,9 @@ def bench(url: str, label: str, cycles: int, procs: int) -> None:
         wall = time.perf_counter() - started
     total_ok = sum(r[0] for r in results)
     conflicts = sum(r[1] for r in results)
+    errors = sum(r[3] for r in results)
     rate = total_ok / max(max(r[2] for r in results), 1e-9)
+    violations = _violations(url) + errors
     with Ledger(url) as led:
         devices = [d for n in led.snapshot().nodes[1:33] for d in n.devices]
         request = GPURequest.build(gpus=1)
@@ -92,9 +114,12 @@ def bench(url: str, label: str, cycles: int, procs: int) -> None:
             t0 = time.perf_counter()
             led.snapshot()
             times.append(time.perf_counter() - t0)
-    print(f"{label:<11} single: {base:7.0f} cycles/s ({1000 / base:.2f} ms per allocate+release)")
+    print(f"{label:<11} single: {base:7.0f} cycles/s ({1000 / base:.2f} ms per allocate+release; "
+          f"CPU {cpu / max(ok, 1) * 1000:.2f} ms of it in this process)")
     print(f"{label:<11} {procs} procs: {rate:7.0f} cycles/s aggregate = {rate / base:.2f}x single "
           f"({conflicts} conflicts, wall {wall:.1f}s incl. start-up)")
+    print(f"{label:<11} violations: {violations} "
+          "(over-commits and doubly held keys replayed in commit order, raw errors)")
     print(f"{label:<11} snapshot (512 devices, 256 active): median {statistics.median(times) * 1000:.1f} ms")
 
 

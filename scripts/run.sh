@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start Airflow with the gpusched GPU executor, the example DAGs and the gpusched plugin.
 #
-#   scripts/run.sh            # UI on http://localhost:8080 (GPUSCHED_PORT to change)
+#   scripts/run.sh            # UI on http://localhost:8080 (GPUSCHED_PORT to change; it listens on
+#                             # 127.0.0.1 only: GPUSCHED_LISTEN=0.0.0.0 to expose it)
 #
 # State lives in <repo>/.airflow (GPUSCHED_AIRFLOW_HOME to change), DAGs come from <repo>/dags
 # (GPUSCHED_DAGS_FOLDER to change). Without NVIDIA/AMD devices
@@ -21,7 +22,11 @@ export AIRFLOW__CORE__PLUGINS_FOLDER="$REPO/plugins"
 export AIRFLOW__CORE__LOAD_EXAMPLES="False"
 export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="${AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION:-False}"
 export AIRFLOW__API__PORT="$PORT"
-export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://localhost:$PORT/execution/"
+# The API server (UI, REST, execution API) listens on loopback only unless told otherwise
+# (GPUSCHED_LISTEN=0.0.0.0 exposes it to the network).
+export AIRFLOW__API__HOST="${GPUSCHED_LISTEN:-127.0.0.1}"
+case "$AIRFLOW__API__HOST" in 0.0.0.0|::) API_ADDR="127.0.0.1" ;; *:*) API_ADDR="[$AIRFLOW__API__HOST]" ;; *) API_ADDR="$AIRFLOW__API__HOST" ;; esac
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://$API_ADDR:$PORT/execution/"
 # GPU tasks may wait for devices longer than Airflow's default 10 minutes in "queued".
 export AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT="${AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT:-3600}"
 # Each scheduling cycle's batch of waiting GPU tasks is re-planned by the genetic optimiser

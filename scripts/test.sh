@@ -4,6 +4,8 @@
 # Starts the services the tests need when they are installed and not already running — a Docker
 # engine (scripts/start_dockerd.sh) and a throwaway PostgreSQL (scripts/start_postgres.sh) — and
 # stops what it started. Extra arguments go to pytest (e.g. `scripts/test.sh -m "not airflow"`).
+# The fault-injection suite (marker `faults`: kills workers, tasks, the scheduler and a private
+# PostgreSQL server) is part of the run; `scripts/test.sh -m faults` runs it alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"

@@ -5,7 +5,7 @@ Checks: every task succeeds; each GPU task got correctly placed devices (4 GPUs 
 island of one node; two half-GPU fine-tunes on one shared device; the dev smoke test on a dev
 node); no device is over-committed at any instant of the ledger's allocation history; the task
 logs show the CUDA_VISIBLE_DEVICES that the ledger recorded; every allocation is released at
-the end; SIGINT stops Airflow cleanly.
+the end; SIGINT stops Airflow cleanly; the API server listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -205,6 +205,13 @@ def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
     from gpusched.ledger import Ledger
 
     _wait("api-server, scheduler and dag-processor to be healthy", lambda: _healthy(airflow), 240, airflow)
+    # The main job's API server listens on loopback only (run.sh's default).
+    import psutil
+
+    port = int(airflow.url.rsplit(":", 1)[1])
+    listening = {c.laddr.ip for c in psutil.net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    assert listening and listening <= {"127.0.0.1"}, listening
     airflow.token = _wait("a login token", lambda: _login(airflow), 60, airflow)
     _wait("the example DAGs to be parsed", lambda: _dags_loaded(airflow), 120, airflow)
     assert airflow.api("GET", "/importErrors")["total_entries"] == 0

@@ -209,3 +209,33 @@ def test_plugin_registers_the_lazy_app_and_the_nav_view(ledger: Ledger) -> None:
                     "category": "browse", "url_route": "gpusched"}
     with TestClient(LazyApp(ledger.url)) as lazy:
         assert lazy.get("/fleet").status_code == 401
+
+
+def test_page_carries_security_headers_and_runs_only_its_own_script(client: Any) -> None:
+    import base64
+    import hashlib
+    import re
+
+    page = client.get("/ui")
+    policy = page.headers["content-security-policy"]
+    assert "frame-ancestors 'self'" in policy and "default-src 'none'" in policy
+    assert "'unsafe-inline'" not in policy.split("script-src", 1)[1].split(";", 1)[0]
+    script = re.search(r"<script>(.*?)</script>", page.text, flags=re.DOTALL)
+    assert script is not None
+    digest = base64.b64encode(hashlib.sha256(script.group(1).encode()).digest()).decode()
+    assert f"'sha256-{digest}'" in policy
+    assert page.headers["x-frame-options"] == "SAMEORIGIN"
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert client.get("/fleet").headers["x-content-type-options"] == "nosniff"
+
+
+def test_no_schema_or_docs_pages_are_served(ledger: Ledger) -> None:
+    from fastapi.testclient import TestClient
+
+    from gpusched.airflow.api import create_app
+
+    with TestClient(create_app(ledger.url)) as anonymous:
+        for route in ("/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"):
+            answer = anonymous.get(route)
+            assert answer.status_code in (401, 404), (route, answer.status_code)
+            assert answer.status_code != 500

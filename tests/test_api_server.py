@@ -104,6 +104,10 @@ def test_unauthenticated_is_refused(server: dict[str, Any]) -> None:
     for route in ("/gpusched/fleet", "/gpusched/queue", "/gpusched/quotas", "/gpusched/ui"):
         assert _get(server["base"] + route)[0] == 401, route
     assert _get(server["base"] + "/gpusched/fleet", {"Authorization": "Bearer not-a-jwt"})[0] == 403
+    # No unauthenticated schema or docs pages (the schema used to answer 500, the docs 200).
+    for route in ("/gpusched/openapi.json", "/gpusched/docs", "/gpusched/redoc"):
+        assert _get(server["base"] + route)[0] == 404, route
+        assert _get(server["base"] + route, {"Authorization": f"Bearer {server['token']}"})[0] == 404, route
 
 
 def test_bearer_token_and_ui_cookie_are_accepted(server: dict[str, Any]) -> None:

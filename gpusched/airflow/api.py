@@ -7,9 +7,12 @@ Every route requires an authenticated Airflow user (``requires_authenticated`` f
 authenticates its own ``fetch`` calls. Without either: 401.
 
 JSON routes (all read-only): ``/fleet``, ``/allocations``, ``/queue``, ``/quotas``,
-``/forecast``, ``/events``. The page: ``/ui``. Data comes from the ledger
-(``$GPUSCHED_DB_URL`` or the SQLite ledger under ``$AIRFLOW_HOME/gpusched``); the JSON is
-built by the pure functions of :mod:`gpusched.airflow.api_views`.
+``/forecast``, ``/events``. The page: ``/ui``, served with a Content-Security-Policy (its own
+script only, framed only by the same origin) and the usual hardening headers. There is no
+``/docs``, ``/redoc`` or ``/openapi.json``: the routes are documented here and in docs/airflow.md,
+and nothing is served without authentication except the redirect from ``/`` to ``/ui``. Data
+comes from the ledger (``$GPUSCHED_DB_URL`` or the SQLite ledger under ``$AIRFLOW_HOME/gpusched``);
+the JSON is built by the pure functions of :mod:`gpusched.airflow.api_views`.
 
 Optional inputs: the quota policy (:mod:`gpusched.airflow.quota_file`), and the forecast from
 the newest ledger event of kind ``forecast`` (detail = ``Forecast.to_dict()``) or
@@ -92,13 +95,17 @@ def create_app(ledger_url: str | None = None) -> FastAPI:
     from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
     from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-    from gpusched.airflow.ui_page import render_page
+    from gpusched.airflow.ui_page import render_page, security_headers
 
     holder = _LedgerHolder(ledger_url)
     app = FastAPI(
         title="gpusched",
         description="GPU fleet, allocations, queue, quotas and forecast (read-only).",
         version="1",
+        # No unauthenticated schema or docs pages (and nothing to render for them).
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
     app.state.ledger_holder = holder
     router = APIRouter(dependencies=[Depends(requires_authenticated())])
@@ -147,7 +154,8 @@ def create_app(ledger_url: str | None = None) -> FastAPI:
     @router.get("/ui", response_class=HTMLResponse)
     def ui() -> HTMLResponse:
         """The fleet page (shown inside the Airflow UI as the "GPU fleet" view)."""
-        return HTMLResponse(render_page())
+        page = render_page()
+        return HTMLResponse(page, headers=security_headers(page))
 
     app.include_router(router)
 
@@ -159,12 +167,16 @@ def create_app(ledger_url: str | None = None) -> FastAPI:
     async def _http_error(request: Request, exc: HTTPException) -> Response:
         # A person opening the page without a session gets a way to sign in, not raw JSON.
         if exc.status_code == 401 and request.url.path.rstrip("/").endswith("/ui"):
-            return HTMLResponse(
-                '<p>Not signed in to Airflow. <a href="/" target="_top">Sign in</a>, then open '
-                "<em>Browse → GPU fleet</em>.</p>",
-                status_code=401,
-            )
+            page = ('<p>Not signed in to Airflow. <a href="/" target="_top">Sign in</a>, then open '
+                    "<em>Browse → GPU fleet</em>.</p>")
+            return HTMLResponse(page, status_code=401, headers=security_headers(page))
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.middleware("http")
+    async def _no_sniff(request: Request, call_next: Any) -> Response:
+        response: Response = await call_next(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        return response
 
     return app
 

@@ -6,15 +6,23 @@ the task process, which inherits the worker's ``os.environ``. So the executor pu
 :class:`EnvApplyingQueue`: it sets the pair's variables just before the workload runs and puts
 the previous values back before it takes the next item. Plain workloads and the ``None`` poison
 pill pass through unchanged.
+
+A worker is the supervisor of the task it runs, so each worker records itself in the ledger as a
+holder of the allocation it picks up (:func:`record_worker`): if it dies, the executor — or, after
+a restart, ``reconcile`` — sees that the devices' holder is gone.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Protocol
 
-__all__ = ["EnvApplyingQueue", "QueueLike", "apply_env", "restore_env", "run_gpu_worker"]
+__all__ = ["EnvApplyingQueue", "QueueLike", "apply_env", "record_worker", "restore_env", "run_gpu_worker"]
+
+_log = logging.getLogger("gpusched.dispatch")
 
 
 class QueueLike(Protocol):
@@ -51,10 +59,16 @@ class EnvApplyingQueue:
     ``(workload, env)`` pair it applies ``env`` to ``environ`` and returns the workload.
     """
 
-    def __init__(self, inner: QueueLike, environ: MutableMapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        inner: QueueLike,
+        environ: MutableMapping[str, str] | None = None,
+        on_pickup: Callable[[Mapping[str, str]], None] | None = None,
+    ) -> None:
         self._inner = inner
         self._environ: MutableMapping[str, str] = os.environ if environ is None else environ
         self._previous: dict[str, str | None] = {}
+        self._on_pickup = on_pickup
 
     def get(self) -> Any:
         """The next workload (or poison pill), with its environment applied."""
@@ -63,6 +77,8 @@ class EnvApplyingQueue:
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
             workload, env = item
             self._previous = apply_env(env, self._environ)
+            if self._on_pickup is not None:
+                self._on_pickup(env)
             return workload
         return item
 
@@ -83,4 +99,27 @@ def run_gpu_worker(
     """LocalExecutor's worker loop, reading its queue through :class:`EnvApplyingQueue`."""
     from airflow.executors.local_executor import _run_worker
 
-    _run_worker(logger_name, EnvApplyingQueue(input), output, unread_messages, team_conf)  # type: ignore[arg-type]
+    queue = EnvApplyingQueue(input, on_pickup=record_worker)
+    _run_worker(logger_name, queue, output, unread_messages, team_conf)  # type: ignore[arg-type]
+
+
+_worker_ledger: Any = None
+
+
+def record_worker(env: Mapping[str, str]) -> None:
+    """Record this process as the ``worker`` holder of the allocation named in ``env`` (never raises)."""
+    global _worker_ledger
+    from gpusched.envexport import ALLOCATION_VAR
+
+    try:
+        key = json.loads(env.get(ALLOCATION_VAR) or "{}").get("key")
+        if not key:
+            return
+        from gpusched.ledger import Ledger
+        from gpusched.ledger.liveness import current_process
+
+        if _worker_ledger is None:
+            _worker_ledger = Ledger(lock_wait_s=10.0)
+        _worker_ledger.attach_process(str(key), current_process("worker"))
+    except Exception:  # the task runs anyway; only crash recovery gets slower (lease)
+        _log.exception("gpusched: could not record the worker as the holder of its allocation")

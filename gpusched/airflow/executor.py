@@ -7,9 +7,16 @@ finds devices on the ledger's fleet snapshot; then the allocation is written to 
 one transaction, the workload gets a fresh token and goes to a worker with the devices'
 environment. Every other workload runs exactly as under LocalExecutor.
 
-Lifecycle of an allocation: written at dispatch, lease renewed on heartbeats, released when the
-task process ends (``change_state``), when the task is revoked, when the executor ends, or —
-after a crash — on the next start (``reconcile``) or when its lease expires.
+Lifecycle of an allocation: written at dispatch (recording the executor process; the worker that
+picks the task up and the task process add themselves), lease renewed on heartbeats, released when
+the task process ends (``change_state``), when the task is revoked, when the executor ends, at
+once when the worker running it dies (the task is then failed, so Airflow retries it), or — after
+a crash — by ``reconcile`` (on start and every few seconds: a superseded or finished try, or one
+whose holder processes are gone) or when its lease expires.
+
+The executor never waits on the ledger longer than ``ledger_wait_seconds``: a writer stuck inside
+a transaction makes the GPU part of a heartbeat give up (workloads stay queued) instead of
+stalling the scheduler loop, and the ledger is left alone for that long before the next try.
 
 Settings (``[gpusched]`` section, or ``AIRFLOW__GPUSCHED__<NAME>``): ``policy`` (gpusched,
 first-fit, best-fit, random), ``lease_seconds`` (600), ``fail_unschedulable`` (True: a request
@@ -17,7 +24,9 @@ that can never fit this fleet fails at once instead of waiting), ``visible_devic
 (False), ``sync_inventory_on_start`` (True: discover the hardware or simulated fleet on start),
 ``pool_sync`` (default: the ``GPUSCHED_POOL_SYNC`` variable; keeps the ``gpu_<partition>`` pools
 sized to the fleet, see :mod:`gpusched.airflow.pool_sync`), ``wait_for_api_seconds`` (90: on start,
-wait this long for the execution API to answer before dispatching anything; 0 = do not wait).
+wait this long for the execution API to answer before dispatching anything; 0 = do not wait),
+``ledger_wait_seconds`` (5: the most one ledger operation waits for a lock), ``reconcile_seconds``
+(5: how often allocations of gone or superseded tries are looked for).
 """
 
 from __future__ import annotations
@@ -33,8 +42,9 @@ from airflow.executors.local_executor import LocalExecutor
 from gpusched.airflow.authoring import request_from_executor_config
 from gpusched.airflow.dispatch import run_gpu_worker
 from gpusched.airflow.gpu_cycle import Hold, Launch, PendingWork, decide, running_tasks
-from gpusched.airflow.keys import KEY_PREFIX, ti_key, ti_key_of
-from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError
+from gpusched.airflow.keys import ti_key_of
+from gpusched.airflow.orphans import reconcile_holder, task_state
+from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError, LedgerUnavailableError
 from gpusched.failures import load_overrides
 from gpusched.placement.genetic import parse_weights
 from gpusched.request import GPURequest
@@ -82,6 +92,11 @@ class GPUExecutor(LocalExecutor):
         self._queue_reason: dict[str, str] = {}
         self._last_renew = 0.0
         self._last_pool_check = 0.0
+        self._last_reconcile = 0.0
+        self.ledger_wait_s = float(_conf("ledger_wait_seconds", "5"))
+        self.reconcile_s = float(_conf("reconcile_seconds", "5"))
+        self._ledger_down_until = 0.0  # monotonic time before which the ledger is left alone
+        self._process: Any = None  # this executor as a HolderProcess (set on start)
         pool_default = os.environ.get("GPUSCHED_POOL_SYNC", "").strip().lower() in {"1", "true", "yes", "on"}
         self._pool_syncer: Any = None
         if _conf_bool("pool_sync", pool_default):
@@ -94,6 +109,9 @@ class GPUExecutor(LocalExecutor):
     def start(self) -> None:
         """Start the workers, open the ledger, sync the inventory and reconcile after a restart."""
         super().start()
+        from gpusched.ledger.liveness import current_process
+
+        self._process = current_process("executor")
         ledger = self.ledger
         ledger.migrate()
         if _conf_bool("sync_inventory_on_start", True):
@@ -135,7 +153,7 @@ class GPUExecutor(LocalExecutor):
         if self._ledger is None:
             from gpusched.ledger import Ledger
 
-            self._ledger = Ledger()
+            self._ledger = Ledger(lock_wait_s=self.ledger_wait_s)
         return self._ledger
 
     @property
@@ -148,28 +166,19 @@ class GPUExecutor(LocalExecutor):
         return self._policy
 
     def reconcile(self) -> list[str]:
-        """Release this holder's allocations whose task instance is not queued or running any more."""
-        from airflow.models.taskinstance import TaskInstance
-        from airflow.utils.session import create_session
-        from airflow.utils.state import TaskInstanceState
-        from sqlalchemy import select
+        """Release this holder's allocations that no live try needs; renew those still in use.
 
-        live_states = [TaskInstanceState.QUEUED, TaskInstanceState.RUNNING, TaskInstanceState.RESTARTING]
-        ti = TaskInstance
-        with create_session() as session:
-            rows = session.execute(
-                select(ti.dag_id, ti.task_id, ti.run_id, ti.try_number, ti.map_index).where(
-                    ti.state.in_(live_states)
-                )
-            ).all()
-        live = {ti_key(r[0], r[1], r[2], r[3], r[4]) for r in rows}
-        released = self.ledger.reconcile(live, holder=self.holder)
-        for alloc in released:
-            self.log.info("gpusched: released stale allocation %s after restart", alloc.key)
-        for entry in self.ledger.queue():  # waiting records of tasks that are gone
-            if entry.key.startswith(KEY_PREFIX) and entry.key not in live:
-                self.ledger.clear_queue(entry.key)
-        return [a.key for a in released]
+        Looks at every active allocation of this holder that this executor did not dispatch and
+        does not hold queued: released when Airflow has superseded the try, when the task instance
+        is no longer queued or running, or when every recorded holder process is gone
+        (:func:`gpusched.airflow.orphans.stale_reason`); renewed when a process of it still runs
+        (a task that outlived a restarted scheduler). Returns the released keys.
+        """
+        waiting = {ti_key_of(w.ti) for w in self.queued_tasks.values()}
+        return reconcile_holder(
+            self.ledger, self.holder, dispatched=set(self.gpu_running.values()), waiting=waiting,
+            lease_s=self.lease_s, log=self.log,
+        )
 
     def end(self) -> None:
         """Wait for running tasks (as LocalExecutor), then release what is still held."""
@@ -211,9 +220,11 @@ class GPUExecutor(LocalExecutor):
         plain = [w for w in workload_list if not self._is_gpu(w)]
         if plain:
             super()._process_workloads(plain)
-        if gpu_work:
+        if gpu_work and self._ledger_usable():
             try:
                 self._schedule_gpu(gpu_work)
+            except LedgerUnavailableError as exc:
+                self._ledger_unavailable(exc)
             except Exception:  # keep the scheduler loop alive; the workloads stay queued
                 self.log.exception("gpusched: GPU scheduling cycle failed; retrying next heartbeat")
 
@@ -258,17 +269,27 @@ class GPUExecutor(LocalExecutor):
             pending, snapshot, self.policy, now=now, running=running, use_uuids=self.use_uuids,
             replan_budget_ms=self.replan_budget_ms, replan_weights=self.replan_weights,
         )
+        # One task's failure never costs the others their turn; only an unreachable or locked
+        # ledger ends the cycle (every write would wait out its bound in turn).
         for launch in decision.launches:
-            self._launch(by_key[launch.key], launch, now)
+            self._isolated(launch.key, lambda w=by_key[launch.key], x=launch: self._launch(w, x, now))
         for hold in decision.holds:
-            self._hold(by_key[hold.key], hold, now)
+            self._isolated(hold.key, lambda w=by_key[hold.key], x=hold: self._hold(w, x, now))
+
+    def _isolated(self, key: str, action: Any) -> None:
+        try:
+            action()
+        except LedgerUnavailableError:
+            raise
+        except Exception:
+            self.log.exception("gpusched: %s failed this cycle; it stays queued", key)
 
     def _launch(self, workload: Any, launch: Launch, now: float) -> None:
         if not launch.reused:
             try:
                 self.ledger.allocate(
                     launch.key, launch.request, launch.shares, holder=self.holder,
-                    lease_s=self.lease_s, now=now,
+                    lease_s=self.lease_s, now=now, process=self._process,
                 )
             except AllocationConflictError as exc:
                 self._hold(workload, Hold(launch.key, f"devices taken meanwhile, retrying: {exc}"), now)
@@ -328,12 +349,23 @@ class GPUExecutor(LocalExecutor):
         """Record the state as LocalExecutor does; release the devices once the process ended."""
         super().change_state(key, state, info, remove_running=remove_running)
         if key in self.gpu_running and str(state) not in _NOT_FINISHED:
-            self._release(key, f"task process ended ({state})")
+            # The executor's state only says the process ended; the reason names the task's own
+            # outcome (a SIGKILLed task ends "success" here but "failed" in Airflow).
+            outcome = self._safe(lambda: task_state(key))
+            self._release(key, f"task process ended (task {outcome})" if outcome
+                          else f"task process ended (executor state {state})")
 
     def sync(self) -> None:
-        """Read results (releasing finished GPU tasks), then renew leases now and then."""
+        """Read results (releasing finished GPU tasks), watch workers, renew leases, reconcile."""
         super().sync()
         now = time.time()
+        if not self._ledger_usable():
+            return
+        if now - self._last_reconcile >= self.reconcile_s:
+            self._last_reconcile = now
+            self._safe(self.reconcile)
+            if self.gpu_running:  # a worker death missed while the ledger was unavailable
+                self._safe(self._fail_orphaned)
         if now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
             self._last_renew = now
             for ledger_key in list(self.gpu_running.values()):
@@ -344,6 +376,32 @@ class GPUExecutor(LocalExecutor):
         if self._pool_syncer is not None and now - self._last_pool_check >= 10.0:
             self._last_pool_check = now
             self._safe(lambda: self._pool_syncer.maybe_sync(self.ledger.snapshot(now)))
+
+    def _check_workers(self) -> None:
+        # LocalExecutor reaps dead workers here; a dead worker was the supervisor of the task it
+        # ran, so that task's result never arrives: release its devices now and fail the try
+        # (Airflow retries it) instead of waiting for the task heartbeat timeout.
+        died = any(not proc.is_alive() for proc in getattr(self, "workers", {}).values())
+        super()._check_workers()
+        if died and self.gpu_running:
+            self._safe(self._fail_orphaned)
+
+    def _fail_orphaned(self) -> None:
+        # Judged by pid and start time (a respawned worker may reuse a dead one's pid); a task
+        # whose worker has not picked it up yet has no worker record and is left alone.
+        from gpusched.ledger.liveness import process_alive
+
+        host = socket.gethostname()
+        by_ledger_key = {v: k for k, v in self.gpu_running.items()}
+        for alloc in self.ledger.active(self.holder):
+            airflow_key = by_ledger_key.get(alloc.key)
+            workers = [p for p in alloc.processes if p.role == "worker" and p.host == host]
+            if airflow_key is None or not workers or process_alive(workers[-1]) is not False:
+                continue
+            reason = f"worker process {workers[-1].pid} died"
+            self._release(airflow_key, reason)
+            self.log.error("gpusched: %s: %s; failing the try so Airflow retries it", alloc.key, reason)
+            self.fail(airflow_key, info=f"gpusched: {reason}")
 
     def _release(self, key: Any, reason: str) -> None:
         ledger_key = self.gpu_running.pop(key, None)
@@ -379,9 +437,21 @@ class GPUExecutor(LocalExecutor):
         config = getattr(ti, "executor_config", None) if ti is not None else None
         return isinstance(config, dict) and "gpusched" in config
 
+    def _ledger_usable(self) -> bool:
+        return time.monotonic() >= self._ledger_down_until
+
+    def _ledger_unavailable(self, exc: Exception) -> None:
+        self._ledger_down_until = time.monotonic() + self.ledger_wait_s
+        self.log.error("gpusched: ledger unavailable, GPU work paused for %.0f s: %s",
+                       self.ledger_wait_s, exc)
+
     def _safe(self, action: Any) -> Any:
+        if not self._ledger_usable():
+            return None  # paused after a lock timeout or outage; reconcile catches up later
         try:
             return action()
+        except LedgerUnavailableError as exc:
+            self._ledger_unavailable(exc)
         except GpuschedError:
             self.log.exception("gpusched: ledger operation failed")
         except Exception:  # a database hiccup must not stop the scheduler

@@ -4,7 +4,8 @@
 ``execute()``. Under the GPU executor the devices' variables are already in the environment
 (``GPUSCHED_ALLOCATION`` and ``CUDA_VISIBLE_DEVICES`` …); under any other executor the
 listener looks the allocation up in the ledger by task-instance key and exports it into
-``os.environ``. Either way it writes the devices to the task log.
+``os.environ``. Either way it writes the devices to the task log and records the task process
+as a holder of the allocation (so crash recovery can tell whether it still runs).
 
 ``on_task_instance_success`` / ``_failed`` / ``_skipped`` release the allocation (idempotent with
 the executor's own release), so the devices are free as soon as the task's work is done.
@@ -29,6 +30,7 @@ __all__ = [
     "on_task_instance_running",
     "on_task_instance_skipped",
     "on_task_instance_success",
+    "record_task_process",
     "release_devices",
 ]
 
@@ -121,9 +123,28 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
     if ALLOCATION_VAR not in os.environ and not _is_gpu_task(task_instance):
         return
     try:
-        export_devices(task_instance)
+        allocation = export_devices(task_instance)
     except Exception:
         _logger(task_instance).exception("gpusched: could not export the task's devices")
+        return
+    if allocation is not None:
+        try:
+            record_task_process(task_instance)
+        except Exception:
+            _logger(task_instance).exception("gpusched: could not record the task process")
+
+
+def record_task_process(task_instance: Any) -> bool:
+    """Record this process as the ``task`` holder of the task's active allocation."""
+    from gpusched.airflow.keys import ti_key_of
+    from gpusched.ledger import Ledger
+    from gpusched.ledger.liveness import current_process
+
+    ledger = Ledger(lock_wait_s=10.0)
+    try:
+        return ledger.attach_process(ti_key_of(task_instance), current_process("task"))
+    finally:
+        ledger.close()
 
 
 @hookimpl

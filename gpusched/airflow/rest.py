@@ -6,7 +6,11 @@ one failed (stopping a task from outside its host). Standard library only.
 
 Configuration (first found wins):
 
-- base URL: ``GPUSCHED_AIRFLOW_API_URL``; ``[api] base_url``; ``http://localhost:8080``.
+- base URL: ``GPUSCHED_AIRFLOW_API_URL``; else the running instance's own configuration: ``[api]
+  base_url`` when it is absolute; else ``[core] execution_api_server_url`` without its
+  ``/execution/`` path; else ``http://<[api] host>:<[api] port>`` (``0.0.0.0`` read as loopback).
+  No address is ever guessed: without Airflow configuration the client refuses to start, so
+  credentials only go where configuration says the API server is.
 - credentials: ``GPUSCHED_AIRFLOW_API_USER`` + ``GPUSCHED_AIRFLOW_API_PASSWORD``; else the first
   user of the simple auth manager's generated passwords file (``airflow standalone``). A JWT is
   fetched from ``POST /auth/token`` and sent as a Bearer token.
@@ -24,20 +28,44 @@ from typing import Any
 
 from gpusched.errors import ConfigurationError
 
-__all__ = ["AirflowApi", "AirflowApiStopper"]
+__all__ = ["AirflowApi", "AirflowApiStopper", "base_url_from_config"]
 
 
 def _default_base_url() -> str:
-    env = os.environ.get("GPUSCHED_AIRFLOW_API_URL")
+    env = os.environ.get("GPUSCHED_AIRFLOW_API_URL", "").strip()
     if env:
         return env
     try:
         from airflow.configuration import conf
+    except Exception as exc:
+        raise ConfigurationError(
+            f"no Airflow API address: Airflow's configuration cannot be read ({exc}); "
+            "set GPUSCHED_AIRFLOW_API_URL"
+        ) from exc
+    return base_url_from_config(conf)
 
-        configured = conf.get("api", "base_url", fallback=None)
-    except Exception:  # Airflow not configured in this process: use the standalone default
-        configured = None
-    return configured or "http://localhost:8080"
+
+def base_url_from_config(conf: Any) -> str:
+    """The API server's base URL as Airflow configuration ``conf`` names it (see module docs)."""
+    base = str(conf.get("api", "base_url", fallback="") or "").strip()
+    if base.startswith(("http://", "https://")):
+        return base.rstrip("/")
+    execution = str(conf.get("core", "execution_api_server_url", fallback="") or "").strip()
+    if execution.startswith(("http://", "https://")):
+        trimmed = execution.rstrip("/")
+        return trimmed[: -len("/execution")] if trimmed.endswith("/execution") else trimmed
+    host = str(conf.get("api", "host", fallback="") or "").strip()
+    port = str(conf.get("api", "port", fallback="") or "").strip()
+    if not port:
+        raise ConfigurationError(
+            "no Airflow API address in the configuration ([api] base_url, [core] "
+            "execution_api_server_url and [api] port are unset); set GPUSCHED_AIRFLOW_API_URL"
+        )
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}{base if base.startswith('/') else ''}".rstrip("/")
 
 
 def _default_credentials() -> tuple[str, str] | None:

@@ -4,9 +4,10 @@
                    [--db-url URL] [--window S] [--memory-growth MB_PER_MIN]
                    [--temp-limit VENDOR=CELSIUS ...] [--no-stop]
 
-Every interval: sync the inventory (each minute), read every device into the ledger, evaluate
-the alert rules over the last ``--window`` seconds, apply the actions (cordon, health, stop the
-task whose device memory keeps growing) and refresh the Prometheus text served on
+Every interval: release allocations whose lease ran out (so a crashed executor's devices come
+back even while no executor runs), sync the inventory (each minute), read every device into the
+ledger, evaluate the alert rules over the last ``--window`` seconds, apply the actions (cordon,
+health, stop the task whose device memory keeps growing) and refresh the Prometheus text served on
 ``http://HOST:PORT/metrics`` (127.0.0.1:9400 by default; ``--port 0`` disables the server).
 ``--once`` runs one cycle, prints what it did and exits (no server).
 """

@@ -18,13 +18,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from gpusched.errors import ConfigurationError, LedgerError
+from gpusched.errors import ConfigurationError, LedgerError, LedgerUnavailableError
 from gpusched.paths import state_dir
 
 __all__ = ["BUSY_TIMEOUT_S", "default_url", "make_engine", "read_tx", "write_tx"]
 
 BUSY_TIMEOUT_S = 60.0
-"""How long a SQLite writer waits for the write lock before giving up."""
+"""How long a writer waits for a lock before giving up (default; see ``make_engine``)."""
 
 
 def default_url() -> str:
@@ -37,8 +37,14 @@ def default_url() -> str:
     return f"sqlite:///{folder / 'ledger.db'}"
 
 
-def make_engine(url: str) -> sa.Engine:
-    """An engine for ``url`` set up for the ledger's transaction discipline."""
+def make_engine(url: str, *, lock_wait_s: float | None = None) -> sa.Engine:
+    """An engine for ``url`` set up for the ledger's transaction discipline.
+
+    ``lock_wait_s`` bounds how long one statement waits for a lock another writer holds (SQLite's
+    busy timeout, PostgreSQL's ``lock_timeout``); default :data:`BUSY_TIMEOUT_S`. Past it the
+    operation fails with :class:`LedgerUnavailableError` instead of waiting on.
+    """
+    wait_s = BUSY_TIMEOUT_S if lock_wait_s is None else max(0.001, float(lock_wait_s))
     if url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://"):]
     try:
@@ -50,10 +56,14 @@ def make_engine(url: str) -> sa.Engine:
         ) from exc
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        engine = _sqlite_engine(parsed)
+        engine = _sqlite_engine(parsed, wait_s)
     elif backend == "postgresql":
         try:
-            engine = sa.create_engine(parsed, pool_pre_ping=True)
+            engine = sa.create_engine(
+                parsed, pool_pre_ping=True,
+                connect_args={"options": f"-c lock_timeout={int(wait_s * 1000)}",
+                              "connect_timeout": max(1, int(wait_s))},
+            )
         except ModuleNotFoundError as exc:
             raise ConfigurationError(
                 f"the PostgreSQL driver for {parsed.drivername!r} is not installed ({exc}); "
@@ -81,15 +91,15 @@ def _forget_pool_after_fork(engine: sa.Engine) -> None:
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def _sqlite_engine(url: sa.URL) -> sa.Engine:
+def _sqlite_engine(url: sa.URL, wait_s: float) -> sa.Engine:
     if url.database and url.database != ":memory:":
         os.makedirs(os.path.dirname(os.path.abspath(url.database)), exist_ok=True)
-        engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
+        engine = sa.create_engine(url, connect_args={"timeout": wait_s})
     else:
         # In-memory (``sqlite://``): one database lives in one connection, so every user of this
         # engine shares that connection — handy for simulations and examples, one process only.
         engine = sa.create_engine(
-            url, connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
+            url, connect_args={"timeout": wait_s, "check_same_thread": False},
             poolclass=sa.pool.StaticPool,
         )
 
@@ -98,7 +108,7 @@ def _sqlite_engine(url: sa.URL) -> sa.Engine:
         # Let the ledger emit BEGIN itself (pysqlite would otherwise begin lazily, in DEFERRED mode).
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute(f"PRAGMA busy_timeout = {int(wait_s * 1000)}")
         cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
@@ -147,8 +157,10 @@ def _translated(engine: sa.Engine) -> Iterator[None]:
         yield
     except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.InterfaceError) as exc:
         where = engine.url.render_as_string(hide_password=True)
-        raise LedgerError(
-            f"the ledger database {where} failed: {exc.orig or exc}. If a table is missing, run "
+        kind = LedgerError if isinstance(exc, sa.exc.ProgrammingError) else LedgerUnavailableError
+        detail = " ".join(str(exc.orig or exc).split())  # one line, whatever the driver says
+        raise kind(
+            f"the ledger database {where} failed: {detail}. If a table is missing, run "
             "`gpusched ledger migrate`; if it is locked or unreachable, check GPUSCHED_DB_URL and "
             "that no stuck process holds it, then retry"
         ) from exc

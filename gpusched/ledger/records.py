@@ -11,7 +11,10 @@ from typing import Any
 from gpusched.model import DeviceShare
 from gpusched.request import GPURequest
 
-__all__ = ["Allocation", "AllocationStatus", "LedgerEvent", "QueueEntry", "request_from_json"]
+__all__ = [
+    "Allocation", "AllocationStatus", "HolderProcess", "LedgerEvent", "QueueEntry", "processes_from_json",
+    "request_from_json",
+]
 
 
 class AllocationStatus:
@@ -20,6 +23,41 @@ class AllocationStatus:
     ACTIVE = "active"
     RELEASED = "released"
     EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class HolderProcess:
+    """One process that holds an allocation's devices.
+
+    Attributes:
+        role: ``executor`` (allocated it), ``worker`` (supervises the task) or ``task``.
+        host: the host name the pid belongs to.
+        pid: the process id.
+        started_at: the process's start time (epoch s), to tell it from a later process that
+            reuses the pid.
+    """
+
+    role: str
+    host: str
+    pid: int
+    started_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form stored in the ledger."""
+        return {"role": self.role, "host": self.host, "pid": self.pid, "started_at": self.started_at}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HolderProcess:
+        """Inverse of :meth:`to_dict`."""
+        return cls(str(data["role"]), str(data["host"]), int(data["pid"]), float(data["started_at"]))
+
+
+def processes_from_json(data: Any) -> tuple[HolderProcess, ...]:
+    """The processes stored in the ``processes`` column (None, a list, or its text)."""
+    if data is None:
+        return ()
+    items = json.loads(data) if isinstance(data, str) else data
+    return tuple(HolderProcess.from_dict(item) for item in items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +73,7 @@ class Allocation:
         created_at / lease_expires_at / released_at: epoch (or simulation) seconds.
         release_reason: why it was released ("success", "failed", "lease expired", …).
         status: ``active``, ``released`` or ``expired``.
+        processes: the processes recorded as holding it (oldest first; empty for old rows).
     """
 
     key: str
@@ -46,6 +85,7 @@ class Allocation:
     released_at: float | None = None
     release_reason: str | None = None
     status: str = AllocationStatus.ACTIVE
+    processes: tuple[HolderProcess, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -78,6 +118,7 @@ class Allocation:
             "released_at": self.released_at,
             "release_reason": self.release_reason,
             "status": self.status,
+            "processes": [p.to_dict() for p in self.processes],
         }
 
 

@@ -87,6 +87,9 @@ ALLOCATIONS = sa.Table(
     sa.Column("released_at", sa.Double, nullable=True),
     sa.Column("release_reason", sa.Text, nullable=True),
     sa.Column("status", sa.String(16), nullable=False),
+    # The processes that hold the devices (executor, worker, task: host, pid, start time), so a
+    # restart or a worker's death can tell a live holder from a dead one.
+    sa.Column("processes", sa.JSON, nullable=True),
     # At most one active allocation per key: the database itself refuses a second one.
     sa.Index(
         "ix_gpusched_allocations_active_key",

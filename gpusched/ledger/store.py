@@ -21,7 +21,13 @@ from gpusched.ledger import capacity, inventory
 from gpusched.ledger.engine import default_url, make_engine, read_tx, write_tx
 from gpusched.ledger.extras import LedgerExtras
 from gpusched.ledger.migrate import upgrade
-from gpusched.ledger.records import Allocation, AllocationStatus, request_from_json
+from gpusched.ledger.records import (
+    Allocation,
+    AllocationStatus,
+    HolderProcess,
+    processes_from_json,
+    request_from_json,
+)
 from gpusched.ledger.schema import ALLOCATIONS, DEVICES, EVENTS, NODES, SHARES
 from gpusched.model import DeviceShare, FleetSnapshot, Health, Node
 from gpusched.request import GPURequest
@@ -81,12 +87,13 @@ class Ledger(LedgerExtras):
     ``Ledger(url)``: ``url`` None means ``$GPUSCHED_DB_URL``, else SQLite (WAL) at
     ``state_dir()/ledger.db``. Call :meth:`migrate` once before use (it is idempotent). A Ledger
     holds a connection pool; create it in the process that uses it (after a fork, make a new one)
-    and :meth:`close` it when done (or use it as a context manager).
+    and :meth:`close` it when done (or use it as a context manager). ``lock_wait_s`` bounds how long
+    an operation waits for another writer's lock (default 60 s; the executor uses a few seconds).
     """
 
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(self, url: str | None = None, *, lock_wait_s: float | None = None) -> None:
         self.url = url or default_url()
-        self.engine = make_engine(self.url)
+        self.engine = make_engine(self.url, lock_wait_s=lock_wait_s)
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -183,16 +190,20 @@ class Ledger(LedgerExtras):
         holder: str,
         lease_s: int = 600,
         now: float | None = None,
+        process: HolderProcess | None = None,
     ) -> Allocation:
         """Hand ``shares`` to task ``key`` in one transaction that re-checks capacity.
 
+        ``process`` (optional) is recorded as the first holder process (see :meth:`attach_process`).
         Idempotent: if ``key`` already holds exactly these shares, that allocation is returned.
-        Raises AllocationConflictError (nothing written) when ``key`` holds other shares, or when a
-        device is gone, cordoned, unhealthy, on a standby node, or lacks the free milli-GPU or
-        memory; LedgerError for malformed shares.
+        Raises AllocationConflictError (nothing written) when ``key`` holds other shares, when
+        another caller allocated or released ``key`` concurrently, or when a device is gone,
+        cordoned, unhealthy, on a standby node, or lacks the free milli-GPU or memory; LedgerError
+        for malformed shares.
         """
         ordered = capacity.validate_shares(key, shares)
         at = _now(now)
+        processes = [process.to_dict()] if process is not None else None
         try:
             with write_tx(self.engine) as conn:
                 existing = self._active_row(conn, key)
@@ -202,7 +213,7 @@ class Ledger(LedgerExtras):
                 allocation_id = conn.execute(_INSERT_ALLOCATION, {
                     "key": key, "request": request.to_dict(), "holder": holder, "created_at": at,
                     "lease_expires_at": at + lease_s, "released_at": None, "release_reason": None,
-                    "status": AllocationStatus.ACTIVE,
+                    "status": AllocationStatus.ACTIVE, "processes": processes,
                 }).scalar_one()
                 conn.execute(_INSERT_SHARES, [
                     {"allocation_id": allocation_id, "device_uuid": s.uuid, "node": s.node, "idx": s.index,
@@ -216,10 +227,16 @@ class Ledger(LedgerExtras):
             # unique index refused ours). Decide as if we had come second.
             with read_tx(self.engine) as conn:
                 existing = self._active_row(conn, key)
-                if existing is None:
-                    raise
+                if existing is None:  # ... and released it again already
+                    raise AllocationConflictError(
+                        f"task {key!r} was allocated and released by another caller at the same "
+                        "time; re-plan and retry", devices=[s.uuid for s in ordered],
+                    ) from None
                 return self._same_or_conflict(conn, existing, key, ordered)
-        return Allocation(key, request, ordered, holder, at, at + lease_s)
+        return Allocation(
+            key, request, ordered, holder, at, at + lease_s,
+            processes=(process,) if process is not None else (),
+        )
 
     def _same_or_conflict(
         self, conn: sa.Connection, row: Any, key: str, shares: Sequence[DeviceShare]
@@ -256,6 +273,25 @@ class Ledger(LedgerExtras):
                     f"task {key!r} holds no active allocation to renew (released or expired); "
                     "stop the task or allocate again"
                 )
+
+    def attach_process(self, key: str, process: HolderProcess) -> bool:
+        """Record ``process`` as holding the active allocation of ``key``; False if none is active.
+
+        A record for the same role, host and pid is replaced, not repeated.
+        """
+        with write_tx(self.engine) as conn:
+            row = self._active_row(conn, key, lock=True)
+            if row is None:
+                return False
+            kept = [
+                p.to_dict() for p in processes_from_json(row.processes)
+                if (p.role, p.host, p.pid) != (process.role, process.host, process.pid)
+            ]
+            conn.execute(
+                sa.update(ALLOCATIONS).where(ALLOCATIONS.c.id == row.id)
+                .values(processes=[*kept, process.to_dict()])
+            )
+            return True
 
     def get(self, key: str) -> Allocation | None:
         """The active allocation of ``key``, else its most recent one, else None."""
@@ -322,6 +358,7 @@ class Ledger(LedgerExtras):
         return Allocation(
             allocation.key, allocation.request, allocation.shares, allocation.holder,
             allocation.created_at, allocation.lease_expires_at, at, reason, status,
+            allocation.processes,
         )
 
     def _to_allocation(self, conn: sa.Connection, row: Any) -> Allocation:
@@ -339,6 +376,7 @@ class Ledger(LedgerExtras):
             Allocation(
                 r.key, request_from_json(r.request), tuple(shares[r.id]), r.holder, r.created_at,
                 r.lease_expires_at, r.released_at, r.release_reason, r.status,
+                processes_from_json(r.processes),
             )
             for r in rows
         ]
