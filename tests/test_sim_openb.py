@@ -41,7 +41,8 @@ def test_tuning_reaches_the_factor_and_stops_there() -> None:
     capacity = 5000
     tuned = tune_workload(PODS, capacity, random.Random(1), 1.3)
     total = sum(p.total_gpu_milli for p in tuned)
-    assert tuned[: len(PODS)] == PODS  # the trace's own tasks first
+    # FGD's order: every trace task first (shuffled), the draws after them
+    assert sorted(tuned[: len(PODS)], key=lambda p: p.name) == sorted(PODS, key=lambda p: p.name)
     assert len(tuned) > len(PODS)
     # FGD's rule: draws are kept while the total stays within the target, tested with the
     # draw's per-GPU share (so only a multi-GPU draw can pass it, by less than its total).
@@ -49,6 +50,12 @@ def test_tuning_reaches_the_factor_and_stops_there() -> None:
     assert total - tuned[-1].total_gpu_milli + tuned[-1].gpu_milli <= 1.3 * capacity
     assert total + 1000 > 1.3 * capacity - 1000  # it stopped only near the target
     assert tune_workload(PODS, capacity, random.Random(1)) == tuned  # seeded
+
+
+def test_a_list_above_the_target_loses_random_tasks() -> None:
+    many = [OpenbPod(f"w{i}", 1000, 1, 1, 1000) for i in range(20)]  # 20 GPUs on a 10-GPU target
+    tuned = tune_workload(many, 10_000, random.Random(2), 1.0)
+    assert len(tuned) == 10 and len({p.name for p in tuned}) == 10
 
 
 def test_requests_follow_the_pod() -> None:
@@ -78,7 +85,6 @@ def test_measurement_window_around_full_arrival(tmp_path: Path) -> None:
     nodes = _nodes(tmp_path)
     rng = random.Random(3)
     tasks = tune_workload(PODS, 5000, rng, 1.3)
-    rng.shuffle(tasks)
     cumulative = 0
     expected_arrivals = 0
     for expected_arrivals, pod in enumerate(tasks, start=1):  # noqa: B007

@@ -5,12 +5,13 @@ Procedure (Weng et al., ATC '23; ``shared/traces/README.md``):
 1. Cluster = the GPU nodes of the openb node list. A task fits a node only if CPU, memory and
    GPU all fit; a fractional task takes ``gpu_milli`` of one GPU; a multi-GPU task takes whole
    GPUs on one node.
-2. Workload tuning: from the trace's tasks, tasks drawn uniformly with replacement are appended
-   while the total stays within ``factor`` (1.3) × the cluster capacity; the first draw that
-   would pass it ends the tuning and is dropped. (The FGD simulator tests a draw against the
-   target with the task's *per-GPU* share while it adds the task's total; we do the same, so a
-   multi-GPU draw may overshoot by a few GPUs exactly as there.)
-3. The tuned list is shuffled (seeded); tasks arrive one by one and are placed at once or fail;
+2. Arrival order and workload tuning, in the FGD simulator's order: the trace's tasks are
+   shuffled (seeded), then tuned to ``factor`` (1.3) × the cluster capacity — tasks drawn
+   uniformly with replacement are *appended after them* while the total stays within the
+   target (the first draw that would pass it ends the tuning; the simulator tests a draw with
+   its *per-GPU* share while it adds its total, and so do we), or, for a list already above the
+   target, uniformly random tasks are removed until it fits. So every trace task arrives, in
+   random order, before any duplicate. Tasks arrive one by one and are placed at once or fail;
    there are no departures.
 4. After every arrival the allocation ratio 100 × allocated / capacity (rounded to 0.01) is
    logged with the arrived ratio 100 × arrived / capacity. The measure at 100 % is FGD's analysis
@@ -75,12 +76,19 @@ class OpenbRun:
 def tune_workload(
     pods: Sequence[OpenbPod], capacity_milli: int, rng: random.Random, factor: float = 1.3
 ) -> list[OpenbPod]:
-    """The trace's pods plus uniform draws (with replacement) while the GPU request stays within
-    ``factor`` × capacity (the FGD simulator's rule, see the module docstring)."""
+    """The arrival order of the FGD simulator: the trace's pods shuffled, then tuned to
+    ``factor`` × capacity — uniform draws (with replacement) appended while the total stays
+    within it (the first draw that would pass it, tested with its per-GPU share, ends the
+    tuning), or, for a list above it, uniformly random pods removed until it fits."""
     tuned = list(pods)
+    rng.shuffle(tuned)
     total = sum(p.total_gpu_milli for p in tuned)
     target = factor * capacity_milli
-    if not any(p.total_gpu_milli for p in pods) or total >= target:
+    if not any(p.total_gpu_milli for p in pods):
+        return tuned
+    while total > target and tuned:
+        total -= tuned.pop(rng.randrange(len(tuned))).total_gpu_milli
+    if total == target or len(tuned) < len(pods):
         return tuned
     while True:
         pod = rng.choice(pods)
@@ -193,7 +201,6 @@ def run_openb(
     capacity = fleet.total_devices() * MILLI
     rng = random.Random(seed)
     tasks = tune_workload(pods, capacity, rng, factor)
-    rng.shuffle(tasks)
     policy = openb_policy(policy_name, pods)
     if overrides:
         policy = replace(policy, **overrides)  # type: ignore[arg-type]
