@@ -228,7 +228,7 @@ def _main(args: argparse.Namespace) -> int:
     )
     result["replay"] = {
         "nodes": args.replay_nodes, "jobs": args.replay_jobs, "round_s": args.round_s,
-        "engine": "bench-local synthetic replay on place/optimise (trace replays: bench gavel|philly --replan-ms)",
+        "engine": "bench-local synthetic replay on place/optimise (traces: bench gavel|philly --replan-ms)",
         "greedy": base, "optimiser": ga,
         "jct_ratio": ga["mean_jct_s"] / base["mean_jct_s"],
         "wait_ratio": ga["mean_wait_s"] / base["mean_wait_s"] if base["mean_wait_s"] else None,
