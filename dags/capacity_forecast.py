@@ -5,11 +5,14 @@ Tasks
    (``GPUSCHED_DEMAND_SOURCE=trace:<path to philly_jobs.csv>``) or a synthetic series
    (``synthetic``, for demos and tests). The fleet capacity comes from the ledger's snapshot
    (``GPUSCHED_FORECAST_CAPACITY`` overrides it).
-2. ``validate`` — the great-expectations suite ``include/expectations/demand_history.json``
+2. ``validate`` — the great-expectations suite ``gpusched/include/expectations/demand_history.json``
    (non-null, strictly increasing hourly timestamps, no gaps, 0 ≤ demand ≤ capacity). A failure
    fails the task naming each failed expectation.
 3. ``select_model`` — rolling-origin backtest of seasonal-naive, ETS and SARIMAX (MASE);
    ``GPUSCHED_FORECAST_MODELS`` (comma-separated) and ``GPUSCHED_FORECAST_ORIGINS`` narrow it.
+   History counts from the first non-zero demand; with less than 96 h of it (a new fleet, an
+   empty ledger) the task is *skipped* with the reason, records a ``forecast_skipped`` ledger
+   event the fleet page shows, and ``forecast``/``prescale`` are skipped: the run succeeds.
 4. ``forecast`` — refit the chosen model, forecast 24 h with a 90 % interval, write
    ``$AIRFLOW_HOME/gpusched/forecast/latest.json`` + ``forecast-<stamp>.png``, the UI's
    ``$AIRFLOW_HOME/gpusched/forecast.json``, and a ``forecast`` event in the ledger.
@@ -97,9 +100,18 @@ def gpusched_capacity_forecast() -> None:
 
     @task
     def select_model(history: dict[str, Any], checks: dict[str, Any]) -> dict[str, Any]:
-        from gpusched.forecast import MODELS, backtest
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from gpusched.forecast import MODELS, backtest, history_shortfall, since_first_demand
+        from gpusched.ledger import Ledger
 
         series = _series(history)
+        shortfall = history_shortfall(series)
+        if shortfall is not None:
+            # A fleet too new to forecast is not a failure: say why, skip the rest of the run.
+            Ledger().record_event("forecast_skipped", "fleet", reason=shortfall, source=history["source"])
+            raise AirflowSkipException(shortfall)
+        series = since_first_demand(series)
         origins = int(os.environ.get("GPUSCHED_FORECAST_ORIGINS", "7"))
         models = [m.strip() for m in os.environ.get("GPUSCHED_FORECAST_MODELS", "").split(",") if m.strip()]
         return backtest(series, models or MODELS, origins=origins, spacing=24).to_dict()
@@ -108,10 +120,10 @@ def gpusched_capacity_forecast() -> None:
     def forecast(history: dict[str, Any], selection: dict[str, Any]) -> dict[str, Any]:
         import json
 
-        from gpusched.forecast import fit_forecast, plot_forecast
+        from gpusched.forecast import fit_forecast, plot_forecast, since_first_demand
         from gpusched.paths import state_dir
 
-        series = _series(history)
+        series = since_first_demand(_series(history))
         fc = fit_forecast(series, selection["chosen"], 24, level=0.9)
         out_dir = state_dir() / "forecast"
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,8 @@ from gpusched.errors import GPURequestError, GpuschedError
 from gpusched.model import Device, DeviceSample, DeviceShare, DeviceUsage, FleetSnapshot, Health, Node
 from gpusched.request import GPURequest, Interconnect, Partition
 
+__version__ = "0.1.0"  # the release; pyproject.toml reads it (one source)
+
 __all__ = [
     "AcceleratorModel",
     "Catalog",
@@ -27,6 +29,7 @@ __all__ = [
     "Node",
     "Partition",
     "Vendor",
+    "__version__",
     "default_catalog",
     "devices_env",
 ]

@@ -1,6 +1,6 @@
 """The accelerator catalog: one registry of known GPU/NPU models and their figures.
 
-The data lives in ``include/catalog/accelerators.json``; this module loads it once into
+The data lives in ``gpusched/include/catalog/accelerators.json``; this module loads it once into
 immutable :class:`AcceleratorModel` records and resolves names and aliases case-insensitively
 (``"V100M16"``, ``"Tesla V100-SXM2-16GB"`` and ``"v100-sxm2-16gb"`` are the same model).
 """
@@ -127,7 +127,7 @@ class Catalog:
 
     @classmethod
     def from_file(cls, path: Path) -> Catalog:
-        """Load a catalog JSON file (the format of ``include/catalog/accelerators.json``)."""
+        """Load a catalog JSON file (the format of ``gpusched/include/catalog/accelerators.json``)."""
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
             models = tuple(_parse_model(entry) for entry in raw["models"])
@@ -155,7 +155,7 @@ class Catalog:
         if model is None:
             raise CatalogError(
                 f"unknown accelerator model {name!r}; known models: {', '.join(self.names)} "
-                "(add it to include/catalog/accelerators.json)"
+                "(add it to gpusched/include/catalog/accelerators.json)"
             )
         return model
 
@@ -188,5 +188,5 @@ def _parse_model(entry: dict[str, object]) -> AcceleratorModel:
 
 @cache
 def default_catalog() -> Catalog:
-    """The catalog shipped in ``include/catalog/accelerators.json`` (loaded once)."""
+    """The catalog shipped in ``gpusched/include/catalog/accelerators.json`` (loaded once)."""
     return Catalog.from_file(include_dir() / "catalog" / "accelerators.json")

@@ -41,7 +41,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    from gpusched import __version__
+
     parser = _Parser(prog="gpusched", description="GPU-aware scheduling for Airflow")
+    parser.add_argument("--version", action="version", version=f"gpusched {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, module in COMMANDS.items():

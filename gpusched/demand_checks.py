@@ -1,6 +1,6 @@
 """Validate a demand history with the great-expectations suite before it is forecast.
 
-The suite lives in ``include/expectations/demand_history.json``: non-null timestamps and
+The suite lives in ``gpusched/include/expectations/demand_history.json``: non-null timestamps and
 values, strictly increasing timestamps, no gaps at the step, values between 0 and the fleet
 capacity, enough rows. It is run in an ephemeral GX context (nothing written to disk);
 great_expectations and pandas are imported inside :func:`validate_demand`.
@@ -38,7 +38,7 @@ class DemandCheck:
 
 
 def suite_path() -> Path:
-    """The expectation suite file (``include/expectations/demand_history.json``)."""
+    """The expectation suite file (``gpusched/include/expectations/demand_history.json``)."""
     return include_dir() / "expectations" / "demand_history.json"
 
 

@@ -46,8 +46,10 @@ __all__ = [
     "demand_from_jobs",
     "fit_forecast",
     "forecast_demand",
+    "history_shortfall",
     "load_philly_demand",
     "plot_forecast",
+    "since_first_demand",
     "synthetic_demand",
 ]
 
@@ -124,18 +126,55 @@ class Backtest:
         base = self.score("seasonal_naive").mase
         return self.score(model).mase / base if base > 0 else math.inf
 
+    def _relative_or_none(self, model: str) -> float | None:
+        """:meth:`relative_mase` when it is a finite number (JSON has no infinity), else None."""
+        if not any(x.model == "seasonal_naive" for x in self.scores):
+            return None
+        value = self.relative_mase(model)
+        return value if math.isfinite(value) else None
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form."""
         return {
             "horizon": self.horizon, "origins": self.origins, "train_window": self.train_window,
             "chosen": self.chosen,
             "scores": [
-                {"model": s.model, "mae": s.mae, "mase": s.mase, "fit_seconds": s.fit_seconds,
-                 "relative_mase": self.relative_mase(s.model) if any(
-                     x.model == "seasonal_naive" for x in self.scores) else None}
+                {"model": s.model, "mae": _finite(s.mae), "mase": _finite(s.mase),
+                 "fit_seconds": s.fit_seconds, "relative_mase": self._relative_or_none(s.model)}
                 for s in self.scores
             ],
         }
+
+
+def _finite(value: float) -> float | None:
+    """``value``, or None where it is NaN or infinite (JSON and Airflow's XCom refuse those)."""
+    return value if math.isfinite(value) else None
+
+
+def history_shortfall(series: DemandSeries, horizon: int = 24) -> str | None:
+    """Why ``series`` cannot be backtested and forecast yet, in plain words; None when it can.
+
+    Only the steps from the first non-zero demand on count: a new fleet's history before its
+    first allocation is not history. Forecasting needs three days to fit on plus ``horizon``
+    steps to score against.
+    """
+    need = 3 * DAY + horizon
+    hours = series.step_s / 3600
+    first = next((i for i, v in enumerate(series.values) if v > 0), None)
+    if first is None:
+        return (f"insufficient data: no GPU demand recorded in the {len(series) * hours:.0f} h of history; "
+                f"the forecast starts by itself once {need * hours:.0f} h of demand are recorded")
+    observed = len(series) - first
+    if observed < need:
+        return (f"insufficient data: {observed * hours:.0f} h of demand history, the forecast needs "
+                f"{need * hours:.0f} h; it starts by itself in {(need - observed) * hours:.0f} h")
+    return None
+
+
+def since_first_demand(series: DemandSeries) -> DemandSeries:
+    """``series`` from its first non-zero step (all of it when it never had demand is empty)."""
+    first = next((i for i, v in enumerate(series.values) if v > 0), len(series))
+    return series.window(first, len(series))
 
 
 # ---- models -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Where gpusched finds its shipped data (``include/``) and its state (under ``AIRFLOW_HOME``)."""
+"""Where gpusched finds its shipped data (``gpusched/include/``) and its state (under ``AIRFLOW_HOME``)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ __all__ = ["include_dir", "state_dir"]
 def include_dir() -> Path:
     """The ``include/`` folder with the catalog, fleets and expectation suites.
 
-    ``GPUSCHED_INCLUDE_DIR`` overrides the location shipped beside the package.
+    It is package data (``gpusched/include/``, inside the wheel and the sdist), so an installed
+    gpusched finds it without the repository. ``GPUSCHED_INCLUDE_DIR`` overrides it.
     """
     override = os.environ.get("GPUSCHED_INCLUDE_DIR")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parent.parent / "include"
+    return Path(__file__).resolve().parent / "include"
 
 
 def state_dir() -> Path:

@@ -2,6 +2,8 @@
 
 :func:`plan_prescale` says which standby nodes to activate *now* so that they are ready before
 the predicted demand arrives, and how many GPUs to hold back for the burst partition.
+:func:`standby_for_waiting` is the reactive half: which standby nodes would let tasks that have
+waited too long for capacity start.
 :func:`activate_in_snapshot` shows a fleet snapshot as it will be once a plan is carried out.
 The providers that carry plans out live in :mod:`gpusched.scaling` (the edge).
 """
@@ -16,8 +18,17 @@ from typing import Any
 from gpusched.errors import ScalingError
 from gpusched.forecast import Forecast
 from gpusched.model import FleetSnapshot, Node
+from gpusched.request import GPURequest
 
-__all__ = ["ScaleStep", "ScalingPlan", "activate_in_snapshot", "plan_prescale"]
+__all__ = [
+    "ReactiveScaleOut",
+    "ScaleStep",
+    "ScalingPlan",
+    "WaitingTask",
+    "activate_in_snapshot",
+    "plan_prescale",
+    "standby_for_waiting",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,3 +175,53 @@ def activate_in_snapshot(snapshot: FleetSnapshot, names: Sequence[str]) -> Fleet
     wanted = set(names)
     changed = [replace(n, standby=False) for n in snapshot.nodes if n.name in wanted and n.standby]
     return snapshot.with_nodes(changed) if changed else snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingTask:
+    """A task waiting for devices: its key, its request and since when it waits (epoch seconds)."""
+
+    key: str
+    request: GPURequest
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReactiveScaleOut:
+    """Standby nodes to activate for tasks that waited too long, and why (one line per task)."""
+
+    activate: tuple[str, ...]
+    reasons: tuple[str, ...]
+
+
+def standby_for_waiting(
+    waiting: Sequence[WaitingTask], snapshot: FleetSnapshot, *, now: float, threshold_s: float
+) -> ReactiveScaleOut:
+    """Which standby nodes to switch on so that tasks waiting longer than ``threshold_s`` start.
+
+    A task counts when its request does not fit the free devices of the active fleet now but
+    fits once a standby node is active (first such node in fleet order); tasks held back by
+    something else (a budget, a partition limit) fit now and are left alone, and tasks no
+    standby node helps are not served here. Longest-waiting tasks choose first; a node chosen
+    for one task is offered to the next ones too.
+    """
+    from gpusched.recovery import fits_fleet
+
+    current = snapshot
+    chosen: list[str] = []
+    reasons: list[str] = []
+    for task in sorted(waiting, key=lambda t: (t.since, t.key)):
+        waited = now - task.since
+        if waited < threshold_s or fits_fleet(task.request, current):
+            continue
+        for node in current.nodes:
+            if not node.standby or node.cordoned:
+                continue
+            trial = activate_in_snapshot(current, [node.name])
+            if fits_fleet(task.request, trial):
+                current = trial
+                chosen.append(node.name)
+                reasons.append(f"{task.key} waited {waited / 60:.0f} min for {task.request.count} "
+                               f"GPU(s) that standby node {node.name} gives; activating it")
+                break
+    return ReactiveScaleOut(tuple(chosen), tuple(reasons))

@@ -47,6 +47,7 @@ class FailureKind(StrEnum):
     COMMUNICATION = "communication"
     HARDWARE = "hardware"
     CODE_ERROR = "code_error"
+    UNSCHEDULABLE = "unschedulable"
     UNKNOWN = "unknown"
 
 
@@ -115,6 +116,8 @@ _CODE_PATTERNS = [re.compile(p) for p in (
     r"device-side assert triggered",
     r"an illegal memory access was encountered",
 )]
+_UNSCHEDULABLE_RE = re.compile(r"can never fit this fleet")
+"""The executor's words (in the try's log) for a request the placement can never satisfy."""
 _TRIED_RE = re.compile(r"Tried to allocate ([\d.]+)\s*([KMGT]i?B)", re.IGNORECASE)
 _UNITS = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -137,6 +140,9 @@ def classify_failure(
             growing): a leak is the program's bug, so such a try is a code error.
     """
     lines = log_text.splitlines()
+    never_fits = [line for line in lines if _UNSCHEDULABLE_RE.search(line)]
+    if never_fits:  # the try never started: nothing else in the log is about this request
+        return Classification(FailureKind.UNSCHEDULABLE, _evidence(never_fits))
     xids: list[int] = []
     hw_lines: list[str] = []
     for line in lines:
@@ -244,6 +250,12 @@ def choose_remedy(
         return Remedy(False, f"{kind}: try {attempt} of {max_attempts} failed; giving up")
     if kind is FailureKind.CODE_ERROR:
         return Remedy(False, "code error: the same code fails on any GPU; fix it and clear the task")
+    if kind is FailureKind.UNSCHEDULABLE:
+        # The placement already judged it against the whole fleet, standby nodes included:
+        # a retry fails the same way and no scale-out this chain can ask for helps.
+        said = classification.evidence[0] if classification.evidence else "the request can never fit"
+        return Remedy(False, f"unschedulable ({said.strip()}); not retrying: change the task's GPU "
+                             "request or add matching hardware, then clear the task")
     if kind is FailureKind.HARDWARE:
         suspects = tuple(classification.suspect_devices) or tuple(devices)
         excluded = frozenset(suspects)

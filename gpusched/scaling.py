@@ -32,7 +32,15 @@ from typing import Any, Protocol, runtime_checkable
 
 from gpusched.errors import ConfigurationError, ScalingError
 from gpusched.paths import state_dir
-from gpusched.prescale import ScaleStep, ScalingPlan, activate_in_snapshot, plan_prescale
+from gpusched.prescale import (
+    ReactiveScaleOut,
+    ScaleStep,
+    ScalingPlan,
+    WaitingTask,
+    activate_in_snapshot,
+    plan_prescale,
+    standby_for_waiting,
+)
 
 __all__ = [
     "CommandScaler",
@@ -44,8 +52,12 @@ __all__ = [
     "WebhookScaler",
     "activate_in_snapshot",
     "plan_prescale",
+    "react_to_waiting",
     "scaler_from_spec",
 ]
+
+REACTIVE_SCALE_OUT = "scale_out_reactive"
+"""Ledger event kind of a reactive activation (subject: the node; detail: the reason)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,3 +206,35 @@ def scaler_from_spec(spec: str | None = None) -> Scaler:
     raise ConfigurationError(
         f"GPUSCHED_SCALER={text!r} is not understood; use local, command:<command line> or webhook:<url>"
     )
+
+
+def react_to_waiting(
+    ledger: Any, *, threshold_s: float, scaler: Scaler | None = None, now: float | None = None
+) -> ReactiveScaleOut:
+    """Switch on the standby nodes that tasks waiting longer than ``threshold_s`` need.
+
+    Reads the ledger's queue and fleet, applies :func:`gpusched.prescale.standby_for_waiting`
+    through ``scaler`` (default ``$GPUSCHED_SCALER``) and records one ``scale_out_reactive``
+    event per node with the reason. The burst reserve of the last forecast plan is kept.
+    """
+    at = time.time() if now is None else now
+    waiting = [WaitingTask(q.key, q.request, q.since) for q in ledger.queue()]
+    if not waiting:
+        return ReactiveScaleOut((), ())
+    decision = standby_for_waiting(waiting, ledger.snapshot(at), now=at, threshold_s=threshold_s)
+    if not decision.activate:
+        return decision
+    scaler = scaler or scaler_from_spec()
+    state = scaler.state() if isinstance(scaler, LocalFleetScaler) else {}
+    reason = "; ".join(decision.reasons)
+    plan = ScalingPlan(
+        created_at=at, provisioning_delay_s=0, active_gpus=0, target_gpus=0,
+        activate=decision.activate, surplus_gpus=0,
+        burst_reserve_gpus=int(state.get("burst_reserve_gpus") or 0), steps=(), model="reactive",
+        reason=f"reactive scale-out: {reason}",
+    )
+    result = scaler.apply(plan)
+    for name in decision.activate:
+        ledger.record_event(REACTIVE_SCALE_OUT, name, now=at, reason=reason, provider=result.provider,
+                            applied=result.applied, detail=result.detail)
+    return decision

@@ -15,13 +15,13 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpusched.alerts import Action, ActionKind, AlertConfig, evaluate
 from gpusched.errors import HardwareError, TelemetryError
 from gpusched.hardware.base import HardwareBackend
-from gpusched.model import DeviceSample
-from gpusched.prometheus import render_metrics
+from gpusched.model import DeviceSample, FleetSnapshot
+from gpusched.prometheus import TenantBudget, exposition, metric_families, scheduling_families
 from gpusched.remediation import TaskStopper, apply_actions
 
 if TYPE_CHECKING:
@@ -70,6 +70,8 @@ class TelemetryAgent:
         stopper: stops a task for ``stop_task`` actions (None: record only).
         inventory_every_s: how often the inventory (and reported health) is re-synced.
         retention_s: samples older than this are pruned (hourly).
+        scale_after_s: tasks waiting longer than this for capacity a standby node gives switch
+            that node on (:func:`gpusched.scaling.react_to_waiting`); None: never.
     """
 
     def __init__(
@@ -82,7 +84,9 @@ class TelemetryAgent:
         stopper: TaskStopper | None = None,
         inventory_every_s: float = 60.0,
         retention_s: float = 7 * 86400.0,
+        scale_after_s: float | None = None,
     ) -> None:
+        self.scale_after_s = scale_after_s
         self.backend = backend
         self.ledger = ledger
         self.config = config or AlertConfig()
@@ -94,7 +98,7 @@ class TelemetryAgent:
         self._synced_at = float("-inf")
         self._pruned_at = float("-inf")
         self._once: set[tuple[str, str, str]] = set()  # stop/notify already done: (kind, rule, target)
-        self._metrics = "# no cycle has run yet\n"
+        self._families: list[Any] = []  # prometheus_client metric families of the last cycle
         self.source = str(getattr(backend, "description", backend.name))
         self.host = socket.gethostname()
 
@@ -116,6 +120,19 @@ class TelemetryAgent:
             log.warning("gpusched agent: the lease of %s ran out; its devices are free again", key)
         if at - self._synced_at >= self.inventory_every_s:
             self.sync_inventory(at)
+        scaled: list[str] = []
+        if self.scale_after_s is not None:
+            from gpusched.scaling import react_to_waiting
+
+            try:
+                scaled = list(react_to_waiting(self.ledger, threshold_s=self.scale_after_s, now=at).reasons)
+            except Exception as exc:  # a scaler failure must not stop sampling and alerting
+                scaled = [f"reactive scale-out failed: {exc}"]
+            if scaled:
+                self.sync_inventory(at)  # activated nodes are usable at once
+        observe = getattr(self.backend, "observe_allocations", None)
+        if observe is not None:  # the simulated fleet: devices held by tasks look busy
+            observe(self.ledger.active())
         samples = sample_once(self.backend, self.ledger)
         own = {s.uuid for s in samples}
         window = [s for s in self.ledger.samples(None, at - self.window_s) if s.uuid in own]
@@ -131,9 +148,30 @@ class TelemetryAgent:
             self.ledger.prune_samples(at - self.retention_s)
             self._pruned_at = at
         after = self.ledger.snapshot(at) if actions else snapshot
-        self._metrics = render_metrics(samples, after, self.ledger.active() if actions else allocations,
-                                       counters=self.counters, source=self.source)
-        return CycleResult(at, tuple(samples), tuple(actions), tuple(applied), expired)
+        self._families = metric_families(samples, after, self.ledger.active() if actions else allocations,
+                                         counters=self.counters, source=self.source)
+        self._families += self._scheduling_families(after, at)
+        return CycleResult(at, tuple(samples), tuple(actions), tuple(scaled) + tuple(applied), expired)
+
+    def _scheduling_families(self, snapshot: FleetSnapshot, at: float) -> list[Any]:
+        """Queue waits and tenant budgets, read from the ledger (what the alert rules watch)."""
+        from gpusched.airflow import api_views
+        from gpusched.airflow.quota_file import load_quota_policy
+        from gpusched.quota import UNITS_PER_A100_HOUR
+
+        waiting_since: dict[str, float] = {}
+        for entry in self.ledger.queue():
+            partition = str(entry.request.partition)
+            waiting_since[partition] = min(entry.since, waiting_since.get(partition, entry.since))
+        policy = load_quota_policy()
+        start = api_views.period_start(at, policy.period_s)
+        usage = api_views.tenant_usage(self.ledger.history(start, at), snapshot, start, at)
+        budgets = []
+        for tenant in sorted(set(usage) | set(policy.budgets_hours)):
+            budget = policy.budget(tenant)
+            budgets.append(TenantBudget(tenant, usage.get(tenant, 0) / UNITS_PER_A100_HOUR,
+                                        None if budget is None else budget / UNITS_PER_A100_HOUR))
+        return scheduling_families(waiting_since, budgets, at)
 
     def _fresh(self, actions: Sequence[Action]) -> list[Action]:
         # Health and cordon actions are already skipped once in effect (the rules see the
@@ -148,6 +186,10 @@ class TelemetryAgent:
             fresh.append(action)
         return fresh
 
+    def metric_families(self) -> list[Any]:
+        """The metric families of the last cycle (what ``/metrics`` serves; no I/O here)."""
+        return list(self._families)
+
     def metrics_text(self) -> str:
-        """The Prometheus text of the last cycle (served by ``/metrics``; no I/O here)."""
-        return self._metrics
+        """The Prometheus text of the last cycle."""
+        return exposition(self.metric_families)

@@ -1,33 +1,9 @@
-"""The gpusched Airflow plugin: registers what gpusched.airflow provides.
+"""Plugins-folder shim: ``[core] plugins_folder = plugins/`` loads the gpusched plugin from here.
 
-Keep this file light: the plugin manager imports it in every Airflow process.
+An installed gpusched registers the same plugin through its ``airflow.plugins`` entry point; Airflow
+skips the second registration of a plugin name, so both ways may be active at once.
 """
 
-from __future__ import annotations
+from gpusched.airflow.plugin import GpuschedPlugin
 
-from typing import Any, ClassVar
-
-from airflow.plugins_manager import AirflowPlugin
-
-from gpusched.airflow import fault_listener as gpusched_fault_listener
-from gpusched.airflow import listener as gpusched_listener
-from gpusched.airflow.api import URL_PREFIX, LazyApp
-
-
-class GpuschedPlugin(AirflowPlugin):
-    """GPU-aware scheduling: the task listener that exports and releases assigned devices."""
-
-    name = "gpusched"
-    listeners: ClassVar[list[Any]] = [gpusched_listener, gpusched_fault_listener]
-    # Fleet / queue / quota / forecast API behind Airflow auth, and its page in the UI nav
-    # (Browse → GPU fleet). LazyApp: FastAPI is only loaded by the api-server that serves it.
-    fastapi_apps: ClassVar[list[Any]] = [{"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "gpusched"}]
-    external_views: ClassVar[list[Any]] = [
-        {
-            "name": "GPU fleet",
-            "href": f"{URL_PREFIX}/ui",
-            "destination": "nav",
-            "category": "browse",
-            "url_route": "gpusched",
-        }
-    ]
+__all__ = ["GpuschedPlugin"]

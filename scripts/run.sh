@@ -7,7 +7,9 @@
 # State lives in <repo>/.airflow (GPUSCHED_AIRFLOW_HOME to change), DAGs come from <repo>/dags
 # (GPUSCHED_DAGS_FOLDER to change). Without NVIDIA/AMD devices
 # the simulated fleet (include/fleets/default.yaml, or GPUSCHED_FLEET) stands in for hardware.
-# Ctrl-C / SIGTERM stop Airflow cleanly (running tasks finish first; a second signal is not needed).
+# Ctrl-C / SIGINT / SIGTERM stop Airflow cleanly (running tasks finish first; one signal is
+# enough), also when the script was started in the background (`scripts/run.sh &`), where a
+# non-interactive shell would otherwise leave SIGINT ignored.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,6 +34,9 @@ export AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT="${AIRFLOW__SCHEDULER__TASK_QUEUE
 # Each scheduling cycle's batch of waiting GPU tasks is re-planned by the genetic optimiser
 # within this many milliseconds (0 = greedy placement only).
 export AIRFLOW__GPUSCHED__REPLAN_BUDGET_MS="${AIRFLOW__GPUSCHED__REPLAN_BUDGET_MS:-100}"
+# Airflow's default parallelism (32) makes LocalExecutor keep up to 32 worker processes; size it
+# to the machine instead: four task slots per CPU core.
+export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-$(( $(nproc 2>/dev/null || echo 2) * 4 ))}"
 export PATH="$VENV/bin:$PATH"
 mkdir -p "$AIRFLOW_HOME"
 
@@ -40,12 +45,21 @@ if [[ ! -x "$VENV/bin/airflow" ]]; then
     exit 2
 fi
 
+# A background job of a non-interactive shell starts with SIGINT ignored, and bash cannot trap a
+# signal ignored on entry: re-run this script once with SIGINT at its default so `kill -INT`
+# (and Ctrl-C after `fg`) stops it like SIGTERM does.
+if [[ -z "${GPUSCHED_RUN_SIGINT_RESTORED:-}" ]]; then
+    export GPUSCHED_RUN_SIGINT_RESTORED=1
+    exec "$VENV/bin/python" -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
+        "$BASH" "${BASH_SOURCE[0]}" "$@"
+fi
+
 BACKEND="$("$VENV/bin/python" - <<'PY' 2>/dev/null || echo "unknown"
 import logging
 logging.disable(logging.WARNING)
 from gpusched.hardware.detect import detect_backend
 backend = detect_backend()
-print(backend.name + ("  (" + str(getattr(backend, "description", "")) + ")" if getattr(backend, "description", "") else ""))
+print(getattr(backend, "description", "") or backend.name)
 backend.close()
 PY
 )"
@@ -53,7 +67,7 @@ PY
 echo "gpusched: AIRFLOW_HOME=$AIRFLOW_HOME"
 echo "gpusched: executor gpusched.airflow.executor.GPUExecutor, DAGs from $DAGS_FOLDER"
 if [[ "$BACKEND" == simulated* ]]; then
-    echo "gpusched: no GPU found on this host -> using the SIMULATED fleet: $BACKEND"
+    echo "gpusched: no GPU found on this host -> using the $BACKEND"
 else
     echo "gpusched: hardware backend: $BACKEND"
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time set-up of a fresh Debian/Ubuntu machine for gpusched (run as root or with sudo).
 # Installs the system packages the tests use (Docker engine, busybox for locally built test
-# images, PostgreSQL), then a virtual environment in .venv pinned by constraints.txt.
+# images, PostgreSQL, Prometheus for the scrape test), then a virtual environment in .venv pinned by constraints.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,7 +11,7 @@ if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 if command -v apt-get >/dev/null 2>&1; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-        docker.io docker-compose busybox-static postgresql chromium >/dev/null
+        docker.io docker-compose busybox-static postgresql chromium prometheus >/dev/null
 fi
 
 PYTHON="${PYTHON:-python3.11}"

@@ -57,6 +57,29 @@ def e2e_gpu_wait():
 
 e2e_gpu_wait()
 """
+NEVER_DAG = "e2e_gpu_never_fits"
+NEVER_DAG_SOURCE = """
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import dag, task
+
+from gpusched.airflow.authoring import gpu
+
+
+@dag(dag_id="e2e_gpu_never_fits", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def e2e_gpu_never_fits():
+    # 64 NVLink-connected GPUs: the largest island of the default fleet has 8.
+    @task(task_id="huge", **gpu(gpus=64, vendor="nvidia", interconnect="island"))
+    def huge() -> None:
+        raise AssertionError("must never start")
+
+    huge()
+
+
+e2e_gpu_never_fits()
+"""
 GPU_TASKS = {
     "example_multi_gpu_nvlink_training": ("train_resnet50",),
     "example_fractional_finetune": ("finetune_sentiment", "finetune_ner"),
@@ -144,6 +167,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     for dag_id in DAGS:
         shutil.copy(REPO / "dags" / f"{dag_id}.py", dags)
     (dags / f"{WAIT_DAG}.py").write_text(WAIT_DAG_SOURCE)
+    (dags / f"{NEVER_DAG}.py").write_text(NEVER_DAG_SOURCE)
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
     env.update({
@@ -190,7 +214,7 @@ def _healthy(airflow: Airflow) -> bool:
 
 def _dags_loaded(airflow: Airflow) -> bool:
     found = {d["dag_id"] for d in airflow.api("GET", "/dags", params={"limit": 100})["dags"]}
-    return {*DAGS, WAIT_DAG} <= found
+    return {*DAGS, WAIT_DAG, NEVER_DAG} <= found
 
 
 def _log_text(airflow: Airflow, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
@@ -298,6 +322,42 @@ def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
                         runs["example_multi_gpu_nvlink_training"], "report",
                         tis[("example_multi_gpu_nvlink_training", "report")]["try_number"])
     assert "final loss" in cpu_log
+
+
+def test_never_fitting_task_says_why_in_its_log_and_the_event_log(airflow: Airflow) -> None:
+    """Before: the Logs tab showed only 'Could not read served logs', the event log had no
+    gpusched.unschedulable row, and the fault chain retried it as an 'unknown failure'."""
+    from gpusched.ledger import Ledger
+
+    if not airflow.token:  # run on its own
+        _wait("the api-server, scheduler and dag-processor", lambda: _healthy(airflow), 240, airflow)
+        airflow.token = _wait("a login token", lambda: _login(airflow), 60, airflow)
+        _wait("the DAGs to be parsed", lambda: _dags_loaded(airflow), 120, airflow)
+    airflow.api("PATCH", f"/dags/{NEVER_DAG}", json={"is_paused": False})
+    run_id = airflow.api("POST", f"/dags/{NEVER_DAG}/dagRuns", json={"logical_date": None})["dag_run_id"]
+    _wait("the never-fitting run to fail", lambda: airflow.api(
+        "GET", f"/dags/{NEVER_DAG}/dagRuns/{run_id}")["state"] == "failed", 240, airflow, interval=2)
+    ti = airflow.api("GET", f"/dags/{NEVER_DAG}/dagRuns/{run_id}/taskInstances/huge")
+    assert ti["state"] == "failed" and ti["try_number"] == 1, ti
+    text = _log_text(airflow, NEVER_DAG, run_id, "huge", 1)
+    assert "can never fit this fleet" in text and "largest" in text, text[-3000:]
+
+    def logged() -> list[dict[str, Any]]:
+        rows = airflow.api("GET", "/eventLogs", params={
+            "dag_id": NEVER_DAG, "task_id": "huge", "event": "gpusched.unschedulable"})["event_logs"]
+        return list(rows)
+
+    rows = _wait("the gpusched.unschedulable event log row", logged, 60, airflow)
+    assert "can never fit this fleet" in (rows[0]["extra"] or ""), rows
+    ledger = Ledger(f"sqlite:///{airflow.home / 'gpusched' / 'ledger.db'}")
+    try:
+        key = ti_key(NEVER_DAG, "huge", run_id, 1)
+        handled = _wait("the fault chain to handle it", lambda: [
+            e for e in ledger.events(200, kinds=["failure_handled"]) if e.subject == key], 60, airflow)
+        assert handled[0].detail["failure_kind"] == "unschedulable" and handled[0].detail["retry"] is False
+        assert not [e for e in ledger.events(200, kinds=["scale_out_request"]) if e.subject == key]
+    finally:
+        ledger.close()
 
 
 def test_sigint_stops_airflow_cleanly(airflow: Airflow) -> None:

@@ -99,17 +99,26 @@ def test_gpu_workload_dispatched_with_env_and_released_on_completion(executor: A
 def test_waits_with_reason_then_runs_when_devices_free(executor: Any) -> None:
     from airflow.utils.state import TaskInstanceState
 
+    from gpusched.airflow.fault_listener import read_log_tail
+
     need = {"gpus": 8, "models": ["H100-SXM-80GB"], "interconnect": "island"}
     first, second = _workload("first", need), _workload("second", need)
+    waits = "gpusched: waiting for GPUs"
+    before = {w.task_id: read_log_tail(w.key).count(waits) for w in (first.ti, second.ti)}
     _submit(executor, first, second)
     assert len(_drain(executor)) == 1
     waiting = [w for w in (first, second) if w.key in executor.queued_tasks]
     assert len(waiting) == 1
     (entry,) = executor.ledger.queue()
     assert entry.key == _key(waiting[0]) and entry.reason
+    # The reason is readable from the task itself: its try log (Logs tab), written once.
+    shown = read_log_tail(waiting[0].key)
+    said = shown.count(waits)
+    assert said - before[waiting[0].ti.task_id] == 1 and f"waiting for GPUs: {entry.reason}" in shown
 
     executor.trigger_tasks(executor.parallelism)  # still full: stays queued, nothing sent
     assert _drain(executor) == [] and waiting[0].key in executor.queued_tasks
+    assert read_log_tail(waiting[0].key).count(waits) == said
 
     running = first if waiting[0] is second else second
     executor.change_state(running.key, TaskInstanceState.FAILED)  # a failed task frees its devices too
@@ -213,3 +222,40 @@ def test_fault_chain_override_and_refusal_are_obeyed(executor: Any) -> None:
     state, info = executor.event_buffer[broken.key]
     assert state == TaskInstanceState.FAILED and "KeyError" in info
     assert executor.ledger.get(_key(broken)) is None
+
+
+def test_never_fitting_reason_reaches_the_task_log_and_the_fault_chain_does_not_retry(
+    executor: Any,
+) -> None:
+    """The Logs tab of a try the executor failed shows the reason in plain words, and the fault
+    chain reading that log classifies it as unschedulable: no retry, no scale-out request."""
+    from airflow.configuration import conf
+
+    from gpusched.airflow.fault_listener import read_log_tail
+    from gpusched.airflow.task_log import task_log_path
+    from gpusched.failures import FailureRecord
+    from gpusched.recovery import FailureKind
+    from gpusched.remediation import handle_failure
+
+    huge = _workload("huge", {"gpus": 64, "vendor": "nvidia", "interconnect": "island"})
+    _submit(executor, huge)
+    path = task_log_path(huge.key, conf.get("logging", "base_log_folder"))
+    assert path is not None and path.is_file()
+    shown = read_log_tail(huge.key)
+    assert "can never fit this fleet" in shown and "largest" in shown, shown
+    events = executor.ledger.events(5, kinds=["unschedulable"])
+    assert events and events[0].subject == _key(huge) and "largest" in events[0].detail["reason"]
+    from airflow.models.log import Log
+    from airflow.utils.session import create_session
+
+    with create_session() as session:  # what /api/v2/eventLogs serves
+        rows = session.query(Log).filter(Log.event == "gpusched.unschedulable", Log.task_id == "huge").all()
+        assert any("can never fit this fleet: needs 64" in (r.extra or "") for r in rows), rows
+
+    record = FailureRecord(key=_key(huge), devices=(), log_tail=shown, at=time.time(), dag_id="d",
+                           task_id="huge", run_id="manual__1", try_number=1,
+                           request=GPURequest.build(gpus=64, vendor="nvidia", interconnect="island"))
+    handled = handle_failure(executor.ledger, record)
+    assert handled.classification.kind is FailureKind.UNSCHEDULABLE
+    assert handled.remedy.retry is False and handled.remedy.scale_out is None
+    assert not executor.ledger.events(5, kinds=["scale_out_request"])

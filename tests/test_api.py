@@ -211,6 +211,23 @@ def test_plugin_registers_the_lazy_app_and_the_nav_view(ledger: Ledger) -> None:
         assert lazy.get("/fleet").status_code == 401
 
 
+def test_queue_rows_link_to_the_airflow_task_instance() -> None:
+    """Before: the fleet page showed the raw ledger key of a waiting task."""
+    from gpusched.airflow.api_views import queue_view
+    from gpusched.airflow.keys import ti_key
+    from gpusched.ledger.records import QueueEntry
+    from gpusched.request import GPURequest
+
+    key = ti_key("train dag", "fit", "manual__2026-01-01T00:00:00+00:00", 2, 3)
+    rows = queue_view([QueueEntry(key, GPURequest.build(gpus=8), "8 on standby nodes", 100.0, 150.0),
+                       QueueEntry("bench-7", GPURequest.build(gpus=1), "busy", 120.0, 150.0)], 200.0)
+    task = rows[0]["task"]
+    run = "manual__2026-01-01T00%3A00%3A00%2B00%3A00"
+    assert task["url"] == f"/dags/train%20dag/runs/{run}/tasks/fit/mapped/3"
+    assert task["label"].startswith("train dag › fit [3]") and "try 2" in task["label"]
+    assert rows[1]["task"] is None and rows[1]["key"] == "bench-7"
+
+
 def test_page_carries_security_headers_and_runs_only_its_own_script(client: Any) -> None:
     import base64
     import hashlib

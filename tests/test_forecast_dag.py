@@ -99,3 +99,23 @@ def test_capacity_forecast_dag_reads_the_ledger_and_records_a_forecast_event() -
     assert events and len(events[0].detail["mean"]) == 24
     plan = json.loads((home / "gpusched" / "scaling.json").read_text())["last_plan"]
     assert plan["active_gpus"] == 24  # the standby node is not active capacity
+
+
+@pytest.mark.airflow
+@pytest.mark.slow
+def test_capacity_forecast_dag_on_an_empty_ledger_skips_with_the_reason() -> None:
+    """A fresh install: no allocations yet. The run succeeds, forecast and prescale are skipped,
+    and the fleet page's forecast panel says why instead of 'no forecast yet'."""
+    from gpusched.airflow.api import load_forecast
+    from gpusched.ledger import Ledger
+
+    home = Path(os.environ["AIRFLOW_HOME"])  # the ledger lives under it, for both processes
+    outcome = _run_dag(home, GPUSCHED_DEMAND_SOURCE="ledger", GPUSCHED_FORECAST_MODELS="")
+    tasks = outcome["tasks"]
+    assert outcome["state"] == "success", outcome
+    assert isinstance(tasks, dict)
+    assert tasks["load_history"] == tasks["validate"] == "success"
+    assert tasks["select_model"] == tasks["forecast"] == tasks["prescale"] == "skipped"
+    shown = load_forecast(Ledger())
+    assert shown["available"] is False
+    assert "insufficient data: no GPU demand recorded" in shown["note"], shown

@@ -88,3 +88,26 @@ def test_forecast_demand_and_plot(tmp_path: Path) -> None:
     assert fc.model == result.chosen and len(fc.mean) == 12
     png = plot_forecast(series, fc, tmp_path / "out" / "fc.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_history_shortfall_says_why_a_new_fleet_cannot_be_forecast() -> None:
+    from gpusched.forecast import DemandSeries, history_shortfall, since_first_demand
+
+    idle = DemandSeries(0.0, 3600, (0.0,) * (28 * 24), 40.0)
+    assert "no GPU demand recorded" in (history_shortfall(idle) or "")
+    young = DemandSeries(0.0, 3600, (0.0,) * 600 + (1.0,) * 50, 40.0)
+    assert "50 h of demand history, the forecast needs 96 h" in (history_shortfall(young) or "")
+    assert len(since_first_demand(young)) == 50
+    grown = DemandSeries(0.0, 3600, (0.0,) * 10 + (1.0, 2.0) * 60, 40.0)
+    assert history_shortfall(grown) is None
+
+
+def test_backtest_of_a_flat_series_is_json_compliant() -> None:
+    import json
+
+    from gpusched.forecast import DemandSeries, backtest
+
+    flat = DemandSeries(0.0, 3600, (0.0,) * (5 * 24), 40.0)
+    data = backtest(flat, ("seasonal_naive",), origins=1).to_dict()
+    json.dumps(data, allow_nan=False)  # raises on inf/NaN, as Airflow's XCom push does
+    assert data["scores"][0]["relative_mase"] is None

@@ -151,3 +151,25 @@ def test_scaler_from_spec(monkeypatch: pytest.MonkeyPatch) -> None:
         scaler_from_spec("ftp:somewhere")
     with pytest.raises(ConfigurationError, match="http"):
         WebhookScaler("127.0.0.1:9")
+
+
+def test_standby_for_waiting_serves_only_tasks_a_standby_node_helps() -> None:
+    from dataclasses import replace as _replace
+
+    from gpusched.model import FleetSnapshot
+    from gpusched.placement.synthetic import synthetic_fleet
+    from gpusched.prescale import WaitingTask, standby_for_waiting
+    from gpusched.request import GPURequest
+
+    nodes = list(synthetic_fleet(3, used_fraction=0.0).nodes)
+    nodes[2] = _replace(nodes[2], standby=True)
+    fleet = FleetSnapshot(tuple(nodes), source="test")
+    per_node = len(nodes[0].devices)
+    fits_now = WaitingTask("small", GPURequest.build(gpus=1), 0.0)  # waits for a budget, not GPUs
+    spread = {"gang": True, "interconnect": "any"}
+    too_big = WaitingTask("huge", GPURequest.build(gpus=per_node * 5, **spread), 0.0)  # no node helps
+    needs_standby = WaitingTask("wide", GPURequest.build(gpus=per_node * 3, **spread), 0.0)
+    decision = standby_for_waiting([fits_now, too_big, needs_standby], fleet, now=600.0, threshold_s=300.0)
+    assert decision.activate == (nodes[2].name,)
+    assert len(decision.reasons) == 1 and decision.reasons[0].startswith("wide waited 10 min")
+    assert standby_for_waiting([needs_standby], fleet, now=100.0, threshold_s=300.0).activate == ()

@@ -97,7 +97,7 @@ def test_unknown_model_error_lists_known_and_fix() -> None:
 
 
 def test_duplicate_alias_is_rejected(tmp_path: Path) -> None:
-    raw = json.loads((Path(__file__).parents[1] / "include/catalog/accelerators.json").read_text())
+    raw = json.loads((Path(__file__).parents[1] / "gpusched/include/catalog/accelerators.json").read_text())
     raw["models"][1]["aliases"].append("H100")  # H200 claiming H100's alias
     path = tmp_path / "cat.json"
     path.write_text(json.dumps(raw))

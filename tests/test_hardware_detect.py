@@ -17,7 +17,7 @@ from gpusched.hardware import detect
 from gpusched.hardware.simulated import SimulatedBackend
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ROOT / "include" / "fleets" / "small.yaml"
+SMALL = ROOT / "gpusched" / "include" / "fleets" / "small.yaml"
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,8 @@ from gpusched.hardware.fleetfile import load_fleet, parse_fleet
 from gpusched.model import FleetSnapshot
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT / "include" / "fleets" / "default.yaml"
-SMALL = ROOT / "include" / "fleets" / "small.yaml"
+DEFAULT = ROOT / "gpusched" / "include" / "fleets" / "default.yaml"
+SMALL = ROOT / "gpusched" / "include" / "fleets" / "small.yaml"
 GIB = 2**30
 
 

@@ -15,7 +15,7 @@ from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
 from gpusched.model import Health
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ROOT / "include" / "fleets" / "small.yaml"
+SMALL = ROOT / "gpusched" / "include" / "fleets" / "small.yaml"
 A100 = "GPU-sim-n1-0"
 T4 = "GPU-sim-n2-1"
 

@@ -197,3 +197,15 @@ def test_shortage_after_cordon_asks_to_activate_the_standby_node(fleet: FleetSna
     assert remedy.scale_out == request and remedy.activate == ("a-h100-2",)
     cordoned = fleet.with_device(replace(fleet.device(devices[3]), cordoned=True))
     assert not fits_fleet(request, cordoned, empty=True)
+
+
+def test_a_request_that_can_never_fit_is_not_retried_nor_scaled_out(fleet: FleetSnapshot) -> None:
+    """Before: 'unknown failure; retrying once unchanged' plus a 64-device scale-out request."""
+    log = ("Could not read served logs: Hostname not available for worker\n"
+           "gpusched: not started, can never fit this fleet: needs 64 NVLink-connected GPUs; "
+           "the largest island has 8")
+    verdict = classify_failure(log)
+    assert verdict.kind is FailureKind.UNSCHEDULABLE and "largest island has 8" in verdict.evidence[0]
+    remedy = choose_remedy(verdict, GPURequest.build(gpus=64, interconnect="island"), [], fleet)
+    assert not remedy.retry and remedy.scale_out is None and remedy.activate == ()
+    assert "not retrying" in remedy.reason and "largest island has 8" in remedy.reason

@@ -79,7 +79,7 @@ def test_memory_leak_stops_the_task_process_holding_the_device() -> None:
             assert handled.subject == key and handled.detail["failure_kind"] == "code_error"
             assert handled.detail["retry"] is False and pending_failures(ledger) == []
             metrics = agent.metrics_text()
-            assert 'gpusched_alert_actions_total{rule="memory_growth",action="stop_task"} 1' in metrics
+            assert 'gpusched_alert_actions_total{action="stop_task",rule="memory_growth"} 1.0' in metrics
             assert f'UUID="{device.uuid}"' in metrics
             # The next cycle does not try again (the stop is done once per allocation).
             assert agent.cycle(now + 10).actions == ()
@@ -121,3 +121,56 @@ def test_pid_stopper_kills_a_task_that_ignores_sigterm() -> None:
     finally:
         stubborn.kill()
         stubborn.wait()
+
+
+def test_simulated_devices_held_by_tasks_look_busy_and_idle_again_after_release() -> None:
+    """Before: every simulated sample read 0 % utilisation, so the fleet page's bars stayed empty."""
+    backend = SimulatedBackend()
+    whole, half = backend.discover()[0].devices[:2]
+    now = time.time()
+    with Ledger() as ledger:
+        ledger.migrate()
+        ledger.sync_inventory(backend.discover(), source="simulated")
+        ledger.allocate("job-whole", GPURequest.build(gpus=1),
+                        [DeviceShare(whole.uuid, whole.node, whole.index, 1000, whole.memory_bytes)],
+                        holder="test", now=now)
+        ledger.allocate("job-half", GPURequest.build(gpus=0.5, memory=8 * GIB),
+                        [DeviceShare(half.uuid, half.node, half.index, 500, 8 * GIB)], holder="test", now=now)
+        agent = TelemetryAgent(backend, ledger)
+        readings = {s.uuid: s for s in agent.cycle(now).samples}
+        assert 80 <= readings[whole.uuid].utilization_pct <= 90
+        assert readings[whole.uuid].memory_used_bytes == int(whole.memory_bytes * 0.9)
+        assert 38 <= readings[half.uuid].utilization_pct <= 46
+        assert readings[half.uuid].memory_used_bytes == int(8 * GIB * 0.9)
+        idle = [s for u, s in readings.items() if u not in (whole.uuid, half.uuid)]
+        assert idle and all(s.utilization_pct == 0 for s in idle)
+        ledger.release("job-whole", reason="done")
+        readings = {s.uuid: s for s in agent.cycle(now + 10).samples}
+        assert readings[whole.uuid].utilization_pct == 0
+
+
+def test_tasks_waiting_for_standby_capacity_switch_the_node_on_in_the_agent_cycle() -> None:
+    """Before: tasks waiting for 8 H100s showed '8 on standby nodes' and nothing switched it on."""
+    from gpusched.scaling import LocalFleetScaler
+
+    backend = SimulatedBackend()
+    h100 = next(n for n in backend.discover() if n.name == "a-h100-1")
+    now = time.time()
+    with Ledger() as ledger:
+        ledger.migrate()
+        ledger.sync_inventory(backend.discover(), source="simulated")
+        ledger.allocate("busy", GPURequest.build(gpus=8, model="H100-SXM-80GB"),
+                        [DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes) for d in h100.devices],
+                        holder="test", now=now - 3600, lease_s=10**7)
+        want = GPURequest.build(gpus=8, model="H100-SXM-80GB", interconnect="same_node")
+        ledger.record_queue("airflow/train/fit/-1/1/manual__1", want, "8 on standby nodes", now - 200)
+        agent = TelemetryAgent(backend, ledger, scale_after_s=300.0)
+        assert agent.cycle(now).applied == ()  # 200 s < 300 s: not yet
+        assert "a-h100-2" not in LocalFleetScaler().state()["active_standby"]
+        result = agent.cycle(now + 120)
+        assert any("standby node a-h100-2" in line and "waited 5 min" in line for line in result.applied)
+        assert LocalFleetScaler().state()["active_standby"] == ["a-h100-2"]
+        assert not ledger.snapshot(now + 120).node("a-h100-2").standby  # usable at once
+        event = ledger.events(5, kinds=["scale_out_reactive"])[0]
+        assert event.subject == "a-h100-2" and "airflow/train/fit" in event.detail["reason"]
+        assert agent.cycle(now + 130).applied == ()  # fits now: nothing more to switch on

@@ -9,7 +9,7 @@ import urllib.request
 from gpusched.catalog import Vendor
 from gpusched.ledger import Allocation
 from gpusched.model import Device, DeviceSample, DeviceShare, FleetSnapshot, Health, Node
-from gpusched.prometheus import CONTENT_TYPE, MetricsServer, render_metrics
+from gpusched.prometheus import CONTENT_TYPE, MetricsServer, metric_families, render_metrics
 from gpusched.request import GPURequest
 
 GIB = 2**30
@@ -83,18 +83,19 @@ def test_dcgm_metrics_have_dcgm_names_labels_and_units() -> None:
     assert families["gpusched_fleet_info"] == [({"source": "simulated"}, 1)]
 
 
-def test_metrics_server_serves_the_text_on_loopback() -> None:
-    server = MetricsServer(lambda: render_metrics([], _fleet()), port=0)
+def test_metrics_server_serves_the_library_exposition_on_loopback() -> None:
+    server = MetricsServer(lambda: metric_families([], _fleet()), port=0)
     server.start()
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as response:
             assert response.headers["Content-Type"] == CONTENT_TYPE
             families = parse_exposition(response.read().decode())
         assert "DCGM_FI_DEV_GPU_TEMP" in families and families["gpusched_allocations"] == [({}, 0.0)]
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/other", timeout=5)
-            raise AssertionError("an unknown path must be 404")
-        except urllib.error.HTTPError as exc:
-            assert exc.code == 404
+        # prometheus_client's server negotiates the format: OpenMetrics for a scraper that asks.
+        wants = urllib.request.Request(f"http://127.0.0.1:{server.port}/metrics",
+                                       headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        with urllib.request.urlopen(wants, timeout=5) as response:
+            assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+            assert response.read().decode().rstrip().endswith("# EOF")
     finally:
         server.stop()

@@ -47,8 +47,14 @@ SAMPLE_WINDOW_S = 300
 
 
 def load_forecast(ledger: Ledger) -> dict[str, Any]:
-    """The newest demand forecast, or ``{"available": False, "note": …}`` when there is none."""
-    events = ledger.events(1, kinds=["forecast"])
+    """The newest demand forecast, or ``{"available": False, "note": …}`` when there is none.
+
+    When the forecast DAG's newest run was skipped for lack of history, the note gives its reason.
+    """
+    events = ledger.events(1, kinds=["forecast", "forecast_skipped"])
+    if events and events[0].kind == "forecast_skipped":
+        return {"available": False, "at": events[0].at,
+                "note": f"no forecast yet: {events[0].detail.get('reason', 'the last run was skipped')}"}
     if events and events[0].detail.get("mean") is not None:
         return {"available": True, "at": events[0].at, "origin": "ledger", "forecast": dict(events[0].detail)}
     path = Path(os.environ.get("GPUSCHED_FORECAST_FILE") or state_dir() / "forecast.json")

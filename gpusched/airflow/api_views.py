@@ -181,11 +181,33 @@ def allocations_view(allocations: Sequence[Allocation], now: float) -> list[dict
     return rows
 
 
+def task_link(key: str) -> dict[str, Any] | None:
+    """The Airflow task instance a ledger key names, with its page in the Airflow UI (a path
+    under the UI's root), or None for keys that are not Airflow task tries."""
+    from urllib.parse import quote
+
+    from gpusched.airflow.keys import parse_ti_key
+
+    parts = parse_ti_key(key)
+    if parts is None:
+        return None
+    path = "/dags/{}/runs/{}/tasks/{}".format(*(quote(x, safe="") for x in
+                                                (parts.dag_id, parts.run_id, parts.task_id)))
+    if parts.map_index >= 0:
+        path += f"/mapped/{parts.map_index}"
+    label = f"{parts.dag_id} › {parts.task_id}" + (f" [{parts.map_index}]" if parts.map_index >= 0 else "")
+    return {"dag_id": parts.dag_id, "task_id": parts.task_id, "run_id": parts.run_id,
+            "try_number": parts.try_number, "map_index": parts.map_index,
+            "label": f"{label} (run {parts.run_id}, try {parts.try_number})", "url": path}
+
+
 def queue_view(entries: Sequence[QueueEntry], now: float) -> list[dict[str, Any]]:
-    """Waiting tasks, longest-waiting first, each with the placement's reason."""
+    """Waiting tasks, longest-waiting first, each with the placement's reason and, for Airflow
+    tasks, a link to the task instance (``task``)."""
     return [
         {
             "key": e.key,
+            "task": task_link(e.key),
             "summary": describe_request(e.request),
             "request": e.request.to_dict(),
             "priority": e.request.priority,

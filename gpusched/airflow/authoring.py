@@ -16,12 +16,12 @@ Airflow Pools page shows GPU capacity per partition.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpusched.errors import GPURequestError
 from gpusched.request import REQUEST_KEYS, GPURequest
+from gpusched.settings import env_bool
 
 __all__ = [
     "CONFIG_KEY",
@@ -41,9 +41,6 @@ POOL_PREFIX = "gpu_"
 
 POOL_SYNC_VAR = "GPUSCHED_POOL_SYNC"
 """Environment switch: when true, :func:`gpu` also assigns the partition's Airflow pool."""
-
-_TRUE = {"1", "true", "yes", "on"}
-
 
 def partition_pool(partition: str) -> str:
     """The Airflow pool name of a capacity partition (``"training"`` → ``"gpu_training"``)."""
@@ -68,7 +65,7 @@ def gpu(*, pool_sync: bool | None = None, **request_kwargs: Any) -> dict[str, An
     request = GPURequest.build(**request_kwargs)
     kwargs: dict[str, Any] = {"executor_config": {CONFIG_KEY: request.to_dict()}}
     if pool_sync is None:
-        pool_sync = os.environ.get(POOL_SYNC_VAR, "").strip().lower() in _TRUE
+        pool_sync = env_bool(POOL_SYNC_VAR)
     if pool_sync:
         kwargs["pool"] = partition_pool(str(request.partition))
         kwargs["pool_slots"] = request.count

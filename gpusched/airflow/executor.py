@@ -18,7 +18,9 @@ The executor never waits on the ledger longer than ``ledger_wait_seconds``: a wr
 a transaction makes the GPU part of a heartbeat give up (workloads stay queued) instead of
 stalling the scheduler loop, and the ledger is left alone for that long before the next try.
 
-Settings (``[gpusched]`` section, or ``AIRFLOW__GPUSCHED__<NAME>``): ``policy`` (gpusched,
+Settings (``[gpusched]`` section of the executor's team-scoped config, or
+``AIRFLOW__GPUSCHED__<NAME>``; declared with types and defaults in :mod:`gpusched.settings`):
+``policy`` (gpusched,
 first-fit, best-fit, random), ``lease_seconds`` (600), ``fail_unschedulable`` (True: a request
 that can never fit this fleet fails at once instead of waiting), ``visible_devices_by_uuid``
 (False), ``sync_inventory_on_start`` (True: discover the hardware or simulated fleet on start),
@@ -32,18 +34,19 @@ wait this long for the execution API to answer before dispatching anything; 0 = 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any
 
 from airflow.executors.local_executor import LocalExecutor
 
+from gpusched import settings
 from gpusched.airflow.authoring import request_from_executor_config
 from gpusched.airflow.dispatch import run_gpu_worker
 from gpusched.airflow.gpu_cycle import Hold, Launch, PendingWork, decide, running_tasks
 from gpusched.airflow.keys import ti_key_of
 from gpusched.airflow.orphans import reconcile_holder, task_state
+from gpusched.airflow.task_log import append_task_log
 from gpusched.errors import AllocationConflictError, GPURequestError, GpuschedError, LedgerUnavailableError
 from gpusched.failures import load_overrides
 from gpusched.placement.genetic import parse_weights
@@ -58,29 +61,19 @@ __all__ = ["GPUExecutor"]
 _NOT_FINISHED = frozenset({"running", "queued", "scheduled", "restarting", "deferred"})
 
 
-def _conf(name: str, fallback: str) -> str:
-    from airflow.configuration import conf
-
-    return str(conf.get("gpusched", name, fallback=fallback))
-
-
-def _conf_bool(name: str, fallback: bool) -> bool:
-    return _conf(name, str(fallback)).strip().lower() in {"1", "true", "yes", "on"}
-
-
 class GPUExecutor(LocalExecutor):
     """LocalExecutor plus GPU placement, allocation, per-task device environment and release."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.holder = f"GPUExecutor@{socket.gethostname()}" + (f"/{self.team_name}" if self.team_name else "")
-        self.lease_s = int(_conf("lease_seconds", "600"))
-        self.fail_unschedulable = _conf_bool("fail_unschedulable", True)
-        self.use_uuids = _conf_bool("visible_devices_by_uuid", False)
+        self.lease_s = settings.get_int("lease_seconds", self.conf)
+        self.fail_unschedulable = settings.get_bool("fail_unschedulable", self.conf)
+        self.use_uuids = settings.get_bool("visible_devices_by_uuid", self.conf)
         # Genetic re-planning of each cycle's batch (0 = greedy only), and its objective weights.
-        self.replan_budget_ms = float(_conf("replan_budget_ms", "0"))
+        self.replan_budget_ms = settings.get_float("replan_budget_ms", self.conf)
         self.replan_weights = parse_weights(
-            _conf("replan_weights", "1,1,0.1"), where="[gpusched] replan_weights"
+            settings.get_str("replan_weights", self.conf), where="[gpusched] replan_weights"
         )
         self._ledger: Ledger | None = None
         self._policy: Policy | None = None
@@ -93,13 +86,13 @@ class GPUExecutor(LocalExecutor):
         self._last_renew = 0.0
         self._last_pool_check = 0.0
         self._last_reconcile = 0.0
-        self.ledger_wait_s = float(_conf("ledger_wait_seconds", "5"))
-        self.reconcile_s = float(_conf("reconcile_seconds", "5"))
+        self.ledger_wait_s = settings.get_float("ledger_wait_seconds", self.conf)
+        self.reconcile_s = settings.get_float("reconcile_seconds", self.conf)
         self._ledger_down_until = 0.0  # monotonic time before which the ledger is left alone
         self._process: Any = None  # this executor as a HolderProcess (set on start)
-        pool_default = os.environ.get("GPUSCHED_POOL_SYNC", "").strip().lower() in {"1", "true", "yes", "on"}
+        pool_default = settings.env_bool("GPUSCHED_POOL_SYNC")
         self._pool_syncer: Any = None
-        if _conf_bool("pool_sync", pool_default):
+        if settings.get_bool("pool_sync", self.conf, empty=pool_default):
             from gpusched.airflow.pool_sync import PoolSyncer
 
             self._pool_syncer = PoolSyncer()
@@ -114,7 +107,7 @@ class GPUExecutor(LocalExecutor):
         self._process = current_process("executor")
         ledger = self.ledger
         ledger.migrate()
-        if _conf_bool("sync_inventory_on_start", True):
+        if settings.get_bool("sync_inventory_on_start", self.conf):
             from gpusched.hardware.detect import detect_backend
 
             backend = detect_backend()
@@ -129,7 +122,7 @@ class GPUExecutor(LocalExecutor):
     def _wait_for_execution_api(self) -> None:
         # `airflow standalone` starts the scheduler and the api-server together; a task
         # dispatched before the execution API listens fails at once (connection refused).
-        timeout = float(_conf("wait_for_api_seconds", "90"))
+        timeout = settings.get_float("wait_for_api_seconds", self.conf)
         if timeout <= 0:
             return
         import httpx
@@ -162,7 +155,7 @@ class GPUExecutor(LocalExecutor):
         if self._policy is None:
             from gpusched.placement import Policy
 
-            self._policy = Policy.named(_conf("policy", "gpusched"))
+            self._policy = Policy.named(settings.get_str("policy", self.conf))
         return self._policy
 
     def reconcile(self) -> list[str]:
@@ -332,6 +325,23 @@ class GPUExecutor(LocalExecutor):
         assert request is not None
         self.ledger.record_queue(hold.key, request, hold.reason, now)
         self.log.info("gpusched: %s waits: %s", hold.key, hold.reason)
+        append_task_log(workload.key, f"gpusched: waiting for GPUs: {hold.reason}", level="info")
+
+    def log_task_event(self, *, event: str, extra: str, ti_key: Any) -> None:
+        """Write the event-log row (``/api/v2/eventLogs``, the Audit Log) now, in its own session.
+
+        BaseExecutor only queues the row for the scheduler's batched flush, which in Airflow
+        3.3.2 lost our rows ("NOT NULL constraint failed: log.event" for the whole batch).
+        """
+        try:
+            from airflow.models.log import Log
+            from airflow.utils.session import create_session
+
+            with create_session() as session:
+                session.add(Log(event=event, task_instance=ti_key, extra=extra))
+        except Exception:
+            self.log.exception("gpusched: could not write the %s event log row; queueing it", event)
+            super().log_task_event(event=event, extra=extra, ti_key=ti_key)
 
     def _reject(self, workload: Any, key: str, reason: str) -> None:
         self.queued_tasks.pop(workload.key, None)
@@ -340,6 +350,9 @@ class GPUExecutor(LocalExecutor):
         self._queue_reason.pop(key, None)
         self._safe(lambda: self.ledger.clear_queue(key))
         self.log.error("gpusched: failing %s: %s", key, reason)
+        # Where users look: the try's log (Logs tab, task-log API) and the ledger's events.
+        append_task_log(workload.key, f"gpusched: not started, {reason}")
+        self._safe(lambda: self.ledger.record_event("unschedulable", key, reason=reason))
         self.log_task_event(event="gpusched.unschedulable", extra=reason, ti_key=workload.key)
         self.fail(workload.key, info=reason)
 

@@ -22,7 +22,6 @@ import os
 import socket
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 from airflow.listeners import hookimpl
@@ -56,19 +55,11 @@ def read_log_tail(task_instance: Any, base_folder: str | None = None) -> str:
 
     Airflow 3 writes JSON lines; their ``event`` text is returned, one per line.
     """
-    if base_folder is None:
-        try:
-            from airflow.configuration import conf
+    from gpusched.airflow.task_log import task_log_path
 
-            base_folder = conf.get("logging", "base_log_folder")
-        except Exception:
-            return ""
-    map_index = getattr(task_instance, "map_index", -1)
-    path = Path(base_folder) / f"dag_id={task_instance.dag_id}" / f"run_id={task_instance.run_id}" \
-        / f"task_id={task_instance.task_id}"
-    if map_index is not None and map_index >= 0:
-        path = path / f"map_index={map_index}"
-    path = path / f"attempt={task_instance.try_number}.log"
+    path = task_log_path(task_instance, base_folder)
+    if path is None:
+        return ""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -164,13 +155,14 @@ def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any)
         from gpusched.failures import record_failure
         from gpusched.ledger import Ledger
         from gpusched.remediation import PidRegistry, handle_failure
+        from gpusched.settings import env_bool
 
         PidRegistry().unregister(ti_key_of(task_instance))
         ledger = Ledger()
         try:
             record = build_failure_record(task_instance, error, ledger)
             record_failure(ledger, record)
-            if os.environ.get("GPUSCHED_RECOVERY_INLINE", "1") != "0":
+            if env_bool("GPUSCHED_RECOVERY_INLINE", True):
                 handled = handle_failure(ledger, record)
                 _log.warning(
                     "gpusched: %s failed: %s (%s); %s", record.key, handled.classification.kind,

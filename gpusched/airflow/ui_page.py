@@ -82,7 +82,7 @@ code { font-size: 12px; }
 <table id="allocs"><thead><tr><th>Task</th><th>Devices</th><th>Request</th><th>Running</th></tr></thead><tbody></tbody></table>
 <div class="cols">
  <div><h2>Partitions <span class="muted" id="cap"></span></h2>
- <table id="parts"><thead><tr><th>Partition</th><th>Share</th><th>Used / share (GPUs)</th><th></th><th>Waiting</th></tr></thead><tbody></tbody></table></div>
+ <table id="parts"><thead><tr><th>Partition</th><th>Share</th><th>Used / share (GPUs)</th><th></th><th>GPUs waiting</th></tr></thead><tbody></tbody></table></div>
  <div><h2>Tenant budgets <span class="muted" id="unit"></span></h2>
  <table id="tenants"><thead><tr><th>Tenant</th><th>Used</th><th>Budget</th><th></th><th>Running</th></tr></thead><tbody></tbody></table></div>
 </div>
@@ -152,7 +152,7 @@ function rows(id, items, render, empty) {
 
 function drawQueue(q) {
   $("qcount").textContent = `(${q.length} waiting)`;
-  rows("queue", q, (e) => `<tr><td><code>${esc(e.key)}</code></td><td>${esc(e.summary)}</td><td class="num">${dur(e.waiting_s)}</td><td>${esc(e.reason)}</td></tr>`, "nothing waiting");
+  rows("queue", q, (e) => `<tr><td>${e.task ? `<a href="${esc(e.task.url)}" title="${esc(e.key)}">${esc(e.task.label)}</a>` : `<code>${esc(e.key)}</code>`}</td><td>${esc(e.summary)}</td><td class="num">${dur(e.waiting_s)}</td><td>${esc(e.reason)}</td></tr>`, "nothing waiting");
 }
 
 function drawAllocs(a) {

@@ -50,6 +50,12 @@ def register(subparsers: Any) -> None:
                         help="device memory growth that stops a task, MB/min (default 100)")
     parser.add_argument("--temp-limit", action="append", default=[], metavar="VENDOR=CELSIUS",
                         help="over-temperature limit per vendor, e.g. nvidia=85 amd=100 (repeatable)")
+    parser.add_argument("--scale-after", type=finite_float(0.0, 86_400.0 * 7), default=300.0,
+                        metavar="SECONDS",
+                        help="switch on a standby node when tasks waited this long for capacity it "
+                             "gives (default 300; 0 = at once)")
+    parser.add_argument("--no-scale", action="store_true",
+                        help="never switch standby nodes on for waiting tasks")
     parser.add_argument("--no-stop", action="store_true",
                         help="record stop-task alerts but do not signal the task")
     parser.set_defaults(func=run)
@@ -89,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     ledger = Ledger(args.db_url)
     ledger.migrate()
     agent = TelemetryAgent(backend, ledger, config=config, window_s=args.window,
-                           stopper=None if args.no_stop else PidStopper())
+                           stopper=None if args.no_stop else PidStopper(),
+                           scale_after_s=None if args.no_scale else args.scale_after)
     try:
         if args.once:
             result = agent.cycle()
@@ -115,7 +122,7 @@ def _loop(agent: Any, args: argparse.Namespace, server_cls: Any) -> int:
     server = None
     agent.cycle()
     if args.port:
-        server = server_cls(agent.metrics_text, host=args.host, port=args.port)
+        server = server_cls(agent.metric_families, host=args.host, port=args.port)
         server.start()
         print(f"gpusched agent: {agent.source}; metrics on http://{args.host}:{server.port}/metrics",
               flush=True)

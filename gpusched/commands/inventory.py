@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--fleet", help="fleet YAML for the simulated backend (implies --backend simulated "
                         "unless --backend says otherwise); default $GPUSCHED_FLEET or "
-                        "include/fleets/default.yaml")
+                        "gpusched/include/fleets/default.yaml")
     parser.add_argument("--backend", choices=("auto", "nvidia", "amd", "simulated"), default=None,
                         help="which backend to use (default $GPUSCHED_BACKEND or auto)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")

@@ -2,7 +2,7 @@
 
 ``detect_backend()`` reads ``GPUSCHED_BACKEND`` (``auto`` | ``nvidia`` | ``amd`` | ``simulated``,
 default ``auto``). In ``auto`` mode NVML is tried first, then AMD SMI; only when neither finds a
-device is the simulated fleet used (``GPUSCHED_FLEET``, default ``include/fleets/default.yaml``),
+device is the simulated fleet used (``GPUSCHED_FLEET``, default ``gpusched/include/fleets/default.yaml``),
 and then it says so: a logged warning, ``backend.name == "simulated"`` and a ``description``
 naming the fleet file. Asking for ``nvidia`` or ``amd`` explicitly never falls back.
 """
@@ -25,7 +25,7 @@ BACKEND_KINDS = ("auto", "nvidia", "amd", "simulated")
 
 
 def fleet_path_from_env() -> Path:
-    """The simulated fleet file: ``GPUSCHED_FLEET`` or ``include/fleets/default.yaml``."""
+    """The simulated fleet file: ``GPUSCHED_FLEET`` or ``gpusched/include/fleets/default.yaml``."""
     from gpusched.hardware.simulated import default_fleet_path
 
     override = os.environ.get("GPUSCHED_FLEET")

@@ -79,7 +79,7 @@ def load_fleet(path: str | Path, *, catalog: Catalog | None = None) -> list[Node
                           "save the fleet file as UTF-8") from None
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise where.error("<file>", f"cannot be read ({getattr(exc, 'strerror', None) or exc})",
-                          "pass an existing fleet file, e.g. include/fleets/default.yaml") from None
+                          "pass an existing fleet file, e.g. gpusched/include/fleets/default.yaml") from None
     try:
         data = strict_yaml(text)
     except FieldProblem as exc:

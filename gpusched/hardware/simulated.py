@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from gpusched.catalog import default_catalog
 from gpusched.errors import HardwareError
@@ -28,10 +29,12 @@ __all__ = ["SimulatedBackend", "default_fleet_path", "display_path"]
 
 _IDLE_TEMP_C = 34
 _IDLE_MEMORY_FRACTION = 0.005  # driver/context overhead on an idle device
+_BUSY_UTIL_PCT = 85  # a whole device held by a task: a typical training step's utilisation
+_BUSY_MEMORY_FRACTION = 0.9  # of the memory the task was given
 
 
 def default_fleet_path() -> Path:
-    """``include/fleets/default.yaml`` (the fleet used when nothing else is configured)."""
+    """``gpusched/include/fleets/default.yaml`` (the fleet used when nothing else is configured)."""
     return include_dir() / "fleets" / "default.yaml"
 
 
@@ -66,6 +69,7 @@ class SimulatedBackend:
         self._standby = {d.uuid for n in self._nodes if n.standby for d in n.devices}
         self.store = FaultStore(state_folder or state_dir())
         self._scaling_file = (state_folder or state_dir()) / "scaling.json"
+        self._allocated: dict[str, tuple[int, int]] = {}
         self._clock = clock
         self.description = f"simulated fleet ({display_path(self.fleet_path)})"
 
@@ -109,8 +113,28 @@ class SimulatedBackend:
                 f.kind == "lost" for f in device_faults
             ):
                 continue
-            samples.append(self._sample(device, now, loads.get(uuid), device_faults))
+            load = loads.get(uuid) or self._allocated.get(uuid)
+            samples.append(self._sample(device, now, load, device_faults))
         return samples
+
+    def observe_allocations(self, allocations: Iterable[Any]) -> None:
+        """Make devices held by tasks look busy in later samples (an explicit :meth:`set_load` wins).
+
+        ``allocations`` are the ledger's active ones (anything with ``shares`` of
+        :class:`~gpusched.model.DeviceShare`): each share adds ``milli``/1000 of
+        85 % utilisation and 90 % of its memory, so the fleet page's bars move like real ones.
+        """
+        busy: dict[str, tuple[int, int]] = {}
+        for allocation in allocations:
+            for share in allocation.shares:
+                device = self._devices.get(share.uuid)
+                if device is None:
+                    continue
+                util, memory = busy.get(share.uuid, (0, 0))
+                given = share.memory_bytes or device.memory_bytes * share.milli // 1000
+                busy[share.uuid] = (min(100, util + _BUSY_UTIL_PCT * share.milli // 1000),
+                                    min(device.memory_bytes, memory + int(given * _BUSY_MEMORY_FRACTION)))
+        self._allocated = busy
 
     def close(self) -> None:
         """Nothing to release (no vendor library)."""

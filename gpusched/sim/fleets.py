@@ -94,7 +94,7 @@ def openb_fleet(nodes: Sequence[OpenbNode], *, include_cpu_only: bool = False) -
         if n.gpus and cat.find(model) is None:
             raise ConfigurationError(
                 f"openb node {n.name} has GPU model {model!r} unknown to the catalog; "
-                "add it (or an alias) to include/catalog/accelerators.json"
+                "add it (or an alias) to gpusched/include/catalog/accelerators.json"
             )
         built.append(
             make_node(

@@ -174,7 +174,7 @@ def load_openb_pods(path: Path | str) -> list[OpenbPod]:
         for model in spec:
             if cat.find(model) is None:
                 raise row.error("gpu_spec", f"GPU model {model!r} is unknown to the catalog",
-                                "use catalog names or aliases (include/catalog/accelerators.json)")
+                                "use catalog names or aliases (gpusched/include/catalog/accelerators.json)")
         gpu_milli = 0
         if num_gpu:
             gpu_milli = row.whole("gpu_milli", minimum=1 if num_gpu == 1 else 0, maximum=1000,

@@ -1,0 +1,230 @@
+"""gpusched's settings: the ``[gpusched]`` options and the ``GPUSCHED_*`` variables, declared once.
+
+:data:`OPTIONS` declares every ``[gpusched]`` option the way Airflow providers declare theirs
+(description, type, default, example); the provider info's ``config`` section
+(:func:`gpusched.provider_info.get_provider_info`, shown by ``airflow config list --section
+gpusched``) is generated from it, and the readers below use it for defaults and types. Values come
+from the team-scoped config of the executor that reads them (``self.conf``) or Airflow's global
+``conf``; ``AIRFLOW__GPUSCHED__<OPTION>`` overrides the file as for any Airflow option.
+
+:data:`ENV_VARS` lists every ``GPUSCHED_*`` environment variable gpusched or its scripts read.
+:func:`parse_bool` is the one parser for boolean settings and switches.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpusched.errors import ConfigurationError
+
+__all__ = [
+    "ENV_VARS", "OPTIONS", "SECTION", "EnvVar", "Option", "env_bool", "get_bool", "get_float",
+    "get_int", "get_str", "parse_bool", "provider_config",
+]
+
+SECTION = "gpusched"
+
+OptionType = Literal["string", "integer", "float", "boolean"]
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``[gpusched]`` option: its type, default (as Airflow stores it: a string) and docs."""
+
+    name: str
+    type: OptionType
+    default: str
+    description: str
+    example: str | None = None
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One ``GPUSCHED_*`` environment variable, who reads it and what it does."""
+
+    name: str
+    read_by: str
+    description: str
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("policy", "string", "gpusched",
+           "Placement policy of the GPU executor: gpusched (topology- and heterogeneity-aware), "
+           "first-fit, best-fit or random.", "best-fit"),
+    Option("lease_seconds", "integer", "600",
+           "Seconds an allocation's lease lasts without a heartbeat renewing it; an expired lease "
+           "is released (a crashed scheduler never holds devices forever).", "300"),
+    Option("fail_unschedulable", "boolean", "True",
+           "Fail a GPU task at once when its request can never fit this fleet, instead of letting "
+           "it wait.", "False"),
+    Option("visible_devices_by_uuid", "boolean", "False",
+           "Hand devices to tasks by UUID (CUDA_VISIBLE_DEVICES=GPU-...) instead of by index.", "True"),
+    Option("replan_budget_ms", "float", "0",
+           "Milliseconds per scheduling cycle for the genetic re-planner (DEAP) to improve the "
+           "greedy placement of the pending batch; 0 keeps the greedy plan.", "100"),
+    Option("replan_weights", "string", "1,1,0.1",
+           "Weights of the re-planner's objectives: placed tasks, fragmentation, topology "
+           "(three comma-separated numbers).", "1,2,0.5"),
+    Option("pool_sync", "boolean", "",
+           "Keep the Airflow pools gpu_training / gpu_burst / gpu_dev sized to the usable GPUs "
+           "(70/20/10). Empty: follow the GPUSCHED_POOL_SYNC variable.", "True"),
+    Option("sync_inventory_on_start", "boolean", "True",
+           "Discover the hardware (or the simulated fleet) into the ledger when the executor "
+           "starts.", "False"),
+    Option("wait_for_api_seconds", "float", "90",
+           "On start, wait this long for Airflow's execution API to answer before dispatching "
+           "anything; 0 does not wait.", "30"),
+    Option("ledger_wait_seconds", "float", "5",
+           "The most one ledger operation of the executor waits for a lock; a ledger stuck longer "
+           "is left alone that long and the GPU workloads stay queued, so the scheduler loop never "
+           "stalls.", "10"),
+    Option("reconcile_seconds", "float", "5",
+           "How often the executor looks for allocations of gone or superseded task tries and "
+           "releases them.", "30"),
+)
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar("GPUSCHED_DB_URL", "ledger", "SQLAlchemy URL of the allocation ledger "
+           "(default: SQLite under $AIRFLOW_HOME/gpusched)."),
+    EnvVar("GPUSCHED_BACKEND", "hardware", "Hardware backend: auto, nvidia, amd or simulated "
+           "(default auto)."),
+    EnvVar("GPUSCHED_FLEET", "hardware", "Fleet YAML of the simulated backend "
+           "(default: the fleet shipped in the package, gpusched/include/fleets/default.yaml)."),
+    EnvVar("GPUSCHED_INCLUDE_DIR", "paths", "Folder to read the catalog, fleets and expectation "
+           "suites from instead of the package's include/."),
+    EnvVar("GPUSCHED_NODE_NAME", "hardware", "This host's node name (default: the host name)."),
+    EnvVar("GPUSCHED_RACK", "hardware", "This host's rack (topology-aware placement)."),
+    EnvVar("GPUSCHED_NODE_LABELS", "hardware", "This host's labels, k=v,k2=v2."),
+    EnvVar("GPUSCHED_POOL_SYNC", "executor, authoring", "Boolean: size the gpu_<partition> pools "
+           "to the fleet and assign them to GPU tasks."),
+    EnvVar("GPUSCHED_QUOTA_FILE", "quota", "Tenant GPU-hour budget file "
+           "(default $AIRFLOW_HOME/gpusched/quota.yaml)."),
+    EnvVar("GPUSCHED_RECOVERY_INLINE", "fault listener", "Boolean (default true): the failure "
+           "listener runs the fault chain at once; 0 leaves it to the fault-recovery DAG."),
+    EnvVar("GPUSCHED_SCALER", "remediation", "Scaler that activates standby nodes."),
+    EnvVar("GPUSCHED_PROVISIONING_DELAY_S", "capacity_forecast DAG", "Seconds a new node needs "
+           "to come up (default 900)."),
+    EnvVar("GPUSCHED_DEMAND_SOURCE", "capacity_forecast DAG", "Demand history: trace:<path> or synthetic."),
+    EnvVar("GPUSCHED_FORECAST_CAPACITY", "capacity_forecast DAG", "Override of the fleet capacity."),
+    EnvVar("GPUSCHED_FORECAST_FILE", "API", "Where the forecast JSON is written and read."),
+    EnvVar("GPUSCHED_FORECAST_MODELS", "capacity_forecast DAG", "Comma-separated forecast models to try."),
+    EnvVar("GPUSCHED_FORECAST_ORIGINS", "capacity_forecast DAG", "Number of backtest origins."),
+    EnvVar("GPUSCHED_TRACES", "simulator", "Folder with the openb/, gavel/, philly/ traces."),
+    EnvVar("GPUSCHED_AIRFLOW_API_URL", "REST client", "Airflow API base URL (default [api] base_url)."),
+    EnvVar("GPUSCHED_AIRFLOW_API_USER", "REST client", "Airflow API user."),
+    EnvVar("GPUSCHED_AIRFLOW_API_PASSWORD", "REST client", "Airflow API password."),
+    EnvVar("GPUSCHED_ALLOCATION", "set for tasks", "JSON of the task's allocation (host view)."),
+    EnvVar("GPUSCHED_MEMORY_LIMIT_BYTES", "set for tasks", "Device memory the task may use (fractions)."),
+    EnvVar("GPUSCHED_MEMORY_FRACTION", "set for tasks", "Fraction of the device's memory (fractions)."),
+    EnvVar("GPUSCHED_DEV_ROOT", "docker", "Root of the device files for container tasks (default /dev)."),
+    EnvVar("GPUSCHED_EXAMPLE_STEPS", "example DAGs", "Training steps of the example DAG."),
+    EnvVar("GPUSCHED_EXAMPLE_STEP_SECONDS", "example DAGs", "Pause per step of the example DAG."),
+    EnvVar("GPUSCHED_AIRFLOW_HOME", "scripts/run.sh", "AIRFLOW_HOME of the local run (default .airflow)."),
+    EnvVar("GPUSCHED_DAGS_FOLDER", "scripts/run.sh", "DAGs folder of the local run (default dags/)."),
+    EnvVar("GPUSCHED_PORT", "scripts/run.sh", "UI port of the local run (default 8080)."),
+    EnvVar("GPUSCHED_LISTEN", "scripts/run.sh", "Listen address of the local UI and API "
+           "(default 127.0.0.1; 0.0.0.0 exposes them)."),
+    EnvVar("GPUSCHED_VENV", "scripts/run.sh", "Virtual environment of the local run (default .venv)."),
+    EnvVar("GPUSCHED_AGENT", "scripts/run.sh", "0 leaves the telemetry agent out."),
+    EnvVar("GPUSCHED_AGENT_INTERVAL", "scripts/run.sh", "Seconds between agent cycles (default 10)."),
+    EnvVar("GPUSCHED_METRICS_PORT", "scripts/run.sh", "Port of the agent's /metrics (default 9400)."),
+    EnvVar("GPUSCHED_STOP_TIMEOUT", "scripts/run.sh", "Seconds to wait for Airflow to stop (default 90)."),
+    EnvVar("GPUSCHED_RUN_SIGINT_RESTORED", "scripts/run.sh", "Internal: set when the script has re-run "
+           "itself with SIGINT restored (a background job starts with it ignored)."),
+    EnvVar("GPUSCHED_DOCKERD_DIR", "scripts/start_dockerd.sh", "State folder of the test Docker engine."),
+    EnvVar("GPUSCHED_IMAGE", "docker-compose.yaml", "Image of the Airflow services."),
+    EnvVar("GPUSCHED_TEST_PG_URL", "tests, benchmarks", "PostgreSQL URL for the PostgreSQL tests."),
+)
+
+
+def parse_bool(value: str | bool, *, where: str = "setting") -> bool:
+    """``1/true/yes/on`` → True, ``0/false/no/off`` or empty → False (any case); else a ConfigurationError."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigurationError(f"{where} = {value!r} is not a boolean; use true or false")
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    """The boolean environment switch ``name`` (unset → ``default``)."""
+    raw = os.environ.get(name)
+    return default if raw is None else parse_bool(raw, where=name)
+
+
+def _option(name: str) -> Option:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ConfigurationError(
+            f"[{SECTION}] {name} is not a gpusched option; options: {', '.join(_BY_NAME)}"
+        ) from None
+
+
+def get_str(name: str, conf: Any = None) -> str:
+    """The raw value of ``[gpusched] name`` from ``conf`` (an executor's team-scoped ``self.conf``;
+    default Airflow's global ``conf``), or the declared default."""
+    option = _option(name)
+    if conf is None:
+        from airflow.configuration import conf as global_conf
+
+        conf = global_conf
+    return str(conf.get(SECTION, name, fallback=option.default))
+
+
+def _convert(name: str, conf: Any, kind: type[int] | type[float]) -> Any:
+    raw = get_str(name, conf)
+    try:
+        return kind(raw.strip())
+    except ValueError:
+        raise ConfigurationError(
+            f"[{SECTION}] {name} = {raw!r} is not {'an integer' if kind is int else 'a number'}; "
+            f"e.g. {name} = {_option(name).example or _option(name).default}"
+        ) from None
+
+
+def get_int(name: str, conf: Any = None) -> int:
+    """``[gpusched] name`` as an integer (a clear ConfigurationError when it is not one)."""
+    return int(_convert(name, conf, int))
+
+
+def get_float(name: str, conf: Any = None) -> float:
+    """``[gpusched] name`` as a float (a clear ConfigurationError when it is not one)."""
+    return float(_convert(name, conf, float))
+
+
+def get_bool(name: str, conf: Any = None, *, empty: bool | None = None) -> bool:
+    """``[gpusched] name`` as a boolean; ``empty`` is the value of an empty setting (default False)."""
+    raw = get_str(name, conf)
+    if not raw.strip() and empty is not None:
+        return empty
+    return parse_bool(raw, where=f"[{SECTION}] {name}")
+
+
+def provider_config() -> dict[str, Any]:
+    """The ``config`` part of the provider info: the ``[gpusched]`` section as Airflow declares it."""
+    return {
+        SECTION: {
+            "description": "GPU-aware scheduling: placement policy, leases, re-planning and pools "
+                           "of the gpusched executor.",
+            "options": {
+                option.name: {
+                    "description": option.description,
+                    "version_added": "0.1.0",
+                    "type": option.type,
+                    "example": option.example,
+                    "default": option.default,
+                }
+                for option in OPTIONS
+            },
+        }
+    }
