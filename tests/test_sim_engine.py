@@ -125,3 +125,22 @@ def test_head_of_line_blocking_only_when_asked() -> None:
     assert skip == {"a": 0.0, "c": 2.0, "b": 100.0}  # c uses the free GPU while b waits
     strict = simulate(jobs, fleet, Policy.named("first-fit"), head_of_line=True)
     assert {r.key: r.start_s for r in strict.records} == {"a": 0.0, "b": 100.0, "c": 110.0}
+
+
+def test_genetic_replanning_runs_inside_the_engine() -> None:
+    # A busy small fleet, so most passes offer several jobs: every such pass is re-planned by
+    # the genetic optimiser (generation cap binding before the generous budget = deterministic).
+    jobs = _jobs(60, seed=4)
+    fleet = uniform_fleet(3, 4, "A100")
+    kwargs = dict(replan_budget_ms=10_000.0, replan_generations=5, seed=1)
+    policy = Policy.named("gpusched", fractions_need_partitioning=False)
+    result = simulate(jobs, fleet, policy, **kwargs)  # type: ignore[arg-type]
+    greedy = simulate(jobs, fleet, policy, seed=1)
+    assert result.replans > 0 and greedy.replans == 0
+    assert 0 <= result.replans_improved <= result.replans
+    _check_invariants(result, jobs, False)
+    assert len(result.records) == len(jobs) == len(greedy.records)
+    again = simulate(jobs, fleet, policy, **kwargs)  # type: ignore[arg-type]
+    assert [(r.key, r.start_s) for r in again.records] == [(r.key, r.start_s) for r in result.records]
+    summary = summarize(result)
+    assert summary["replans"] == result.replans

@@ -5,7 +5,14 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from gpusched.sim.openb import openb_policy, pod_request, run_openb, run_openb_seeds, tune_workload
+from gpusched.sim.openb import (
+    openb_policy,
+    pod_request,
+    run_openb,
+    run_openb_seeds,
+    tune_workload,
+    typical_shapes,
+)
 from gpusched.sim.traces import OpenbPod, load_openb_nodes
 
 NODES = """sn,cpu_milli,memory_mib,gpu,model
@@ -34,17 +41,28 @@ def test_tuning_reaches_the_factor_and_stops_there() -> None:
     capacity = 5000
     tuned = tune_workload(PODS, capacity, random.Random(1), 1.3)
     total = sum(p.total_gpu_milli for p in tuned)
-    assert tuned[: len(PODS)] == PODS  # the trace's own tasks first
-    assert total >= 1.3 * capacity
-    assert total - tuned[-1].total_gpu_milli < 1.3 * capacity  # the last draw crossed the target
+    # FGD's order: every trace task first (shuffled), the draws after them
+    assert sorted(tuned[: len(PODS)], key=lambda p: p.name) == sorted(PODS, key=lambda p: p.name)
+    assert len(tuned) > len(PODS)
+    # FGD's rule: draws are kept while the total stays within the target, tested with the
+    # draw's per-GPU share (so only a multi-GPU draw can pass it, by less than its total).
+    assert total <= 1.3 * capacity or tuned[-1].num_gpu > 1
+    assert total - tuned[-1].total_gpu_milli + tuned[-1].gpu_milli <= 1.3 * capacity
+    assert total + 1000 > 1.3 * capacity - 1000  # it stopped only near the target
     assert tune_workload(PODS, capacity, random.Random(1)) == tuned  # seeded
+
+
+def test_a_list_above_the_target_loses_random_tasks() -> None:
+    many = [OpenbPod(f"w{i}", 1000, 1, 1, 1000) for i in range(20)]  # 20 GPUs on a 10-GPU target
+    tuned = tune_workload(many, 10_000, random.Random(2), 1.0)
+    assert len(tuned) == 10 and len({p.name for p in tuned}) == 10
 
 
 def test_requests_follow_the_pod() -> None:
     assert pod_request(PODS[0]).milli_per_gpu == 500 and pod_request(PODS[0]).count == 1
     assert pod_request(PODS[2]).count == 2 and pod_request(PODS[2]).gang
     assert pod_request(PODS[4]).models == frozenset({"V100-SXM2-16GB"})
-    shapes = openb_policy("fgd", PODS).workload
+    shapes = openb_policy("gpusched", PODS).workload
     assert {(s.count, s.milli) for s in shapes} == {(1, 500), (1, 1000), (2, 1000), (1, 300)}
     assert all(s.cpu_milli > 0 for s in shapes)
     pinned = {(s.count, s.milli): s.models for s in shapes}
@@ -52,11 +70,21 @@ def test_requests_follow_the_pod() -> None:
     assert not openb_policy("random", PODS).fractions_need_partitioning
 
 
-def test_measurement_at_full_arrival(tmp_path: Path) -> None:
+def test_fgd_typical_pods_are_exact_classes_up_to_95_percent() -> None:
+    pods = [OpenbPod(f"p{i}", 1000, 1, 1, 500) for i in range(60)]
+    pods += [OpenbPod(f"c{i}", 2000, 1, 0, 0) for i in range(36)]
+    pods += [OpenbPod(f"r{i}", 3000 + i, 1, 1, 1000) for i in range(4)]  # 4 rare classes
+    shapes = typical_shapes(pods)
+    # 60 + 36 = 96 % covered after two classes: the rare ones are left out
+    assert [(s.count, s.milli, s.cpu_milli) for s in shapes] == [(1, 500, 1000), (0, 0, 2000)]
+    assert abs(sum(s.weight for s in shapes) - 1) < 1e-9 and shapes[0].weight == 60 / 96
+    assert openb_policy("fgd", pods).workload == shapes and openb_policy("fgd").score_levels == 100
+
+
+def test_measurement_window_around_full_arrival(tmp_path: Path) -> None:
     nodes = _nodes(tmp_path)
     rng = random.Random(3)
     tasks = tune_workload(PODS, 5000, rng, 1.3)
-    rng.shuffle(tasks)
     cumulative = 0
     expected_arrivals = 0
     for expected_arrivals, pod in enumerate(tasks, start=1):  # noqa: B007
@@ -66,10 +94,12 @@ def test_measurement_at_full_arrival(tmp_path: Path) -> None:
     for policy in ("random", "best-fit", "fgd", "gpusched"):
         run = run_openb(PODS, nodes, policy, seed=3)
         assert run.capacity_milli == 5000 and run.tuned_tasks == len(tasks)
-        # measured right after the arrival that brings the arrived GPU request to >= 100 %
+        # the crossing point: right after the arrival that brings the request to >= 100 %
         assert run.tasks_arrived == expected_arrivals and run.arrived_milli == cumulative
         assert 0 < run.allocated_milli <= run.capacity_milli
-        assert run.unallocated_gpu_pct == round(100 * (1 - run.allocated_milli / 5000), 4)
+        assert run.at_crossing == round(100 * (1 - run.allocated_milli / 5000), 4)
+        # on 5 GPUs no arrival lands within 99.5-100.5 %: the mean over 99-101 % or the crossing
+        assert 0 <= run.unallocated_gpu_pct <= 100
 
 
 def test_host_cpu_limits_what_fits(tmp_path: Path) -> None:
@@ -83,3 +113,19 @@ def test_seeds_give_a_median(tmp_path: Path) -> None:
     result = run_openb_seeds(PODS, _nodes(tmp_path), "random", [0, 1, 2])
     assert result["seeds"] == [0, 1, 2] and len(result["unallocated_gpu_pct"]) == 3
     assert result["unallocated_gpu_pct_median"] == sorted(result["unallocated_gpu_pct"])[1]
+
+
+def test_measure_is_the_mean_over_arrivals_at_99_5_to_100_5_percent(tmp_path: Path) -> None:
+    # 20 nodes x 8 GPUs and 0.1-GPU pods: everything fits until the cluster is full, so the
+    # allocation follows the arrivals up to 100 % and the window mean sits just below 100 %.
+    path = tmp_path / "big.csv"
+    rows = "".join(f"n{i},96000,393216,8,T4\n" for i in range(20))
+    path.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + rows, encoding="utf-8")
+    pods = [OpenbPod("s", 100, 10, 1, 100)]
+    run = run_openb(pods, load_openb_nodes(path), "best-fit", seed=0)
+    assert run.at_crossing == 0.0  # at the crossing arrival every GPU is taken
+    # 99.5, 99.5625, ..., 100.5 % (0.1 GPU of 160 each); both ends round to 100 as in pandas
+    assert run.window_arrivals == 17
+    # allocation 99.5 ... 100 (9 arrivals) then 100 (8 more)
+    expected = 100 - (sum(round(99.5 + 0.0625 * i, 2) for i in range(9)) + 8 * 100) / 17
+    assert abs(run.unallocated_gpu_pct - expected) < 1e-3

@@ -26,10 +26,15 @@ def test_openb_and_gavel_reports(tmp_path: Path) -> None:
     folder.mkdir()
     for policy, value in (("random", 14.0), ("gpusched", 5.0)):
         (folder / f"openb_pod_list_default__{policy}.json").write_text(
-            json.dumps({"unallocated_gpu_pct_median": value, "seeds": [0, 1]})
+            json.dumps({"unallocated_gpu_pct_median": value, "seeds": [0, 1], "measure": "window"})
         )
+    (folder / "openb_pod_list_default__fgd.json").write_text(  # an earlier harness's run: flagged
+        json.dumps({"unallocated_gpu_pct_median": 4.9, "seeds": [0, 1]})
+    )
     text = openb_report(folder, tsv)
-    assert "| default | 13.75 | 14.00 | 7.09 | — | 4.77 | 5.00 | — | 2 |" in text
+    row = "| default | 13.75 | 14.00 | +0.25 | 7.09 | — | — | 4.77 | 4.90 * | — | 5.00 | +0.23 | 2 |"
+    assert row in text
+    assert "| **mean Δ** | | | +0.25 (n=1) |" in text
     assert (folder / "openb_unallocated.png").stat().st_size > 1000
 
     gv = tmp_path / "gavel"

@@ -58,6 +58,9 @@ def register(subparsers: Any) -> None:
                     help="scheduling round in seconds (default 360, Gavel's)")
     gv.add_argument("--measure", type=_id_range, default=(4000, 4999),
                     help="job-id range LO-HI whose JCT is averaged (default 4000-4999)")
+    gv.add_argument("--replan-ms", type=finite_float(0.0), default=0.0,
+                    help="re-plan each scheduling pass with the genetic optimiser within this "
+                         "budget in ms, as the executor's [gpusched] replan_budget_ms (default 0 = greedy)")
     _common(gv)
     gv.set_defaults(func=_gavel, traces=traces)
 
@@ -84,6 +87,9 @@ def register(subparsers: Any) -> None:
     )
     ph.add_argument("--max-pending", type=int_range(1), default=256,
                     help="waiting jobs offered to one placement call (default 256)")
+    ph.add_argument("--replan-ms", type=finite_float(0.0), default=0.0,
+                    help="re-plan each scheduling pass with the genetic optimiser within this "
+                         "budget in ms, as the executor's [gpusched] replan_budget_ms (default 0 = greedy)")
     _common(ph)
     ph.set_defaults(func=_philly)
 
@@ -97,6 +103,9 @@ def register(subparsers: Any) -> None:
     lt.add_argument("--busy", type=finite_float(0.0, 1.0), default=0.4,
                     help="fraction of devices already taken, 0–1 (default 0.4)")
     lt.add_argument("--sweep", action="store_true", help="also 100, 2000, 5000 and 10000 nodes")
+    lt.add_argument("--resident", action="store_true",
+                    help="keep one placement engine per fleet alive between decisions and update it "
+                         "incrementally (as a scheduler loop does) instead of building it per call")
     _common(lt)
     lt.set_defaults(func=_latency)
 
@@ -191,6 +200,7 @@ def _gavel(args: argparse.Namespace) -> int:
         measure=(lo, hi + 1),
         gpus_per_server=args.gpus_per_server,
         round_s=args.round_s,
+        replan_ms=args.replan_ms,
         progress=not args.quiet,
     )
     result["rate_jobs_per_h"] = args.rate
@@ -212,6 +222,7 @@ def _philly(args: argparse.Namespace) -> int:
         short_first=args.short_first,
         head_of_line=args.head_of_line,
         max_pending=args.max_pending,
+        replan_ms=args.replan_ms,
         progress=not args.quiet,
     )
     return emit(
@@ -234,6 +245,7 @@ def _latency(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node,
         samples=args.samples,
         busy=args.busy,
+        resident=args.resident,
         progress=not args.quiet,
     )
     if not args.json:

@@ -14,8 +14,8 @@
 3. **Replay gain**: a synthetic arrival stream replayed on a smaller fleet with a scheduling
    round every ``--round-s`` seconds, once with greedy plans and once with greedy + optimiser;
    mean JCT (wait + runtime on the chosen model), mean/p95 wait and energy, as ratios.
-   gpusched.sim's engine has no batch re-planner hook, so this replay is the benchmark's own,
-   built on the same ``place`` / ``optimise``.
+   This synthetic replay is the benchmark's own, built on the same ``place`` / ``optimise``;
+   trace replays through the simulator engine use ``gpusched bench gavel|philly --replan-ms``.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def _main(args: argparse.Namespace) -> int:
     )
     result["replay"] = {
         "nodes": args.replay_nodes, "jobs": args.replay_jobs, "round_s": args.round_s,
-        "engine": "bench-local replay on place/optimise (gpusched.sim has no batch re-planner hook)",
+        "engine": "bench-local synthetic replay on place/optimise (traces: bench gavel|philly --replan-ms)",
         "greedy": base, "optimiser": ga,
         "jct_ratio": ga["mean_jct_s"] / base["mean_jct_s"],
         "wait_ratio": ga["mean_wait_s"] / base["mean_wait_s"] if base["mean_wait_s"] else None,

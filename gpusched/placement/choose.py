@@ -115,11 +115,15 @@ def _fraction(
     if policy.chooser is Chooser.FIRST_FIT:
         d = int(cand[0])
     elif policy.chooser is Chooser.RANDOM:
-        d = int(rng.choice(cand))
+        # A uniformly random node, then a random device of it (not a random device, which would
+        # favour nodes with many fitting devices).
+        node_of = idx.dev_node[cand]
+        n = int(rng.choice(np.unique(node_of)))
+        d = int(rng.choice(cand[node_of == n]))
     elif policy.chooser is Chooser.BEST_FIT:
         node_of = idx.dev_node[cand]
         left = _left_after(placer, state, node_of, milli, task) if use_stats else free.astype(np.float64)
-        d = int(cand[np.lexsort((cand, free, left))[0]])
+        d = int(cand[np.lexsort((cand, free, node_of, left))[0]])
     else:
         # Fully free devices of one node are interchangeable: score only the first of each node.
         full = free >= MILLI
@@ -139,7 +143,10 @@ def _fraction(
             )
         s = s + _speed_terms(placer, task, idx.dev_model[cand], idx.dev_model[cand])
         s = s + policy.degraded_penalty * (idx.dev_health[cand] == 1)
-        best = _tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
+        if policy.score_levels:
+            best = _levels_best(s, policy.score_levels)
+        else:
+            best = _tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
         d, score = int(cand[best]), float(s[best])
     return _Choice([d], milli, [task.request.memory_per_gpu], score)
 
@@ -186,7 +193,9 @@ def _whole(
             if policy.degraded_penalty and (fits & ~elig.healthy).any():
                 n_healthy = np.bincount(idx.dev_node[fits & elig.healthy], minlength=len(idx.nodes))[nodes]
                 s += policy.degraded_penalty * np.maximum(0, k - n_healthy)
-            if use_stats and policy.packing:
+            if policy.score_levels:
+                best = _levels_best(s, policy.score_levels)
+            elif use_stats and policy.packing:
                 best = _tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
             else:
                 best = int(np.argmin(s))
@@ -215,6 +224,12 @@ def _whole(
     return _Choice(chosen, MILLI, [int(idx.dev_mem[d]) for d in chosen], score)
 
 
+def _levels_best(score: np.ndarray, levels: int) -> int:
+    """FGD's integer node score: ``int(levels × sigmoid(−score))``; the first of the highest."""
+    q = np.floor(levels / (1.0 + np.exp(np.clip(score, -50.0, 50.0))))
+    return int(np.argmax(q))
+
+
 def _tie_break(score: np.ndarray, left: np.ndarray) -> int:
     """Position of the lowest score; among scores equal to 1e-9, the one with the least ``left``."""
     tied = np.flatnonzero(score <= score.min() + 1e-9)
@@ -224,25 +239,20 @@ def _tie_break(score: np.ndarray, left: np.ndarray) -> int:
 def _left_after(
     placer: Placer, state: FreeState, nodes: np.ndarray, milli: int, task: PendingTask
 ) -> np.ndarray:
-    """Best-fit key: the share of each node's resources left free after the placement — GPU, plus
-    host CPU and RAM when the task asks for them (the sum over dimensions, as FGD's BestFit)."""
+    """Best-fit key (lower is better): the share of each node's GPU capacity left free after the
+    placement; for a task that asks for host CPU, the published BestFit's key instead —
+    ``0.5 × CPU left / 128 cores + 0.5 × GPU left / 8 GPUs`` in whole hundredths (the FGD
+    simulator's integer node score), so near-equal nodes tie and go to the earliest node."""
     idx = placer.index
-    left = (placer.stats.total[nodes] - milli) / (idx.node_size[nodes] * MILLI)
-    if task.cpu_milli or task.host_memory_bytes:
-        cap = idx.masks.get("host_capacity")
-        if cap is None:
-            cpu = np.array([n.cpu_milli for n in idx.nodes], dtype=np.float64)
-            mem = np.array([n.memory_bytes for n in idx.nodes], dtype=np.float64)
-            cap = (cpu, mem)
-            idx.masks["host_capacity"] = cap
-        cpu_cap, mem_cap = cap[0][nodes], cap[1][nodes]
-        left = left + np.where(
-            cpu_cap > 0, (state.host_cpu[nodes] - task.cpu_milli) / np.maximum(cpu_cap, 1), 0
-        )
-        left = left + np.where(
-            mem_cap > 0, (state.host_mem[nodes] - task.host_memory_bytes) / np.maximum(mem_cap, 1), 0
-        )
-    return left
+    if task.cpu_milli:
+        raw = 0.5 * (state.host_cpu[nodes] - task.cpu_milli) / _MAX_SPEC_CPU
+        raw = raw + 0.5 * (placer.stats.total[nodes] - milli) / _MAX_SPEC_GPU
+        return -np.floor((1.0 - raw) * 100.0)
+    return (placer.stats.total[nodes] - milli) / (idx.node_size[nodes] * MILLI)
+
+
+_MAX_SPEC_CPU = 128_000.0
+_MAX_SPEC_GPU = 8_000.0
 
 
 def _ok(idx: FleetIndex, devs: list[int], k: int, inter: Interconnect) -> bool:

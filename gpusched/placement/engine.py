@@ -179,6 +179,11 @@ class Placer:
             n = int(ok[np.argmin(_left_after(self, st, ok, 0, probe))])
         else:
             delta = self.stats.delta_host(ok, cpu_milli, host_memory_bytes)
+            if self.policy.score_levels:
+                from gpusched.placement.choose import _levels_best
+
+                best = _levels_best(self.policy.fragmentation * delta / MILLI, self.policy.score_levels)
+                return self.index.nodes[int(ok[best])].name
             # Among equal fragmentation, the node with the least free GPU capacity, then CPU.
             order = np.lexsort((st.host_cpu[ok], self.stats.total[ok], delta))
             n = int(ok[order[0]])

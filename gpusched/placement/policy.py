@@ -6,9 +6,11 @@ reads it. ``Policy.named(name)`` gives the presets:
 ``gpusched``  topology locality + fragmentation (FGD-style, model-aware) + heterogeneity-aware
               speed + energy, reservations for critical tasks with backfill; within a priority,
               shortest expected GPU-time first with aging.
-``fgd``       fragmentation only (Weng et al., ATC '23), to compare with the published FGD.
+``fgd``       fragmentation only (Weng et al., ATC '23), to compare with the published FGD,
+              with the published scheduler's integer node score (ties to the earliest node).
               Like the baselines below, FIFO within a priority.
-``best-fit``  the node (and device) with the least free capacity that still fits.
+``best-fit``  the node (and device) with the least free capacity that still fits (for tasks
+              with host CPU, the published BestFit's CPU+GPU key in whole hundredths).
 ``first-fit`` FIFO and count-based, like Airflow pools: the first node in inventory order with
               enough free devices; no topology or model preference; a fractional request takes a
               whole device (a pool slot).
@@ -84,6 +86,11 @@ class Policy:
             least free capacity on its node (a best-fit tie-breaker that never outweighs the
             fragmentation, locality or speed terms).
         degraded_penalty: added per DEGRADED device chosen (they are used last).
+        score_levels: when > 0, the published FGD scheduler's node score: each candidate's score
+            ``s`` (fragmentation increase in GPUs plus the other terms) becomes the integer
+            ``int(score_levels × sigmoid(−s))``, the highest wins and ties go to the earliest
+            node (then device) in inventory order — the Kubernetes scheduler of the FGD simulator
+            breaks ties by the lowest node name. 0 = the exact score, lowest wins.
         throughput: optional ``{job_type: {model: speed}}`` table (any unit, per job type).
         workload: expected request shapes for the fragmentation measure; empty = estimated from
             the pending and running tasks of the call, blended with a default prior.
@@ -114,6 +121,7 @@ class Policy:
     energy: float = 0.01
     packing: float = 0.0
     degraded_penalty: float = 5.0
+    score_levels: int = 0
     throughput: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: _EMPTY)
     workload: tuple[WorkloadShape, ...] = ()
     reservations: bool = True
@@ -186,6 +194,7 @@ def _presets() -> dict[str, Policy]:
             speed=0.0,
             energy=0.0,
             packing=0.0,
+            score_levels=100,
             reservations=False,
             queue_order=QueueOrder.FIFO,
         ),

@@ -79,6 +79,8 @@ class Workload:
         whole = np.zeros(kmax + 1)
         frac: dict[int, float] = {}
         for s in items:
+            if s.count == 0:
+                continue  # a CPU-only shape: every free GPU is fragment for it (FGD's XL/XR cases)
             if s.milli >= MILLI:
                 whole[s.count] += s.weight / total
             else:
@@ -87,8 +89,8 @@ class Workload:
         fp = np.array([frac[int(m)] for m in milli], dtype=np.float64)
         cdf = np.cumsum(fp) if len(fp) else np.zeros(0)
         # Model-constrained shapes need the shape-by-shape form too.
-        host = any(s.cpu_milli or s.host_memory_bytes or s.models for s in items)
-        col = [int(np.searchsorted(milli, s.milli)) if s.milli < MILLI else -1 for s in items]
+        host = any(s.cpu_milli or s.host_memory_bytes or s.models or not s.count for s in items)
+        col = [int(np.searchsorted(milli, s.milli)) if 0 < s.milli < MILLI and s.count else -1 for s in items]
         return cls(
             np.cumsum(whole),
             float(whole.sum()),
@@ -298,7 +300,7 @@ class FragStats:
             part = np.where(whole[None, :], frag[:, None], rows[:, np.maximum(w.s_col, 0)])
         else:
             part = np.repeat(frag[:, None], len(w.s_p), axis=1)
-        ok = gpu_fit & host_fit
+        ok = gpu_fit & host_fit & (w.s_count > 0)[None, :]
         if self.model_ok is not None:
             ok &= self.model_ok[nodes]
         return np.where(ok, part, total[:, None]) @ w.s_p

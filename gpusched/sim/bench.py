@@ -97,11 +97,14 @@ def run_gavel(
     measure: tuple[int, int] = (4000, 5000),
     gpus_per_server: int = 4,
     round_s: float = 360.0,
+    replan_ms: float = 0.0,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Gavel's continuous-single experiment, non-preemptive.
 
     Returns the metrics with JCT averaged over job ids ``measure[0]`` … ``measure[1] - 1``.
+    ``replan_ms`` > 0 re-plans every pass with the genetic optimiser (see
+    :func:`~gpusched.sim.engine.simulate`).
     """
     trace = load_gavel_jobs(jobs_csv)
     jobs = trace_jobs(trace)
@@ -119,6 +122,7 @@ def run_gavel(
         round_s=round_s,
         max_pending=gavel_fleet().total_devices(),
         stop_after=keys,
+        replan_budget_ms=replan_ms,
         progress=progress,
     )
     summary = summarize(result, measure=keys)
@@ -132,6 +136,7 @@ def run_gavel(
         round_s=round_s,
         gpus_per_server=gpus_per_server,
         measured_by_model=by_model,
+        replan_ms=replan_ms,
     )
     return summary
 
@@ -148,6 +153,7 @@ def run_philly(
     short_first: bool = False,
     head_of_line: bool = False,
     max_pending: int = 256,
+    replan_ms: float = 0.0,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Replay a Philly window on ``nodes`` × ``gpus_per_node`` identical GPUs; queueing and utilisation.
@@ -158,7 +164,8 @@ def run_philly(
     ``short_first`` also sets each request's priority from its GPU-time (see
     :func:`gputime_priority`), as a DAG author who knows the size of the job would; it implies
     ``oracle``. ``head_of_line`` makes the queue strict FIFO (nothing starts past the first
-    waiting job; see :func:`~gpusched.sim.engine.simulate`).
+    waiting job; see :func:`~gpusched.sim.engine.simulate`). ``replan_ms`` > 0 re-plans every
+    pass with the genetic optimiser.
     """
     trace = load_philly_jobs(
         jobs_csv, start=window[0], end=window[1], clusters=clusters, max_gpus=nodes * gpus_per_node
@@ -184,6 +191,7 @@ def run_philly(
         policy_name=policy_name,
         max_pending=max_pending,
         head_of_line=head_of_line,
+        replan_budget_ms=replan_ms,
         progress=progress,
     )
     summary = summarize(result)
@@ -198,6 +206,7 @@ def run_philly(
         short_first=short_first,
         head_of_line=head_of_line,
         max_pending=max_pending,
+        replan_ms=replan_ms,
     )
     return summary
 
@@ -220,9 +229,16 @@ def run_latency(
     samples: int = 200,
     busy: float = 0.4,
     seed: int = 0,
+    resident: bool = False,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Wall-clock latency of one :func:`place` call for one pending request, per fleet size.
+
+    With ``resident`` the index and free-capacity state live in one
+    :class:`~gpusched.placement.Placer` per fleet, kept between decisions: each decision commits
+    its assignment, which is then released again (both incremental: only the touched nodes'
+    aggregates are recomputed), so every request sees the same fleet. The decision is timed
+    (``p50_ms``…); the release beside it (``release_p50_ms``/``release_p99_ms``).
 
     The fleet is :func:`gpusched.placement.synthetic.synthetic_fleet` (mixed models and
     topology) with about ``busy`` of the devices taken; the requests are
@@ -231,6 +247,7 @@ def run_latency(
     figures also at the top level) and the same in CPU time of this process (``cpu_p50_ms``,
     ``cpu_p99_ms``), which a busy shared machine does not inflate.
     """
+    from gpusched.placement import Placer
     from gpusched.placement.synthetic import synthetic_fleet, synthetic_requests
 
     policy = Policy.named(policy_name)
@@ -239,14 +256,26 @@ def run_latency(
     for n in nodes:
         fleet = synthetic_fleet(n, gpus_per_node, seed, used_fraction=busy)
         place(requests[:1], fleet, policy, now=0.0)  # warm the per-fleet index cache
+        placer = Placer(fleet, policy) if resident else None
+        if placer is not None:
+            placer.place(requests[:1], now=0.0, commit=False)  # build the aggregates once
         times = []
         cpu = []
+        release: list[float] = []
         for i, task in enumerate(requests):
             start = time.perf_counter()
             cpu_start = time.process_time()
-            place([task], fleet, policy, now=task.submitted_at, seed=i)
+            if placer is None:
+                place([task], fleet, policy, now=task.submitted_at, seed=i)
+            else:
+                plan = placer.place([task], now=task.submitted_at, seed=i)
             cpu.append((time.process_time() - cpu_start) * 1000)
             times.append((time.perf_counter() - start) * 1000)
+            if placer is not None:
+                start = time.perf_counter()
+                for a in plan.assignments:
+                    placer.release(a.shares)
+                release.append((time.perf_counter() - start) * 1000)
         row = {
             "nodes": n,
             "gpus": n * gpus_per_node,
@@ -258,12 +287,16 @@ def run_latency(
             "cpu_p50_ms": round(statistics.median(cpu), 4),
             "cpu_p99_ms": round(percentile(cpu, 99), 4),
         }
+        if release:
+            row["release_p50_ms"] = round(statistics.median(release), 4)
+            row["release_p99_ms"] = round(percentile(release, 99), 4)
         sweep.append(row)
         if progress:
             print(f"latency {n} nodes: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms", file=sys.stderr)
     first = sweep[0]
     return {
         "policy": policy_name,
+        "resident": resident,
         "busy_fraction": busy,
         "gpus_per_node": gpus_per_node,
         "nodes": first["nodes"],

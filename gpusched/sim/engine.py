@@ -95,7 +95,9 @@ class SimResult:
         timeline: piecewise-constant usage, one point per change.
         capacity_milli: total milli-GPU of the fleet.
         end_time: simulated time when the run stopped.
-        place_calls / place_seconds: how often and how long :func:`place` ran (wall clock).
+        place_calls / place_seconds: how often and how long :func:`place` ran (wall clock,
+            including the genetic re-plans).
+        replans / replans_improved: genetic re-plans run, and those that beat the greedy plan.
     """
 
     policy: str
@@ -109,6 +111,8 @@ class SimResult:
     not_arrived: int = 0
     place_calls: int = 0
     place_seconds: float = 0.0
+    replans: int = 0
+    replans_improved: int = 0
 
 
 def simulate(
@@ -122,6 +126,9 @@ def simulate(
     max_pending: int = 256,
     head_of_line: bool = False,
     stop_after: Collection[str] | None = None,
+    replan_budget_ms: float = 0.0,
+    replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
+    replan_generations: int = 200,
     progress: bool = False,
 ) -> SimResult:
     """Replay ``jobs`` (any order; sorted by arrival here) on ``fleet`` under ``policy``.
@@ -135,6 +142,12 @@ def simulate(
             ahead of the first job left waiting (in arrival order) start; the rest wait behind it.
         stop_after: stop as soon as every job with one of these keys has finished (arrivals
             keep coming until then, like Gavel's measurement window).
+        replan_budget_ms: > 0 = after each greedy pass with at least two jobs offered, the
+            genetic optimiser re-plans that batch from the greedy plan (as the executor does
+            with ``[gpusched] replan_budget_ms``), never worse than greedy by its objective.
+        replan_weights: the optimiser's (latency, fragmentation, energy) weights.
+        replan_generations: the optimiser's generation cap (with the budget, whichever binds
+            first; a cap that binds first makes a seeded replay deterministic).
         progress: a tqdm bar on stderr, counting arrivals — or, with ``stop_after``, the
             watched jobs that have finished (so it reaches 100 % when the run stops).
 
@@ -163,6 +176,7 @@ def simulate(
     nxt = 0
     seq = 0
     calls = 0
+    replans = improved = 0
     spent = 0.0
     dirty = False
     sched_at = _INF
@@ -217,6 +231,24 @@ def simulate(
                 running=tuple(running.values()),
                 seed=seed + calls,
             )
+            if replan_budget_ms > 0 and len(offered) >= 2:
+                from gpusched.placement.genetic import optimise_with_report
+
+                report = optimise_with_report(
+                    offered,
+                    snapshot,
+                    policy,
+                    now=t,
+                    running=tuple(running.values()),
+                    budget_ms=replan_budget_ms,
+                    weights=replan_weights,
+                    seed=seed + calls,
+                    greedy=plan,
+                    max_generations=replan_generations,
+                )
+                plan = report.plan
+                replans += 1
+                improved += int(report.improved)
             spent += time.perf_counter() - started
             calls += 1
             taken: list[DeviceShare] = []
@@ -260,6 +292,8 @@ def simulate(
         end_time=end_time,
         place_calls=calls,
         place_seconds=spent,
+        replans=replans,
+        replans_improved=improved,
     )
 
 

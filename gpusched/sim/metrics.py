@@ -130,6 +130,8 @@ def summarize(result: SimResult, *, measure: Collection[str] | None = None) -> d
         "makespan_s": round(last_end - t0, 3),
         "energy_kwh": round(energy_kwh(recs, result, until=result.end_time), 6),
         "place_calls": result.place_calls,
+        "replans": result.replans,
+        "replans_improved": result.replans_improved,
         "place_ms_mean": round(1000 * result.place_seconds / result.place_calls, 3)
         if result.place_calls
         else 0.0,

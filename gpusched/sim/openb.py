@@ -5,12 +5,20 @@ Procedure (Weng et al., ATC '23; ``shared/traces/README.md``):
 1. Cluster = the GPU nodes of the openb node list. A task fits a node only if CPU, memory and
    GPU all fit; a fractional task takes ``gpu_milli`` of one GPU; a multi-GPU task takes whole
    GPUs on one node.
-2. Workload tuning: from the trace's tasks, tasks drawn uniformly with replacement are appended
-   until the requested milli-GPU reaches ``factor`` (1.3) × the cluster capacity.
-3. The tuned list is shuffled (seeded); tasks arrive one by one and are placed at once or fail;
+2. Arrival order and workload tuning, in the FGD simulator's order: the trace's tasks are
+   shuffled (seeded), then tuned to ``factor`` (1.3) × the cluster capacity — tasks drawn
+   uniformly with replacement are *appended after them* while the total stays within the
+   target (the first draw that would pass it ends the tuning; the simulator tests a draw with
+   its *per-GPU* share while it adds its total, and so do we), or, for a list already above the
+   target, uniformly random tasks are removed until it fits. So every trace task arrives, in
+   random order, before any duplicate. Tasks arrive one by one and are placed at once or fail;
    there are no departures.
-4. When the arrived GPU request reaches 100 % of capacity (checked after the task that crosses
-   it), unallocated GPU % = 100 × (1 − allocated / capacity). Reported as the median of seeds.
+4. After every arrival the allocation ratio 100 × allocated / capacity (rounded to 0.01) is
+   logged with the arrived ratio 100 × arrived / capacity. The measure at 100 % is FGD's analysis
+   step: the mean allocation ratio of the arrivals whose arrived ratio rounds to 100 (i.e. lies
+   in 99.5–100.5 %; 99–101 % if none does); unallocated GPU % = 100 − that mean. Reported as the
+   median of seeds. ``OpenbRun.at_crossing`` keeps the older single-point reading (right after
+   the arrival that brings the arrived request to 100 %).
 
 Every decision is made by the placement engine (:class:`gpusched.placement.Placer`, the engine
 behind :func:`~gpusched.placement.place`, kept alive across arrivals) with the named policy: GPU
@@ -37,7 +45,15 @@ from gpusched.request import GPURequest
 from gpusched.sim.fleets import MIB, openb_fleet
 from gpusched.sim.traces import OpenbNode, OpenbPod
 
-__all__ = ["OpenbRun", "openb_policy", "pod_request", "run_openb", "run_openb_seeds", "tune_workload"]
+__all__ = [
+    "OpenbRun",
+    "openb_policy",
+    "pod_request",
+    "run_openb",
+    "run_openb_seeds",
+    "tune_workload",
+    "typical_shapes",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,23 +68,34 @@ class OpenbRun:
     tasks_arrived: int
     tasks_failed: int
     tuned_tasks: int
+    at_crossing: float = 0.0
+    window_arrivals: int = 0
     at: dict[str, float] = field(default_factory=dict)
 
 
 def tune_workload(
     pods: Sequence[OpenbPod], capacity_milli: int, rng: random.Random, factor: float = 1.3
 ) -> list[OpenbPod]:
-    """The trace's pods plus uniform draws (with replacement) until GPU request ≥ ``factor`` × capacity."""
+    """The arrival order of the FGD simulator: the trace's pods shuffled, then tuned to
+    ``factor`` × capacity — uniform draws (with replacement) appended while the total stays
+    within it (the first draw that would pass it, tested with its per-GPU share, ends the
+    tuning), or, for a list above it, uniformly random pods removed until it fits."""
     tuned = list(pods)
+    rng.shuffle(tuned)
     total = sum(p.total_gpu_milli for p in tuned)
     target = factor * capacity_milli
     if not any(p.total_gpu_milli for p in pods):
         return tuned
-    while total < target:
+    while total > target and tuned:
+        total -= tuned.pop(rng.randrange(len(tuned))).total_gpu_milli
+    if total == target or len(tuned) < len(pods):
+        return tuned
+    while True:
         pod = rng.choice(pods)
+        if total + (pod.gpu_milli if pod.num_gpu else 0) > target:
+            return tuned
         tuned.append(pod)
         total += pod.total_gpu_milli
-    return tuned
 
 
 def pod_request(pod: OpenbPod) -> GPURequest:
@@ -82,6 +109,32 @@ def pod_request(pod: OpenbPod) -> GPURequest:
     return GPURequest(count=pod.num_gpu, gang=pod.num_gpu > 1, models=models)
 
 
+def typical_shapes(pods: Sequence[OpenbPod], popularity: float = 0.95) -> tuple[WorkloadShape, ...]:
+    """FGD's "typical pods": exact (host CPU, milli-GPU, GPU count, allowed models) classes, most
+    frequent first, up to the first class at which ``popularity`` of all pods is covered
+    (CPU-only pods included: for them every free GPU counts as fragment). Host memory is left
+    out, as in the FGD simulator's fragment measure."""
+    cat = default_catalog()
+    counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+    for p in pods:
+        models = frozenset(cat.get(m).name for m in p.gpu_spec) if p.num_gpu else frozenset()
+        counts[(p.cpu_milli, p.gpu_milli if p.num_gpu else 0, p.num_gpu, models)] += 1
+    total = sum(counts.values())
+    # Ties in frequency: FGD orders classes by (CPU, milli, count, models); any fixed order does.
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1], kv[0][2], sorted(kv[0][3])))
+    chosen: list[tuple[tuple[int, int, int, frozenset[str]], int]] = []
+    covered = 0
+    for key, n in ranked:
+        if covered >= popularity * total:
+            break
+        chosen.append((key, n))
+        covered += n
+    return tuple(
+        WorkloadShape(count, milli if count else 0, n / covered, cpu_milli=cpu, models=models)
+        for (cpu, milli, count, models), n in chosen
+    )
+
+
 def openb_policy(
     name: str,
     pods: Sequence[OpenbPod] = (),
@@ -91,14 +144,19 @@ def openb_policy(
 ) -> Policy:
     """The named preset, with device sharing allowed on every model (the cluster shared GPUs).
 
-    Score-based presets also get the trace's own request shapes as the expected workload:
-    a shape is (GPU count, milli-GPU rounded to 50, allowed models from ``gpu_spec``); the
-    ``max_shapes`` most common, each with the median host CPU and RAM of its pods (so GPUs on a
-    node without CPU left count as fragmented, as in FGD) and its allowed models (so a node of a
-    model a shape cannot use counts as fragmented for it, as in FGD — this is what keeps the
-    scarce P100/V100 capacity for the pods pinned to it in the ``gpuspec*`` lists).
-    ``overrides`` are further :class:`Policy` fields (for tuning experiments).
+    Score-based presets also get the trace's own request shapes as the expected workload. The
+    ``fgd`` preset gets FGD's typical pods exactly (:func:`typical_shapes`). Other score-based
+    presets get grouped shapes: (GPU count, milli-GPU rounded to 50, allowed models from
+    ``gpu_spec``); the ``max_shapes`` most common, each with the median host CPU and RAM of its
+    pods (so GPUs on a node without CPU left count as fragmented, as in FGD) and its allowed
+    models (so a node of a model a shape cannot use counts as fragmented for it, as in FGD —
+    this is what keeps the scarce P100/V100 capacity for the pods pinned to it in the
+    ``gpuspec*`` lists). ``overrides`` are further :class:`Policy` fields (for tuning experiments).
     """
+    base = Policy.named(name)
+    if pods and base.chooser == "score" and base.name == "fgd":
+        shapes = typical_shapes(pods)
+        return Policy.named(name, fractions_need_partitioning=False, workload=shapes, **overrides)
     cat = default_catalog()
     groups: dict[tuple[int, int, frozenset[str]], list[OpenbPod]] = {}
     for p in pods:
@@ -112,7 +170,6 @@ def openb_policy(
         groups.setdefault(shape, []).append(p)
     top = Counter({k: len(v) for k, v in groups.items()}).most_common(max_shapes)
     total = sum(n for _, n in top)
-    base = Policy.named(name)
     if total and base.chooser == "score":
         shapes = tuple(
             WorkloadShape(
@@ -145,12 +202,14 @@ def run_openb(
     capacity = fleet.total_devices() * MILLI
     rng = random.Random(seed)
     tasks = tune_workload(pods, capacity, rng, factor)
-    rng.shuffle(tasks)
     policy = openb_policy(policy_name, pods)
     if overrides:
         policy = replace(policy, **overrides)  # type: ignore[arg-type]
     placer = Placer(fleet, policy)
     arrived = allocated = failed = count = 0
+    crossing: tuple[int, int, int, int] | None = None  # allocated, arrived, count, failed
+    window: list[float] = []
+    wide: list[float] = []
     bar = None
     if progress:
         from tqdm import tqdm
@@ -185,19 +244,33 @@ def run_openb(
                 allocated += sum(s.milli for s in plan.assignments[0].shares)
             else:
                 failed += 1
-        if arrived >= stop_at * capacity:
+        arrived_pct = 100.0 * arrived / capacity
+        if crossing is None and arrived >= stop_at * capacity:
+            crossing = (allocated, arrived, count, failed)
+        alloc_pct = round(100.0 * allocated / capacity, 2)
+        off = round(arrived_pct) - round(100 * stop_at)  # FGD's analysis rounds the arrived ratio
+        if off == 0:
+            window.append(alloc_pct)
+        if abs(off) <= 1:
+            wide.append(alloc_pct)
+        if off > 1:
             break
     if bar is not None:
         bar.close()
+    if crossing is None:
+        crossing = (allocated, arrived, count, failed)
+    measured = window or wide or [round(100.0 * crossing[0] / capacity, 2)]
     return OpenbRun(
         seed=seed,
-        unallocated_gpu_pct=round(100.0 * (1 - allocated / capacity), 4),
-        allocated_milli=allocated,
-        arrived_milli=arrived,
+        unallocated_gpu_pct=round(100.0 - statistics.fmean(measured), 4),
+        allocated_milli=crossing[0],
+        arrived_milli=crossing[1],
         capacity_milli=capacity,
-        tasks_arrived=count,
-        tasks_failed=failed,
+        tasks_arrived=crossing[2],
+        tasks_failed=crossing[3],
         tuned_tasks=len(tasks),
+        at_crossing=round(100.0 * (1 - crossing[0] / capacity), 4),
+        window_arrivals=len(window),
     )
 
 
@@ -218,6 +291,8 @@ def run_openb_seeds(
         "seeds": list(seeds),
         "unallocated_gpu_pct_median": round(statistics.median(values), 4) if values else None,
         "unallocated_gpu_pct": values,
+        "unallocated_gpu_pct_at_crossing": [r.at_crossing for r in runs],
+        "measure": "mean allocation over arrivals at 99.5-100.5 % of capacity (FGD's analysis)",
         "tasks_failed": [r.tasks_failed for r in runs],
         "tasks_arrived": [r.tasks_arrived for r in runs],
         "capacity_milli": runs[0].capacity_milli if runs else 0,

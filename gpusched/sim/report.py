@@ -62,35 +62,64 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
             workload, policy = stem.split("__", 1)
             ours.setdefault(workload, {})[policy] = data
     lines = [
-        "| pod list | Random (pub.) | Random (ours) | BestFit (pub.) | BestFit (ours) | FGD (pub.) "
-        "| gpusched (ours) | fgd preset (ours) | seeds |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| pod list | Random (pub.) | Random (ours) | Δ | BestFit (pub.) | BestFit (ours) | Δ "
+        "| FGD (pub.) | fgd preset (ours) | Δ | gpusched (ours) | gpusched − FGD (pub.) | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     names = sorted(ours)
+    deltas: dict[str, list[float]] = {"random": [], "best-fit": [], "fgd": [], "gpusched": []}
     for workload in names:
         pub = published.get(workload, {})
         mine = ours[workload]
 
-        def med(policy: str, mine: dict[str, dict[str, Any]] = mine) -> Any:
-            return mine.get(policy, {}).get("unallocated_gpu_pct_median")
+        def med(policy: str, mine: dict[str, dict[str, Any]] = mine) -> str:
+            data = mine.get(policy, {})
+            # A run without "measure" predates the FGD-procedure harness (single-point reading).
+            stale = bool(data) and "measure" not in data
+            return _fmt(data.get("unallocated_gpu_pct_median")) + (" *" if stale else "")
+
+        def diff(
+            policy: str,
+            pub_key: str,
+            mine: dict[str, dict[str, Any]] = mine,
+            pub: dict[str, float] = pub,
+        ) -> str:
+            value = mine.get(policy, {}).get("unallocated_gpu_pct_median")
+            if value is None or pub.get(pub_key) is None or "measure" not in mine.get(policy, {}):
+                return "—"
+            deltas[policy].append(value - pub[pub_key])
+            return f"{value - pub[pub_key]:+.2f}"
 
         seeds = max((len(v.get("seeds", [])) for v in mine.values()), default=0)
         lines.append(
             f"| {workload.replace('openb_pod_list_', '')} "
-            f"| {_fmt(pub.get('Random'))} | {_fmt(med('random'))} "
-            f"| {_fmt(pub.get('BestFit'))} | {_fmt(med('best-fit'))} | {_fmt(pub.get('FGD'))} "
-            f"| {_fmt(med('gpusched'))} | {_fmt(med('fgd'))} | {seeds} |"
+            f"| {_fmt(pub.get('Random'))} | {med('random')} | {diff('random', 'Random')} "
+            f"| {_fmt(pub.get('BestFit'))} | {med('best-fit')} | {diff('best-fit', 'BestFit')} "
+            f"| {_fmt(pub.get('FGD'))} | {med('fgd')} | {diff('fgd', 'FGD')} "
+            f"| {med('gpusched')} | {diff('gpusched', 'FGD')} | {seeds} |"
         )
+
+    def mean(policy: str) -> str:
+        values = deltas[policy]
+        return f"{sum(values) / len(values):+.2f} (n={len(values)})" if values else "—"
+
+    lines.append(
+        f"| **mean Δ** | | | {mean('random')} | | | {mean('best-fit')} | | | {mean('fgd')} | | "
+        f"{mean('gpusched')} | |"
+    )
+    lines.append("")
+    lines.append("`*` = a run of the earlier harness (one reading at the crossing arrival): not comparable.")
     if names:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(12, 4.5))
-        width = 0.13
+        width = 0.12
         series = [
             ("Random pub.", "Random", None),
             ("Random ours", None, "random"),
             ("BestFit pub.", "BestFit", None),
             ("BestFit ours", None, "best-fit"),
             ("FGD pub.", "FGD", None),
+            ("fgd preset ours", None, "fgd"),
             ("gpusched ours", None, "gpusched"),
         ]
         for k, (label, pub_key, our_key) in enumerate(series):
@@ -102,7 +131,7 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
                     v = ours[workload].get(our_key or "", {}).get("unallocated_gpu_pct_median")
                     values.append(float("nan") if v is None else v)
             ax.bar(
-                [i + (k - 2.5) * width for i in range(len(names))],
+                [i + (k - 3) * width for i in range(len(names))],
                 values,
                 width,
                 label=label,
@@ -243,37 +272,37 @@ def philly_report(folder: Path, baseline: str = "first-fit") -> str:
 
 
 def latency_report(folder: Path) -> str:
-    """p50/p99 decision latency against fleet size; writes ``latency.png``."""
+    """p50/p99 decision latency against fleet size, wall clock and CPU time; writes ``latency.png``
+    (CPU time plotted: a loaded machine inflates the wall clock, not the work)."""
     runs = _load(folder)
     lines = [
-        "| policy | nodes | GPUs | p50 ms | p99 ms | mean ms | max ms | CPU p50 ms | CPU p99 ms | samples |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| policy | engine | nodes | GPUs | p50 ms | p99 ms | mean ms | max ms | CPU p50 ms | CPU p99 ms "
+        "| samples |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     plt = _plt() if runs else None
     fig, ax = plt.subplots(figsize=(6, 4)) if plt is not None else (None, None)
     for data in runs.values():
         sweep = sorted(data["sweep"], key=lambda r: r["nodes"])
+        engine = "resident" if data.get("resident") else "per call"
         for row in sweep:
             lines.append(
-                f"| {data['policy']} | {row['nodes']} | {row['gpus']} | {_fmt(row['p50_ms'], 3)} | "
-                f"{_fmt(row['p99_ms'], 3)} | {_fmt(row['mean_ms'], 3)} | {_fmt(row['max_ms'], 3)} | "
+                f"| {data['policy']} | {engine} | {row['nodes']} | {row['gpus']} | "
+                f"{_fmt(row['p50_ms'], 3)} | {_fmt(row['p99_ms'], 3)} | "
+                f"{_fmt(row['mean_ms'], 3)} | {_fmt(row['max_ms'], 3)} | "
                 f"{_fmt(row.get('cpu_p50_ms'), 3)} | {_fmt(row.get('cpu_p99_ms'), 3)} | {row['samples']} |"
             )
         if ax is not None:
-            ax.plot(
-                [r["nodes"] for r in sweep], [r["p50_ms"] for r in sweep], "-o", label=f"{data['policy']} p50"
-            )
-            ax.plot(
-                [r["nodes"] for r in sweep],
-                [r["p99_ms"] for r in sweep],
-                "--o",
-                label=f"{data['policy']} p99",
-            )
+            key = "cpu_p50_ms" if all("cpu_p50_ms" in r for r in sweep) else "p50_ms"
+            tail = "cpu_p99_ms" if key == "cpu_p50_ms" else "p99_ms"
+            label = f"{data['policy']} ({engine})"
+            ax.plot([r["nodes"] for r in sweep], [r[key] for r in sweep], "-o", label=f"{label} p50")
+            ax.plot([r["nodes"] for r in sweep], [r[tail] for r in sweep], "--o", label=f"{label} p99")
     if plt is not None and fig is not None and ax is not None:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("nodes (8 GPUs each)")
-        ax.set_ylabel("decision latency (ms)")
+        ax.set_ylabel("decision latency, CPU time (ms)")
         ax.axhline(5, color="grey", lw=0.8, ls=":")
         ax.legend(fontsize=8)
         fig.tight_layout()
