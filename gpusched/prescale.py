@@ -205,7 +205,7 @@ def standby_for_waiting(
     standby node helps are not served here. Longest-waiting tasks choose first; a node chosen
     for one task is offered to the next ones too.
     """
-    from gpusched.recovery import fits_fleet
+    from gpusched.faults.remedies import fits_fleet
 
     current = snapshot
     chosen: list[str] = []

@@ -249,7 +249,8 @@ def test_ledger_never_hands_out_a_mig_enabled_gpu(tmp_path: Path) -> None:
 
 
 def test_an_oom_on_a_slice_retries_on_a_bigger_slice(fleet: FleetSnapshot) -> None:
-    from gpusched.recovery import Classification, FailureKind, choose_remedy, fits_fleet
+    from gpusched.faults.classify import Classification, FailureKind
+    from gpusched.faults.remedies import choose_remedy, fits_fleet
 
     small = next(d for d in fleet.devices() if d.profile == "1g.10gb")
     request = GPURequest.build(gpus=0.1, memory="8GiB", profile="1g.10gb")

@@ -8,11 +8,11 @@ import sys
 import time
 
 from gpusched.cli import main
-from gpusched.failures import pending_failures
+from gpusched.faults.failures import pending_failures
+from gpusched.faults.remediation import PidRegistry, PidStopper
 from gpusched.hardware.simulated import SimulatedBackend
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceSample, DeviceShare, Health
-from gpusched.remediation import PidRegistry, PidStopper
 from gpusched.request import GPURequest
 from gpusched.telemetry import TelemetryAgent, sample_once
 

@@ -103,10 +103,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the agent; returns the exit code."""
     import os
 
+    from gpusched.faults.remediation import PidStopper
     from gpusched.hardware.detect import detect_backend
     from gpusched.ledger import Ledger
     from gpusched.prometheus import MetricsServer
-    from gpusched.remediation import PidStopper
     from gpusched.telemetry import TelemetryAgent
 
     config = _config(args)
