@@ -72,10 +72,10 @@ class TelemetryAgent:
         inventory_every_s: how often the inventory (and reported health) is re-synced.
         retention_s: samples older than this are pruned (hourly).
         scale_after_s: tasks waiting longer than this for capacity a standby node gives switch
-            that node on (:func:`gpusched.scaling.react_to_waiting`); None: never.
+            that node on (:func:`gpusched.capacity.scaling.react_to_waiting`); None: never.
         mig_provider: dynamic MIG (``GPUSCHED_DYNAMIC_MIG``; None = off, the default): each cycle,
             idle MIG-capable GPUs are re-partitioned for waiting hard-isolated requests
-            (:func:`gpusched.mig_plan.plan_repartition`) and the inventory re-synced.
+            (:func:`gpusched.capacity.mig_plan.plan_repartition`) and the inventory re-synced.
     """
 
     def __init__(
@@ -128,7 +128,7 @@ class TelemetryAgent:
             self.sync_inventory(at)
         scaled: list[str] = []
         if self.scale_after_s is not None:
-            from gpusched.scaling import react_to_waiting
+            from gpusched.capacity.scaling import react_to_waiting
 
             try:
                 scaled = list(react_to_waiting(self.ledger, threshold_s=self.scale_after_s, now=at).reasons)
@@ -183,7 +183,7 @@ class TelemetryAgent:
 
     def repartition(self, now: float) -> tuple[str, ...]:
         """Dynamic MIG: re-partition idle GPUs for waiting hard requests; the GPUs changed."""
-        from gpusched.mig_plan import plan_repartition
+        from gpusched.capacity.mig_plan import plan_repartition
 
         if self.mig_provider is None:
             return ()

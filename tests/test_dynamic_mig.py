@@ -13,11 +13,11 @@ from unittest import mock
 import pynvml
 import pytest
 
+from gpusched.capacity.mig_plan import MigStep, plan_repartition
 from gpusched.errors import ConfigurationError
 from gpusched.hardware.fleetfile import load_fleet
 from gpusched.hardware.mig_provider import LocalMigProvider, NvmlMigProvider, mig_provider_from_spec
 from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
-from gpusched.mig_plan import MigStep, plan_repartition
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, place
 from gpusched.request import GPURequest

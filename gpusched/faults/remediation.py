@@ -240,8 +240,8 @@ def apply_remedy(
 
 def _activate(remedy: Remedy, snapshot: FleetSnapshot, now: float | None) -> str:
     """Ask the configured scaler (``GPUSCHED_SCALER``) to activate the remedy's standby nodes."""
+    from gpusched.capacity.scaling import LocalFleetScaler, ScalingPlan, scaler_from_spec
     from gpusched.errors import GpuschedError
-    from gpusched.scaling import LocalFleetScaler, ScalingPlan, scaler_from_spec
 
     try:
         scaler = scaler_from_spec()
