@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from gpusched.agent.telemetry import TelemetryAgent, sample_once
 from gpusched.cli import main
 from gpusched.faults.failures import pending_failures
 from gpusched.faults.remediation import PidRegistry, PidStopper
@@ -14,7 +15,6 @@ from gpusched.hardware.simulated import SimulatedBackend
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceSample, DeviceShare, Health
 from gpusched.request import GPURequest
-from gpusched.telemetry import TelemetryAgent, sample_once
 
 GIB = 2**30
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpusched.alerts import ActionKind, AlertConfig, evaluate, memory_growth_rate
+from gpusched.agent.alerts import ActionKind, AlertConfig, evaluate, memory_growth_rate
 from gpusched.catalog import Vendor
 from gpusched.faults.xid import XidClass, classify_xid
 from gpusched.ledger import Allocation

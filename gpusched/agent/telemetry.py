@@ -2,8 +2,8 @@
 
 :func:`sample_once` reads every device once and stores the readings. :class:`TelemetryAgent`
 is what ``gpusched agent`` runs each interval: sample → evaluate the alert rules over the recent
-window (:mod:`gpusched.alerts`) → apply the actions (:mod:`gpusched.faults.remediation`) → refresh the
-Prometheus text (:mod:`gpusched.prometheus`). The agent only judges the devices its own backend
+window (:mod:`gpusched.agent.alerts`) → apply the actions (:mod:`gpusched.faults.remediation`) → refresh the
+Prometheus text (:mod:`gpusched.agent.prometheus`). The agent only judges the devices its own backend
 sees, so one agent per GPU host can share one ledger.
 """
 
@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpusched.alerts import Action, ActionKind, AlertConfig, evaluate
+from gpusched.agent.alerts import Action, ActionKind, AlertConfig, evaluate
+from gpusched.agent.prometheus import TenantBudget, exposition, metric_families, scheduling_families
 from gpusched.errors import HardwareError, TelemetryError
 from gpusched.faults.remediation import TaskStopper, apply_actions
 from gpusched.hardware.base import HardwareBackend
 from gpusched.model import DeviceSample, FleetSnapshot
-from gpusched.prometheus import TenantBudget, exposition, metric_families, scheduling_families
 
 if TYPE_CHECKING:
     from gpusched.hardware.mig_provider import MigProvider
