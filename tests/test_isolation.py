@@ -17,13 +17,13 @@ from gpusched.airflow.docker_devices import (
     shares_from_allocation,
 )
 from gpusched.catalog import Vendor, default_catalog
-from gpusched.envexport import allocation_from_env, devices_env
 from gpusched.errors import FleetFileError, GPURequestError
+from gpusched.hardware.envexport import allocation_from_env, devices_env
 from gpusched.hardware.fleetfile import load_fleet, parse_fleet
 from gpusched.hardware.simulated import default_fleet_path
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask, place
-from gpusched.quota import normalised_rate, partition_capacity, physical_milli
+from gpusched.quota.policy import normalised_rate, partition_capacity, physical_milli
 from gpusched.request import GPURequest
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -165,7 +165,7 @@ class TelemetryAgent:
         """Queue waits and tenant budgets, read from the ledger (what the alert rules watch)."""
         from gpusched.airflow import api_views
         from gpusched.airflow.quota_file import load_quota_policy
-        from gpusched.quota import UNITS_PER_A100_HOUR
+        from gpusched.quota.policy import UNITS_PER_A100_HOUR
 
         waiting_since: dict[str, float] = {}
         for entry in self.ledger.queue():

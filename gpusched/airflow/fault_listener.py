@@ -82,8 +82,8 @@ def build_failure_record(task_instance: Any, error: Any, ledger: Any) -> Any:
     """The :class:`~gpusched.faults.failures.FailureRecord` of this failed try."""
     from gpusched.airflow.authoring import request_from_executor_config
     from gpusched.airflow.keys import ti_key_of
-    from gpusched.envexport import allocation_from_env
     from gpusched.faults.failures import FailureRecord
+    from gpusched.hardware.envexport import allocation_from_env
 
     key = ti_key_of(task_instance)
     allocation = ledger.get(key)
