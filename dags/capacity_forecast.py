@@ -16,7 +16,7 @@ Tasks
 4. ``forecast`` — refit the chosen model, forecast 24 h with a 90 % interval, write
    ``$AIRFLOW_HOME/gpusched/forecast/latest.json`` + ``forecast-<stamp>.png``, the UI's
    ``$AIRFLOW_HOME/gpusched/forecast.json``, and a ``forecast`` event in the ledger.
-5. ``prescale`` — :func:`gpusched.scaling.plan_prescale` with the provisioning delay
+5. ``prescale`` — :func:`gpusched.capacity.scaling.plan_prescale` with the provisioning delay
    (``GPUSCHED_PROVISIONING_DELAY_S``, default 900) applied through ``GPUSCHED_SCALER``
    (``local`` | ``command:<cmd>`` | ``webhook:<url>``).
 
@@ -35,7 +35,7 @@ HISTORY_DAYS = 28
 
 
 def _series(history: dict[str, Any]) -> Any:
-    from gpusched.forecast import DemandSeries
+    from gpusched.capacity.forecast import DemandSeries
 
     return DemandSeries(history["start"], history["step_s"], tuple(history["values"]), history["capacity"])
 
@@ -59,7 +59,7 @@ def gpusched_capacity_forecast() -> None:
     def load_history() -> dict[str, Any]:
         import time
 
-        from gpusched.forecast import demand_from_history, load_philly_demand, synthetic_demand
+        from gpusched.capacity.forecast import demand_from_history, load_philly_demand, synthetic_demand
 
         source = _source()
         override = os.environ.get("GPUSCHED_FORECAST_CAPACITY")
@@ -92,7 +92,7 @@ def gpusched_capacity_forecast() -> None:
 
     @task
     def validate(history: dict[str, Any]) -> dict[str, Any]:
-        from gpusched.demand_checks import validate_series
+        from gpusched.capacity.demand_checks import validate_series
 
         series = _series(history)
         checks = validate_series(series)
@@ -102,7 +102,7 @@ def gpusched_capacity_forecast() -> None:
     def select_model(history: dict[str, Any], checks: dict[str, Any]) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from gpusched.forecast import MODELS, backtest, history_shortfall, since_first_demand
+        from gpusched.capacity.forecast import MODELS, backtest, history_shortfall, since_first_demand
         from gpusched.ledger import Ledger
 
         series = _series(history)
@@ -120,7 +120,7 @@ def gpusched_capacity_forecast() -> None:
     def forecast(history: dict[str, Any], selection: dict[str, Any]) -> dict[str, Any]:
         import json
 
-        from gpusched.forecast import fit_forecast, plot_forecast, since_first_demand
+        from gpusched.capacity.forecast import fit_forecast, plot_forecast, since_first_demand
         from gpusched.paths import state_dir
 
         series = since_first_demand(_series(history))
@@ -142,10 +142,10 @@ def gpusched_capacity_forecast() -> None:
 
     @task
     def prescale(history: dict[str, Any], fc: dict[str, Any]) -> dict[str, Any]:
+        from gpusched.capacity.forecast import Forecast
+        from gpusched.capacity.scaling import plan_prescale, scaler_from_spec
         from gpusched.catalog import default_catalog
-        from gpusched.forecast import Forecast
         from gpusched.model import Device, Node
-        from gpusched.scaling import plan_prescale, scaler_from_spec
 
         model = default_catalog().models[0]
         standby = [

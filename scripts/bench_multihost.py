@@ -3,7 +3,7 @@
 
     nice -n 10 python scripts/bench_multihost.py [--tasks 200] [--deaths 3] [--out results/multihost.json]
 
-One local deployment (``gpusched.multihost_cluster.LocalCluster``: Redis, PostgreSQL, scheduler,
+One local deployment (``gpusched.deploy.multihost_cluster.LocalCluster``: Redis, PostgreSQL, scheduler,
 api-server, dag-processor, two GPU hosts with a Celery worker and an agent each) runs, in the same
 scheduler, ``[core] executor = GPUCeleryExecutor,CeleryExecutor``:
 
@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpusched.multihost_cluster import LocalCluster  # noqa: E402
+from gpusched.deploy.multihost_cluster import LocalCluster  # noqa: E402
 
 DAGS = '''
 from __future__ import annotations

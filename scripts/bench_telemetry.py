@@ -26,12 +26,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gpusched.agent.telemetry import TelemetryAgent  # noqa: E402
 from gpusched.hardware.simulated import SimulatedBackend  # noqa: E402
 from gpusched.ledger import Ledger  # noqa: E402
 from gpusched.model import DeviceShare  # noqa: E402
 from gpusched.request import GPURequest  # noqa: E402
 from gpusched.sim.metrics import percentile  # noqa: E402
-from gpusched.telemetry import TelemetryAgent  # noqa: E402
 
 
 class Clock:

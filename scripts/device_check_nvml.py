@@ -4,7 +4,7 @@
 Runs :class:`gpusched.hardware.nvidia.NvidiaBackend` discovery and three samples on the real
 devices, cross-checks them with ``nvidia-smi``, checks that ``detect_backend()`` picks NVIDIA (not
 the simulated fleet) and that ``gpusched inventory --json`` reports the same devices, then turns
-an allocation of device 0 into ``CUDA_VISIBLE_DEVICES`` (``gpusched.envexport.devices_env``, by
+an allocation of device 0 into ``CUDA_VISIBLE_DEVICES`` (``gpusched.hardware.envexport.devices_env``, by
 index and by UUID) and asks the CUDA driver in a child process which devices it sees: exactly
 the allocated one, and none for an unknown UUID.
 
@@ -205,7 +205,7 @@ def check_mig(devices: list[Any], pythonpath: list[str]) -> dict[str, Any]:
 
 def end_to_end(nodes: list[Any], pythonpath: list[str]) -> list[dict[str, Any]]:
     """Place tasks on the real fleet, export their environment, run real CUDA work in a child."""
-    from gpusched.envexport import devices_env
+    from gpusched.hardware.envexport import devices_env
     from gpusched.model import FleetSnapshot
     from gpusched.placement import PendingTask, Policy, place
     from gpusched.request import GPURequest
@@ -280,8 +280,8 @@ def main() -> int:
     pythonpath = [str(ROOT)] + ([extra_path] if extra_path else [])
 
     from gpusched.catalog import arch_rank, default_catalog
-    from gpusched.envexport import devices_env
     from gpusched.hardware.detect import detect_backend
+    from gpusched.hardware.envexport import devices_env
     from gpusched.hardware.nvidia import NvidiaBackend
     from gpusched.model import MILLI, DeviceShare, FleetSnapshot, Health
 

@@ -83,7 +83,7 @@ def populate(ledger: Ledger, now: float, *, with_forecast: bool = True) -> None:
                                     device.memory_bytes, 35_000 + util * 400, 60_000 + util * 6_000))
     ledger.record_samples(samples)
     if with_forecast:
-        from gpusched.forecast import fit_forecast, synthetic_demand
+        from gpusched.capacity.forecast import fit_forecast, synthetic_demand
 
         series = synthetic_demand(24 * 14, start=now - 24 * 14 * 3600, capacity=64, base=30, daily=10)
         forecast = fit_forecast(series, "ets", 48, level=0.9)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from gpusched.catalog import Vendor
-from gpusched.envexport import ENV_KEYS, allocation_from_env, devices_env
 from gpusched.errors import PlacementError
+from gpusched.hardware.envexport import ENV_KEYS, allocation_from_env, devices_env
 from gpusched.model import MILLI, Device, DeviceShare, FleetSnapshot, Node
 
 GIB = 1024**3

@@ -203,7 +203,7 @@ def test_heartbeat_renews_leases_of_running_tasks(executor: Any) -> None:
 def test_fault_chain_override_and_refusal_are_obeyed(executor: Any) -> None:
     from airflow.utils.state import TaskInstanceState
 
-    from gpusched.failures import refuse_retry, set_override
+    from gpusched.faults.failures import refuse_retry, set_override
 
     # The chain asked for more memory on another model after an OOM: the retry gets that request.
     bigger = GPURequest.build(gpus=1, models=["MI300X"], memory="150GiB")
@@ -233,9 +233,9 @@ def test_never_fitting_reason_reaches_the_task_log_and_the_fault_chain_does_not_
 
     from gpusched.airflow.fault_listener import read_log_tail
     from gpusched.airflow.task_log import task_log_path
-    from gpusched.failures import FailureRecord
-    from gpusched.recovery import FailureKind
-    from gpusched.remediation import handle_failure
+    from gpusched.faults.classify import FailureKind
+    from gpusched.faults.failures import FailureRecord
+    from gpusched.faults.remediation import handle_failure
 
     huge = _workload("huge", {"gpus": 64, "vendor": "nvidia", "interconnect": "island"})
     _submit(executor, huge)

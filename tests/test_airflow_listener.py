@@ -10,7 +10,7 @@ import pytest
 
 from gpusched.airflow import listener
 from gpusched.airflow.keys import ti_key
-from gpusched.envexport import devices_env
+from gpusched.hardware.envexport import devices_env
 from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
 from gpusched.ledger import Ledger
 from gpusched.model import MILLI, DeviceShare

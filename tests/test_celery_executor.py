@@ -137,7 +137,7 @@ def test_gang_members_go_to_their_hosts_with_one_rendezvous(executor: Any) -> No
 
 
 def test_unreachable_broker_is_one_clear_error(executor: Any) -> None:
-    from gpusched.multihost_cluster import free_port
+    from gpusched.deploy.multihost_cluster import free_port
 
     executor.celery_app.conf.broker_url = f"redis://127.0.0.1:{free_port()}/0"
     with pytest.raises(ConfigurationError, match=r"cannot reach the Celery broker .*broker_url"):
@@ -145,8 +145,8 @@ def test_unreachable_broker_is_one_clear_error(executor: Any) -> None:
 
 
 def test_unreachable_ledger_is_one_clear_error(executor: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpusched.deploy.multihost_cluster import free_port
     from gpusched.ledger import Ledger
-    from gpusched.multihost_cluster import free_port
 
     executor.gpu._ledger = Ledger(f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none")
     with pytest.raises(ConfigurationError, match=r"cannot open the gpusched ledger .*GPUSCHED_DB_URL"):

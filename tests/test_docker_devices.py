@@ -8,8 +8,8 @@ import pytest
 
 from gpusched.airflow.docker_devices import container_gpu_spec, shares_from_allocation
 from gpusched.catalog import Vendor
-from gpusched.envexport import allocation_from_env, devices_env
 from gpusched.errors import ConfigurationError
+from gpusched.hardware.envexport import allocation_from_env, devices_env
 from gpusched.model import DeviceShare
 
 GIB = 1024**3

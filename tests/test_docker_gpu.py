@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from gpusched.catalog import Vendor
-from gpusched.envexport import allocation_from_env, devices_env
+from gpusched.hardware.envexport import allocation_from_env, devices_env
 from gpusched.model import DeviceShare
 
 pytestmark = pytest.mark.docker

@@ -13,11 +13,11 @@ from unittest import mock
 import pynvml
 import pytest
 
+from gpusched.capacity.mig_plan import MigStep, plan_repartition
 from gpusched.errors import ConfigurationError
 from gpusched.hardware.fleetfile import load_fleet
 from gpusched.hardware.mig_provider import LocalMigProvider, NvmlMigProvider, mig_provider_from_spec
 from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
-from gpusched.mig_plan import MigStep, plan_repartition
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, place
 from gpusched.request import GPURequest
@@ -81,8 +81,8 @@ def test_local_provider_changes_the_simulated_fleet(tmp_path: Path, busy_slices:
 
 
 def test_agent_cycle_repartitions_for_a_waiting_hard_request(tmp_path: Path) -> None:
+    from gpusched.agent.telemetry import TelemetryAgent
     from gpusched.ledger import Ledger
-    from gpusched.telemetry import TelemetryAgent
 
     backend = SimulatedBackend(default_fleet_path(), state_folder=tmp_path)
     with Ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:

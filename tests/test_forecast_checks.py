@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpusched.demand_checks import suite_path, validate_demand, validate_series
+from gpusched.capacity.demand_checks import suite_path, validate_demand, validate_series
+from gpusched.capacity.forecast import DemandSeries, synthetic_demand
 from gpusched.errors import ForecastError
-from gpusched.forecast import DemandSeries, synthetic_demand
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.errors import ForecastError
-from gpusched.forecast import (
+from gpusched.capacity.forecast import (
     DemandSeries,
     Forecast,
     backtest,
@@ -19,6 +18,7 @@ from gpusched.forecast import (
     plot_forecast,
     synthetic_demand,
 )
+from gpusched.errors import ForecastError
 
 
 def test_demand_from_jobs_integrates_overlap() -> None:
@@ -91,7 +91,7 @@ def test_forecast_demand_and_plot(tmp_path: Path) -> None:
 
 
 def test_history_shortfall_says_why_a_new_fleet_cannot_be_forecast() -> None:
-    from gpusched.forecast import DemandSeries, history_shortfall, since_first_demand
+    from gpusched.capacity.forecast import DemandSeries, history_shortfall, since_first_demand
 
     idle = DemandSeries(0.0, 3600, (0.0,) * (28 * 24), 40.0)
     assert "no GPU demand recorded" in (history_shortfall(idle) or "")
@@ -105,7 +105,7 @@ def test_history_shortfall_says_why_a_new_fleet_cannot_be_forecast() -> None:
 def test_backtest_of_a_flat_series_is_json_compliant() -> None:
     import json
 
-    from gpusched.forecast import DemandSeries, backtest
+    from gpusched.capacity.forecast import DemandSeries, backtest
 
     flat = DemandSeries(0.0, 3600, (0.0,) * (5 * 24), 40.0)
     data = backtest(flat, ("seasonal_naive",), origins=1).to_dict()

@@ -12,11 +12,8 @@ from typing import ClassVar
 
 import pytest
 
-from gpusched.catalog import default_catalog
-from gpusched.errors import ConfigurationError, ScalingError
-from gpusched.forecast import Forecast
-from gpusched.model import Device, FleetSnapshot, Node
-from gpusched.scaling import (
+from gpusched.capacity.forecast import Forecast
+from gpusched.capacity.scaling import (
     CommandScaler,
     LocalFleetScaler,
     ScalingPlan,
@@ -25,6 +22,9 @@ from gpusched.scaling import (
     plan_prescale,
     scaler_from_spec,
 )
+from gpusched.catalog import default_catalog
+from gpusched.errors import ConfigurationError, ScalingError
+from gpusched.model import Device, FleetSnapshot, Node
 
 NOW = 1_700_000_000.0
 
@@ -156,9 +156,9 @@ def test_scaler_from_spec(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_standby_for_waiting_serves_only_tasks_a_standby_node_helps() -> None:
     from dataclasses import replace as _replace
 
+    from gpusched.capacity.prescale import WaitingTask, standby_for_waiting
     from gpusched.model import FleetSnapshot
     from gpusched.placement.synthetic import synthetic_fleet
-    from gpusched.prescale import WaitingTask, standby_for_waiting
     from gpusched.request import GPURequest
 
     nodes = list(synthetic_fleet(3, used_fraction=0.0).nodes)

@@ -278,7 +278,7 @@ def test_cpx_partitions_are_isolated_slices_of_their_card(install: Callable[[Amd
 
 
 def test_hard_fraction_lands_on_a_cpx_partition(install: Callable[[AmdBox], ModuleType]) -> None:
-    from gpusched.envexport import devices_env
+    from gpusched.hardware.envexport import devices_env
     from gpusched.model import FleetSnapshot
     from gpusched.placement import PendingTask, Policy, place
     from gpusched.request import GPURequest

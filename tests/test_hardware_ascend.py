@@ -216,7 +216,7 @@ def test_chip_names_map_to_the_catalog(name: str, model: str) -> None:
 def test_ascend_quota_units_come_from_the_catalog() -> None:
     from gpusched.catalog import default_catalog
     from gpusched.model import DeviceShare, FleetSnapshot
-    from gpusched.quota import normalised_rate
+    from gpusched.quota.policy import normalised_rate
 
     (node,) = AscendBackend(host=HOST, run=FakeNpuSmi(INFO_910B)).discover()
     share = DeviceShare(node.devices[0].uuid, node.name, 0, 1000, node.devices[0].memory_bytes)

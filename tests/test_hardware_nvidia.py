@@ -473,7 +473,7 @@ def test_mig_listing_failure_leaves_the_gpu_without_instances(patch_nvml: Callab
 
 
 def test_hard_fraction_lands_on_a_discovered_mig_instance(patch_nvml: Callable[[FakeBox], None]) -> None:
-    from gpusched.envexport import devices_env
+    from gpusched.hardware.envexport import devices_env
     from gpusched.model import FleetSnapshot
     from gpusched.placement import PendingTask, Policy, place
     from gpusched.request import GPURequest

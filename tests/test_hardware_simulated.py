@@ -153,7 +153,7 @@ def test_corrupt_state_file_is_reported_with_the_fix() -> None:
 
 
 def test_standby_node_switched_on_by_the_local_scaler_is_discovered_active(tmp_path: Path) -> None:
-    from gpusched.scaling import LocalFleetScaler, ScalingPlan
+    from gpusched.capacity.scaling import LocalFleetScaler, ScalingPlan
 
     backend = SimulatedBackend(default_fleet_path(), state_folder=tmp_path)
     standby = [n.name for n in backend.discover() if n.standby]

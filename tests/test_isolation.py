@@ -17,13 +17,13 @@ from gpusched.airflow.docker_devices import (
     shares_from_allocation,
 )
 from gpusched.catalog import Vendor, default_catalog
-from gpusched.envexport import allocation_from_env, devices_env
 from gpusched.errors import FleetFileError, GPURequestError
+from gpusched.hardware.envexport import allocation_from_env, devices_env
 from gpusched.hardware.fleetfile import load_fleet, parse_fleet
 from gpusched.hardware.simulated import default_fleet_path
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask, place
-from gpusched.quota import normalised_rate, partition_capacity, physical_milli
+from gpusched.quota.policy import normalised_rate, partition_capacity, physical_milli
 from gpusched.request import GPURequest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,7 +249,8 @@ def test_ledger_never_hands_out_a_mig_enabled_gpu(tmp_path: Path) -> None:
 
 
 def test_an_oom_on_a_slice_retries_on_a_bigger_slice(fleet: FleetSnapshot) -> None:
-    from gpusched.recovery import Classification, FailureKind, choose_remedy, fits_fleet
+    from gpusched.faults.classify import Classification, FailureKind
+    from gpusched.faults.remedies import choose_remedy, fits_fleet
 
     small = next(d for d in fleet.devices() if d.profile == "1g.10gb")
     request = GPURequest.build(gpus=0.1, memory="8GiB", profile="1g.10gb")

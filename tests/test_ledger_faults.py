@@ -168,8 +168,8 @@ def test_killed_postgres_server_fails_cleanly_and_loses_nothing() -> None:
 
 
 def test_agent_cycle_expires_leases_without_any_executor(tmp_path: Path) -> None:
+    from gpusched.agent.telemetry import TelemetryAgent
     from gpusched.hardware.simulated import SimulatedBackend
-    from gpusched.telemetry import TelemetryAgent
 
     backend = SimulatedBackend()
     with Ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:

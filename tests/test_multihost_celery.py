@@ -1,6 +1,6 @@
 """End to end on Airflow's distributed engine: GPUCeleryExecutor, Redis, PostgreSQL, two GPU hosts.
 
-Boots (``gpusched.multihost_cluster.LocalCluster``) real processes on 127.0.0.1:
+Boots (``gpusched.deploy.multihost_cluster.LocalCluster``) real processes on 127.0.0.1:
 ``redis-server``, a throwaway PostgreSQL (Airflow's metadata, the Celery result backend and the
 gpusched ledger), ``airflow scheduler`` with
 ``GPUCeleryExecutor``, ``airflow api-server``, ``airflow dag-processor``, and per GPU host
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from gpusched.airflow.keys import ti_key
-from gpusched.multihost_cluster import LocalCluster
+from gpusched.deploy.multihost_cluster import LocalCluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.airflow, pytest.mark.slow]
 

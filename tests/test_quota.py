@@ -8,7 +8,7 @@ from gpusched.errors import ConfigurationError
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask, place
 from gpusched.placement.synthetic import make_node
-from gpusched.quota import (
+from gpusched.quota.policy import (
     UNITS_PER_A100_HOUR,
     QuotaPolicy,
     QuotaState,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpusched.failures import (
+from gpusched.faults.failures import (
     FailureRecord,
     clear_override,
     load_overrides,
@@ -14,10 +14,10 @@ from gpusched.failures import (
     record_failure,
     set_override,
 )
+from gpusched.faults.remediation import handle_failure
 from gpusched.hardware.simulated import SimulatedBackend
 from gpusched.ledger import Ledger
 from gpusched.model import Health
-from gpusched.remediation import handle_failure
 from gpusched.request import GPURequest
 
 GIB = 2**30
@@ -116,7 +116,7 @@ def test_recovery_sweep_handles_leftovers_and_reports_an_unreachable_api(
 
 @pytest.mark.slow
 def test_xid_fault_end_to_end_retry_lands_on_a_healthy_gpu() -> None:
-    from gpusched.recovery_bench import run_trial
+    from gpusched.faults.recovery_bench import run_trial
 
     trial = run_trial(with_chain=True, agent_interval_s=1.0, executor_tick_s=0.5)
     assert trial.classification == "hardware"

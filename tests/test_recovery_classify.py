@@ -6,15 +6,10 @@ from dataclasses import replace
 
 import pytest
 
+from gpusched.faults.classify import Classification, FailureKind, classify_failure
+from gpusched.faults.remedies import choose_remedy, fits_fleet
 from gpusched.hardware.simulated import SimulatedBackend
 from gpusched.model import FleetSnapshot, Health
-from gpusched.recovery import (
-    Classification,
-    FailureKind,
-    choose_remedy,
-    classify_failure,
-    fits_fleet,
-)
 from gpusched.request import GPURequest
 
 GIB = 2**30

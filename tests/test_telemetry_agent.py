@@ -7,14 +7,14 @@ import subprocess
 import sys
 import time
 
+from gpusched.agent.telemetry import TelemetryAgent, sample_once
 from gpusched.cli import main
-from gpusched.failures import pending_failures
+from gpusched.faults.failures import pending_failures
+from gpusched.faults.remediation import PidRegistry, PidStopper
 from gpusched.hardware.simulated import SimulatedBackend
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceSample, DeviceShare, Health
-from gpusched.remediation import PidRegistry, PidStopper
 from gpusched.request import GPURequest
-from gpusched.telemetry import TelemetryAgent, sample_once
 
 GIB = 2**30
 
@@ -151,7 +151,7 @@ def test_simulated_devices_held_by_tasks_look_busy_and_idle_again_after_release(
 
 def test_tasks_waiting_for_standby_capacity_switch_the_node_on_in_the_agent_cycle() -> None:
     """Before: tasks waiting for 8 H100s showed '8 on standby nodes' and nothing switched it on."""
-    from gpusched.scaling import LocalFleetScaler
+    from gpusched.capacity.scaling import LocalFleetScaler
 
     backend = SimulatedBackend()
     h100 = next(n for n in backend.discover() if n.name == "a-h100-1")

@@ -6,15 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from gpusched.alerts import (
-    ActionKind,
-    AlertConfig,
-    XidClass,
-    classify_xid,
-    evaluate,
-    memory_growth_rate,
-)
+from gpusched.agent.alerts import ActionKind, AlertConfig, evaluate, memory_growth_rate
 from gpusched.catalog import Vendor
+from gpusched.faults.xid import XidClass, classify_xid
 from gpusched.ledger import Allocation
 from gpusched.model import Device, DeviceSample, DeviceShare, FleetSnapshot, Health, Node
 from gpusched.request import GPURequest

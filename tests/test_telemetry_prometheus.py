@@ -6,10 +6,10 @@ import re
 import urllib.error
 import urllib.request
 
+from gpusched.agent.prometheus import CONTENT_TYPE, MetricsServer, metric_families, render_metrics
 from gpusched.catalog import Vendor
 from gpusched.ledger import Allocation
 from gpusched.model import Device, DeviceSample, DeviceShare, FleetSnapshot, Health, Node
-from gpusched.prometheus import CONTENT_TYPE, MetricsServer, metric_families, render_metrics
 from gpusched.request import GPURequest
 
 GIB = 2**30

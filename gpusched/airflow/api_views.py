@@ -21,7 +21,7 @@ from gpusched.request import Partition
 if TYPE_CHECKING:
     from gpusched.ledger import Allocation, QueueEntry
     from gpusched.model import Device, DeviceSample, FleetSnapshot, Node
-    from gpusched.quota import QuotaPolicy
+    from gpusched.quota.policy import QuotaPolicy
     from gpusched.request import GPURequest
 
 __all__ = [
@@ -305,7 +305,7 @@ def quotas_view(
     period_start: float,
 ) -> dict[str, Any]:
     """Partitions (share, capacity, use, borrowing, waiting demand) and tenant budgets."""
-    from gpusched.quota import UNITS_PER_A100_HOUR, partition_capacity
+    from gpusched.quota.policy import UNITS_PER_A100_HOUR, partition_capacity
 
     capacity = partition_capacity(snapshot)
     used = dict.fromkeys(Partition, 0)

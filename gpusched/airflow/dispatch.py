@@ -109,7 +109,7 @@ _worker_ledger: Any = None
 def record_worker(env: Mapping[str, str]) -> None:
     """Record this process as the ``worker`` holder of the allocation named in ``env`` (never raises)."""
     global _worker_ledger
-    from gpusched.envexport import ALLOCATION_VAR
+    from gpusched.hardware.envexport import ALLOCATION_VAR
 
     try:
         key = json.loads(env.get(ALLOCATION_VAR) or "{}").get("key")

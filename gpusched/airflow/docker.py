@@ -7,7 +7,7 @@ the task process by the gpusched executor/listener, or the ``allocation=`` argum
 * NVIDIA: ``device_requests=[DeviceRequest(device_ids=[uuids], capabilities=[["gpu"]])]``;
 * AMD / Ascend: the device nodes in ``HostConfig.Devices`` (the provider's ``DockerOperator`` has
   no ``devices`` argument, so this class adds them to the host config it builds);
-* the variables of :func:`gpusched.envexport.devices_env` (visible devices, fractions, allocation);
+* the variables of :func:`gpusched.hardware.envexport.devices_env` (visible devices, fractions, allocation);
 * ``network_mode="none"`` by default, and an optional shared named volume (datasets,
   checkpoints) mounted at ``/shared``.
 
@@ -35,8 +35,8 @@ from gpusched.airflow.docker_devices import (
     profiles_from_allocation,
     shares_from_allocation,
 )
-from gpusched.envexport import allocation_from_env
 from gpusched.errors import ConfigurationError
+from gpusched.hardware.envexport import allocation_from_env
 
 __all__ = [
     "BASE_IMAGES",

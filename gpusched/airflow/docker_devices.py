@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusched.catalog import Vendor
-from gpusched.envexport import devices_env
 from gpusched.errors import ConfigurationError
+from gpusched.hardware.envexport import devices_env
 from gpusched.model import MILLI, DeviceShare
 
 __all__ = [
@@ -168,7 +168,9 @@ def container_gpu_spec(
 def shares_from_allocation(
     allocation: Mapping[str, Any],
 ) -> tuple[tuple[DeviceShare, ...], Vendor, dict[str, str]]:
-    """Shares, vendor and uuid → model from a decoded ``GPUSCHED_ALLOCATION`` (:mod:`gpusched.envexport`).
+    """Shares, vendor and uuid → model from a decoded ``GPUSCHED_ALLOCATION``.
+
+    The allocation is the one :mod:`gpusched.hardware.envexport` wrote.
 
     Raises:
         ConfigurationError: the record is not from this version of gpusched or spans hosts.
@@ -184,7 +186,7 @@ def shares_from_allocation(
         vendor = Vendor(str(allocation["vendor"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigurationError(
-            f"GPUSCHED_ALLOCATION is not readable ({exc!r}); it must come from gpusched.envexport"
+            f"GPUSCHED_ALLOCATION is not readable ({exc!r}); it must come from gpusched.hardware.envexport"
         ) from None
     if not (len(uuids) == len(indices) == len(milli) == len(memory)):
         raise ConfigurationError("GPUSCHED_ALLOCATION lists differ in length; re-run the task")

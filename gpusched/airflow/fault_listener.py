@@ -1,12 +1,12 @@
 """Task-side listener of the fault chain: register the running try, record a failed one.
 
 ``on_task_instance_running`` (in the task process) registers the process id under the task key
-(:class:`gpusched.remediation.PidRegistry`), so ``gpusched agent`` on this host can stop the task
+(:class:`gpusched.faults.remediation.PidRegistry`), so ``gpusched agent`` on this host can stop the task
 when an alert rule says so. ``on_task_instance_failed`` (task process; scheduler for a task that
 never started; called for ``up_for_retry`` as well as ``failed``) records a
-:class:`gpusched.failures.FailureRecord` — task identity, devices, request, log tail and the
+:class:`gpusched.faults.failures.FailureRecord` — task identity, devices, request, log tail and the
 formatted exception — as a ``task_failed`` ledger event, then runs the chain at once
-(:func:`gpusched.remediation.handle_failure`: classify, cordon, request override) unless
+(:func:`gpusched.faults.remediation.handle_failure`: classify, cordon, request override) unless
 ``GPUSCHED_RECOVERY_INLINE=0``. The ``gpusched_fault_recovery`` DAG handles whatever is left
 (and clears tasks that Airflow will not retry by itself).
 
@@ -79,11 +79,11 @@ def read_log_tail(task_instance: Any, base_folder: str | None = None) -> str:
 
 
 def build_failure_record(task_instance: Any, error: Any, ledger: Any) -> Any:
-    """The :class:`~gpusched.failures.FailureRecord` of this failed try."""
+    """The :class:`~gpusched.faults.failures.FailureRecord` of this failed try."""
     from gpusched.airflow.authoring import request_from_executor_config
     from gpusched.airflow.keys import ti_key_of
-    from gpusched.envexport import allocation_from_env
-    from gpusched.failures import FailureRecord
+    from gpusched.faults.failures import FailureRecord
+    from gpusched.hardware.envexport import allocation_from_env
 
     key = ti_key_of(task_instance)
     allocation = ledger.get(key)
@@ -124,7 +124,7 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
         return
     try:
         from gpusched.airflow.keys import ti_key_of
-        from gpusched.remediation import PidRegistry
+        from gpusched.faults.remediation import PidRegistry
 
         PidRegistry().register(ti_key_of(task_instance))
     except Exception:
@@ -138,7 +138,7 @@ def on_task_instance_success(previous_state: Any, task_instance: Any) -> None:
         return
     try:
         from gpusched.airflow.keys import ti_key_of
-        from gpusched.remediation import PidRegistry
+        from gpusched.faults.remediation import PidRegistry
 
         PidRegistry().unregister(ti_key_of(task_instance))
     except Exception:
@@ -152,9 +152,9 @@ def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any)
         return
     try:
         from gpusched.airflow.keys import ti_key_of
-        from gpusched.failures import record_failure
+        from gpusched.faults.failures import record_failure
+        from gpusched.faults.remediation import PidRegistry, handle_failure
         from gpusched.ledger import Ledger
-        from gpusched.remediation import PidRegistry, handle_failure
         from gpusched.settings import env_bool
 
         PidRegistry().unregister(ti_key_of(task_instance))

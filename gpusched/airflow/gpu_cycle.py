@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpusched.airflow.gang import GangMember
-from gpusched.envexport import devices_env
 from gpusched.errors import PlacementError
+from gpusched.hardware.envexport import devices_env
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask, place
-from gpusched.quota import QuotaState
+from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 
 __all__ = [

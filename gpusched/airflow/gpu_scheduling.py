@@ -36,7 +36,7 @@ from gpusched.errors import (
     LedgerUnavailableError,
     UnknownAllocationError,
 )
-from gpusched.failures import load_overrides
+from gpusched.faults.failures import load_overrides
 from gpusched.placement.genetic import parse_weights
 from gpusched.request import GPURequest
 

@@ -27,8 +27,8 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
-from gpusched.envexport import ALLOCATION_VAR, allocation_from_env
 from gpusched.errors import WrongHostError
+from gpusched.hardware.envexport import ALLOCATION_VAR, allocation_from_env
 
 __all__ = [
     "HOST_VAR",
@@ -100,7 +100,7 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
     if allocation is None:
         if not _is_gpu_task(task_instance):
             return None
-        from gpusched.envexport import devices_env
+        from gpusched.hardware.envexport import devices_env
         from gpusched.ledger.hosts import LAUNCH_EVENT
 
         host = os.environ.get(HOST_VAR, "").strip()

@@ -2,7 +2,7 @@
 
 One file for every process that needs the policy (fleet API, pool sync, executor):
 ``$GPUSCHED_QUOTA_FILE``, else ``$AIRFLOW_HOME/gpusched/quota.yaml``, in the format of
-:meth:`gpusched.quota.QuotaPolicy.from_dict`::
+:meth:`gpusched.quota.policy.QuotaPolicy.from_dict`::
 
     shares: {training: 70, burst: 20, dev: 10}   # percent of in-service capacity
     borrowing: true
@@ -23,7 +23,7 @@ from gpusched.errors import ConfigurationError
 from gpusched.paths import state_dir
 
 if TYPE_CHECKING:
-    from gpusched.quota import QuotaPolicy
+    from gpusched.quota.policy import QuotaPolicy
 
 __all__ = ["load_quota_policy", "quota_file"]
 
@@ -41,7 +41,7 @@ def load_quota_policy() -> QuotaPolicy:
     """
     import yaml
 
-    from gpusched.quota import QuotaPolicy
+    from gpusched.quota.policy import QuotaPolicy
 
     path = quota_file()
     if not path.is_file():

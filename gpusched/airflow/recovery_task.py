@@ -4,7 +4,7 @@ For every ``task_failed`` ledger event not yet handled (the task-side listener u
 its own failure at once; this sweep catches the rest, e.g. failures recorded by the scheduler
 for tasks that never started, or when the inline chain was disabled or crashed):
 
-1. classify it and apply the remedy (:func:`gpusched.remediation.handle_failure`: cordon /
+1. classify it and apply the remedy (:func:`gpusched.faults.remediation.handle_failure`: cordon /
    mark unhealthy, request override for the retry, scale-out request on shortage);
 2. when the remedy says retry but Airflow will not retry by itself (no retries left), clear the
    failed task instance through the REST API so the scheduler runs a new try — which the GPU
@@ -26,9 +26,9 @@ RETRY_REQUESTED = "retry_requested"
 
 def run_recovery(ledger: Any = None, api: Any = None, *, max_attempts: int = 3) -> dict[str, Any]:
     """Handle pending failures; returns a JSON-safe summary (handled, retried, errors)."""
-    from gpusched.failures import HANDLED, pending_failures
+    from gpusched.faults.failures import HANDLED, pending_failures
+    from gpusched.faults.remediation import handle_failure
     from gpusched.ledger import Ledger
-    from gpusched.remediation import handle_failure
 
     own = ledger is None
     ledger = ledger or Ledger()

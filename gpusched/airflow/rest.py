@@ -155,7 +155,7 @@ class AirflowApi:
 
 
 class AirflowApiStopper:
-    """A :class:`gpusched.remediation.TaskStopper` that fails the task instance through the API."""
+    """A :class:`gpusched.faults.remediation.TaskStopper` that fails the task instance through the API."""
 
     def __init__(self, api: AirflowApi | None = None) -> None:
         self.api = api or AirflowApi()

@@ -80,7 +80,7 @@ def register(subparsers: Any) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from gpusched.alerts import AlertConfig
+    from gpusched.agent.alerts import AlertConfig
     from gpusched.catalog import Vendor
     from gpusched.errors import ConfigurationError
 
@@ -103,11 +103,11 @@ def run(args: argparse.Namespace) -> int:
     """Run the agent; returns the exit code."""
     import os
 
+    from gpusched.agent.prometheus import MetricsServer
+    from gpusched.agent.telemetry import TelemetryAgent
+    from gpusched.faults.remediation import PidStopper
     from gpusched.hardware.detect import detect_backend
     from gpusched.ledger import Ledger
-    from gpusched.prometheus import MetricsServer
-    from gpusched.remediation import PidStopper
-    from gpusched.telemetry import TelemetryAgent
 
     config = _config(args)
     kind = args.backend or ("simulated" if args.fleet else None)

@@ -30,8 +30,8 @@ def _default_trace() -> Path:
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", type=Path, default=_default_trace(), help="Philly philly_jobs.csv")
+    from gpusched.capacity.forecast import MODELS
     from gpusched.commands.args import int_range
-    from gpusched.forecast import MODELS
 
     parser.add_argument("--origins", type=int_range(1, 1000), default=14,
                         help="backtest origins, 4 days apart (default 14)")
@@ -60,7 +60,7 @@ def register_bench(bench_subparsers: Any) -> None:
 def run(trace: Path, *, origins: int = 14, horizon: int = 24, plot: Path | None = None,
         progress: bool = True) -> dict[str, Any]:
     """Backtest on the trace's hourly demand, refit the chosen model, plot; returns the figures."""
-    from gpusched.forecast import backtest, fit_forecast, load_philly_demand, plot_forecast
+    from gpusched.capacity.forecast import backtest, fit_forecast, load_philly_demand, plot_forecast
 
     series = load_philly_demand(trace)
     result = backtest(series, horizon=horizon, origins=origins, spacing=96, progress=progress)

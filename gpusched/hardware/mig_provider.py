@@ -1,6 +1,6 @@
-"""Dynamic MIG providers: carry out :class:`~gpusched.mig_plan.MigStep` re-partitions.
+"""Dynamic MIG providers: carry out :class:`~gpusched.capacity.mig_plan.MigStep` re-partitions.
 
-Like the scaler providers (:mod:`gpusched.scaling`), a provider has a ``name`` and
+Like the scaler providers (:mod:`gpusched.capacity.scaling`), a provider has a ``name`` and
 ``apply(steps) -> MigResult``. Chosen by ``GPUSCHED_DYNAMIC_MIG``:
 
 * ``off`` (default) — no provider: MIG layouts are read, never changed;
@@ -27,7 +27,7 @@ from gpusched.errors import ConfigurationError, HardwareError
 from gpusched.paths import state_dir
 
 if TYPE_CHECKING:
-    from gpusched.mig_plan import MigStep
+    from gpusched.capacity.mig_plan import MigStep
 
 __all__ = [
     "DYNAMIC_MIG_KINDS",

@@ -79,7 +79,7 @@ class SimulatedBackend:
     def discover(self) -> list[Node]:
         """The fleet's nodes; devices with faults carry the health the faults imply.
 
-        Standby nodes that a :class:`~gpusched.scaling.LocalFleetScaler` switched on (scale-out,
+        Standby nodes that a :class:`~gpusched.capacity.scaling.LocalFleetScaler` switched on (scale-out,
         pre-scaling) are reported as active: that is how the simulated fleet "provisions" a node.
         """
         faults = self.store.faults()
@@ -105,7 +105,7 @@ class SimulatedBackend:
 
     def powered_standby(self) -> frozenset[str]:
         """Names of standby nodes switched on through the local scaler's state file."""
-        from gpusched.scaling import LocalFleetScaler
+        from gpusched.capacity.scaling import LocalFleetScaler
 
         active = LocalFleetScaler(self._scaling_file).state().get("active_standby", [])
         return frozenset(str(name) for name in active)

@@ -32,7 +32,7 @@ from gpusched.placement.types import (
     Reservation,
     RunningTask,
 )
-from gpusched.quota import QuotaState, check_budget, check_partition, physical_milli
+from gpusched.quota.policy import QuotaState, check_budget, check_partition, physical_milli
 from gpusched.request import GPURequest, Partition
 
 __all__ = ["Placer", "place"]
@@ -381,7 +381,7 @@ class _Quota:
         pending: Sequence[PendingTask],
         now: float,
     ) -> None:
-        from gpusched.quota import normalised_rate, partition_capacity
+        from gpusched.quota.policy import normalised_rate, partition_capacity
 
         self.placer = placer
         self.quota = quota

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import Assignment, PendingTask, PlacementPlan, Policy, RunningTask, place
-from gpusched.quota import physical_milli
+from gpusched.quota.policy import physical_milli
 from gpusched.request import GPURequest
 
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]

@@ -10,9 +10,9 @@ Burst jobs go first; training jobs may not take the burst reserve. Strategies:
 
 * ``reactive`` — when queued demand exceeds free plus provisioning capacity, activate enough
   standby nodes (ready after the delay); no reserve.
-* ``predictive`` — every ``plan_every_s`` the demand forecast (:mod:`gpusched.forecast`, refit
+* ``predictive`` — every ``plan_every_s`` the demand forecast (:mod:`gpusched.capacity.forecast`, refit
   every ``refit_every_s`` on the simulated hourly history of total and burst demand) goes through
-  :func:`gpusched.prescale.plan_prescale`, which activates standby nodes ahead of the predicted
+  :func:`gpusched.capacity.prescale.plan_prescale`, which activates standby nodes ahead of the predicted
   demand and sets the burst reserve; the reactive rule stays as a fallback.
 
 Both scale in the same way: a whole idle node beyond what is needed goes back to standby after
@@ -188,8 +188,8 @@ class _Pool:
 
 def simulate_prescale(cfg: PrescaleConfig, strategy: str, jobs: list[SimJob] | None = None) -> PrescaleResult:
     """Run one strategy (``"reactive"`` or ``"predictive"``) on the scenario."""
-    from gpusched.forecast import DemandSeries, Forecast, fit_forecast
-    from gpusched.prescale import plan_prescale
+    from gpusched.capacity.forecast import DemandSeries, Forecast, fit_forecast
+    from gpusched.capacity.prescale import plan_prescale
 
     if strategy not in ("reactive", "predictive"):
         raise ValueError(f"strategy must be 'reactive' or 'predictive', not {strategy!r}")

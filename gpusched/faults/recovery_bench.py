@@ -8,8 +8,8 @@ One trial:
    through the simulated backend, like a CUDA program that hits a driver error on its next call.
 2. At t0 an Xid 79 is injected on its device (:meth:`SimulatedBackend.inject_fault`).
 3. The task dies with an NVRM Xid line and a CUDA error on stderr. The loop then does what the
-   task-side fault listener does (:func:`gpusched.failures.record_failure`,
-   :func:`gpusched.remediation.handle_failure`: classify → cordon → override) and what Airflow
+   task-side fault listener does (:func:`gpusched.faults.failures.record_failure`,
+   :func:`gpusched.faults.remediation.handle_failure`: classify → cordon → override) and what Airflow
    does on failure with retries left (release, wait ``retry_delay_s``, queue try 2).
 4. Meanwhile a real ``gpusched agent`` process samples every ``agent_interval_s`` and cordons
    the device on its own when it sees the Xid first.
@@ -111,12 +111,12 @@ def run_trial(
     """Run one trial in the current ``AIRFLOW_HOME`` (fresh state expected); see the module doc."""
     from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide, running_tasks
     from gpusched.airflow.keys import ti_key
-    from gpusched.failures import FailureRecord, load_overrides, record_failure
+    from gpusched.faults.failures import FailureRecord, load_overrides, record_failure
+    from gpusched.faults.remediation import handle_failure
     from gpusched.hardware.simulated import SimulatedBackend
     from gpusched.ledger import Ledger
     from gpusched.model import Health
     from gpusched.placement import Policy
-    from gpusched.remediation import handle_failure
     from gpusched.request import GPURequest
 
     backend = SimulatedBackend()

@@ -1,9 +1,10 @@
 """GPU demand on a regular time grid, and the ways to build one.
 
-:class:`DemandSeries` is what :mod:`gpusched.forecast` forecasts and :mod:`gpusched.demand_checks`
-validates. Builders: :func:`demand_from_jobs` (job records, integrated exactly),
-:func:`demand_from_history` (``Ledger.demand_history`` rows), :func:`load_philly_demand` (the
-Philly trace) and :func:`synthetic_demand` (seeded daily/weekly cycles for tests and demos).
+:class:`DemandSeries` is what :mod:`gpusched.capacity.forecast` forecasts and
+:mod:`gpusched.capacity.demand_checks` validates. Builders: :func:`demand_from_jobs` (job
+records, integrated exactly), :func:`demand_from_history` (``Ledger.demand_history`` rows),
+:func:`load_philly_demand` (the Philly trace) and :func:`synthetic_demand` (seeded daily/weekly
+cycles for tests and demos).
 numpy and pandas are imported inside the functions that need them.
 """
 

@@ -1,6 +1,6 @@
 """Pre-scaling: turn a demand forecast into a plan, and apply it through a scaler provider.
 
-:func:`plan_prescale` (pure, in :mod:`gpusched.prescale`, re-exported here) says which standby
+:func:`plan_prescale` (pure, in :mod:`gpusched.capacity.prescale`, re-exported here) says which standby
 nodes to activate *now* so that they are ready before the predicted demand arrives, and how
 many GPUs to hold back for the burst partition.
 
@@ -30,9 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from gpusched.errors import ConfigurationError, ScalingError
-from gpusched.paths import state_dir
-from gpusched.prescale import (
+from gpusched.capacity.prescale import (
     ReactiveScaleOut,
     ScaleStep,
     ScalingPlan,
@@ -41,6 +39,8 @@ from gpusched.prescale import (
     plan_prescale,
     standby_for_waiting,
 )
+from gpusched.errors import ConfigurationError, ScalingError
+from gpusched.paths import state_dir
 
 __all__ = [
     "CommandScaler",
@@ -213,7 +213,7 @@ def react_to_waiting(
 ) -> ReactiveScaleOut:
     """Switch on the standby nodes that tasks waiting longer than ``threshold_s`` need.
 
-    Reads the ledger's queue and fleet, applies :func:`gpusched.prescale.standby_for_waiting`
+    Reads the ledger's queue and fleet, applies :func:`gpusched.capacity.prescale.standby_for_waiting`
     through ``scaler`` (default ``$GPUSCHED_SCALER``) and records one ``scale_out_reactive``
     event per node with the reason. The burst reserve of the last forecast plan is kept.
     """

@@ -3,7 +3,7 @@
 :func:`evaluate` looks at the recent :class:`~gpusched.model.DeviceSample` readings of every
 device, at the fleet snapshot (vendor, health, cordons) and at the active allocations, and returns
 :class:`Action` records — plain data. Applying them (ledger writes, stopping a task) is the job of
-:mod:`gpusched.remediation`.
+:mod:`gpusched.faults.remediation`.
 
 Rules:
 
@@ -25,7 +25,7 @@ Rules:
     has been in use for ``orphan_memory_span_s`` (120 s): a leaked or foreign process holds it,
     and any task placed there would run out of memory → device ``degraded`` + cordoned.
 ``xid_hardware`` / ``xid_application``
-    A hardware-class Xid (see :func:`classify_xid`) → ``unhealthy`` + cordoned; an
+    A hardware-class Xid (see :func:`gpusched.faults.xid.classify_xid`) → ``unhealthy`` + cordoned; an
     application-class Xid → ``notify`` naming the holders (the task's own bug, the device is fine).
 
 Actions already in effect (device already that unhealthy and cordoned) are not repeated, so the
@@ -43,61 +43,17 @@ from types import MappingProxyType
 from typing import Protocol
 
 from gpusched.catalog import Vendor
+from gpusched.faults.xid import XidClass, classify_xid
 from gpusched.model import DeviceSample, DeviceShare, FleetSnapshot, Health
 
 __all__ = [
-    "APPLICATION_XIDS",
-    "HARDWARE_XIDS",
     "Action",
     "ActionKind",
     "AlertConfig",
     "HasShares",
-    "XidClass",
-    "classify_xid",
     "evaluate",
     "memory_growth_rate",
 ]
-
-HARDWARE_XIDS: frozenset[int] = frozenset({
-    48,   # double-bit (uncorrectable) ECC error
-    61, 62,  # internal micro-controller breakpoint / halt
-    63,   # ECC page retirement or row remapping recorded
-    64,   # ECC page retirement or row remapping failure
-    74,   # NVLink error
-    79,   # GPU has fallen off the bus
-    92,   # high single-bit ECC error rate
-    94,   # contained ECC error
-    95,   # uncontained ECC error
-    119, 120,  # GSP RPC timeout / GSP error
-    140,  # unrecovered ECC error
-})
-"""NVIDIA Xid codes that point at the device (or its link), per NVIDIA's Xid catalogue."""
-
-APPLICATION_XIDS: frozenset[int] = frozenset({
-    13,   # graphics engine exception (illegal instruction, out-of-range access in a kernel)
-    31,   # GPU memory page fault (the program touched an invalid address)
-    43,   # GPU stopped processing (the application's context was torn down)
-    45,   # preemptive cleanup after an earlier error (the process was killed)
-    68,   # video decoder exception
-})
-"""NVIDIA Xid codes caused by the program running on the device, not by the device."""
-
-
-class XidClass(StrEnum):
-    """Who an Xid error blames."""
-
-    HARDWARE = "hardware"
-    APPLICATION = "application"
-    UNKNOWN = "unknown"
-
-
-def classify_xid(code: int) -> XidClass:
-    """``hardware`` for device/link faults, ``application`` for program faults, else ``unknown``."""
-    if code in HARDWARE_XIDS:
-        return XidClass.HARDWARE
-    if code in APPLICATION_XIDS:
-        return XidClass.APPLICATION
-    return XidClass.UNKNOWN
 
 
 class ActionKind(StrEnum):

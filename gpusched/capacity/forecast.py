@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpusched.demand import (
+from gpusched.capacity.demand import (
     DemandSeries,
     demand_from_history,
     demand_from_jobs,

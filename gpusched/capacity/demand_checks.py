@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpusched.capacity.forecast import DemandSeries
 from gpusched.errors import ForecastError
-from gpusched.forecast import DemandSeries
 from gpusched.paths import include_dir
 
 __all__ = ["DemandCheck", "suite_path", "validate_demand", "validate_series"]
@@ -115,7 +115,7 @@ def validate_demand(
 def validate_series(
     series: DemandSeries, *, capacity: float | None = None, min_rows: int = 72
 ) -> tuple[DemandCheck, ...]:
-    """:func:`validate_demand` on a :class:`~gpusched.forecast.DemandSeries`.
+    """:func:`validate_demand` on a :class:`~gpusched.capacity.forecast.DemandSeries`.
 
     ``capacity`` defaults to the series' own; one of them is required.
     """

@@ -133,7 +133,7 @@ class FailureRecord:
             )
         except (KeyError, TypeError, ValueError, GPURequestError) as exc:
             raise LedgerError(
-                f"a {FAILED} event is malformed ({exc}); it was not written by gpusched.failures"
+                f"a {FAILED} event is malformed ({exc}); it was not written by gpusched.faults.failures"
             ) from exc
 
 

@@ -1,7 +1,7 @@
 """Applying decisions: alert actions and recovery remedies turned into ledger writes and signals.
 
-The policies (:mod:`gpusched.alerts`, :mod:`gpusched.recovery`) return data; this edge module
-does what the data says:
+The policies (:mod:`gpusched.agent.alerts`, :mod:`gpusched.faults.classify`,
+:mod:`gpusched.faults.remedies`) return data; this edge module does what the data says:
 
 - :func:`apply_actions` — ``set_health`` / ``cordon`` through the ledger, ``stop_task`` through a
   :class:`TaskStopper`, ``notify`` as an ``alert`` ledger event.
@@ -30,11 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from gpusched.alerts import Action, ActionKind
-from gpusched.failures import FailureRecord, mark_handled, record_failure, refuse_retry, set_override
+from gpusched.agent.alerts import Action, ActionKind
+from gpusched.faults.classify import Classification, classify_failure
+from gpusched.faults.failures import FailureRecord, mark_handled, record_failure, refuse_retry, set_override
+from gpusched.faults.remedies import Remedy, choose_remedy
 from gpusched.model import FleetSnapshot, Health
 from gpusched.paths import state_dir
-from gpusched.recovery import Classification, Remedy, choose_remedy, classify_failure
 
 if TYPE_CHECKING:
     from gpusched.ledger import Ledger
@@ -239,8 +240,8 @@ def apply_remedy(
 
 def _activate(remedy: Remedy, snapshot: FleetSnapshot, now: float | None) -> str:
     """Ask the configured scaler (``GPUSCHED_SCALER``) to activate the remedy's standby nodes."""
+    from gpusched.capacity.scaling import LocalFleetScaler, ScalingPlan, scaler_from_spec
     from gpusched.errors import GpuschedError
-    from gpusched.scaling import LocalFleetScaler, ScalingPlan, scaler_from_spec
 
     try:
         scaler = scaler_from_spec()

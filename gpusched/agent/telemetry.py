@@ -2,8 +2,8 @@
 
 :func:`sample_once` reads every device once and stores the readings. :class:`TelemetryAgent`
 is what ``gpusched agent`` runs each interval: sample → evaluate the alert rules over the recent
-window (:mod:`gpusched.alerts`) → apply the actions (:mod:`gpusched.remediation`) → refresh the
-Prometheus text (:mod:`gpusched.prometheus`). The agent only judges the devices its own backend
+window (:mod:`gpusched.agent.alerts`) → apply the actions (:mod:`gpusched.faults.remediation`) → refresh the
+Prometheus text (:mod:`gpusched.agent.prometheus`). The agent only judges the devices its own backend
 sees, so one agent per GPU host can share one ledger.
 """
 
@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpusched.alerts import Action, ActionKind, AlertConfig, evaluate
+from gpusched.agent.alerts import Action, ActionKind, AlertConfig, evaluate
+from gpusched.agent.prometheus import TenantBudget, exposition, metric_families, scheduling_families
 from gpusched.errors import HardwareError, TelemetryError
+from gpusched.faults.remediation import TaskStopper, apply_actions
 from gpusched.hardware.base import HardwareBackend
 from gpusched.model import DeviceSample, FleetSnapshot
-from gpusched.prometheus import TenantBudget, exposition, metric_families, scheduling_families
-from gpusched.remediation import TaskStopper, apply_actions
 
 if TYPE_CHECKING:
     from gpusched.hardware.mig_provider import MigProvider
@@ -72,10 +72,10 @@ class TelemetryAgent:
         inventory_every_s: how often the inventory (and reported health) is re-synced.
         retention_s: samples older than this are pruned (hourly).
         scale_after_s: tasks waiting longer than this for capacity a standby node gives switch
-            that node on (:func:`gpusched.scaling.react_to_waiting`); None: never.
+            that node on (:func:`gpusched.capacity.scaling.react_to_waiting`); None: never.
         mig_provider: dynamic MIG (``GPUSCHED_DYNAMIC_MIG``; None = off, the default): each cycle,
             idle MIG-capable GPUs are re-partitioned for waiting hard-isolated requests
-            (:func:`gpusched.mig_plan.plan_repartition`) and the inventory re-synced.
+            (:func:`gpusched.capacity.mig_plan.plan_repartition`) and the inventory re-synced.
     """
 
     def __init__(
@@ -128,7 +128,7 @@ class TelemetryAgent:
             self.sync_inventory(at)
         scaled: list[str] = []
         if self.scale_after_s is not None:
-            from gpusched.scaling import react_to_waiting
+            from gpusched.capacity.scaling import react_to_waiting
 
             try:
                 scaled = list(react_to_waiting(self.ledger, threshold_s=self.scale_after_s, now=at).reasons)
@@ -165,7 +165,7 @@ class TelemetryAgent:
         """Queue waits and tenant budgets, read from the ledger (what the alert rules watch)."""
         from gpusched.airflow import api_views
         from gpusched.airflow.quota_file import load_quota_policy
-        from gpusched.quota import UNITS_PER_A100_HOUR
+        from gpusched.quota.policy import UNITS_PER_A100_HOUR
 
         waiting_since: dict[str, float] = {}
         for entry in self.ledger.queue():
@@ -183,7 +183,7 @@ class TelemetryAgent:
 
     def repartition(self, now: float) -> tuple[str, ...]:
         """Dynamic MIG: re-partition idle GPUs for waiting hard requests; the GPUs changed."""
-        from gpusched.mig_plan import plan_repartition
+        from gpusched.capacity.mig_plan import plan_repartition
 
         if self.mig_provider is None:
             return ()

@@ -5,7 +5,7 @@ the predicted demand arrives, and how many GPUs to hold back for the burst parti
 :func:`standby_for_waiting` is the reactive half: which standby nodes would let tasks that have
 waited too long for capacity start.
 :func:`activate_in_snapshot` shows a fleet snapshot as it will be once a plan is carried out.
-The providers that carry plans out live in :mod:`gpusched.scaling` (the edge).
+The providers that carry plans out live in :mod:`gpusched.capacity.scaling` (the edge).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from gpusched.capacity.forecast import Forecast
 from gpusched.errors import ScalingError
-from gpusched.forecast import Forecast
 from gpusched.model import FleetSnapshot, Node
 from gpusched.request import GPURequest
 
@@ -205,7 +205,7 @@ def standby_for_waiting(
     standby node helps are not served here. Longest-waiting tasks choose first; a node chosen
     for one task is offered to the next ones too.
     """
-    from gpusched.recovery import fits_fleet
+    from gpusched.faults.remedies import fits_fleet
 
     current = snapshot
     chosen: list[str] = []

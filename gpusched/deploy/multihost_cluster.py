@@ -30,7 +30,7 @@ from gpusched.paths import include_dir
 
 __all__ = ["LocalCluster", "free_port"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # gpusched/deploy/ → the repository
 
 
 def free_port() -> int:

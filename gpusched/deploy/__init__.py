@@ -1,0 +1,1 @@
+"""Local deployments on one machine: the multi-host Airflow cluster harness (tests, benchmarks, demos)."""
