@@ -82,7 +82,8 @@ class CycleRequest:
     ``snapshot``: the fleet now (usage counts every active allocation); ``running``: the tasks
     holding devices (for the policy's expected ends); ``now``: the clock; ``replan_budget_ms`` /
     ``replan_weights``: the genetic re-planning budget (0 = greedy only) and its objective weights
-    (latency, fragmentation, energy); ``quota``: partition and budget state (None = none);
+    (latency, fragmentation, energy); ``quota``: partition and budget state, required
+    (:meth:`QuotaState.unlimited` when no quota is configured);
     ``addresses``: node -> address of its GPU host (rendezvous of multi-node gangs).
     """
 
@@ -91,11 +92,11 @@ class CycleRequest:
     policy: Policy
     running: tuple[RunningTask, ...]
     now: float
+    quota: QuotaState
     use_uuids: bool = False
     seed: int = 0
     replan_budget_ms: float = 0.0
     replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1)
-    quota: QuotaState | None = None
     addresses: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -78,7 +78,7 @@ class GPUScheduling:
     ``policy``, ``lease_seconds``, ``fail_unschedulable``,
     ``visible_devices_by_uuid``, ``replan_budget_ms``, ``replan_weights``, ``host_timeout_seconds``
     (30: a GPU host whose agent has not heartbeated for this long is lost; 0 = never),
-    ``ledger_wait_seconds`` (5: the most one ledger operation waits for a lock; after a timeout
+    ``over_budget`` (finish|stop), ``ledger_wait_seconds`` (5: the most one ledger operation waits for a lock; after a timeout
     the GPU work pauses that long, workloads stay queued), ``reconcile_seconds`` (5).
     """
 
@@ -99,6 +99,11 @@ class GPUScheduling:
         self.host_timeout_s = settings.get_float("host_timeout_seconds", conf)
         self.ledger_wait_s = settings.get_float("ledger_wait_seconds", conf)
         self.reconcile_s = settings.get_float("reconcile_seconds", conf)
+        # Quotas (issue 12): running work over its tenant's hard budget; acted on once per allocation.
+        from gpusched.airflow.gpu_quota import over_budget_action
+
+        self.over_budget = over_budget_action(conf)
+        self.over_budget_seen: set[str] = set()
         self._ledger_down_until = 0.0  # monotonic time before which the ledger is left alone
         self.process: Any = None  # this executor as a HolderProcess (set by start_process)
         self._last_reconcile = 0.0
@@ -210,10 +215,13 @@ class GPUScheduling:
             self.log.exception("gpusched: GPU scheduling cycle failed; retrying next heartbeat")
 
     def cycle_request(self, pending: Sequence[PendingWork], now: float) -> CycleRequest:
-        """Every input of one cycle, read from the ledger now."""
+        """Every input of one cycle, read from the ledger now (quota: the quota file and usage)."""
+        from gpusched.airflow.gpu_quota import cycle_quota
+
+        snapshot = self.ledger.snapshot(now)
         return CycleRequest(
-            tuple(pending), self.ledger.snapshot(now), self.policy,
-            tuple(running_tasks(self.ledger.active())), now, use_uuids=self.use_uuids,
+            tuple(pending), snapshot, self.policy, tuple(running_tasks(self.ledger.active())), now,
+            cycle_quota(self.ledger, snapshot, now), use_uuids=self.use_uuids,
             replan_budget_ms=self.replan_budget_ms, replan_weights=self.replan_weights,
             addresses=self.ledger.node_addresses() if any(p.gang for p in pending) else {},
         )
@@ -360,6 +368,7 @@ class GPUScheduling:
         if now - self._last_reconcile >= self.reconcile_s:
             self._last_reconcile = now
             self._safe(self.reconcile)
+            self._safe(lambda: self.check_over_budget(now))
         if now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
             self._last_renew = now
             for ledger_key in list(self.gpu_running.values()):
@@ -385,6 +394,12 @@ class GPUScheduling:
         from gpusched.airflow.gpu_faults import handle_lost_hosts
 
         return handle_lost_hosts(self, now)
+
+    def check_over_budget(self, now: float) -> list[Any]:
+        """Running tasks whose tenant crossed its hard budget: let finish or stop (``over_budget``)."""
+        from gpusched.airflow.gpu_quota import check_running
+
+        return check_running(self, now)
 
     def stop_broken_gangs(self) -> list[Any]:
         """Stop the live members of every launched gang one of whose members failed (or was lost)."""

@@ -110,6 +110,7 @@ def run_trial(
 ) -> Trial:
     """Run one trial in the current ``AIRFLOW_HOME`` (fresh state expected); see the module doc."""
     from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide, running_tasks
+    from gpusched.quota.policy import QuotaState
     from gpusched.airflow.keys import ti_key
     from gpusched.faults.failures import FailureRecord, load_overrides, record_failure
     from gpusched.faults.remediation import handle_failure
@@ -141,7 +142,7 @@ def run_trial(
             snapshot = ledger.snapshot()
             decision = decide(CycleRequest(
                 (PendingWork(key, wanted, time.time()),), snapshot, policy,
-                tuple(running_tasks(ledger.active())), time.time(), use_uuids=True,
+                tuple(running_tasks(ledger.active())), time.time(), QuotaState.unlimited(), use_uuids=True,
             ))
             if decision.launches:
                 chosen = decision.launches[0]

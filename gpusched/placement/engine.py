@@ -215,7 +215,7 @@ class Placer:
         if not commit:
             self.state, self._stats = self.state.copy(), None
         rng = np.random.default_rng(seed)
-        ctx = _Quota(self, quota, running, pending, now) if quota is not None else None
+        ctx = _Quota(self, quota, running, pending, now) if quota is not None and quota.enforced else None
         ordered = (
             list(pending)
             if keep_order
