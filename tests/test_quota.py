@@ -125,7 +125,8 @@ def test_engine_counts_running_tasks_against_partitions_and_budgets() -> None:
     quota = QuotaState(QuotaPolicy(budgets_hours={"a": 2}))
     task = _task("t", "training", tenant="a", expected_duration="1h")
     plan = place([task], snap, Policy.named("gpusched"), now=0.0, running=running, quota=quota)
-    assert not plan.assignments and "tenant a used 0.0 of 2.0 A100-h this period (+1.8 committed" in plan.rejections[0].reason
+    assert not plan.assignments
+    assert "used 0.0 of 2.0 A100-h this period (+1.8 committed" in plan.rejections[0].reason
     plan = place([task], snap, Policy.named("gpusched"), now=3000.0, running=running, quota=quota)
     assert plan.assignments
 

@@ -76,9 +76,11 @@ class GPUScheduling:
     ``dispatcher`` starts launches.
     Settings (:mod:`gpusched.settings`, read from the executor's team-scoped config): ``[gpusched]``
     ``policy``, ``lease_seconds``, ``fail_unschedulable``,
-    ``visible_devices_by_uuid``, ``replan_budget_ms``, ``replan_weights``, ``host_timeout_seconds``
+    ``visible_devices_by_uuid``, ``replan_budget_ms``, ``replan_weights``,
+    ``host_timeout_seconds``
     (30: a GPU host whose agent has not heartbeated for this long is lost; 0 = never),
-    ``over_budget`` (finish|stop), ``ledger_wait_seconds`` (5: the most one ledger operation waits for a lock; after a timeout
+    ``over_budget`` (finish|stop), ``ledger_wait_seconds`` (5: the most one ledger operation
+    waits for a lock; after a timeout
     the GPU work pauses that long, workloads stay queued), ``reconcile_seconds`` (5).
     """
 

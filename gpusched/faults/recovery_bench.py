@@ -110,7 +110,6 @@ def run_trial(
 ) -> Trial:
     """Run one trial in the current ``AIRFLOW_HOME`` (fresh state expected); see the module doc."""
     from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide, running_tasks
-    from gpusched.quota.policy import QuotaState
     from gpusched.airflow.keys import ti_key
     from gpusched.faults.failures import FailureRecord, load_overrides, record_failure
     from gpusched.faults.remediation import handle_failure
@@ -118,6 +117,7 @@ def run_trial(
     from gpusched.ledger import Ledger
     from gpusched.model import Health
     from gpusched.placement import Policy
+    from gpusched.quota.policy import QuotaState
     from gpusched.request import GPURequest
 
     backend = SimulatedBackend()

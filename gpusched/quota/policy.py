@@ -32,9 +32,9 @@ __all__ = [
     "check",
     "check_budget",
     "check_partition",
-    "over_budget",
     "hours",
     "normalised_rate",
+    "over_budget",
     "partition_capacity",
     "physical_milli",
 ]

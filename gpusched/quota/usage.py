@@ -52,17 +52,22 @@ def _overlap(span: UsageSpan, since: float, now: float) -> float:
     return max(0.0, end - max(span.start, since))
 
 
-def tenant_usage(spans: Iterable[UsageSpan], snapshot: FleetSnapshot, since: float, now: float) -> dict[str, int]:
+def tenant_usage(
+    spans: Iterable[UsageSpan], snapshot: FleetSnapshot, since: float, now: float
+) -> dict[str, int]:
     """Normalised units used per tenant in ``[since, now]`` (devices gone count as one A100)."""
     used: dict[str, int] = {}
     for span in spans:
         seconds = _overlap(span, since, now)
         if seconds > 0:
-            used[span.tenant] = used.get(span.tenant, 0) + int(normalised_rate(span.shares, snapshot) * seconds)
+            rate = normalised_rate(span.shares, snapshot)
+            used[span.tenant] = used.get(span.tenant, 0) + int(rate * seconds)
     return used
 
 
-def partition_usage(spans: Iterable[UsageSpan], snapshot: FleetSnapshot, since: float, now: float) -> dict[Partition, float]:
+def partition_usage(
+    spans: Iterable[UsageSpan], snapshot: FleetSnapshot, since: float, now: float
+) -> dict[Partition, float]:
     """Physical GPU-hours per partition in ``[since, now]``."""
     used = dict.fromkeys(Partition, 0.0)
     for span in spans:

@@ -20,11 +20,12 @@ import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import Assignment, PendingTask, PlacementPlan, Policy, RunningTask, place
-from gpusched.quota.policy import physical_milli
+from gpusched.quota.policy import QuotaPolicy, QuotaState, physical_milli
 from gpusched.request import GPURequest
 
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]
@@ -113,6 +114,7 @@ class SimResult:
     place_seconds: float = 0.0
     replans: int = 0
     replans_improved: int = 0
+    quota: dict[str, Any] | None = None
 
 
 def simulate(
@@ -130,6 +132,7 @@ def simulate(
     replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
     replan_generations: int = 200,
     progress: bool = False,
+    quota: QuotaPolicy | None = None,
 ) -> SimResult:
     """Replay ``jobs`` (any order; sorted by arrival here) on ``fleet`` under ``policy``.
 
@@ -148,6 +151,10 @@ def simulate(
         replan_weights: the optimiser's (latency, fragmentation, energy) weights.
         replan_generations: the optimiser's generation cap (with the budget, whichever binds
             first; a cap that binds first makes a seeded replay deterministic).
+        quota: tenant budgets and partitions to place with (the executor's quota state, built
+            from the jobs started so far; None = unlimited). Genetic re-planning is skipped
+            while a quota applies (the optimiser does not check quotas). The result's ``quota``
+            reports each tenant's budget and use and each partition's share of GPU-hours.
         progress: a tqdm bar on stderr, counting arrivals — or, with ``stop_after``, the
             watched jobs that have finished (so it reaches 100 % when the run stops).
 
@@ -223,6 +230,7 @@ def simulate(
         else:
             started = time.perf_counter()
             offered = list(_head(pending, max_pending))
+            state = _quota_state(quota, records, by_key, fleet, t)
             plan = place(
                 offered,
                 snapshot,
@@ -230,8 +238,9 @@ def simulate(
                 now=t,
                 running=tuple(running.values()),
                 seed=seed + calls,
+                quota=state,
             )
-            if replan_budget_ms > 0 and len(offered) >= 2:
+            if replan_budget_ms > 0 and len(offered) >= 2 and not state.enforced:
                 from gpusched.placement.genetic import optimise_with_report
 
                 report = optimise_with_report(
@@ -294,7 +303,48 @@ def simulate(
         place_seconds=spent,
         replans=replans,
         replans_improved=improved,
+        quota=None if quota is None else _quota_report(quota, records, by_key, fleet, end_time),
     )
+
+
+def _spans(records: Mapping[str, JobRecord], jobs: Mapping[str, SimJob]) -> list[Any]:
+    from gpusched.quota.usage import UsageSpan
+
+    return [UsageSpan(jobs[r.key].request.tenant, jobs[r.key].request.partition, r.shares,
+                      r.start_s, r.end_s) for r in records.values()]
+
+
+def _quota_state(
+    policy: QuotaPolicy | None, records: Mapping[str, JobRecord], jobs: Mapping[str, SimJob],
+    fleet: FleetSnapshot, now: float,
+) -> QuotaState:
+    """The executor's quota state (:func:`gpusched.quota.usage.quota_state`) at simulated ``now``."""
+    from gpusched.quota.usage import quota_state
+
+    return quota_state(policy, _spans(records, jobs) if policy is not None else (), fleet, now)
+
+
+def _quota_report(
+    policy: QuotaPolicy, records: Mapping[str, JobRecord], jobs: Mapping[str, SimJob],
+    fleet: FleetSnapshot, end: float,
+) -> dict[str, Any]:
+    """Per tenant budget and use in the period holding ``end``; per partition its GPU-hours."""
+    from gpusched.quota.usage import budgets_view, partition_usage
+
+    spans = _spans(records, jobs)
+    state = _quota_state(policy, records, jobs, fleet, end)
+    gpu_hours = partition_usage(spans, fleet, min((s.start for s in spans), default=0.0), end)
+    total = sum(gpu_hours.values())
+    tenants = {j.request.tenant for j in jobs.values()}
+    return {
+        "period_start": state.period_start,
+        "tenants": {k: dict(v) for k, v in budgets_view(state, tenants).items()},
+        "partitions": {
+            p.value: {"share_pct": policy.shares_pct[p], "gpu_hours": round(h, 3),
+                      "gpu_hours_pct": round(100 * h / total, 2) if total else 0.0}
+            for p, h in gpu_hours.items()
+        },
+    }
 
 
 def _check_jobs(jobs: Sequence[SimJob]) -> None:
