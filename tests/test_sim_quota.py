@@ -50,7 +50,8 @@ def test_dev_beyond_its_share_waits_while_training_waits_then_borrows_idle_capac
     result = simulate(jobs, fleet, Policy.named("gpusched"), quota=QuotaPolicy())
     starts = {r.key: r.start_s for r in result.records}
     # 6 GPUs are free at t=1 and dev comes first (priority), but the waiting training task keeps
-    # its share: dev (4 > its 1) waits; once t0 ends, training needs no more and dev borrows the idle capacity.
+    # its share: dev (4 > its 1) waits; once t0 ends, training needs no more and dev borrows
+    # the idle capacity.
     assert starts["t1"] == 1.0 and starts["d0"] == 3600.0
     free = simulate(jobs, fleet, Policy.named("gpusched"))
     assert {r.key: r.start_s for r in free.records}["d0"] == 1.0  # no quota: dev starts at once
