@@ -146,3 +146,19 @@ def test_running_tasks_on_devices_gone_from_the_fleet_are_tolerated() -> None:
         quota=quota,
     )
     assert plan.assignments
+
+
+def test_over_budget_setting_is_checked() -> None:
+    from gpusched.airflow.gpu_quota import over_budget_action
+    from gpusched.errors import ConfigurationError
+
+    class Conf:
+        def __init__(self, value: str | None) -> None:
+            self.value = value
+
+        def get(self, section: str, name: str, fallback: str) -> str:
+            return fallback if self.value is None else self.value
+
+    assert over_budget_action(Conf(None)) == "finish" and over_budget_action(Conf(" Stop ")) == "stop"
+    with pytest.raises(ConfigurationError, match="over_budget = 'kill' is not finish or stop"):
+        over_budget_action(Conf("kill"))
