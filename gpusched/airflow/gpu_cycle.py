@@ -128,7 +128,8 @@ def decide(request: CycleRequest) -> CycleReply:
     snapshot = _place_gangs(request, gangs, snapshot, launches, holds)
     if to_place:
         plan = place(to_place, snapshot, policy, now=now, running=running, seed=seed, quota=request.quota)
-        if replan_budget_ms > 0 and len(to_place) >= 2:
+        # The optimiser does not check quotas: with quotas in force the greedy plan stands.
+        if replan_budget_ms > 0 and len(to_place) >= 2 and not request.quota.enforced:
             from gpusched.placement.genetic import optimise
 
             plan = optimise(
