@@ -220,9 +220,9 @@ class GPUScheduling:
         """Every input of one cycle, read from the ledger now (quota: the quota file and usage)."""
         from gpusched.airflow.gpu_quota import cycle_quota
 
-        snapshot = self.ledger.snapshot(now)
+        snapshot, active = self.ledger.cycle_view(now)  # one read transaction: both agree
         return CycleRequest(
-            tuple(pending), snapshot, self.policy, tuple(running_tasks(self.ledger.active())), now,
+            tuple(pending), snapshot, self.policy, tuple(running_tasks(active)), now,
             cycle_quota(self.ledger, snapshot, now), use_uuids=self.use_uuids,
             replan_budget_ms=self.replan_budget_ms, replan_weights=self.replan_weights,
             addresses=self.ledger.node_addresses() if any(p.gang for p in pending) else {},
