@@ -99,3 +99,18 @@ def test_gang_task_expands_into_member_tasks() -> None:
     assert task.retries == 2
     assert task.executor_config[GANG_KEY] == {"name": "train", "size": 3, "rank": 2, "scope": "same_rack"}
     assert GPURequest.from_dict(task.executor_config["gpusched"]).count == 2
+
+
+def test_a_gang_waits_as_a_whole_for_its_tenants_budget() -> None:
+    from gpusched.quota.policy import UNITS_PER_A100_HOUR, QuotaPolicy
+
+    fleet = _fleet("multihost.yaml")
+    members = tuple(_members(2, 1, vendor="nvidia", tenant="vision"))
+    spent = QuotaState(QuotaPolicy(budgets_hours={"vision": 10}, period_s=7 * 86400),
+                       used={"vision": 10 * UNITS_PER_A100_HOUR})
+    reply = decide(CycleRequest(members, fleet, Policy.named("gpusched"), (), 5.0, spent))
+    assert reply.launches == () and len(reply.holds) == 2
+    assert all(h.reason.startswith("tenant vision used 10.0 of 10.0 A100-h this week") for h in reply.holds)
+    assert not any(h.permanent for h in reply.holds)
+    fresh = QuotaState(spent.policy)
+    assert len(decide(CycleRequest(members, fleet, Policy.named("gpusched"), (), 5.0, fresh)).launches) == 2

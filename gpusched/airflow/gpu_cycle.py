@@ -17,7 +17,7 @@ from gpusched.airflow.gang import GangMember
 from gpusched.errors import PlacementError
 from gpusched.hardware.envexport import devices_env
 from gpusched.model import DeviceShare, FleetSnapshot
-from gpusched.placement import PendingTask, Policy, RunningTask, place
+from gpusched.placement import PendingTask, Policy, Rejection, RunningTask, place
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 
@@ -167,6 +167,10 @@ def _place_gangs(
         if not plan.shares:
             holds.extend(Hold(m.key, plan.reason, plan.permanent) for m in members)
             continue
+        refusal = _gang_quota_refusal(request, members, plan.shares, snapshot)
+        if refusal is not None:  # the whole gang waits (or fails) for its tenant's budget or partition
+            holds.extend(Hold(m.key, refusal.reason, refusal.permanent) for m in members)
+            continue
         gang_launches: list[Launch] = []
         gang_holds: list[Hold] = []
         for member in members:
@@ -178,6 +182,29 @@ def _place_gangs(
         launches.extend(gang_launches)
         snapshot = snapshot.with_usage(s for launch in gang_launches for s in launch.shares)
     return snapshot
+
+
+def _gang_quota_refusal(
+    request: CycleRequest,
+    members: Sequence[PendingWork],
+    shares: Mapping[str, Sequence[DeviceShare]],
+    snapshot: FleetSnapshot,
+) -> Rejection | None:
+    """Why the quota refuses a whole gang on ``shares`` (each member admitted in turn), or None."""
+    if not request.quota.enforced:
+        return None
+    from gpusched.placement.engine import QuotaAdmission
+    from gpusched.quota.policy import physical_milli
+
+    waiting = [PendingTask(w.key, w.request, w.submitted_at) for w in request.pending]
+    admission = QuotaAdmission(snapshot, request.quota, request.running, waiting, request.now)
+    for member in members:
+        task = PendingTask(member.key, member.request, member.submitted_at)
+        member_shares = tuple(shares[member.key])
+        refusal = admission.admit(task, member_shares, physical_milli(member_shares, snapshot), request.now)
+        if refusal is not None:
+            return refusal
+    return None
 
 
 def running_tasks(allocations: Iterable[object]) -> list[RunningTask]:

@@ -35,7 +35,7 @@ from gpusched.placement.types import (
 from gpusched.quota.policy import QuotaState, check_budget, check_partition, physical_milli
 from gpusched.request import GPURequest, Partition
 
-__all__ = ["Placer", "place"]
+__all__ = ["Placer", "QuotaAdmission", "place"]
 
 _ANY_GPU = GPURequest()
 
@@ -215,7 +215,8 @@ class Placer:
         if not commit:
             self.state, self._stats = self.state.copy(), None
         rng = np.random.default_rng(seed)
-        ctx = _Quota(self, quota, running, pending, now) if quota is not None and quota.enforced else None
+        enforced = quota is not None and quota.enforced
+        ctx = QuotaAdmission(self.snapshot, quota, running, pending, now) if enforced else None  # type: ignore[arg-type]
         ordered = (
             list(pending)
             if keep_order
@@ -370,12 +371,13 @@ def _reserved_note(reservation: Reservation, now: float) -> str:
     )
 
 
-class _Quota:
-    """Partition and budget bookkeeping for one ``place`` call."""
+class QuotaAdmission:
+    """Partition and budget bookkeeping of one cycle: :func:`place` uses one per call; the
+    executor's cycle one for its multi-node gangs (:meth:`admit` each member on its shares)."""
 
     def __init__(
         self,
-        placer: Placer,
+        snapshot: FleetSnapshot,
         quota: QuotaState,
         running: Sequence[RunningTask],
         pending: Sequence[PendingTask],
@@ -383,9 +385,8 @@ class _Quota:
     ) -> None:
         from gpusched.quota.policy import normalised_rate, partition_capacity
 
-        self.placer = placer
         self.quota = quota
-        self.snapshot = placer.snapshot
+        self.snapshot = snapshot
         self.capacity = partition_capacity(self.snapshot)
         self.rate = normalised_rate
         self.used = {p: 0 for p in Partition}
