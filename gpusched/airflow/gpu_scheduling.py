@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched import settings
-from gpusched.airflow.authoring import request_from_executor_config
+from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.gang import gang_member
 from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
@@ -44,16 +44,9 @@ if TYPE_CHECKING:
     from gpusched.ledger import Ledger
     from gpusched.placement import Policy
 
-__all__ = ["Dispatcher", "GPUScheduling", "is_gpu_workload"]
+__all__ = ["Dispatcher", "GPUScheduling"]
 
 _NOT_FINISHED = frozenset({"running", "queued", "scheduled", "restarting", "deferred"})
-
-
-def is_gpu_workload(workload: Any) -> bool:
-    """True for a task workload whose ``executor_config`` carries a ``gpusched`` request."""
-    ti = getattr(workload, "ti", None)
-    config = getattr(ti, "executor_config", None) if ti is not None else None
-    return isinstance(config, dict) and "gpusched" in config
 
 
 class Dispatcher(Protocol):
@@ -154,7 +147,7 @@ class GPUScheduling:
         (:func:`gpusched.airflow.orphans.stale_reason`); renewed when a process of it still runs
         (a task that outlived a restarted scheduler). Returns the released keys.
         """
-        waiting = {ti_key_of(w.ti) for w in self.executor.queued_tasks.values() if is_gpu_workload(w)}
+        waiting = {ti_key_of(w.ti) for w in self.executor.queued_tasks.values() if is_gpu_task(w)}
         return reconcile_holder(
             self.ledger, self.holder, dispatched=set(self.gpu_running.values()), waiting=waiting,
             lease_s=self.lease_s, log=self.log,
@@ -165,12 +158,12 @@ class GPUScheduling:
         for key in list(self.gpu_running):
             self.release(key, "executor stopped")
         for workload in queued:
-            if is_gpu_workload(workload):
+            if is_gpu_task(workload):
                 self._safe(lambda w=workload: self.ledger.clear_queue(ti_key_of(w.ti)))
 
     def queued(self, workload: Any) -> None:
         """Remember when a GPU workload started to wait."""
-        if is_gpu_workload(workload):
+        if is_gpu_task(workload):
             self._submitted.setdefault(workload.key, time.time())
 
     def revoke(self, ti: Any) -> None:

@@ -284,7 +284,7 @@ def _never_fits(idx: FleetIndex, req: GPURequest, elig: flt.Eligibility, frac: b
     nc = node_counts(idx, elig.hardware, k)
     reason = None
     if not nc.feasible(k, req.interconnect).any():
-        what = flt.describe_request(req)
+        what = req.describe()
         if req.may_span_nodes:
             per_rack = np.bincount(idx.node_rack, weights=nc.count, minlength=len(idx.racks))
             total = int(nc.count.sum())
@@ -310,7 +310,7 @@ def _held(fits: np.ndarray, fits_now: np.ndarray) -> str:
 def _busy_reason(
     req: GPURequest, elig: flt.Eligibility, fits: np.ndarray, fits_now: np.ndarray, frac: bool
 ) -> str:
-    what = flt.describe_request(req, fractional=frac)
+    what = req.describe(fractional=frac)
     busy = elig.n_usable - int(fits_now.sum())
     note = flt.operational_note(elig)
     extra = f"; {note}" if note else ""
@@ -329,7 +329,7 @@ def _gang_reason(
     k = req.count
     if k == 1:
         return _busy_reason(req, elig, fits, fits_now, False)
-    what = flt.describe_request(req)
+    what = req.describe()
     note = flt.operational_note(elig)
     extra = f"; {note}" if note else ""
     free = int(nc.count.sum())
@@ -348,7 +348,7 @@ def _gang_reason(
 
 
 def _host_reason(req: GPURequest, task: PendingTask, frac: bool) -> str:
-    what = flt.describe_request(req, fractional=frac)
+    what = req.describe(fractional=frac)
     return (
         f"{what}: devices are free, but no node holding them has {task.cpu_milli / 1000:g} CPU cores and "
         f"{task.host_memory_bytes / 2**30:.1f} GiB of host memory free"
