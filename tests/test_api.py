@@ -114,7 +114,8 @@ def test_queue_allocations_and_events(client: Any, ledger: Ledger) -> None:
     assert len(queue) == 1
     assert queue[0]["reason"].startswith("needs 8 island-connected")
     assert queue[0]["waiting_s"] == 300
-    assert "8 NVLink/xGMI/HCCS-connected GPUs with ≥80 GiB free" in queue[0]["summary"] and "tenant vision" in queue[0]["summary"]
+    summary = queue[0]["summary"]
+    assert "8 NVLink/xGMI/HCCS-connected GPUs with ≥80 GiB free" in summary and "tenant vision" in summary
     allocs = client.get("/allocations").json()
     assert [a["key"] for a in allocs] == ["dag.train.r1.1.-1", "dag.nb.r1.1.-1"]
     assert allocs[0]["running_s"] == 1800 and allocs[0]["nodes"] == ["a-h100-1"]

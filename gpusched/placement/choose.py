@@ -13,6 +13,7 @@ import numpy as np
 
 from gpusched.model import MILLI
 from gpusched.placement import filter as flt
+from gpusched.placement.feasible import shape_fits
 from gpusched.placement.index import FleetIndex, FreeState
 from gpusched.placement.policy import Chooser
 from gpusched.placement.topology import NodeCounts, node_counts, pick_in_node, pick_nodes
@@ -281,9 +282,9 @@ def _never_fits(idx: FleetIndex, req: GPURequest, elig: flt.Eligibility, frac: b
     if key in idx.masks:
         cached: str | None = idx.masks[key]
         return cached
-    nc = node_counts(idx, elig.hardware, k)
     reason = None
-    if not nc.feasible(k, req.interconnect).any():
+    if not shape_fits(idx, elig.hardware, req):
+        nc = node_counts(idx, elig.hardware, k)
         what = req.describe()
         if req.may_span_nodes:
             per_rack = np.bincount(idx.node_rack, weights=nc.count, minlength=len(idx.racks))
