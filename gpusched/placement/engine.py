@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from gpusched.catalog import Catalog
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.placement.choose import Choice, choose, left_after, levels_best
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
 from gpusched.placement.policy import Chooser, Policy, QueueOrder
 from gpusched.placement.score import FragStats, Workload, cached_stats, estimate_workload
@@ -69,14 +69,6 @@ def place(
         if (task.cpu_milli or task.host_memory_bytes) and known:
             placer.take_host(task.shares[0].node, task.cpu_milli, task.host_memory_bytes)
     return placer.place(pending, now=now, running=running, quota=quota, seed=seed)
-
-
-@dataclass(slots=True)
-class _Choice:
-    devices: list[int]
-    milli: int
-    memory: list[int]
-    score: float
 
 
 class Placer:
@@ -173,16 +165,12 @@ class Placer:
         elif chooser is Chooser.RANDOM:
             n = int(np.random.default_rng(seed).choice(ok))
         elif chooser is Chooser.BEST_FIT:
-            from gpusched.placement.choose import _left_after
-
             probe = PendingTask("", _ANY_GPU, 0.0, cpu_milli=cpu_milli, host_memory_bytes=host_memory_bytes)
-            n = int(ok[np.argmin(_left_after(self, st, ok, 0, probe))])
+            n = int(ok[np.argmin(left_after(self, st, ok, 0, probe))])
         else:
             delta = self.stats.delta_host(ok, cpu_milli, host_memory_bytes)
             if self.policy.score_levels:
-                from gpusched.placement.choose import _levels_best
-
-                best = _levels_best(self.policy.fragmentation * delta / MILLI, self.policy.score_levels)
+                best = levels_best(self.policy.fragmentation * delta / MILLI, self.policy.score_levels)
                 return self.index.nodes[int(ok[best])].name
             # Among equal fragmentation, the node with the least free GPU capacity, then CPU.
             order = np.lexsort((st.host_cpu[ok], self.stats.total[ok], delta))
@@ -287,7 +275,7 @@ class Placer:
         waited = max(0.0, now - task.submitted_at)
         return math.log2(max(gpu_s, 1.0)) - waited / max(policy.service_halving_s, 1e-9)
 
-    def _shares(self, choice: _Choice) -> tuple[DeviceShare, ...]:
+    def _shares(self, choice: Choice) -> tuple[DeviceShare, ...]:
         devices = self.index.devices
         return tuple(
             DeviceShare(devices[d].uuid, devices[d].node, devices[d].index, choice.milli, mem)
@@ -298,9 +286,7 @@ class Placer:
 
     def _find(
         self, task: PendingTask, state: FreeState, end: float, rng: np.random.Generator, *, use_stats: bool
-    ) -> _Choice | Rejection:
-        from gpusched.placement.choose import choose
-
+    ) -> Choice | Rejection:
         return choose(self, task, state, end, rng, use_stats=use_stats)
 
     def _may_reserve(self, req: GPURequest, running: Sequence[RunningTask]) -> bool:
@@ -327,11 +313,11 @@ class Placer:
             return state
 
         lo, hi = 1, len(ending)
-        found: tuple[int, _Choice] | None = None
+        found: tuple[int, Choice] | None = None
         while lo <= hi:
             mid = (lo + hi) // 2
             outcome = self._find(task, future(mid), math.inf, rng, use_stats=False)
-            if isinstance(outcome, _Choice):
+            if isinstance(outcome, Choice):
                 found = (mid, outcome)
                 hi = mid - 1
             else:
