@@ -20,6 +20,7 @@ import numpy as np
 
 from gpusched.catalog import Catalog
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.placement.admission import QuotaGate
 from gpusched.placement.choose import Choice, choose, left_after, levels_best
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
 from gpusched.placement.policy import Chooser, Policy, QueueOrder
@@ -32,8 +33,8 @@ from gpusched.placement.types import (
     Reservation,
     RunningTask,
 )
-from gpusched.quota.policy import QuotaState, check_budget, check_partition, physical_milli
-from gpusched.request import GPURequest, Partition
+from gpusched.quota.policy import QuotaState, physical_milli
+from gpusched.request import GPURequest
 
 __all__ = ["Placer", "place"]
 
@@ -203,7 +204,7 @@ class Placer:
         if not commit:
             self.state, self._stats = self.state.copy(), None
         rng = np.random.default_rng(seed)
-        ctx = _Quota(self, quota, running, pending, now) if quota is not None else None
+        ctx = QuotaGate(self.snapshot, quota, running, pending, now) if quota is not None else None
         ordered = (
             list(pending)
             if keep_order
@@ -354,54 +355,3 @@ def _reserved_note(reservation: Reservation, now: float) -> str:
         f"; reserved {len(reservation.shares)} device(s) on {', '.join(nodes)} "
         f"from t={reservation.start:.0f} (in {wait / 60:.0f} min, when running tasks end)"
     )
-
-
-class _Quota:
-    """Partition and budget bookkeeping for one ``place`` call."""
-
-    def __init__(
-        self,
-        placer: Placer,
-        quota: QuotaState,
-        running: Sequence[RunningTask],
-        pending: Sequence[PendingTask],
-        now: float,
-    ) -> None:
-        from gpusched.quota.policy import normalised_rate, partition_capacity
-
-        self.placer = placer
-        self.quota = quota
-        self.snapshot = placer.snapshot
-        self.capacity = partition_capacity(self.snapshot)
-        self.rate = normalised_rate
-        self.used = {p: 0 for p in Partition}
-        self.committed: dict[str, int] = {}
-        for r in running:
-            self.used[r.request.partition] += physical_milli(r.shares, self.snapshot)
-            if r.expected_end is not None and r.expected_end > now:
-                cost = normalised_rate(r.shares, self.snapshot) * int(r.expected_end - now)
-                self.committed[r.request.tenant] = self.committed.get(r.request.tenant, 0) + cost
-        self.pending = {p: 0 for p in Partition}
-        for t in pending:
-            self.pending[t.request.partition] += t.request.total_milli
-
-    def done(self, req: GPURequest) -> None:
-        self.pending[req.partition] -= req.total_milli
-
-    def admit(
-        self, task: PendingTask, shares: tuple[DeviceShare, ...], need: int, now: float
-    ) -> Rejection | None:
-        req = task.request
-        self.done(req)
-        duration = req.expected_duration_s or self.quota.policy.default_duration_s
-        cost = self.rate(shares, self.snapshot) * duration
-        verdict = check_budget(self.quota, req.tenant, cost, committed=self.committed.get(req.tenant, 0))
-        if verdict.allowed:
-            verdict = check_partition(
-                self.quota.policy, req.partition, need, self.used, self.capacity, self.pending
-            )
-        if not verdict.allowed:
-            return Rejection(task.key, verdict.reason, verdict.permanent)
-        self.used[req.partition] += need
-        self.committed[req.tenant] = self.committed.get(req.tenant, 0) + cost
-        return None
