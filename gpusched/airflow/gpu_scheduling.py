@@ -206,9 +206,10 @@ class GPUScheduling:
 
     def cycle_request(self, pending: Sequence[PendingWork], now: float) -> CycleRequest:
         """Every input of one cycle, read from the ledger now."""
+        snapshot, active = self.ledger.cycle_view(now)  # one read transaction: both agree
         return CycleRequest(
-            tuple(pending), self.ledger.snapshot(now), self.policy,
-            tuple(running_tasks(self.ledger.active())), now, use_uuids=self.use_uuids,
+            tuple(pending), snapshot, self.policy,
+            tuple(running_tasks(active)), now, use_uuids=self.use_uuids,
             replan_budget_ms=self.replan_budget_ms, replan_weights=self.replan_weights,
             addresses=self.ledger.node_addresses() if any(p.gang for p in pending) else {},
         )
