@@ -332,6 +332,7 @@ def test_running_work_over_its_hard_budget_finishes_or_stops(
     action: str, small_fleet: Any, executor: Any
 ) -> None:
     from gpusched.airflow.fault_listener import read_log_tail
+    from gpusched.airflow.gpu_quota import check_running
 
     small_fleet.write_text("budgets: {vision: 1}\nperiod_s: 604800\ndefault_duration_s: 60\n")
     ex = executor
@@ -340,8 +341,8 @@ def test_running_work_over_its_hard_budget_finishes_or_stops(
     _submit(ex, run)
     assert len(_drain(ex)) == 1
     later = time.time() + 2 * 3600  # two A100-hours in: over the 1-hour budget
-    assert ex.gpu.check_over_budget(later) == [run.key]
-    assert ex.gpu.check_over_budget(later) == []  # acted on once
+    assert check_running(ex.gpu, later) == [run.key]
+    assert check_running(ex.gpu, later) == []  # acted on once
     shown = read_log_tail(run.key)
     assert "tenant vision used 2.0 of 1.0 A100-h this week" in shown
     if action == "finish":

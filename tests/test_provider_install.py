@@ -126,7 +126,6 @@ def test_installed_package_is_used_not_the_repository(venv: dict[str, Any]) -> N
     # Package data is found from site-packages: the shipped fleet, the catalog, the migrations.
     inventory = json.loads(_run([str(venv["bin"] / "gpusched"), "inventory", "--json"],
                                 env=venv["env"], cwd=venv["cwd"]))
-    # MIG/CPX slices listed
     assert inventory["simulated"] is True and sum(len(n["devices"]) for n in inventory["nodes"]) == 62
 
 

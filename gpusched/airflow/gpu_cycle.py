@@ -193,11 +193,11 @@ def _gang_quota_refusal(
     """Why the quota refuses a whole gang on ``shares`` (each member admitted in turn), or None."""
     if not request.quota.enforced:
         return None
-    from gpusched.placement.engine import QuotaAdmission
+    from gpusched.placement.admission import QuotaGate
     from gpusched.quota.policy import physical_milli
 
     waiting = [PendingTask(w.key, w.request, w.submitted_at) for w in request.pending]
-    admission = QuotaAdmission(snapshot, request.quota, request.running, waiting, request.now)
+    admission = QuotaGate(snapshot, request.quota, request.running, waiting, request.now)
     for member in members:
         task = PendingTask(member.key, member.request, member.submitted_at)
         member_shares = tuple(shares[member.key])

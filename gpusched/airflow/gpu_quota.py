@@ -10,16 +10,32 @@ over_budget`` says: ``finish`` lets it run (and says so in its log), ``stop`` fa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched.errors import ConfigurationError
 from gpusched.quota.policy import QuotaState
 
 if TYPE_CHECKING:
-    from gpusched.airflow.gpu_scheduling import GPUScheduling
     from gpusched.model import FleetSnapshot
 
-__all__ = ["OVER_BUDGET_ACTIONS", "check_running", "cycle_quota", "over_budget_action"]
+
+class QuotaCore(Protocol):
+    """What :func:`check_running` uses of the executors' GPU core (``GPUScheduling``)."""
+
+    executor: Any
+    gpu_running: dict[Any, str]
+    over_budget: str
+    over_budget_seen: set[str]
+
+    @property
+    def ledger(self) -> Any: ...
+
+    @property
+    def log(self) -> Any: ...
+
+    def release(self, key: Any, reason: str) -> None: ...
+
+__all__ = ["OVER_BUDGET_ACTIONS", "QuotaCore", "check_running", "cycle_quota", "over_budget_action"]
 
 OVER_BUDGET_ACTIONS = ("finish", "stop")
 
@@ -47,7 +63,7 @@ def cycle_quota(ledger: Any, snapshot: FleetSnapshot, now: float) -> QuotaState:
     return quota_state(policy, spans_of(history), snapshot, now)
 
 
-def check_running(core: GPUScheduling, now: float) -> list[Any]:
+def check_running(core: QuotaCore, now: float) -> list[Any]:
     """Act once on each running task of a tenant over its hard budget; return the Airflow keys."""
     from gpusched.airflow.executor_compat import save_task_event
     from gpusched.airflow.task_log import append_task_log

@@ -25,8 +25,9 @@ from typing import Any
 from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import Assignment, PendingTask, PlacementPlan, Policy, RunningTask, place
-from gpusched.quota.policy import QuotaPolicy, QuotaState, physical_milli
+from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.request import GPURequest
+from gpusched.sim import quota as sim_quota
 
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]
 
@@ -230,7 +231,7 @@ def simulate(
         else:
             started = time.perf_counter()
             offered = list(_head(pending, max_pending))
-            state = _quota_state(quota, records, by_key, fleet, t)
+            state = sim_quota.quota_state_at(quota, records, by_key, fleet, t)
             plan = place(
                 offered,
                 snapshot,
@@ -303,48 +304,8 @@ def simulate(
         place_seconds=spent,
         replans=replans,
         replans_improved=improved,
-        quota=None if quota is None else _quota_report(quota, records, by_key, fleet, end_time),
+        quota=None if quota is None else sim_quota.report(quota, records, by_key, fleet, end_time),
     )
-
-
-def _spans(records: Mapping[str, JobRecord], jobs: Mapping[str, SimJob]) -> list[Any]:
-    from gpusched.quota.usage import UsageSpan
-
-    return [UsageSpan(jobs[r.key].request.tenant, jobs[r.key].request.partition, r.shares,
-                      r.start_s, r.end_s) for r in records.values()]
-
-
-def _quota_state(
-    policy: QuotaPolicy | None, records: Mapping[str, JobRecord], jobs: Mapping[str, SimJob],
-    fleet: FleetSnapshot, now: float,
-) -> QuotaState:
-    """The executor's quota state (:func:`gpusched.quota.usage.quota_state`) at simulated ``now``."""
-    from gpusched.quota.usage import quota_state
-
-    return quota_state(policy, _spans(records, jobs) if policy is not None else (), fleet, now)
-
-
-def _quota_report(
-    policy: QuotaPolicy, records: Mapping[str, JobRecord], jobs: Mapping[str, SimJob],
-    fleet: FleetSnapshot, end: float,
-) -> dict[str, Any]:
-    """Per tenant budget and use in the period holding ``end``; per partition its GPU-hours."""
-    from gpusched.quota.usage import budgets_view, partition_usage
-
-    spans = _spans(records, jobs)
-    state = _quota_state(policy, records, jobs, fleet, end)
-    gpu_hours = partition_usage(spans, fleet, min((s.start for s in spans), default=0.0), end)
-    total = sum(gpu_hours.values())
-    tenants = {j.request.tenant for j in jobs.values()}
-    return {
-        "period_start": state.period_start,
-        "tenants": {k: dict(v) for k, v in budgets_view(state, tenants).items()},
-        "partitions": {
-            p.value: {"share_pct": policy.shares_pct[p], "gpu_hours": round(h, 3),
-                      "gpu_hours_pct": round(100 * h / total, 2) if total else 0.0}
-            for p, h in gpu_hours.items()
-        },
-    }
 
 
 def _check_jobs(jobs: Sequence[SimJob]) -> None:
