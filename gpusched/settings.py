@@ -62,6 +62,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("fail_unschedulable", "boolean", "True",
            "Fail a GPU task at once when its request can never fit this fleet, instead of letting "
            "it wait.", "False"),
+    Option("over_budget", "string", "finish",
+           "What happens to running GPU work whose tenant crosses its hard GPU-hour budget (the "
+           "quota file's budgets), as Slurm's GrpTRESMins: finish (let it finish; the tenant's new "
+           "tasks wait for the next period) or stop (fail the task now with the reason).", "stop"),
     Option("visible_devices_by_uuid", "boolean", "False",
            "Hand devices to tasks by UUID (CUDA_VISIBLE_DEVICES=GPU-...) instead of by index.", "True"),
     Option("replan_budget_ms", "float", "0",

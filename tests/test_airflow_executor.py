@@ -260,3 +260,95 @@ def test_never_fitting_reason_reaches_the_task_log_and_the_fault_chain_does_not_
     assert handled.classification.kind is FailureKind.UNSCHEDULABLE
     assert handled.remedy.retry is False and handled.remedy.scale_out is None
     assert not executor.ledger.events(5, kinds=["scale_out_request"])
+
+
+# ---- quotas (issue 12) --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_fleet(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """One node of 8 A100s and a quota file (set up before ``executor``); returns the file to fill."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("racks:\n  - name: r\n    nodes:\n      - name: n1\n        cpu: 64\n"
+                     "        memory: 512GiB\n        devices: {model: A100-SXM-80GB, count: 8}\n")
+    monkeypatch.setenv("GPUSCHED_FLEET", str(fleet))
+    quota = tmp_path / "quota.yaml"
+    monkeypatch.setenv("GPUSCHED_QUOTA_FILE", str(quota))
+    return quota
+
+
+def test_tenant_over_budget_waits_with_the_reason_while_another_tenant_runs(
+    small_fleet: Any, executor: Any
+) -> None:
+    from gpusched.airflow.api_views import queue_view
+    from gpusched.airflow.fault_listener import read_log_tail
+
+    small_fleet.write_text("budgets: {vision: 1}\nperiod_s: 604800\ndefault_duration_s: 60\n")
+    ex = executor
+    now = time.time()
+    # vision already used 1.5 A100-h this week (2 A100s for the last 45 minutes).
+    used = GPURequest.build(gpus=2, tenant="vision")
+    shares = [DeviceShare(f"GPU-sim-n1-{i}", "n1", i, 1000, 0) for i in range(2)]
+    ex.ledger.allocate("earlier", used, shares, holder="old", now=now - 2701)
+    ex.ledger.release("earlier", reason="done", now=now - 1)
+    vision = _workload("vis", {"gpus": 1, "tenant": "vision"})
+    nlp = _workload("nlp", {"gpus": 1, "tenant": "nlp"})
+    _submit(ex, vision, nlp)
+    assert [item[0].key for item in _drain(ex)] == [nlp.key]
+    assert vision.key in ex.queued_tasks
+    (entry,) = queue_view(ex.ledger.queue(), time.time())
+    assert entry["key"] == _key(vision)
+    assert entry["reason"].startswith("tenant vision used 1.5 of 1.0 A100-h this week")
+    assert "resets Monday" in entry["reason"] and "00:00 UTC" in entry["reason"]
+    assert f"waiting for GPUs: {entry['reason']}" in read_log_tail(vision.key)
+
+
+def test_dev_beyond_its_share_waits_for_waiting_training_then_borrows_idle_capacity(
+    small_fleet: Any, executor: Any
+) -> None:
+    from airflow.utils.state import TaskInstanceState
+
+    small_fleet.write_text("shares: {training: 70, burst: 20, dev: 10}\nborrowing: true\n")
+    ex = executor
+    busy = _workload("busy", {"gpus": 4, "partition": "training"})
+    _submit(ex, busy)
+    assert len(_drain(ex)) == 1
+    # 4 of 8 free; dev (share 0.8) asks 3 and comes first, but training waits for 2 of its share.
+    dev = _workload("dev", {"gpus": 3, "partition": "dev", "priority": "high"})
+    train = _workload("train", {"gpus": 2, "partition": "training"})
+    _submit(ex, dev, train)
+    assert [item[0].key for item in _drain(ex)] == [train.key]
+    (entry,) = ex.ledger.queue()
+    assert entry.key == _key(dev) and entry.reason.startswith("partition 'dev' uses 0 of its 10% share")
+    assert "kept for other partitions' waiting tasks" in entry.reason
+    for done in (busy, train):
+        ex.change_state(done.key, TaskInstanceState.SUCCESS)
+    ex.trigger_tasks(ex.parallelism)  # the fleet is idle: dev borrows beyond its share
+    assert [item[0].key for item in _drain(ex)] == [dev.key]
+
+
+@pytest.mark.parametrize("action", ["finish", "stop"])
+def test_running_work_over_its_hard_budget_finishes_or_stops(
+    action: str, small_fleet: Any, executor: Any
+) -> None:
+    from gpusched.airflow.fault_listener import read_log_tail
+    from gpusched.airflow.gpu_quota import check_running
+
+    small_fleet.write_text("budgets: {vision: 1}\nperiod_s: 604800\ndefault_duration_s: 60\n")
+    ex = executor
+    ex.gpu.over_budget = action  # [gpusched] over_budget
+    run = _workload(f"long_{action}", {"gpus": 1, "tenant": "vision"})
+    _submit(ex, run)
+    assert len(_drain(ex)) == 1
+    later = time.time() + 2 * 3600  # two A100-hours in: over the 1-hour budget
+    assert check_running(ex.gpu, later) == [run.key]
+    assert check_running(ex.gpu, later) == []  # acted on once
+    shown = read_log_tail(run.key)
+    assert "tenant vision used 2.0 of 1.0 A100-h this week" in shown
+    if action == "finish":
+        assert "let finish ([gpusched] over_budget = finish)" in shown
+        assert ex.ledger.get(_key(run)).released_at is None and run.key in ex.gpu_running
+    else:
+        assert "stopping this task ([gpusched] over_budget = stop)" in shown
+        assert ex.ledger.get(_key(run)).released_at is not None and run.key not in ex.gpu_running
+        assert str(ex.event_buffer[run.key][0]) == "failed"

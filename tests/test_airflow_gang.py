@@ -12,9 +12,12 @@ from gpusched.errors import GPURequestError
 from gpusched.hardware.detect import detect_backend
 from gpusched.model import FleetSnapshot
 from gpusched.placement import Policy
+from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 
 FLEETS = Path(__file__).resolve().parent.parent / "gpusched" / "include" / "fleets"
+
+NO_QUOTA = QuotaState.unlimited()
 
 
 def _fleet(name: str) -> FleetSnapshot:
@@ -32,7 +35,7 @@ def _members(size: int, per_node: int, scope: str = "same_rack", present: int | 
 def test_a_gang_lands_one_member_per_node_with_consistent_rendezvous() -> None:
     fleet = _fleet("multihost.yaml")
     members = _members(2, 1, vendor="nvidia")
-    reply = decide(CycleRequest(tuple(members), fleet, Policy.named("gpusched"), (), 5.0,
+    reply = decide(CycleRequest(tuple(members), fleet, Policy.named("gpusched"), (), 5.0, NO_QUOTA,
                                 addresses={"host-a": "10.0.0.1", "host-b": "10.0.0.2"}))
     assert not reply.holds and len(reply.launches) == 2
     nodes = [launch.shares[0].node for launch in reply.launches]
@@ -50,17 +53,17 @@ def test_a_gang_lands_one_member_per_node_with_consistent_rendezvous() -> None:
 def test_a_gang_that_does_not_fit_holds_every_member_with_the_reason() -> None:
     fleet = _fleet("multihost.yaml")
     too_big = _members(3, 1, vendor="nvidia")  # three nodes wanted, two exist
-    reply = decide(CycleRequest(tuple(too_big), fleet, Policy.named("gpusched"), (), 5.0))
+    reply = decide(CycleRequest(tuple(too_big), fleet, Policy.named("gpusched"), (), 5.0, NO_QUOTA))
     assert reply.launches == () and len(reply.holds) == 3
     assert all("only 2 of 3 members" in h.reason and h.permanent for h in reply.holds)
     partial = _members(2, 1, present=1, vendor="nvidia")
-    reply = decide(CycleRequest(tuple(partial), fleet, Policy.named("gpusched"), (), 5.0))
+    reply = decide(CycleRequest(tuple(partial), fleet, Policy.named("gpusched"), (), 5.0, NO_QUOTA))
     assert reply.launches == () and "1 of 2 members queued" in reply.holds[0].reason
 
 
 def test_same_rack_gangs_stay_in_one_rack() -> None:
     fleet = _fleet("small.yaml")  # r1: n1 (4 A100), n2 (2 T4); r2: n3 (MI300X), n4 (Ascend)
-    reply = decide(CycleRequest(tuple(_members(2, 2)), fleet, Policy.named("gpusched"), (), 5.0))
+    reply = decide(CycleRequest(tuple(_members(2, 2)), fleet, Policy.named("gpusched"), (), 5.0, NO_QUOTA))
     racks = {fleet.node(launch.shares[0].node).rack for launch in reply.launches}
     assert len(reply.launches) == 2 and len(racks) == 1
 
@@ -96,3 +99,18 @@ def test_gang_task_expands_into_member_tasks() -> None:
     assert task.retries == 2
     assert task.executor_config[GANG_KEY] == {"name": "train", "size": 3, "rank": 2, "scope": "same_rack"}
     assert GPURequest.from_dict(task.executor_config["gpusched"]).count == 2
+
+
+def test_a_gang_waits_as_a_whole_for_its_tenants_budget() -> None:
+    from gpusched.quota.policy import UNITS_PER_A100_HOUR, QuotaPolicy
+
+    fleet = _fleet("multihost.yaml")
+    members = tuple(_members(2, 1, vendor="nvidia", tenant="vision"))
+    spent = QuotaState(QuotaPolicy(budgets_hours={"vision": 10}, period_s=7 * 86400),
+                       used={"vision": 10 * UNITS_PER_A100_HOUR})
+    reply = decide(CycleRequest(members, fleet, Policy.named("gpusched"), (), 5.0, spent))
+    assert reply.launches == () and len(reply.holds) == 2
+    assert all(h.reason.startswith("tenant vision used 10.0 of 10.0 A100-h this week") for h in reply.holds)
+    assert not any(h.permanent for h in reply.holds)
+    fresh = QuotaState(spent.policy)
+    assert len(decide(CycleRequest(members, fleet, Policy.named("gpusched"), (), 5.0, fresh)).launches) == 2

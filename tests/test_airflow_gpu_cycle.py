@@ -10,7 +10,10 @@ from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide, runnin
 from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement import Policy
+from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
+
+NO_QUOTA = QuotaState.unlimited()
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +33,7 @@ def test_launches_carry_shares_and_env_and_holds_carry_reasons(fleet: FleetSnaps
         PendingWork("ft-b", _req(gpus=0.5, memory="16GiB", vendor="nvidia"), 2.0),
         PendingWork("huge", _req(gpus=16, vendor="nvidia", interconnect="island"), 3.0),
     ]
-    decision = decide(CycleRequest(tuple(pending), fleet, Policy.named("gpusched"), (), 10.0))
+    decision = decide(CycleRequest(tuple(pending), fleet, Policy.named("gpusched"), (), 10.0, NO_QUOTA))
     keys = [launch.key for launch in decision.launches] + [hold.key for hold in decision.holds]
     assert sorted(keys) == sorted(w.key for w in pending)  # every key exactly once
 
@@ -54,7 +57,7 @@ def test_waits_with_a_reason_when_the_fleet_is_full(fleet: FleetSnapshot) -> Non
         DeviceShare(d.uuid, d.node, d.index, MILLI, d.memory_bytes) for d in fleet.devices()
     )
     work = (PendingWork("t", _req(gpus=1), 1.0),)
-    decision = decide(CycleRequest(work, full, Policy.named("first-fit"), (), 5.0))
+    decision = decide(CycleRequest(work, full, Policy.named("first-fit"), (), 5.0, NO_QUOTA))
     assert decision.launches == ()
     (hold,) = decision.holds
     assert not hold.permanent and hold.reason
@@ -65,7 +68,7 @@ def test_existing_allocation_is_reused_not_placed_again(fleet: FleetSnapshot) ->
     share = DeviceShare(device.uuid, device.node, device.index, MILLI, device.memory_bytes)
     used = fleet.with_usage([share])  # the ledger counts the allocation as used
     work = PendingWork("again", _req(gpus=1), 1.0, existing=(share,))
-    decision = decide(CycleRequest((work,), used, Policy.named("gpusched"), (), 2.0))
+    decision = decide(CycleRequest((work,), used, Policy.named("gpusched"), (), 2.0, NO_QUOTA))
     (launch,) = decision.launches
     assert launch.reused and launch.shares == (share,)
 
@@ -86,8 +89,8 @@ def test_genetic_replan_keeps_every_key_once_and_never_overbooks(fleet: FleetSna
         PendingWork(f"job-{i}", _req(gpus=g, vendor="nvidia", memory="16GiB"), float(i))
         for i, g in enumerate([1, 2, 4, 1, 2, 0.5, 0.5, 8, 1, 2])
     ]
-    greedy = decide(CycleRequest(tuple(pending), fleet, Policy.named("gpusched"), (), 20.0))
-    replanned = decide(CycleRequest(tuple(pending), fleet, Policy.named("gpusched"), (), 20.0,
+    greedy = decide(CycleRequest(tuple(pending), fleet, Policy.named("gpusched"), (), 20.0, NO_QUOTA))
+    replanned = decide(CycleRequest(tuple(pending), fleet, Policy.named("gpusched"), (), 20.0, NO_QUOTA,
                                    replan_budget_ms=60, seed=3))
     keys = [launch.key for launch in replanned.launches] + [hold.key for hold in replanned.holds]
     assert sorted(keys) == sorted(w.key for w in pending)

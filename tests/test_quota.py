@@ -65,7 +65,8 @@ def test_budget_in_a100_equivalent_hours() -> None:
     assert check_budget(state, "vision", one_h100_hour).allowed
     verdict = check_budget(state, "vision", one_h100_hour, committed=2 * UNITS_PER_A100_HOUR)
     assert not verdict.allowed and not verdict.permanent
-    assert "8.0 of 10.0 A100-GPU-hours" in verdict.reason and "needs ~2.5" in verdict.reason
+    assert "used 6.0 of 10.0 A100-h" in verdict.reason and "+2.0 committed" in verdict.reason
+    assert "needs ~2.5" in verdict.reason and "resets " in verdict.reason
     assert check_budget(state, "vision", 11 * UNITS_PER_A100_HOUR).permanent
     assert check_budget(state, "unlisted", 10**15).allowed  # no default budget = unlimited
 
@@ -76,7 +77,7 @@ def test_check_combines_budget_and_partition() -> None:
     verdict = check(req, state, cost=UNITS_PER_A100_HOUR // 2, partition_used={}, capacity_milli=CAP)
     assert not verdict.allowed and "partition 'dev'" in verdict.reason
     verdict = check(req, state, cost=2 * UNITS_PER_A100_HOUR, partition_used={}, capacity_milli=CAP)
-    assert not verdict.allowed and "tenant 'a' budget" in verdict.reason
+    assert not verdict.allowed and "tenant a used 0.0 of 1.0 A100-h" in verdict.reason
 
 
 def _fleet() -> FleetSnapshot:
@@ -124,7 +125,8 @@ def test_engine_counts_running_tasks_against_partitions_and_budgets() -> None:
     quota = QuotaState(QuotaPolicy(budgets_hours={"a": 2}))
     task = _task("t", "training", tenant="a", expected_duration="1h")
     plan = place([task], snap, Policy.named("gpusched"), now=0.0, running=running, quota=quota)
-    assert not plan.assignments and "tenant 'a' budget: 1.8 of 2.0" in plan.rejections[0].reason
+    assert not plan.assignments
+    assert "used 0.0 of 2.0 A100-h this period (+1.8 committed" in plan.rejections[0].reason
     plan = place([task], snap, Policy.named("gpusched"), now=3000.0, running=running, quota=quota)
     assert plan.assignments
 
@@ -144,3 +146,19 @@ def test_running_tasks_on_devices_gone_from_the_fleet_are_tolerated() -> None:
         quota=quota,
     )
     assert plan.assignments
+
+
+def test_over_budget_setting_is_checked() -> None:
+    from gpusched.airflow.gpu_quota import over_budget_action
+    from gpusched.errors import ConfigurationError
+
+    class Conf:
+        def __init__(self, value: str | None) -> None:
+            self.value = value
+
+        def get(self, section: str, name: str, fallback: str) -> str:
+            return fallback if self.value is None else self.value
+
+    assert over_budget_action(Conf(None)) == "finish" and over_budget_action(Conf(" Stop ")) == "stop"
+    with pytest.raises(ConfigurationError, match="over_budget = 'kill' is not finish or stop"):
+        over_budget_action(Conf("kill"))

@@ -80,6 +80,7 @@ def test_hardware_failure_cordons_and_marks_the_device(ledger: Ledger) -> None:
 def test_oom_writes_an_override_the_executor_places_on_a_bigger_device(ledger: Ledger) -> None:
     from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide
     from gpusched.placement import Policy
+    from gpusched.quota.policy import QuotaState
 
     snapshot = ledger.snapshot()
     l40s = snapshot.node("a-l40s-1").devices[0]
@@ -88,7 +89,8 @@ def test_oom_writes_an_override_the_executor_places_on_a_bigger_device(ledger: L
     override = load_overrides(ledger).lookup("train", "fit", "r1")
     assert override is not None and override.memory_per_gpu >= l40s.memory_bytes + 4 * GIB
     decision = decide(CycleRequest((PendingWork("airflow/train/fit/-1/2/r1", override, 0.0),),
-                                   ledger.snapshot(), Policy.named("gpusched"), (), 0.0))
+                                   ledger.snapshot(), Policy.named("gpusched"), (), 0.0,
+                                   QuotaState.unlimited()))
     placed = ledger.snapshot().device(decision.launches[0].shares[0].uuid)
     assert placed.model != "L40S" and placed.memory_bytes >= override.memory_per_gpu
     assert not ledger.snapshot().device(l40s.uuid).cordoned  # an OOM is not the device's fault

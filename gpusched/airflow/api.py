@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpusched.airflow import api_views
-from gpusched.airflow.quota_file import load_quota_policy
+from gpusched.airflow.quota_file import load_quota_policy, quota_file
 from gpusched.paths import state_dir
 
 if TYPE_CHECKING:
@@ -143,7 +143,10 @@ def create_app(ledger_url: str | None = None) -> FastAPI:
         start = api_views.period_start(now, policy.period_s)
         snapshot = ledger.snapshot(now)
         usage = api_views.tenant_usage(ledger.history(start, now), snapshot, start, now)
-        return api_views.quotas_view(snapshot, ledger.active(), ledger.queue(), policy, usage, start)
+        view = api_views.quotas_view(snapshot, ledger.active(), ledger.queue(), policy, usage, start)
+        # Placement applies them only when a quota file is configured (else: unlimited).
+        view["enforced"] = quota_file().is_file()
+        return view
 
     @router.get("/forecast")
     def forecast() -> dict[str, Any]:

@@ -10,7 +10,6 @@ taken), ``free``. ``degraded`` is a flag on top of the state.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -246,30 +245,12 @@ def tenant_usage(
     period_start: float,
     now: float,
 ) -> dict[str, int]:
-    """Normalised usage (A100-equivalent milli-GPU-seconds) per tenant since ``period_start``.
+    """Normalised usage (A100-equivalent milli-GPU-seconds) per tenant since ``period_start``
+    (:func:`gpusched.quota.usage.tenant_usage` over the allocations)."""
+    from gpusched.quota.usage import spans_of
+    from gpusched.quota.usage import tenant_usage as usage
 
-    Counts the overlap of each allocation with ``[period_start, now]``; devices no longer in the
-    fleet are counted as one A100 each.
-    """
-    from gpusched.catalog import default_catalog
-
-    catalog = default_catalog()
-    used: dict[str, int] = {}
-    for alloc in history:
-        start = max(alloc.created_at, period_start)
-        end = min(alloc.released_at if alloc.released_at is not None else now, now)
-        if end <= start:
-            continue
-        rate = 0
-        for share in alloc.shares:
-            equiv = MILLI
-            if snapshot.has_device(share.uuid):
-                model = catalog.find(snapshot.device(share.uuid).model)
-                equiv = model.a100_equiv_milli if model is not None else MILLI
-            rate += share.milli * equiv // MILLI
-        tenant = alloc.request.tenant
-        used[tenant] = used.get(tenant, 0) + int(rate * (end - start))
-    return used
+    return usage(spans_of(history), snapshot, period_start, now)
 
 
 def quotas_view(
@@ -327,5 +308,7 @@ def quotas_view(
 
 
 def period_start(now: float, period_s: int) -> float:
-    """Start of the budget period holding ``now`` (periods aligned on the epoch)."""
-    return float(math.floor(now / period_s) * period_s)
+    """Start of the budget period holding ``now`` (:func:`gpusched.quota.usage.period_start`)."""
+    from gpusched.quota.usage import period_start as start
+
+    return start(now, period_s)

@@ -17,7 +17,7 @@ from gpusched.airflow.gang import GangMember
 from gpusched.errors import PlacementError
 from gpusched.hardware.envexport import devices_env
 from gpusched.model import DeviceShare, FleetSnapshot
-from gpusched.placement import PendingTask, Policy, RunningTask, place
+from gpusched.placement import PendingTask, Policy, Rejection, RunningTask, place
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 
@@ -82,7 +82,8 @@ class CycleRequest:
     ``snapshot``: the fleet now (usage counts every active allocation); ``running``: the tasks
     holding devices (for the policy's expected ends); ``now``: the clock; ``replan_budget_ms`` /
     ``replan_weights``: the genetic re-planning budget (0 = greedy only) and its objective weights
-    (latency, fragmentation, energy); ``quota``: partition and budget state (None = none);
+    (latency, fragmentation, energy); ``quota``: partition and budget state, required
+    (:meth:`QuotaState.unlimited` when no quota is configured);
     ``addresses``: node -> address of its GPU host (rendezvous of multi-node gangs).
     """
 
@@ -91,11 +92,11 @@ class CycleRequest:
     policy: Policy
     running: tuple[RunningTask, ...]
     now: float
+    quota: QuotaState
     use_uuids: bool = False
     seed: int = 0
     replan_budget_ms: float = 0.0
     replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1)
-    quota: QuotaState | None = None
     addresses: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -127,7 +128,8 @@ def decide(request: CycleRequest) -> CycleReply:
     snapshot = _place_gangs(request, gangs, snapshot, launches, holds)
     if to_place:
         plan = place(to_place, snapshot, policy, now=now, running=running, seed=seed, quota=request.quota)
-        if replan_budget_ms > 0 and len(to_place) >= 2:
+        # The optimiser does not check quotas: with quotas in force the greedy plan stands.
+        if replan_budget_ms > 0 and len(to_place) >= 2 and not request.quota.enforced:
             from gpusched.placement.genetic import optimise
 
             plan = optimise(
@@ -165,6 +167,10 @@ def _place_gangs(
         if not plan.shares:
             holds.extend(Hold(m.key, plan.reason, plan.permanent) for m in members)
             continue
+        refusal = _gang_quota_refusal(request, members, plan.shares, snapshot)
+        if refusal is not None:  # the whole gang waits (or fails) for its tenant's budget or partition
+            holds.extend(Hold(m.key, refusal.reason, refusal.permanent) for m in members)
+            continue
         gang_launches: list[Launch] = []
         gang_holds: list[Hold] = []
         for member in members:
@@ -176,6 +182,29 @@ def _place_gangs(
         launches.extend(gang_launches)
         snapshot = snapshot.with_usage(s for launch in gang_launches for s in launch.shares)
     return snapshot
+
+
+def _gang_quota_refusal(
+    request: CycleRequest,
+    members: Sequence[PendingWork],
+    shares: Mapping[str, Sequence[DeviceShare]],
+    snapshot: FleetSnapshot,
+) -> Rejection | None:
+    """Why the quota refuses a whole gang on ``shares`` (each member admitted in turn), or None."""
+    if not request.quota.enforced:
+        return None
+    from gpusched.placement.admission import QuotaGate
+    from gpusched.quota.policy import physical_milli
+
+    waiting = [PendingTask(w.key, w.request, w.submitted_at) for w in request.pending]
+    admission = QuotaGate(snapshot, request.quota, request.running, waiting, request.now)
+    for member in members:
+        task = PendingTask(member.key, member.request, member.submitted_at)
+        member_shares = tuple(shares[member.key])
+        refusal = admission.admit(task, member_shares, physical_milli(member_shares, snapshot), request.now)
+        if refusal is not None:
+            return refusal
+    return None
 
 
 def running_tasks(allocations: Iterable[object]) -> list[RunningTask]:

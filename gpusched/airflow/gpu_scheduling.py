@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched import settings
-from gpusched.airflow import gpu_faults
+from gpusched.airflow import gpu_faults, gpu_quota
 from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.gang import gang_member
@@ -69,7 +69,7 @@ class GPUScheduling:
     ``jwt_generator`` and ``fail`` are used; event-log rows are written directly);
     ``dispatcher`` starts launches.
     Settings (:mod:`gpusched.settings`, read from the executor's team-scoped config): ``[gpusched]``
-    ``policy``, ``lease_seconds``, ``fail_unschedulable``,
+    ``policy``, ``lease_seconds``, ``fail_unschedulable``, ``over_budget`` (finish|stop),
     ``visible_devices_by_uuid``, ``replan_budget_ms``, ``replan_weights``, ``host_timeout_seconds``
     (30: a GPU host whose agent has not heartbeated for this long is lost; 0 = never),
     ``ledger_wait_seconds`` (5: the most one ledger operation waits for a lock; after a timeout
@@ -93,6 +93,8 @@ class GPUScheduling:
         self.host_timeout_s = settings.get_float("host_timeout_seconds", conf)
         self.ledger_wait_s = settings.get_float("ledger_wait_seconds", conf)
         self.reconcile_s = settings.get_float("reconcile_seconds", conf)
+        # Running work over its tenant's hard budget: finish|stop, acted on once per allocation.
+        self.over_budget, self.over_budget_seen = gpu_quota.over_budget_action(conf), set[str]()
         self._guard = LedgerGuard(self.ledger_wait_s, lambda: self.log)
         self._safe = self._guard.run
         self.process: Any = None  # this executor as a HolderProcess (set by start_process)
@@ -205,11 +207,11 @@ class GPUScheduling:
             self.log.exception("gpusched: GPU scheduling cycle failed; retrying next heartbeat")
 
     def cycle_request(self, pending: Sequence[PendingWork], now: float) -> CycleRequest:
-        """Every input of one cycle, read from the ledger now."""
+        """Every input of one cycle, read from the ledger now (quota: the quota file and usage)."""
         snapshot, active = self.ledger.cycle_view(now)  # one read transaction: both agree
         return CycleRequest(
-            tuple(pending), snapshot, self.policy,
-            tuple(running_tasks(active)), now, use_uuids=self.use_uuids,
+            tuple(pending), snapshot, self.policy, tuple(running_tasks(active)), now,
+            gpu_quota.cycle_quota(self.ledger, snapshot, now), use_uuids=self.use_uuids,
             replan_budget_ms=self.replan_budget_ms, replan_weights=self.replan_weights,
             addresses=self.ledger.node_addresses() if any(p.gang for p in pending) else {},
         )
@@ -356,6 +358,7 @@ class GPUScheduling:
         if now - self._last_reconcile >= self.reconcile_s:
             self._last_reconcile = now
             self._safe(self.reconcile)
+            self._safe(lambda: gpu_quota.check_running(self, now))
         if now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
             self._last_renew = now
             for ledger_key in list(self.gpu_running.values()):

@@ -25,7 +25,7 @@ from gpusched.paths import state_dir
 if TYPE_CHECKING:
     from gpusched.quota.policy import QuotaPolicy
 
-__all__ = ["load_quota_policy", "quota_file"]
+__all__ = ["load_quota_policy", "quota_file", "read_quota_policy"]
 
 
 def quota_file() -> Path:
@@ -39,13 +39,24 @@ def load_quota_policy() -> QuotaPolicy:
     Raises:
         ConfigurationError: the file exists but is not a valid policy (the message says why).
     """
-    import yaml
-
     from gpusched.quota.policy import QuotaPolicy
 
     path = quota_file()
     if not path.is_file():
         return QuotaPolicy()
+    return read_quota_policy(path)
+
+
+def read_quota_policy(path: Path) -> QuotaPolicy:
+    """The quota policy in file ``path``.
+
+    Raises:
+        ConfigurationError: the file is missing or not a valid policy (the message says why).
+    """
+    import yaml
+
+    from gpusched.quota.policy import QuotaPolicy
+
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:

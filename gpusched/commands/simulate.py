@@ -1,4 +1,6 @@
-"""``gpusched simulate --trace FILE --fleet FLEET --policy NAME``: replay a trace, print the metrics.
+"""``gpusched simulate --trace FILE --fleet FLEET --policy NAME [--quotas FILE]``: replay a trace.
+
+Prints the metrics.
 
 ``--trace``: a Gavel job CSV, ``philly_jobs.csv`` or an openb pod list (GPU pods replayed with
 their creation/deletion times). ``--fleet``: ``gavel``, ``uniform:NODESxGPUS[:MODEL]``, an openb
@@ -38,6 +40,9 @@ def register(subparsers: Any) -> None:
                         help="waiting jobs offered to one placement call (default 256)")
     parser.add_argument("--seed", type=int_range(0), default=0,
                         help="base seed for the random policy (default 0)")
+    parser.add_argument("--quotas", type=Path, default=None,
+                        help="a quota file (shares, borrowing, budgets, period_s) to place with, as "
+                             "the executor does; the JSON then reports each tenant's budget and use")
     parser.add_argument("--json", action="store_true", help="print the full metrics as JSON")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
@@ -59,6 +64,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.limit is not None:
         jobs = sorted(jobs, key=lambda j: j.arrival_s)[: args.limit]
     policy = Policy.named(args.policy, fractions_need_partitioning=False)
+    quota = None
+    if args.quotas is not None:
+        from gpusched.airflow.quota_file import read_quota_policy
+
+        quota = read_quota_policy(args.quotas)
     result = simulate(
         jobs,
         fleet_from_spec(args.fleet),
@@ -68,6 +78,7 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_pending=args.max_pending,
         progress=not args.quiet,
+        quota=quota,
     )
     summary = summarize(result)
     summary.update(trace=args.trace.name, fleet=args.fleet)

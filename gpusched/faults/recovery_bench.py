@@ -117,6 +117,7 @@ def run_trial(
     from gpusched.ledger import Ledger
     from gpusched.model import Health
     from gpusched.placement import Policy
+    from gpusched.quota.policy import QuotaState
     from gpusched.request import GPURequest
 
     backend = SimulatedBackend()
@@ -141,7 +142,7 @@ def run_trial(
             snapshot = ledger.snapshot()
             decision = decide(CycleRequest(
                 (PendingWork(key, wanted, time.time()),), snapshot, policy,
-                tuple(running_tasks(ledger.active())), time.time(), use_uuids=True,
+                tuple(running_tasks(ledger.active())), time.time(), QuotaState.unlimited(), use_uuids=True,
             ))
             if decision.launches:
                 chosen = decision.launches[0]

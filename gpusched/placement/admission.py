@@ -18,7 +18,8 @@ __all__ = ["QuotaGate"]
 
 
 class QuotaGate:
-    """Partition and budget bookkeeping for one ``place`` call: admit a placed task or say why not."""
+    """Partition and budget bookkeeping for one ``place`` call (and for a multi-node gang in the
+    executor's cycle): admit a placed task or say why not."""
 
     def __init__(
         self,
@@ -38,8 +39,11 @@ class QuotaGate:
         self.committed: dict[str, int] = {}
         for r in running:
             self.used[r.request.partition] += physical_milli(r.shares, self.snapshot)
-            if r.expected_end is not None and r.expected_end > now:
-                cost = normalised_rate(r.shares, self.snapshot) * int(r.expected_end - now)
+            # A task without an estimate is charged the default duration, as when it was admitted.
+            default_end = r.started_at + quota.policy.default_duration_s
+            end = r.expected_end if r.expected_end is not None else default_end
+            if end > now:
+                cost = normalised_rate(r.shares, self.snapshot) * int(end - now)
                 self.committed[r.request.tenant] = self.committed.get(r.request.tenant, 0) + cost
         self.pending = {p: 0 for p in Partition}
         for t in pending:

@@ -204,7 +204,9 @@ class Placer:
         if not commit:
             self.state, self._stats = self.state.copy(), None
         rng = np.random.default_rng(seed)
-        ctx = QuotaGate(self.snapshot, quota, running, pending, now) if quota is not None else None
+        # An unlimited state (no quota configured) applies neither budgets nor partitions.
+        enforced = quota is not None and quota.enforced
+        ctx = QuotaGate(self.snapshot, quota, running, pending, now) if enforced else None  # type: ignore[arg-type]
         ordered = (
             list(pending)
             if keep_order

@@ -34,6 +34,7 @@ __all__ = [
     "check_partition",
     "hours",
     "normalised_rate",
+    "over_budget",
     "partition_capacity",
     "physical_milli",
 ]
@@ -127,14 +128,35 @@ class QuotaPolicy:
 
 @dataclass(frozen=True)
 class QuotaState:
-    """Budget use so far in the current period (normalised milli-GPU-seconds per tenant)."""
+    """Budget use so far in the current period (normalised milli-GPU-seconds per tenant).
+
+    ``enforced`` False (:meth:`unlimited`, no quota file configured): placement applies neither
+    budgets nor partitions. Build one from the ledger with :func:`gpusched.quota.usage.quota_state`.
+    """
 
     policy: QuotaPolicy = field(default_factory=QuotaPolicy)
     used: Mapping[str, int] = field(default_factory=dict)
     period_start: float = 0.0
+    enforced: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "used", MappingProxyType(dict(self.used)))
+
+    @classmethod
+    def unlimited(cls) -> QuotaState:
+        """No quota configured: every tenant and partition unlimited."""
+        return cls(enforced=False)
+
+    def resets(self) -> str:
+        """When the current period ends, e.g. ``"Monday 2026-12-07 00:00 UTC"``."""
+        from datetime import UTC, datetime
+
+        end = datetime.fromtimestamp(self.period_start + self.policy.period_s, UTC)
+        return end.strftime("%A %Y-%m-%d %H:%M UTC")
+
+    def period_name(self) -> str:
+        """``"this week"`` / ``"today"`` / ``"this period"``."""
+        return {7 * 86400: "this week", 86400: "today"}.get(self.policy.period_s, "this period")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,16 +222,28 @@ def check_budget(state: QuotaState, tenant: str, cost: int, *, committed: int = 
     if spent + cost <= budget:
         return _OK
     permanent = cost > budget
+    used = state.used.get(tenant, 0)
     reason = (
-        f"tenant {tenant!r} budget: {hours(spent)} of {hours(budget)} A100-GPU-hours used or committed "
-        f"this period; this task needs ~{hours(cost)}"
+        f"tenant {tenant} used {hours(used)} of {hours(budget)} A100-h {state.period_name()}"
+        + (f" (+{hours(committed)} committed by its running tasks)" if committed else "")
+        + f"; this task needs ~{hours(cost)}"
     )
     reason += (
         "; it exceeds the whole budget — raise the budget or shorten the task"
         if permanent
-        else ("; it waits for the next period or a larger budget")
+        else f"; resets {state.resets()}"
     )
     return QuotaVerdict(False, reason, permanent=permanent)
+
+
+def over_budget(state: QuotaState, tenant: str) -> str | None:
+    """Why ``tenant`` has crossed its hard budget this period (its running work is over), or None."""
+    budget = state.policy.budget(tenant) if state.enforced else None
+    used = state.used.get(tenant, 0)
+    if budget is None or used < budget:
+        return None
+    return (f"tenant {tenant} used {hours(used)} of {hours(budget)} A100-h {state.period_name()}; "
+            f"resets {state.resets()}")
 
 
 def check_partition(

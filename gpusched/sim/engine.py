@@ -20,12 +20,14 @@ import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import Assignment, PendingTask, PlacementPlan, Policy, RunningTask, place
-from gpusched.quota.policy import physical_milli
+from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.request import GPURequest
+from gpusched.sim import quota as sim_quota
 
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]
 
@@ -113,6 +115,7 @@ class SimResult:
     place_seconds: float = 0.0
     replans: int = 0
     replans_improved: int = 0
+    quota: dict[str, Any] | None = None
 
 
 def simulate(
@@ -130,6 +133,7 @@ def simulate(
     replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
     replan_generations: int = 200,
     progress: bool = False,
+    quota: QuotaPolicy | None = None,
 ) -> SimResult:
     """Replay ``jobs`` (any order; sorted by arrival here) on ``fleet`` under ``policy``.
 
@@ -148,6 +152,10 @@ def simulate(
         replan_weights: the optimiser's (latency, fragmentation, energy) weights.
         replan_generations: the optimiser's generation cap (with the budget, whichever binds
             first; a cap that binds first makes a seeded replay deterministic).
+        quota: tenant budgets and partitions to place with (the executor's quota state, built
+            from the jobs started so far; None = unlimited). Genetic re-planning is skipped
+            while a quota applies (the optimiser does not check quotas). The result's ``quota``
+            reports each tenant's budget and use and each partition's share of GPU-hours.
         progress: a tqdm bar on stderr, counting arrivals — or, with ``stop_after``, the
             watched jobs that have finished (so it reaches 100 % when the run stops).
 
@@ -223,6 +231,7 @@ def simulate(
         else:
             started = time.perf_counter()
             offered = list(_head(pending, max_pending))
+            state = sim_quota.quota_state_at(quota, records, by_key, fleet, t)
             plan = place(
                 offered,
                 snapshot,
@@ -230,8 +239,9 @@ def simulate(
                 now=t,
                 running=tuple(running.values()),
                 seed=seed + calls,
+                quota=state,
             )
-            if replan_budget_ms > 0 and len(offered) >= 2:
+            if replan_budget_ms > 0 and len(offered) >= 2 and not state.enforced:
                 from gpusched.placement.genetic import optimise_with_report
 
                 report = optimise_with_report(
@@ -294,6 +304,7 @@ def simulate(
         place_seconds=spent,
         replans=replans,
         replans_improved=improved,
+        quota=None if quota is None else sim_quota.report(quota, records, by_key, fleet, end_time),
     )
 
 

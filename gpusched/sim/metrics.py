@@ -111,7 +111,7 @@ def summarize(result: SimResult, *, measure: Collection[str] | None = None) -> d
     )
     delays = [r.queue_delay_s for r in recs]
     jcts = [r.jct_s for r in finished]
-    return {
+    summary = {
         "policy": result.policy,
         "jobs_started": len(recs),
         "jobs_finished": len(finished),
@@ -136,3 +136,6 @@ def summarize(result: SimResult, *, measure: Collection[str] | None = None) -> d
         if result.place_calls
         else 0.0,
     }
+    if result.quota is not None:
+        summary["quota"] = result.quota
+    return summary
