@@ -19,25 +19,22 @@ released and its tasks failed ("node lost"), so Airflow retries them on another 
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow.providers.celery.executors.celery_executor import CeleryExecutor
 
-from gpusched.airflow.authoring import is_gpu_task
-from gpusched.airflow.executor_compat import celery_send, save_task_event
+from gpusched.airflow.executor_compat import celery_send
 from gpusched.airflow.gpu_cycle import Launch
+from gpusched.airflow.gpu_executor_hooks import GPUExecutorHooks
 from gpusched.airflow.gpu_scheduling import GPUScheduling
 from gpusched.airflow.keys import ti_key_of
 from gpusched.errors import ConfigurationError
 from gpusched.ledger.hosts import LAUNCH_EVENT, HostState, host_queue
 
-if TYPE_CHECKING:
-    from gpusched.ledger import Ledger
-
 __all__ = ["GPUCeleryExecutor"]
 
 
-class GPUCeleryExecutor(CeleryExecutor):
+class GPUCeleryExecutor(GPUExecutorHooks, CeleryExecutor):
     """CeleryExecutor plus GPU placement, allocation, routing to the owning host's queue and release."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -45,16 +42,6 @@ class GPUCeleryExecutor(CeleryExecutor):
         team = f"/{self.team_name}" if self.team_name else ""
         holder = f"GPUCeleryExecutor@{socket.gethostname()}{team}"
         self.gpu = GPUScheduling(self, _CeleryDispatcher(self), holder=holder)
-
-    @property
-    def ledger(self) -> Ledger:
-        """The shared allocation ledger."""
-        return self.gpu.ledger
-
-    @property
-    def gpu_running(self) -> dict[Any, str]:
-        """Airflow key -> ledger key of dispatched GPU work."""
-        return self.gpu.gpu_running
 
     def start(self) -> None:
         """Check the broker and the ledger, then release allocations of tasks that are gone."""
@@ -88,11 +75,6 @@ class GPUCeleryExecutor(CeleryExecutor):
                 "start it or fix [celery] broker_url (AIRFLOW__CELERY__BROKER_URL)"
             ) from exc
 
-    def end(self, *args: Any, **kwargs: Any) -> None:
-        """End as CeleryExecutor does; forget the waiting records of what never started."""
-        super().end(*args, **kwargs)
-        self.gpu.end(list(self.queued_tasks.values()))
-
     def try_adopt_task_instances(self, tis: Any) -> Any:
         """Adopt as CeleryExecutor does; adopted GPU tasks keep their allocations (leases renewed)."""
         not_adopted = super().try_adopt_task_instances(tis)
@@ -111,27 +93,9 @@ class GPUCeleryExecutor(CeleryExecutor):
         super().revoke_task(ti=ti)
         self.gpu.revoke(ti)
 
-    def queue_workload(self, workload: Any, session: Any, **kwargs: Any) -> None:
-        """Queue as CeleryExecutor does, remembering when a GPU workload started to wait."""
-        super().queue_workload(workload, session)
-        self.gpu.queued(workload)
-
-    def _process_workloads(self, workload_items: Any) -> None:
-        plain = [w for w in workload_items if not is_gpu_task(w)]
-        if plain:  # exactly as CeleryExecutor: each to its own queue
-            celery_send(self, plain)
-        self.gpu.schedule([w for w in workload_items if is_gpu_task(w)])
-
-    def log_task_event(self, *, event: str, extra: str, ti_key: Any) -> None:
-        """Write the event-log row (Audit Log, ``/api/v2/eventLogs``) now, in its own session."""
-        save_task_event(self, event=event, extra=extra, ti_key=ti_key)
-
-    def change_state(
-        self, key: Any, state: Any, info: Any = None, remove_running: bool = True, **kwargs: Any
-    ) -> None:
-        """Record the state as CeleryExecutor does; release the devices once the task ended."""
-        super().change_state(key, state, info, remove_running=remove_running)
-        self.gpu.finished(key, state)
+    def send_plain(self, workloads: list[Any]) -> None:
+        """Send workloads without a GPU request to their own queue, exactly as CeleryExecutor."""
+        celery_send(self, workloads)
 
     def sync(self) -> None:
         """Poll Celery (releasing finished GPU tasks), renew leases, handle lost hosts."""

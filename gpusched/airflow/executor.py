@@ -39,29 +39,25 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow.executors.local_executor import LocalExecutor
 
 from gpusched import settings
-from gpusched.airflow.authoring import is_gpu_task
 from gpusched.airflow.dispatch import run_gpu_worker
 from gpusched.airflow.executor_compat import (
     local_any_worker_dead,
     local_put,
     local_spawn_worker,
-    save_task_event,
 )
 from gpusched.airflow.gpu_cycle import Launch
+from gpusched.airflow.gpu_executor_hooks import GPUExecutorHooks
 from gpusched.airflow.gpu_scheduling import GPUScheduling
-
-if TYPE_CHECKING:
-    from gpusched.ledger import Ledger
 
 __all__ = ["GPUExecutor", "wait_for_execution_api"]
 
 
-class GPUExecutor(LocalExecutor):
+class GPUExecutor(GPUExecutorHooks, LocalExecutor):
     """LocalExecutor plus GPU placement, allocation, per-task device environment and release."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -80,16 +76,6 @@ class GPUExecutor(LocalExecutor):
     def holder(self) -> str:
         """Who this executor's allocations belong to in the ledger."""
         return self.gpu.holder
-
-    @property
-    def ledger(self) -> Ledger:
-        """The allocation ledger."""
-        return self.gpu.ledger
-
-    @property
-    def gpu_running(self) -> dict[Any, str]:
-        """Airflow key -> ledger key of dispatched GPU work."""
-        return self.gpu.gpu_running
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -115,11 +101,6 @@ class GPUExecutor(LocalExecutor):
         """Release this holder's allocations whose task instance is not queued or running any more."""
         return self.gpu.reconcile()
 
-    def end(self, *args: Any, **kwargs: Any) -> None:
-        """Wait for running tasks (as LocalExecutor), then release what is still held."""
-        super().end(*args, **kwargs)
-        self.gpu.end(list(self.queued_tasks.values()))
-
     def revoke_task(self, *, ti: Any, **kwargs: Any) -> None:
         """Forget a task stuck in queued: drop it from the GPU queue and release its devices.
 
@@ -130,29 +111,11 @@ class GPUExecutor(LocalExecutor):
 
     # ---- queueing and dispatch ---------------------------------------------------------------
 
-    def queue_workload(self, workload: Any, session: Any, **kwargs: Any) -> None:
-        """Queue as LocalExecutor does, remembering when a GPU workload started to wait."""
-        super().queue_workload(workload, session)
-        self.gpu.queued(workload)
-
-    def _process_workloads(self, workload_list: Any) -> None:
-        plain = [w for w in workload_list if not is_gpu_task(w)]
-        if plain:
-            super()._process_workloads(plain)
-        self.gpu.schedule([w for w in workload_list if is_gpu_task(w)])
+    def send_plain(self, workloads: list[Any]) -> None:
+        """Run workloads without a GPU request in LocalExecutor's workers."""
+        LocalExecutor._process_workloads(self, workloads)
 
     # ---- completion, leases --------------------------------------------------------------------
-
-    def log_task_event(self, *, event: str, extra: str, ti_key: Any) -> None:
-        """Write the event-log row (Audit Log, ``/api/v2/eventLogs``) now, in its own session."""
-        save_task_event(self, event=event, extra=extra, ti_key=ti_key)
-
-    def change_state(
-        self, key: Any, state: Any, info: Any = None, remove_running: bool = True, **kwargs: Any
-    ) -> None:
-        """Record the state as LocalExecutor does; release the devices once the process ended."""
-        super().change_state(key, state, info, remove_running=remove_running)
-        self.gpu.finished(key, state)
 
     def sync(self) -> None:
         """Read results (releasing finished GPU tasks), then renew leases now and then."""
