@@ -8,7 +8,7 @@ Each trial runs in a fresh AIRFLOW_HOME (temporary folder) with the simulated de
 real SQLite ledger, a real ``gpusched agent`` process and real task processes; the executor's
 placement decision (``gpusched.airflow.gpu_cycle.decide``) places both tries. The baseline runs the
 same scenario without the agent and the fault chain (Airflow's plain retry). Scenario details:
-``gpusched/faults/recovery_bench.py``. Airflow's own scheduler latency is not included (see
+``gpusched.bench.recovery.py``. Airflow's own scheduler latency is not included (see
 docs/benchmarks.md, "Fault recovery").
 """
 
@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 
 def _trial(with_chain: bool, args: argparse.Namespace) -> dict[str, object]:
-    from gpusched.faults.recovery_bench import run_trial
+    from gpusched.bench.recovery import run_trial
 
     with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as home:
         os.environ["AIRFLOW_HOME"] = home
