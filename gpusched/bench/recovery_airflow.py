@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from gpusched.deploy.airflow_instance import free_port, scheduler_healthy, wait_until
+from gpusched.errors import AirflowBootError
 
 REPO = Path(__file__).resolve().parents[2]  # gpusched/bench/ → the repository
 DAG_ID = "bench_gpu_fault"
@@ -115,25 +117,11 @@ class GpuschedBaseline(AirflowPlugin):
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _wait(what: str, check: Any, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"Airflow exited while waiting for {what}:\n{log.read_text()[-4000:]}")
-        try:
-            result = check()
-        except Exception:  # not up yet
-            result = None
-        if result:
-            return result
-        time.sleep(0.2)
-    raise SystemExit(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
+    try:
+        return wait_until(what, check, timeout, proc=proc, log=log, interval=0.2, tail=4000)
+    except AirflowBootError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def main() -> int:
@@ -165,7 +153,7 @@ def main() -> int:
         plugins = home / "plugins"
         plugins.mkdir()
         (plugins / "gpusched_baseline.py").write_text(BASELINE_PLUGIN)
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
     env.update({
         "AIRFLOW_HOME": str(home), "BENCH_DIR": str(bench), "GPUSCHED_BACKEND": "simulated",
@@ -174,8 +162,8 @@ def main() -> int:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": f"http://localhost:{port}",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{port}/execution/",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         "GPUSCHED_AIRFLOW_API_URL": f"http://localhost:{port}",
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     })
@@ -197,7 +185,8 @@ def main() -> int:
         from gpusched.model import Health
 
         started = time.monotonic()
-        _wait("Airflow to be healthy", lambda: _healthy(port), 300, airflow, log)
+        url = f"http://localhost:{port}"
+        _wait("Airflow to be healthy", lambda: scheduler_healthy(url), 300, airflow, log)
         api = AirflowApi(f"http://localhost:{port}")
         dag_path = f"/api/v2/dags/{dag_id}"
         _wait("the bench DAG to be parsed", lambda: api.call("GET", dag_path), 180, airflow, log)
@@ -293,14 +282,6 @@ def _leak_check(api: Any, dag_path: str, bench: Path, airflow: subprocess.Popen[
         "classified_as": handled[0].detail.get("failure_kind") if handled else None,
         "evidence": handled[0].detail.get("evidence") if handled else None,
     }
-
-
-def _healthy(port: int) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://localhost:{port}/api/v2/monitor/health", timeout=5) as response:
-        health = json.loads(response.read())
-    return all(health[c]["status"] == "healthy" for c in ("scheduler", "dag_processor"))
 
 
 if __name__ == "__main__":
