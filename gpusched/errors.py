@@ -14,11 +14,9 @@ Hierarchy::
     ├── HardwareError               a vendor library failed (translated at the backend boundary)
     │   └── BackendUnavailableError the vendor library or its devices are absent
     ├── PlacementError              the placement engine was called wrongly
-    │   └── UnschedulableError      a request can never fit this fleet (carries the reason)
     ├── LedgerError                 the allocation ledger refused or failed an operation
     │   ├── AllocationConflictError capacity was taken by someone else (retry next cycle)
     │   └── UnknownAllocationError  no such allocation / lease
-    ├── QuotaError                  a tenant budget or partition rule refuses a request
     ├── TelemetryError              sampling, exporting or alerting failed
     ├── ForecastError               demand data failed validation or no model could be fitted
     └── ScalingError                a scaler provider could not apply a plan
@@ -44,12 +42,10 @@ __all__ = [
     "LedgerError",
     "LedgerUnavailableError",
     "PlacementError",
-    "QuotaError",
     "ScalingError",
     "TelemetryError",
     "TraceError",
     "UnknownAllocationError",
-    "UnschedulableError",
     "WrongHostError",
 ]
 
@@ -112,18 +108,6 @@ class PlacementError(GpuschedError):
     """The placement engine was called with inconsistent arguments."""
 
 
-class UnschedulableError(PlacementError):
-    """A request can never be placed on this fleet, even when it is empty.
-
-    Attributes:
-        reason: the human-readable reason, e.g. "needs 4 NVLink-connected ≥80 GB; largest island: 2".
-    """
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
-
-
 class LedgerError(GpuschedError):
     """The allocation ledger refused or failed an operation."""
 
@@ -150,10 +134,6 @@ class HostConflictError(LedgerError):
 
 class WrongHostError(GpuschedError):
     """A task landed on a host that does not own its devices (misrouting, stale queue)."""
-
-
-class QuotaError(GpuschedError):
-    """A tenant GPU-hour budget or a partition rule refuses the request."""
 
 
 class TelemetryError(GpuschedError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from gpusched.catalog import Catalog, Vendor, arch_rank, default_catalog
@@ -255,6 +255,40 @@ class GPURequest:
         """Whether the request may share a whole device (soft isolation) when fractional."""
         return self.isolation != "hard"
 
+    def describe(self, *, fractional: bool | None = None, owner: bool = False) -> str:
+        """The one human phrase for this request, e.g. ``4 NVLink/xGMI/HCCS-connected A100-SXM-80GB``.
+
+        ``fractional`` overrides :attr:`is_fractional` (a whole-GPU request placed as a share);
+        ``owner`` appends the partition and tenant (``…, training, tenant vision``) for the UI.
+        """
+        frac = self.is_fractional if fractional is None else fractional
+        parts: list[str] = []
+        if frac:
+            if self.isolation == "hard":
+                share = f"≥{self.milli_per_gpu / MILLI:g}"
+                parts.append(f"a hard-isolated {self.profile or 'slice'} ({share}) of a")
+            else:
+                parts.append(f"{self.milli_per_gpu / MILLI:g} of a")
+        else:
+            parts.append(str(self.count))
+            if self.count > 1 and _LINK_WORDS[self.interconnect]:
+                parts.append(_LINK_WORDS[self.interconnect])
+        plural = "" if frac or self.count == 1 else "s"
+        if self.models:
+            parts.append("|".join(sorted(self.models)))
+        elif self.vendors:
+            parts.append("|".join(sorted(str(v) for v in self.vendors)) + f" GPU{plural}")
+        else:
+            parts.append(f"GPU{plural}")
+        if self.min_arch:
+            parts.append(f"≥{self.min_arch}")
+        if self.memory_per_gpu:
+            parts.append(f"with ≥{_gib(self.memory_per_gpu)} free")
+        if self.labels:
+            parts.append("on " + ",".join(f"{k}={v}" for k, v in self.labels))
+        text = " ".join(parts)
+        return f"{text}, {self.partition.value}, tenant {self.tenant}" if owner else text
+
     def _check_feasible_memory(self, cat: Catalog) -> None:
         if not self.memory_per_gpu:
             return
@@ -290,6 +324,14 @@ REQUEST_KEYS: frozenset[str] = _ACCEPTED_KEYS
 """Every keyword :meth:`GPURequest.build` accepts (for helpers that split request from other kwargs)."""
 
 
-def request_fields() -> tuple[str, ...]:
-    """Names of the dataclass fields (for documentation and the UI)."""
-    return tuple(f.name for f in fields(GPURequest))
+_LINK_WORDS = {
+    Interconnect.ISLAND: "NVLink/xGMI/HCCS-connected",
+    Interconnect.SAME_NUMA: "same-NUMA",
+    Interconnect.SAME_NODE: "same-node",
+    Interconnect.SAME_RACK: "same-rack",
+    Interconnect.ANY: "",
+}
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.0f} GiB" if value % 2**30 == 0 else f"{value / 2**30:.1f} GiB"

@@ -137,7 +137,8 @@ def test_capacity_taken_meanwhile_is_retried_not_double_booked(
         DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes) for d in stale.node("a-h100-1").devices
     ]
     rival.allocate("rival", GPURequest.build(**need), device_shares, holder="other-scheduler")
-    monkeypatch.setattr(executor.ledger, "snapshot", lambda now=None: stale)
+    # the cycle reads the fleet as it was before the rival booked it (snapshot and running tasks)
+    monkeypatch.setattr(executor.ledger, "cycle_view", lambda now=None: (stale, []))
 
     w = _workload("late", need)
     _submit(executor, w)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpusched.airflow.api_views import describe_request, device_state
+from gpusched.airflow.api_views import device_state
 from gpusched.hardware.fleetfile import load_fleet
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceSample, DeviceShare, Health
@@ -114,7 +114,8 @@ def test_queue_allocations_and_events(client: Any, ledger: Ledger) -> None:
     assert len(queue) == 1
     assert queue[0]["reason"].startswith("needs 8 island-connected")
     assert queue[0]["waiting_s"] == 300
-    assert "8× GPU ≥80 GiB" in queue[0]["summary"] and "tenant vision" in queue[0]["summary"]
+    summary = queue[0]["summary"]
+    assert "8 NVLink/xGMI/HCCS-connected GPUs with ≥80 GiB free" in summary and "tenant vision" in summary
     allocs = client.get("/allocations").json()
     assert [a["key"] for a in allocs] == ["dag.train.r1.1.-1", "dag.nb.r1.1.-1"]
     assert allocs[0]["running_s"] == 1800 and allocs[0]["nodes"] == ["a-h100-1"]
@@ -185,8 +186,8 @@ def test_pure_helpers(ledger: Ledger) -> None:
     snap = ledger.snapshot(NOW)
     node = snap.node("a-h100-2")
     assert device_state(node.devices[0], node, 0) == "standby"
-    text = describe_request(GPURequest.build(gpus=0.5, memory="8GiB", tenant="t1", partition="dev"))
-    assert text == "0.5 GPU ≥8 GiB, dev, tenant t1"
+    text = GPURequest.build(gpus=0.5, memory="8GiB", tenant="t1", partition="dev").describe(owner=True)
+    assert text == "0.5 of a GPU with ≥8 GiB free, dev, tenant t1"
 
 
 def test_plugin_registers_the_lazy_app_and_the_nav_view(ledger: Ledger) -> None:

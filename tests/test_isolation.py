@@ -250,7 +250,8 @@ def test_ledger_never_hands_out_a_mig_enabled_gpu(tmp_path: Path) -> None:
 
 def test_an_oom_on_a_slice_retries_on_a_bigger_slice(fleet: FleetSnapshot) -> None:
     from gpusched.faults.classify import Classification, FailureKind
-    from gpusched.faults.remedies import choose_remedy, fits_fleet
+    from gpusched.faults.remedies import choose_remedy
+    from gpusched.placement.feasible import feasible
 
     small = next(d for d in fleet.devices() if d.profile == "1g.10gb")
     request = GPURequest.build(gpus=0.1, memory="8GiB", profile="1g.10gb")
@@ -262,7 +263,7 @@ def test_an_oom_on_a_slice_retries_on_a_bigger_slice(fleet: FleetSnapshot) -> No
     placed = _place(fleet, remedy.request)
     assert fleet.device(placed["t0"]).profile in ("2g.20gb", "3g.40gb", "CPX")
     too_big = GPURequest.build(gpus=0.5, memory="60GiB", isolation="hard", model="A100")
-    assert not fits_fleet(too_big, fleet, empty=True)  # no A100 slice has 60 GiB: scale out, not retry
+    assert not feasible(too_big, fleet, empty=True)  # no A100 slice has 60 GiB: scale out, not retry
 
 
 # ---- fleet file ----------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Placer, Policy, place
-from gpusched.placement.choose import _levels_best
+from gpusched.placement.choose import levels_best
 from gpusched.request import GPURequest
 from gpusched.sim.fleets import uniform_fleet
 
@@ -21,9 +21,9 @@ def _busy(fleet: FleetSnapshot, node: str, whole: int) -> FleetSnapshot:
 def test_integer_node_score_ties_go_to_the_earliest_candidate() -> None:
     # int(100 * sigmoid(-s)): 0.02 and 0.015 both score 49, so the first wins although the
     # second is lower; 0.0 scores 50 and beats both.
-    assert _levels_best(np.array([0.02, 0.015]), 100) == 0
-    assert _levels_best(np.array([0.02, 0.015, 0.0]), 100) == 2
-    assert _levels_best(np.array([0.015, 0.02]), 100) == 0
+    assert levels_best(np.array([0.02, 0.015]), 100) == 0
+    assert levels_best(np.array([0.02, 0.015, 0.0]), 100) == 2
+    assert levels_best(np.array([0.015, 0.02]), 100) == 0
 
 
 def test_fgd_preset_packs_equal_nodes_in_inventory_order() -> None:

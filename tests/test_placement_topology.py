@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.node_builder import make_node
 from gpusched.placement import PendingTask, Policy, place
-from gpusched.placement.synthetic import make_node
 from gpusched.request import GPURequest
 
 

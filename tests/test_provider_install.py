@@ -120,7 +120,7 @@ def test_installed_package_is_used_not_the_repository(venv: dict[str, Any]) -> N
     # Package data is found from site-packages: the shipped fleet, the catalog, the migrations.
     inventory = json.loads(_run([str(venv["bin"] / "gpusched"), "inventory", "--json"],
                                 env=venv["env"], cwd=venv["cwd"]))
-    assert inventory["simulated"] is True and sum(len(n["devices"]) for n in inventory["nodes"]) == 48
+    assert inventory["simulated"] is True and sum(len(n["devices"]) for n in inventory["nodes"]) == 62
 
 
 def test_airflow_lists_the_provider_and_its_config_section(venv: dict[str, Any]) -> None:
@@ -149,7 +149,7 @@ def test_executor_loads_by_its_import_path(venv: dict[str, Any]) -> None:
     code = ("from airflow.executors.executor_loader import ExecutorLoader\n"
             "cls = ExecutorLoader.import_default_executor_cls()[0]\n"
             "ex = cls()\n"
-            "print(cls.__module__, cls.__name__, ex.lease_s, ex.policy.name)\n")
+            "print(cls.__module__, cls.__name__, ex.gpu.lease_s, ex.gpu.policy.name)\n")
     out = _run([venv["python"], "-c", code], env=env, cwd=venv["cwd"]).split()
     assert out[-4:] == ["gpusched.airflow.executor", "GPUExecutor", "321", "gpusched"]
 
@@ -199,7 +199,7 @@ def test_api_server_serves_the_plugin_routes_and_nav_view(api_server: dict[str, 
     status, body = _get(base + "/gpusched/fleet", auth)
     assert status == 200
     fleet = json.loads(body)
-    assert fleet["simulated"] is True and fleet["summary"]["devices"] == 48
+    assert fleet["simulated"] is True and fleet["summary"]["devices"] == 51  # one tile per physical device
     status, body = _get(base + "/gpusched/ui", auth)
     assert status == 200 and b"GPU fleet" in body
     status, body = _get(base + "/api/v2/plugins", auth)

@@ -6,8 +6,8 @@ import pytest
 
 from gpusched.errors import ConfigurationError
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.node_builder import make_node
 from gpusched.placement import PendingTask, Policy, RunningTask, place
-from gpusched.placement.synthetic import make_node
 from gpusched.quota.policy import (
     UNITS_PER_A100_HOUR,
     QuotaPolicy,

@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 
 from gpusched.faults.classify import Classification, FailureKind, classify_failure
-from gpusched.faults.remedies import choose_remedy, fits_fleet
+from gpusched.faults.remedies import choose_remedy
 from gpusched.hardware.simulated import SimulatedBackend
 from gpusched.model import FleetSnapshot, Health
+from gpusched.placement.feasible import feasible
 from gpusched.request import GPURequest
 
 GIB = 2**30
@@ -148,7 +149,7 @@ def test_oom_on_a_smaller_model_retries_on_a_larger_one(fleet: FleetSnapshot) ->
     assert remedy.retry and remedy.request is not None
     assert remedy.request.memory_per_gpu >= 48 * GIB * 5 // 4
     assert "L40S" not in remedy.request.models and "H100-SXM-80GB" in remedy.request.models
-    assert fits_fleet(remedy.request, fleet)
+    assert feasible(remedy.request, fleet)
 
 
 def test_oom_of_a_fraction_asks_for_more_memory_on_the_same_kind(fleet: FleetSnapshot) -> None:
@@ -191,7 +192,7 @@ def test_shortage_after_cordon_asks_to_activate_the_standby_node(fleet: FleetSna
     assert remedy.cordon == (devices[3],)
     assert remedy.scale_out == request and remedy.activate == ("a-h100-2",)
     cordoned = fleet.with_device(replace(fleet.device(devices[3]), cordoned=True))
-    assert not fits_fleet(request, cordoned, empty=True)
+    assert not feasible(request, cordoned, empty=True)
 
 
 def test_a_lost_host_is_a_node_fault_retried_elsewhere_twice_without_cordons(fleet: FleetSnapshot) -> None:

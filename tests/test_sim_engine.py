@@ -9,11 +9,14 @@ import pytest
 
 from gpusched.catalog import default_catalog
 from gpusched.model import FleetSnapshot
+from gpusched.node_builder import SIM_LAYOUT, make_node
 from gpusched.placement import Policy
 from gpusched.request import GPURequest
 from gpusched.sim.engine import SimJob, SimResult, simulate
-from gpusched.sim.fleets import make_node, uniform_fleet
+from gpusched.sim.fleets import uniform_fleet
 from gpusched.sim.metrics import percentile, summarize
+
+_SIM: dict = {"layout": SIM_LAYOUT, "rack": "rack0", "cpu_milli": 0, "memory_bytes": 0}
 
 
 def _jobs(n: int, seed: int) -> list[SimJob]:
@@ -65,7 +68,7 @@ def test_every_job_finishes_without_overcommit(policy: str) -> None:
 
 
 def test_duration_depends_on_the_model_it_got() -> None:
-    fleet = FleetSnapshot((make_node("fast", "V100", 1), make_node("slow", "K80", 1)))
+    fleet = FleetSnapshot((make_node("fast", "V100", 1, **_SIM), make_node("slow", "K80", 1, **_SIM)))
     durations = {"V100-SXM2-16GB": 10.0, "K80": 40.0}
     jobs = [SimJob(f"j{i}", GPURequest(), 0.0, 10.0, durations) for i in range(2)]
     result = simulate(jobs, fleet, Policy.named("first-fit"))

@@ -22,12 +22,10 @@ if TYPE_CHECKING:
     from gpusched.ledger import Allocation, QueueEntry
     from gpusched.model import Device, DeviceSample, FleetSnapshot, Node
     from gpusched.quota.policy import QuotaPolicy
-    from gpusched.request import GPURequest
 
 __all__ = [
     "DEVICE_STATES",
     "allocations_view",
-    "describe_request",
     "device_state",
     "fleet_view",
     "period_start",
@@ -59,28 +57,6 @@ def device_state(device: Device, node: Node, used_milli: int) -> str:
 
 def _gib(n: int) -> float:
     return round(n / GIB, 1)
-
-
-def describe_request(request: GPURequest) -> str:
-    """A one-line human summary, e.g. ``"2× GPU ≥40 GiB, island, training, tenant vision"``."""
-    if request.milli_per_gpu < MILLI:
-        head = f"{request.milli_per_gpu / MILLI:g} GPU"
-    else:
-        head = f"{request.count}× GPU"
-    if request.memory_per_gpu:
-        head += f" ≥{_gib(request.memory_per_gpu):g} GiB"
-    parts = [head]
-    if request.models:
-        parts.append("/".join(sorted(request.models)))
-    elif request.vendors:
-        parts.append("/".join(sorted(v.value for v in request.vendors)))
-    if request.min_arch:
-        parts.append(f"≥{request.min_arch}")
-    if request.count > 1 or request.interconnect.value != "same_node":
-        parts.append(request.interconnect.value.replace("_", " "))
-    parts.append(request.partition.value)
-    parts.append(f"tenant {request.tenant}")
-    return ", ".join(parts)
 
 
 def _holders(allocations: Iterable[Allocation]) -> dict[str, list[dict[str, Any]]]:
@@ -218,7 +194,7 @@ def allocations_view(allocations: Sequence[Allocation], now: float) -> list[dict
     rows = []
     for alloc in sorted(allocations, key=lambda a: a.created_at):
         row = alloc.to_dict()
-        row["summary"] = describe_request(alloc.request)
+        row["summary"] = alloc.request.describe(owner=True)
         row["running_s"] = max(0.0, round(now - alloc.created_at, 1))
         row["lease_left_s"] = round(alloc.lease_expires_at - now, 1)
         row["nodes"] = sorted({s.node for s in alloc.shares})
@@ -253,7 +229,7 @@ def queue_view(entries: Sequence[QueueEntry], now: float) -> list[dict[str, Any]
         {
             "key": e.key,
             "task": task_link(e.key),
-            "summary": describe_request(e.request),
+            "summary": e.request.describe(owner=True),
             "request": e.request.to_dict(),
             "priority": e.request.priority,
             "reason": e.reason,

@@ -29,12 +29,28 @@ __all__ = [
     "POOL_SYNC_VAR",
     "gpu",
     "gpu_task",
+    "is_gpu_task",
     "partition_pool",
     "request_from_executor_config",
 ]
 
 CONFIG_KEY = "gpusched"
 """The key of the request inside a task's ``executor_config``."""
+
+
+
+def is_gpu_task(obj: Any) -> bool:
+    """True when ``obj``'s ``executor_config`` carries a request under :data:`CONFIG_KEY`.
+
+    ``obj`` may be a task, a task instance (its task's config first, then its own) or an executor
+    workload (its ``ti``'s config): the first ``executor_config`` found decides.
+    """
+    for holder in (getattr(obj, "task", None), getattr(obj, "ti", None), obj):
+        config = getattr(holder, "executor_config", None) if holder is not None else None
+        if config is not None:
+            return isinstance(config, dict) and CONFIG_KEY in config
+    return False
+
 
 POOL_PREFIX = "gpu_"
 """Partition pools are named ``gpu_<partition>``."""

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.celery.executors.celery_executor import CeleryExecutor
 
+from gpusched.airflow.authoring import is_gpu_task
 from gpusched.airflow.executor_compat import celery_send, save_task_event
 from gpusched.airflow.gpu_cycle import Launch
-from gpusched.airflow.gpu_scheduling import GPUScheduling, is_gpu_workload
+from gpusched.airflow.gpu_scheduling import GPUScheduling
 from gpusched.airflow.keys import ti_key_of
 from gpusched.errors import ConfigurationError
 from gpusched.ledger.hosts import LAUNCH_EVENT, HostState, host_queue
@@ -116,10 +117,10 @@ class GPUCeleryExecutor(CeleryExecutor):
         self.gpu.queued(workload)
 
     def _process_workloads(self, workload_items: Any) -> None:
-        plain = [w for w in workload_items if not is_gpu_workload(w)]
+        plain = [w for w in workload_items if not is_gpu_task(w)]
         if plain:  # exactly as CeleryExecutor: each to its own queue
             celery_send(self, plain)
-        self.gpu.schedule([w for w in workload_items if is_gpu_workload(w)])
+        self.gpu.schedule([w for w in workload_items if is_gpu_task(w)])
 
     def log_task_event(self, *, event: str, extra: str, ti_key: Any) -> None:
         """Write the event-log row (Audit Log, ``/api/v2/eventLogs``) now, in its own session."""

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.executors.local_executor import LocalExecutor
 
 from gpusched import settings
+from gpusched.airflow.authoring import is_gpu_task
 from gpusched.airflow.dispatch import run_gpu_worker
 from gpusched.airflow.executor_compat import (
     local_any_worker_dead,
@@ -52,7 +53,7 @@ from gpusched.airflow.executor_compat import (
     save_task_event,
 )
 from gpusched.airflow.gpu_cycle import Launch
-from gpusched.airflow.gpu_scheduling import GPUScheduling, is_gpu_workload
+from gpusched.airflow.gpu_scheduling import GPUScheduling
 
 if TYPE_CHECKING:
     from gpusched.ledger import Ledger
@@ -135,10 +136,10 @@ class GPUExecutor(LocalExecutor):
         self.gpu.queued(workload)
 
     def _process_workloads(self, workload_list: Any) -> None:
-        plain = [w for w in workload_list if not is_gpu_workload(w)]
+        plain = [w for w in workload_list if not is_gpu_task(w)]
         if plain:
             super()._process_workloads(plain)
-        self.gpu.schedule([w for w in workload_list if is_gpu_workload(w)])
+        self.gpu.schedule([w for w in workload_list if is_gpu_task(w)])
 
     # ---- completion, leases --------------------------------------------------------------------
 

@@ -26,6 +26,8 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
+from gpusched.airflow.authoring import is_gpu_task
+
 __all__ = [
     "build_failure_record",
     "on_task_instance_failed",
@@ -43,11 +45,6 @@ def _executor_config(task_instance: Any) -> Any:
     task = getattr(task_instance, "task", None)
     config = getattr(task, "executor_config", None) if task is not None else None
     return config if config is not None else getattr(task_instance, "executor_config", None)
-
-
-def _is_gpu_task(task_instance: Any) -> bool:
-    config = _executor_config(task_instance)
-    return isinstance(config, dict) and "gpusched" in config
 
 
 def read_log_tail(task_instance: Any, base_folder: str | None = None) -> str:
@@ -120,7 +117,7 @@ def build_failure_record(task_instance: Any, error: Any, ledger: Any) -> Any:
 @hookimpl
 def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
     """Register this task process under its key so the host's agent can stop it."""
-    if not _is_gpu_task(task_instance):
+    if not is_gpu_task(task_instance):
         return
     try:
         from gpusched.airflow.keys import ti_key_of
@@ -134,7 +131,7 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
 @hookimpl
 def on_task_instance_success(previous_state: Any, task_instance: Any) -> None:
     """Forget the process registration."""
-    if not _is_gpu_task(task_instance):
+    if not is_gpu_task(task_instance):
         return
     try:
         from gpusched.airflow.keys import ti_key_of
@@ -148,7 +145,7 @@ def on_task_instance_success(previous_state: Any, task_instance: Any) -> None:
 @hookimpl
 def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any) -> None:
     """Record the failure in the ledger and, unless disabled, run the fault chain on it now."""
-    if not _is_gpu_task(task_instance):
+    if not is_gpu_task(task_instance):
         return
     try:
         from gpusched.airflow.keys import ti_key_of

@@ -8,18 +8,33 @@ Airflow retries them elsewhere); a gang with a failed member has its other membe
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.keys import parse_ti_key, ti_key
 
-if TYPE_CHECKING:
-    from gpusched.airflow.gpu_scheduling import GPUScheduling
-
-__all__ = ["fail_orphaned", "handle_lost_hosts", "stop_broken_gangs"]
+__all__ = ["FaultCore", "fail_orphaned", "handle_lost_hosts", "stop_broken_gangs"]
 
 
-def handle_lost_hosts(core: GPUScheduling, now: float) -> list[str]:
+class FaultCore(Protocol):
+    """What these handlers use of :class:`~gpusched.airflow.gpu_scheduling.GPUScheduling`."""
+
+    executor: Any
+    gangs: dict[str, set[Any]]
+    gpu_running: dict[Any, str]
+    holder: str
+    host_timeout_s: float
+
+    @property
+    def log(self) -> Any: ...
+
+    @property
+    def ledger(self) -> Any: ...
+
+    def release(self, key: Any, reason: str) -> None: ...
+
+
+def handle_lost_hosts(core: FaultCore, now: float) -> list[str]:
     """Mark silent GPU hosts lost; release their allocations and fail their tasks (node lost)."""
     from airflow.models.taskinstancekey import TaskInstanceKey
 
@@ -48,7 +63,7 @@ def handle_lost_hosts(core: GPUScheduling, now: float) -> list[str]:
     return lost_keys
 
 
-def stop_broken_gangs(core: GPUScheduling) -> list[Any]:
+def stop_broken_gangs(core: FaultCore) -> list[Any]:
     """Stop the live members of every launched gang one of whose members failed (or was lost).
 
     The stopped members fail now (their retries wait for the whole gang again); Airflow's
@@ -91,7 +106,7 @@ def stop_broken_gangs(core: GPUScheduling) -> list[Any]:
     return stopped
 
 
-def fail_orphaned(core: GPUScheduling) -> list[str]:
+def fail_orphaned(core: FaultCore) -> list[str]:
     """Release and fail the tries whose LocalExecutor worker (their supervisor) died.
 
     Judged by pid and start time (a respawned worker may reuse a dead one's pid); a task

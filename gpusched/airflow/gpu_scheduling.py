@@ -22,17 +22,18 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched import settings
-from gpusched.airflow.authoring import request_from_executor_config
+from gpusched.airflow import gpu_faults
+from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.gang import gang_member
 from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
 from gpusched.airflow.keys import ti_key_of
+from gpusched.airflow.ledger_guard import LedgerGuard
 from gpusched.airflow.orphans import reconcile_holder, task_state
 from gpusched.airflow.task_log import append_task_log
 from gpusched.errors import (
     AllocationConflictError,
     GPURequestError,
-    GpuschedError,
     LedgerUnavailableError,
     UnknownAllocationError,
 )
@@ -44,16 +45,9 @@ if TYPE_CHECKING:
     from gpusched.ledger import Ledger
     from gpusched.placement import Policy
 
-__all__ = ["Dispatcher", "GPUScheduling", "is_gpu_workload"]
+__all__ = ["Dispatcher", "GPUScheduling"]
 
 _NOT_FINISHED = frozenset({"running", "queued", "scheduled", "restarting", "deferred"})
-
-
-def is_gpu_workload(workload: Any) -> bool:
-    """True for a task workload whose ``executor_config`` carries a ``gpusched`` request."""
-    ti = getattr(workload, "ti", None)
-    config = getattr(ti, "executor_config", None) if ti is not None else None
-    return isinstance(config, dict) and "gpusched" in config
 
 
 class Dispatcher(Protocol):
@@ -99,7 +93,8 @@ class GPUScheduling:
         self.host_timeout_s = settings.get_float("host_timeout_seconds", conf)
         self.ledger_wait_s = settings.get_float("ledger_wait_seconds", conf)
         self.reconcile_s = settings.get_float("reconcile_seconds", conf)
-        self._ledger_down_until = 0.0  # monotonic time before which the ledger is left alone
+        self._guard = LedgerGuard(self.ledger_wait_s, lambda: self.log)
+        self._safe = self._guard.run
         self.process: Any = None  # this executor as a HolderProcess (set by start_process)
         self._last_reconcile = 0.0
         self._ledger: Ledger | None = None
@@ -154,7 +149,7 @@ class GPUScheduling:
         (:func:`gpusched.airflow.orphans.stale_reason`); renewed when a process of it still runs
         (a task that outlived a restarted scheduler). Returns the released keys.
         """
-        waiting = {ti_key_of(w.ti) for w in self.executor.queued_tasks.values() if is_gpu_workload(w)}
+        waiting = {ti_key_of(w.ti) for w in self.executor.queued_tasks.values() if is_gpu_task(w)}
         return reconcile_holder(
             self.ledger, self.holder, dispatched=set(self.gpu_running.values()), waiting=waiting,
             lease_s=self.lease_s, log=self.log,
@@ -165,12 +160,12 @@ class GPUScheduling:
         for key in list(self.gpu_running):
             self.release(key, "executor stopped")
         for workload in queued:
-            if is_gpu_workload(workload):
+            if is_gpu_task(workload):
                 self._safe(lambda w=workload: self.ledger.clear_queue(ti_key_of(w.ti)))
 
     def queued(self, workload: Any) -> None:
         """Remember when a GPU workload started to wait."""
-        if is_gpu_workload(workload):
+        if is_gpu_task(workload):
             self._submitted.setdefault(workload.key, time.time())
 
     def revoke(self, ti: Any) -> None:
@@ -200,20 +195,21 @@ class GPUScheduling:
 
     def schedule(self, workloads: Sequence[Any]) -> None:
         """Place ``workloads`` (GPU ones); launch what fits, hold the rest. Never raises."""
-        if not workloads or not self._ledger_usable():
+        if not workloads or not self._guard.usable():
             return
         try:
             self._schedule(workloads)
         except LedgerUnavailableError as exc:
-            self._ledger_unavailable(exc)
+            self._guard.pause(exc)
         except Exception:  # keep the scheduler loop alive; the workloads stay queued
             self.log.exception("gpusched: GPU scheduling cycle failed; retrying next heartbeat")
 
     def cycle_request(self, pending: Sequence[PendingWork], now: float) -> CycleRequest:
         """Every input of one cycle, read from the ledger now."""
+        snapshot, active = self.ledger.cycle_view(now)  # one read transaction: both agree
         return CycleRequest(
-            tuple(pending), self.ledger.snapshot(now), self.policy,
-            tuple(running_tasks(self.ledger.active())), now, use_uuids=self.use_uuids,
+            tuple(pending), snapshot, self.policy,
+            tuple(running_tasks(active)), now, use_uuids=self.use_uuids,
             replan_budget_ms=self.replan_budget_ms, replan_weights=self.replan_weights,
             addresses=self.ledger.node_addresses() if any(p.gang for p in pending) else {},
         )
@@ -355,7 +351,7 @@ class GPUScheduling:
     def periodic(self, now: float | None = None) -> None:
         """Renew this executor's leases, expire dead ones, and handle GPU hosts that went silent."""
         now = time.time() if now is None else now
-        if not self._ledger_usable():
+        if not self._guard.usable():
             return
         if now - self._last_reconcile >= self.reconcile_s:
             self._last_reconcile = now
@@ -382,15 +378,11 @@ class GPUScheduling:
 
     def handle_lost_hosts(self, now: float) -> list[str]:
         """Mark silent GPU hosts lost; release their allocations and fail their tasks (node lost)."""
-        from gpusched.airflow.gpu_faults import handle_lost_hosts
-
-        return handle_lost_hosts(self, now)
+        return gpu_faults.handle_lost_hosts(self, now)
 
     def stop_broken_gangs(self) -> list[Any]:
         """Stop the live members of every launched gang one of whose members failed (or was lost)."""
-        from gpusched.airflow.gpu_faults import stop_broken_gangs
-
-        return stop_broken_gangs(self)
+        return gpu_faults.stop_broken_gangs(self)
 
     def release(self, key: Any, reason: str) -> None:
         """Release the devices of Airflow key ``key`` (idempotent with the task-side listener)."""
@@ -402,27 +394,4 @@ class GPUScheduling:
 
     def fail_orphaned(self) -> list[str]:
         """Release and fail the tries whose LocalExecutor worker (their supervisor) died."""
-        from gpusched.airflow.gpu_faults import fail_orphaned
-
-        return fail_orphaned(self)
-
-    def _ledger_usable(self) -> bool:
-        return time.monotonic() >= self._ledger_down_until
-
-    def _ledger_unavailable(self, exc: Exception) -> None:
-        self._ledger_down_until = time.monotonic() + self.ledger_wait_s
-        self.log.error("gpusched: ledger unavailable, GPU work paused for %.0f s: %s",
-                       self.ledger_wait_s, exc)
-
-    def _safe(self, action: Any) -> Any:
-        if not self._ledger_usable():
-            return None  # paused after a lock timeout or outage; reconcile catches up later
-        try:
-            return action()
-        except LedgerUnavailableError as exc:
-            self._ledger_unavailable(exc)
-        except GpuschedError:
-            self.log.exception("gpusched: ledger operation failed")
-        except Exception:  # a database hiccup must not stop the scheduler
-            self.log.exception("gpusched: unexpected error in a ledger operation")
-        return None
+        return gpu_faults.fail_orphaned(self)

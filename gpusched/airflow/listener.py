@@ -27,6 +27,7 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
+from gpusched.airflow.authoring import is_gpu_task
 from gpusched.errors import WrongHostError
 from gpusched.hardware.envexport import ALLOCATION_VAR, allocation_from_env
 
@@ -57,14 +58,6 @@ def check_host(host: str, shares: Any, host_nodes: Any) -> None:
             f"(nodes: {', '.join(sorted(host_nodes)) or 'none registered'}); refusing to run on "
             f"devices it does not own — misrouted or stale queue; it is retried on its own host"
         )
-
-
-def _is_gpu_task(task_instance: Any) -> bool:
-    task = getattr(task_instance, "task", None)
-    config = getattr(task, "executor_config", None) if task is not None else None
-    if config is None:
-        config = getattr(task_instance, "executor_config", None)
-    return isinstance(config, dict) and "gpusched" in config
 
 
 _LEDGERS: dict[str, Any] = {}
@@ -98,7 +91,7 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
     if allocation is not None and allocation.get("key") not in (None, key):
         allocation = None  # left over from another task: never trust it
     if allocation is None:
-        if not _is_gpu_task(task_instance):
+        if not is_gpu_task(task_instance):
             return None
         from gpusched.hardware.envexport import devices_env
         from gpusched.ledger.hosts import LAUNCH_EVENT
@@ -152,7 +145,7 @@ def release_devices(task_instance: Any, reason: str) -> bool:
 
     key = ti_key_of(task_instance)
     allocation = allocation_from_env(os.environ)
-    if not _is_gpu_task(task_instance) and (allocation is None or allocation.get("key") != key):
+    if not is_gpu_task(task_instance) and (allocation is None or allocation.get("key") != key):
         return False
     released = _ledger().release(key, reason=reason)
     if released is not None:
@@ -163,7 +156,7 @@ def release_devices(task_instance: Any, reason: str) -> bool:
 @hookimpl
 def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
     """Export (or confirm) the task's devices and log them."""
-    if ALLOCATION_VAR not in os.environ and not _is_gpu_task(task_instance):
+    if ALLOCATION_VAR not in os.environ and not is_gpu_task(task_instance):
         return
     try:
         allocation = export_devices(task_instance)
@@ -208,7 +201,7 @@ def on_task_instance_skipped(previous_state: Any, task_instance: Any) -> None:
 
 
 def _release_quietly(task_instance: Any, reason: str) -> None:
-    if ALLOCATION_VAR not in os.environ and not _is_gpu_task(task_instance):
+    if ALLOCATION_VAR not in os.environ and not is_gpu_task(task_instance):
         return
     try:
         release_devices(task_instance, reason)

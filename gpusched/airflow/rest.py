@@ -28,7 +28,7 @@ from typing import Any
 
 from gpusched.errors import ConfigurationError
 
-__all__ = ["AirflowApi", "AirflowApiStopper", "base_url_from_config"]
+__all__ = ["AirflowApi", "base_url_from_config"]
 
 
 def _default_base_url() -> str:
@@ -152,19 +152,3 @@ class AirflowApi:
         if note:
             body["note"] = note[:1000]
         return self.call("PATCH", path, body)
-
-
-class AirflowApiStopper:
-    """A :class:`gpusched.faults.remediation.TaskStopper` that fails the task instance through the API."""
-
-    def __init__(self, api: AirflowApi | None = None) -> None:
-        self.api = api or AirflowApi()
-
-    def __call__(self, key: str, reason: str) -> bool:
-        from gpusched.airflow.keys import parse_ti_key
-
-        parts = parse_ti_key(key)
-        if parts is None:
-            return False
-        self.api.mark_failed(parts.dag_id, parts.run_id, parts.task_id, note=f"gpusched: {reason}")
-        return True

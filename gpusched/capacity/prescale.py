@@ -205,20 +205,20 @@ def standby_for_waiting(
     standby node helps are not served here. Longest-waiting tasks choose first; a node chosen
     for one task is offered to the next ones too.
     """
-    from gpusched.faults.remedies import fits_fleet
+    from gpusched.placement.feasible import feasible
 
     current = snapshot
     chosen: list[str] = []
     reasons: list[str] = []
     for task in sorted(waiting, key=lambda t: (t.since, t.key)):
         waited = now - task.since
-        if waited < threshold_s or fits_fleet(task.request, current):
+        if waited < threshold_s or feasible(task.request, current):
             continue
         for node in current.nodes:
             if not node.standby or node.cordoned:
                 continue
             trial = activate_in_snapshot(current, [node.name])
-            if fits_fleet(task.request, trial):
+            if feasible(task.request, trial):
                 current = trial
                 chosen.append(node.name)
                 reasons.append(f"{task.key} waited {waited / 60:.0f} min for {task.request.count} "

@@ -1,7 +1,9 @@
 """The fault chain's records in the ledger: failed tasks, their handling, and request overrides.
 
-Everything is stored as ledger events (``Ledger.record_event`` / ``Ledger.events``), so the
-chain needs no table of its own and every record shows in the event log of the UI:
+Failures are stored as ledger events (``Ledger.record_event`` / ``Ledger.events``); overrides
+and refused retries are rows of the ledger's overrides table (``gpusched.ledger.overrides``), read
+in one query however old, and each write also appends its event. Every record shows in the event
+log of the UI:
 
 ``task_failed`` (subject: task key)
     A GPU task failed: :class:`FailureRecord` (task identity, devices, request, log tail).
@@ -26,12 +28,12 @@ docs/fault-recovery.md).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from gpusched.errors import GPURequestError, LedgerError
+from gpusched.ledger.overrides import OVERRIDE, OVERRIDE_CLEARED, REFUSED, RequestOverride
 from gpusched.request import GPURequest
 
 __all__ = [
@@ -54,11 +56,7 @@ __all__ = [
 
 FAILED = "task_failed"
 HANDLED = "failure_handled"
-OVERRIDE = "request_override"
-OVERRIDE_CLEARED = "override_cleared"
-REFUSED = "retry_refused"
-
-_SCAN_LIMIT = 5000  # newest events of the chain's kinds that one read looks at
+_SCAN_LIMIT = 5000  # newest failure events one read of pending failures looks at
 
 
 class EventLedger(Protocol):
@@ -69,6 +67,22 @@ class EventLedger(Protocol):
     def events(
         self, limit: int = 100, *, kinds: Sequence[str] = (), since: float | None = None
     ) -> list[Any]: ...
+
+    def set_request_override(
+        self, dag_id: str, task_id: str, request: GPURequest, *, reason: str,
+        run_id: str | None = None, now: float | None = None,
+    ) -> None: ...
+
+    def refuse_try(
+        self, dag_id: str, task_id: str, run_id: str, try_number: int, *, reason: str,
+        now: float | None = None,
+    ) -> None: ...
+
+    def clear_request_overrides(self, dag_id: str, task_id: str, *, now: float | None = None) -> None: ...
+
+    def request_overrides(
+        self, tasks: Collection[tuple[str, str]] | None = None
+    ) -> list[RequestOverride]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +178,6 @@ def mark_handled(ledger: EventLedger, key: str, *, now: float | None = None, **d
     ledger.record_event(HANDLED, key, now=now, **detail)
 
 
-def _subject(dag_id: str, task_id: str) -> str:
-    return f"{dag_id}/{task_id}"
-
-
 def set_override(
     ledger: EventLedger,
     dag_id: str,
@@ -179,15 +189,12 @@ def set_override(
     now: float | None = None,
 ) -> None:
     """From now on, tries of ``dag_id.task_id`` (of ``run_id`` only, if given) use ``request``."""
-    ledger.record_event(
-        OVERRIDE, _subject(dag_id, task_id), now=now,
-        dag_id=dag_id, task_id=task_id, run_id=run_id, request=request.to_dict(), reason=reason,
-    )
+    ledger.set_request_override(dag_id, task_id, request, reason=reason, run_id=run_id, now=now)
 
 
 def clear_override(ledger: EventLedger, dag_id: str, task_id: str, *, now: float | None = None) -> None:
     """Cancel every override of ``dag_id.task_id``; its own executor_config applies again."""
-    ledger.record_event(OVERRIDE_CLEARED, _subject(dag_id, task_id), now=now, dag_id=dag_id, task_id=task_id)
+    ledger.clear_request_overrides(dag_id, task_id, now=now)
 
 
 def refuse_retry(
@@ -195,8 +202,7 @@ def refuse_retry(
     now: float | None = None,
 ) -> None:
     """Ask the executor to fail try ``try_number`` of ``dag_id.task_id`` in ``run_id`` at once."""
-    ledger.record_event(REFUSED, _subject(dag_id, task_id), now=now, dag_id=dag_id, task_id=task_id,
-                        run_id=run_id, try_number=int(try_number), reason=reason)
+    ledger.refuse_try(dag_id, task_id, run_id, try_number, reason=reason, now=now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,31 +236,19 @@ class OverrideTable:
         return None
 
 
-def load_overrides(ledger: EventLedger) -> OverrideTable:
-    """Read the overrides in force (one query; call once per scheduling cycle)."""
-    entries: dict[tuple[str, str], list[tuple[str | None, GPURequest, str]]] = {}
-    cleared: set[tuple[str, str]] = set()
-    refused: dict[tuple[str, str, str, int], str] = {}
-    for event in ledger.events(_SCAN_LIMIT, kinds=(OVERRIDE, OVERRIDE_CLEARED, REFUSED)):  # newest first
-        detail = event.detail
-        task = (str(detail.get("dag_id", "")), str(detail.get("task_id", "")))
-        if event.kind == REFUSED:
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                refused.setdefault((*task, str(detail["run_id"]), int(detail["try_number"])),
-                                   str(detail.get("reason", "")))
-            continue
-        if event.kind == OVERRIDE_CLEARED:
-            cleared.add(task)
-            continue
-        if task in cleared:
-            continue
-        try:
-            request = GPURequest.from_dict(detail["request"])
-        except (KeyError, GPURequestError):
-            continue
-        run_id = detail.get("run_id")
-        entries.setdefault(task, []).append(
-            (None if run_id is None else str(run_id), request, str(detail.get("reason", "")))
-        )
-    return OverrideTable({k: tuple(v) for k, v in entries.items()}, refused)
+def load_overrides(
+    ledger: EventLedger, tasks: Collection[tuple[str, str]] | None = None
+) -> OverrideTable:
+    """Read the overrides in force (of ``tasks``' (dag_id, task_id) only, if given): one query.
 
+    Call once per scheduling cycle; an override applies however long ago it was written.
+    """
+    entries: dict[tuple[str, str], list[tuple[str | None, GPURequest, str]]] = {}
+    refused: dict[tuple[str, str, str, int], str] = {}
+    for row in ledger.request_overrides(tasks):  # newest first
+        task = (row.dag_id, row.task_id)
+        if row.request is None:
+            refused.setdefault((*task, str(row.run_id), row.try_number), row.reason)
+        else:
+            entries.setdefault(task, []).append((row.run_id, row.request, row.reason))
+    return OverrideTable({k: tuple(v) for k, v in entries.items()}, refused)

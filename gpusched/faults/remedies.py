@@ -4,8 +4,9 @@
 :class:`Remedy`: retry (with a new :class:`~gpusched.request.GPURequest` when more memory or
 another model is needed), cordon the suspect devices and retry elsewhere, ask for more capacity
 (scale out) when the fleet cannot hold the retry, or do not retry at all (code errors: the same
-code fails on any GPU). :func:`fits_fleet` and :func:`standby_to_activate` answer whether a
-request can ever fit the fleet and which standby nodes would make it fit.
+code fails on any GPU). :func:`standby_to_activate` says which standby nodes would make a
+request fit; whether a request fits at all is placement's own check,
+:func:`gpusched.placement.feasible.feasible`.
 """
 
 from __future__ import annotations
@@ -13,16 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gpusched.catalog import Catalog, arch_rank, default_catalog
+from gpusched.catalog import Catalog, default_catalog
 from gpusched.errors import GPURequestError
 from gpusched.faults.classify import Classification, FailureKind
-from gpusched.model import Device, FleetSnapshot, Health
+from gpusched.model import FleetSnapshot
+from gpusched.placement.feasible import feasible
 from gpusched.request import GPURequest, Interconnect
 
 __all__ = [
     "Remedy",
     "choose_remedy",
-    "fits_fleet",
     "standby_to_activate",
 ]
 
@@ -141,7 +142,7 @@ def _comm_remedy(request: GPURequest, snapshot: FleetSnapshot) -> Remedy:
         data = request.to_dict()
         data["interconnect"] = str(Interconnect.SAME_NODE)
         tight = GPURequest.from_dict(data)
-        if fits_fleet(tight, snapshot, empty=True):
+        if feasible(tight, snapshot, empty=True):
             return _with_capacity(Remedy(
                 True, "collective communication failed across nodes; retrying inside one node", tight,
             ), tight, snapshot)
@@ -151,7 +152,7 @@ def _comm_remedy(request: GPURequest, snapshot: FleetSnapshot) -> Remedy:
 def _with_capacity(
     remedy: Remedy, request: GPURequest, snapshot: FleetSnapshot, excluded: frozenset[str] = frozenset()
 ) -> Remedy:
-    if fits_fleet(request, snapshot, excluded=excluded, empty=True):
+    if feasible(request, snapshot, excluded=excluded, empty=True):
         return remedy
     nodes = standby_to_activate(request, snapshot, excluded=excluded)
     how = f"activate standby {', '.join(nodes)}" if nodes else "no standby node helps; add capacity"
@@ -169,7 +170,7 @@ def standby_to_activate(
 
     Empty when it already fits, or when even every standby node would not be enough.
     """
-    if fits_fleet(request, snapshot, excluded=excluded, empty=True):
+    if feasible(request, snapshot, excluded=excluded, empty=True):
         return ()
     chosen: list[str] = []
     current = snapshot
@@ -178,7 +179,7 @@ def standby_to_activate(
             continue
         current = current.with_nodes([replace(node, standby=False)])
         chosen.append(node.name)
-        if fits_fleet(request, current, excluded=excluded, empty=True):
+        if feasible(request, current, excluded=excluded, empty=True):
             # Drop nodes that did not help (greedy order may have picked useless ones first).
             return tuple(n for n in chosen if _helps(request, snapshot, excluded, n, chosen))
     return ()
@@ -189,56 +190,4 @@ def _helps(
 ) -> bool:
     others = [snapshot.node(n) for n in chosen if n != name]
     without = snapshot.with_nodes([replace(n, standby=False) for n in others])
-    return not fits_fleet(request, without, excluded=excluded, empty=True)
-
-
-def fits_fleet(
-    request: GPURequest,
-    snapshot: FleetSnapshot,
-    *,
-    excluded: frozenset[str] = frozenset(),
-    empty: bool = False,
-) -> bool:
-    """Whether ``request`` fits the healthy, uncordoned, active part of the fleet.
-
-    A count-and-memory check (no topology scoring): with ``empty`` it ignores current usage
-    (could it *ever* run here?), otherwise it needs the devices free now. ``excluded`` devices
-    count as gone (about to be cordoned).
-    """
-    per_node: list[int] = []
-    for node in snapshot.nodes:
-        if node.cordoned or node.standby or any(node.label(k) != v for k, v in request.labels):
-            continue
-        usable = sum(
-            1 for d in node.devices if d.uuid not in excluded and _device_fits(request, d, snapshot, empty)
-        )
-        per_node.append(usable)
-    if request.may_span_nodes:
-        return sum(per_node) >= request.count
-    return any(n >= request.count for n in per_node)
-
-
-def _device_fits(request: GPURequest, device: Device, snapshot: FleetSnapshot, empty: bool) -> bool:
-    if device.cordoned or device.health is Health.UNHEALTHY or not device.takes_work:
-        return False
-    if device.parent is not None:  # a hard-isolated slice: only for fractions that accept one
-        profile_ok = request.profile is None or device.profile == request.profile
-        if not (request.wants_slice and profile_ok and device.compute_milli >= request.milli_per_gpu):
-            return False
-    elif request.is_fractional and not request.wants_shared:
-        return False
-    if request.vendors and device.vendor not in request.vendors:
-        return False
-    if request.models and device.model not in request.models:
-        return False
-    arch = request.min_arch
-    if arch is not None and (
-        device.architecture[:3] != arch[:3] or arch_rank(device.architecture) < arch_rank(arch)
-    ):
-        return False
-    if device.memory_bytes < request.memory_per_gpu:
-        return False
-    if empty:
-        return True
-    return (snapshot.free_milli(device.uuid) >= request.milli_per_gpu
-            and snapshot.free_memory(device.uuid) >= (request.memory_per_gpu or device.memory_bytes))
+    return not feasible(request, without, excluded=excluded, empty=True)

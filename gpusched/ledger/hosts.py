@@ -19,7 +19,8 @@ import sqlalchemy as sa
 
 from gpusched.errors import HostConflictError, LedgerError
 from gpusched.ledger.engine import read_tx, write_tx
-from gpusched.ledger.schema import EVENTS, HOSTS, NODES
+from gpusched.ledger.events import write_event
+from gpusched.ledger.schema import HOSTS, NODES
 from gpusched.model import Node
 
 __all__ = [
@@ -71,10 +72,6 @@ def devices_fingerprint(nodes: Sequence[Node]) -> tuple[str, list[str]]:
     return hashlib.sha256(json.dumps(devices).encode()).hexdigest()[:32], devices
 
 
-def _event(conn: sa.Connection, at: float, kind: str, subject: str, **detail: Any) -> None:
-    conn.execute(sa.insert(EVENTS).values(at=at, kind=kind, subject=subject, detail=detail))
-
-
 def _record(row: Any) -> HostRecord:
     return HostRecord(row.name, row.fingerprint, tuple(row.devices), row.address, row.state, row.reason,
                       row.registered_at, row.last_heartbeat)
@@ -122,11 +119,11 @@ class LedgerHosts:
                       "reason": None, "last_heartbeat": at}
             if row is None:
                 conn.execute(sa.insert(HOSTS).values(name=name, registered_at=at, **values))
-                _event(conn, at, "host", name, state="registered", devices=len(devices))
+                write_event(conn, at, "host", name, state="registered", devices=len(devices))
             else:
                 conn.execute(sa.update(HOSTS).where(HOSTS.c.name == name).values(**values))
                 if row.state != HostState.LIVE:
-                    _event(conn, at, "host", name, state="readmitted", devices=len(devices))
+                    write_event(conn, at, "host", name, state="readmitted", devices=len(devices))
         self.sync_inventory(nodes, source=HOST_SOURCE_PREFIX + name, now=at)
         return self.host(name)  # type: ignore[return-value]
 
@@ -142,7 +139,7 @@ class LedgerHosts:
             conn.execute(sa.update(HOSTS).where(HOSTS.c.name == name).values(
                 last_heartbeat=at, state=HostState.LIVE, reason=None))
             if row.state != HostState.LIVE:
-                _event(conn, at, "host", name, state="readmitted")
+                write_event(conn, at, "host", name, state="readmitted")
         return HostState.LIVE
 
     def host(self, name: str) -> HostRecord | None:
@@ -194,7 +191,7 @@ class LedgerHosts:
                 reason = f"node lost: no heartbeat from host {row.name} for {at - row.last_heartbeat:.0f} s"
                 conn.execute(sa.update(HOSTS).where(HOSTS.c.name == row.name).values(
                     state=HostState.LOST, reason=reason))
-                _event(conn, at, "host", row.name, state="lost", reason=reason)
+                write_event(conn, at, "host", row.name, state="lost", reason=reason)
                 lost.append(HostRecord(row.name, row.fingerprint, tuple(row.devices), row.address,
                                        HostState.LOST, reason, row.registered_at, row.last_heartbeat))
         return lost

@@ -18,6 +18,7 @@ __all__ = [
     "METADATA",
     "NODES",
     "QUEUE",
+    "REQUEST_OVERRIDES",
     "SAMPLES",
     "SHARES",
     "VERSION_TABLE",
@@ -175,4 +176,24 @@ HOSTS = sa.Table(
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("registered_at", sa.Double, nullable=False),
     sa.Column("last_heartbeat", sa.Double, nullable=False),
+)
+
+REQUEST_OVERRIDES = sa.Table(
+    "gpusched_request_overrides",
+    METADATA,
+    # The fault chain's standing instructions to the executor, one row per scope (latest wins):
+    # kind "override": tries of (dag_id, task_id) in run_id ("" = every run) use ``request``;
+    # kind "refusal": try ``try_number`` of that run fails at once, because of ``reason``.
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("dag_id", sa.String(250), nullable=False),
+    sa.Column("task_id", sa.String(250), nullable=False),
+    sa.Column("run_id", sa.String(250), nullable=False),
+    sa.Column("try_number", sa.Integer, nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("request", sa.JSON, nullable=True),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.UniqueConstraint(
+        "dag_id", "task_id", "run_id", "try_number", "kind", name="uq_gpusched_request_overrides_scope"
+    ),
 )

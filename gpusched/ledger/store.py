@@ -1,37 +1,34 @@
-"""The Ledger: the single source of truth for who holds which devices, backed by SQL.
+"""The Ledger facade: one object over the ledger's concepts, plus inventory and the fleet view.
 
-Every method is one database transaction. Writes begin with ``BEGIN IMMEDIATE`` on SQLite, so
-concurrent writers from any number of processes are serialised by SQLite's write lock; on
-PostgreSQL :meth:`Ledger.allocate` locks the device rows it touches with ``SELECT … FOR UPDATE``.
-Either way the capacity re-check and the insert of the allocation see the same state, which is
-why two schedulers can never hand out the same milli-GPU or byte twice (see ``docs/ledger.md``).
+Each concept's SQL lives in its own module, mixed in here so callers see one ``Ledger``:
+allocations (:mod:`gpusched.ledger.allocations`), the pending queue (:mod:`.queue`), telemetry
+samples (:mod:`.samples`), the event log (:mod:`.events`), the fault chain's request overrides
+(:mod:`.overrides`) and GPU hosts (:mod:`.hosts`). This module keeps the lifecycle, inventory,
+health and cordons, and the reads that combine concepts (:meth:`Ledger.snapshot`,
+:meth:`Ledger.cycle_view`). Every method is one database transaction (see ``docs/ledger.md``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
 
 import sqlalchemy as sa
 
-from gpusched.errors import AllocationConflictError, LedgerError, UnknownAllocationError
+from gpusched.errors import LedgerError
 from gpusched.ledger import capacity, inventory
+from gpusched.ledger.allocations import LedgerAllocations, active_allocations
 from gpusched.ledger.engine import default_url, make_engine, read_tx, write_tx
-from gpusched.ledger.extras import LedgerExtras
+from gpusched.ledger.events import LedgerEvents, write_event
 from gpusched.ledger.hosts import LedgerHosts
 from gpusched.ledger.migrate import upgrade
-from gpusched.ledger.records import (
-    Allocation,
-    AllocationStatus,
-    HolderProcess,
-    processes_from_json,
-    request_from_json,
-)
-from gpusched.ledger.schema import ALLOCATIONS, DEVICES, EVENTS, NODES, SHARES
-from gpusched.model import DeviceShare, FleetSnapshot, Health, Node
-from gpusched.request import GPURequest
+from gpusched.ledger.overrides import LedgerOverrides
+from gpusched.ledger.queue import LedgerQueue
+from gpusched.ledger.records import Allocation
+from gpusched.ledger.samples import LedgerSamples
+from gpusched.ledger.schema import DEVICES, NODES
+from gpusched.model import FleetSnapshot, Health, Node
 
 __all__ = ["Ledger"]
 
@@ -42,48 +39,8 @@ def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
 
 
-# Statements of the hot paths, built once (see capacity.py for why).
-_INSERT_EVENT = sa.insert(EVENTS)
-_INSERT_ALLOCATION = sa.insert(ALLOCATIONS).returning(ALLOCATIONS.c.id)
-_INSERT_SHARES = sa.insert(SHARES)
-_ACTIVE_BY_KEY = sa.select(ALLOCATIONS).where(
-    ALLOCATIONS.c.key == sa.bindparam("key"), ALLOCATIONS.c.released_at.is_(None)
-)
-_ACTIVE_BY_KEY_LOCKED = _ACTIVE_BY_KEY.with_for_update(of=ALLOCATIONS)
-_END_ALLOCATION = (
-    sa.update(ALLOCATIONS)
-    .where(ALLOCATIONS.c.id == sa.bindparam("row_id"))
-    .values(
-        released_at=sa.bindparam("at"), release_reason=sa.bindparam("reason"),
-        status=sa.bindparam("new_status"),
-    )
-)
-_SHARES_OF = (
-    sa.select(SHARES)
-    .where(SHARES.c.allocation_id.in_(sa.bindparam("ids", expanding=True)))
-    .order_by(SHARES.c.device_uuid)
-)
-
-
-def _event(conn: sa.Connection, at: float, kind: str, subject: str, **detail: Any) -> None:
-    conn.execute(_INSERT_EVENT, {"at": at, "kind": kind, "subject": subject, "detail": detail})
-
-
-def _locked(conn: sa.Connection, query: sa.Select[Any]) -> sa.Select[Any]:
-    # PostgreSQL: lock the allocation rows a release is about to end. Under READ COMMITTED a
-    # second locker re-checks its WHERE clause once the first commits, so the same allocation is
-    # never released twice, and a lease renewed meanwhile is not expired.
-    if conn.dialect.name == "postgresql":
-        return query.with_for_update(of=ALLOCATIONS)
-    return query
-
-
-def _share_key(shares: Sequence[DeviceShare]) -> list[tuple[str, int, int]]:
-    return sorted((s.uuid, s.milli, s.memory_bytes) for s in shares)
-
-
-class Ledger(LedgerExtras, LedgerHosts):
-    """Allocations, leases, inventory, health, cordons, queue, samples and events in one database.
+class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, LedgerOverrides, LedgerHosts):
+    """Allocations, leases, inventory, health, cordons, queue, samples, events and overrides in one database.
 
     ``Ledger(url)``: ``url`` None means ``$GPUSCHED_DB_URL``, else SQLite (WAL) at
     ``state_dir()/ledger.db``. Call :meth:`migrate` once before use (it is idempotent). A Ledger
@@ -130,16 +87,28 @@ class Ledger(LedgerExtras, LedgerHosts):
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_INVENTORY_LOCK})
             changes = inventory.write_inventory(conn, nodes, source, at)
             if changes["added"] or changes["removed"]:
-                _event(conn, at, "inventory", source, added=changes["added"], removed=changes["removed"])
+                write_event(conn, at, "inventory", source, added=changes["added"], removed=changes["removed"])
             for line in changes["health"]:
-                _event(conn, at, "health", line.split(":", 1)[0], reported=line, source=source)
+                write_event(conn, at, "health", line.split(":", 1)[0], reported=line, source=source)
 
     def snapshot(self, now: float | None = None) -> FleetSnapshot:
         """The fleet now: inventory with health and cordons, plus usage of active allocations."""
         with read_tx(self.engine) as conn:
-            nodes, sources = inventory.load_nodes(conn)
-            usage = capacity.active_usage(conn)
-            gone = self.unavailable_nodes(conn)
+            return self._snapshot(conn, now)
+
+    def cycle_view(self, now: float | None = None) -> tuple[FleetSnapshot, list[Allocation]]:
+        """What one scheduling cycle reads: :meth:`snapshot` and :meth:`active`, in ONE transaction.
+
+        Both come from the same database state, so a task released between two reads can never
+        show as running on devices the snapshot already reports free (or the reverse).
+        """
+        with read_tx(self.engine) as conn:
+            return self._snapshot(conn, now), active_allocations(conn)
+
+    def _snapshot(self, conn: sa.Connection, now: float | None) -> FleetSnapshot:
+        nodes, sources = inventory.load_nodes(conn)
+        usage = capacity.active_usage(conn)
+        gone = self.unavailable_nodes(conn)
         if gone:  # nodes of lost GPU hosts take no work until their agent is back
             nodes = tuple(n for n in nodes if n.name not in gone)
         known = {d.uuid for n in nodes for d in n.devices}
@@ -160,7 +129,7 @@ class Ledger(LedgerExtras, LedgerHosts):
             )
             if result.rowcount == 0:
                 raise LedgerError(f"device {uuid!r} is not in the inventory; sync the inventory first")
-            _event(conn, at, "health", uuid, health=str(health), reason=reason)
+            write_event(conn, at, "health", uuid, health=str(health), reason=reason)
 
     def cordon(self, target: str, reason: str, *, now: float | None = None) -> None:
         """Stop new allocations on a device (by uuid) or a whole node (by name)."""
@@ -181,206 +150,4 @@ class Ledger(LedgerExtras, LedgerHosts):
                     f"{target!r} is neither a device uuid nor a node name in the inventory; "
                     "`gpusched inventory` (or the GPU fleet page) lists the names"
                 )
-            _event(conn, at, "cordon" if cordoned else "uncordon", target, reason=reason)
-
-    # ---- allocations ---------------------------------------------------------------------------
-
-    def allocate(
-        self,
-        key: str,
-        request: GPURequest,
-        shares: Sequence[DeviceShare],
-        *,
-        holder: str,
-        lease_s: int = 600,
-        now: float | None = None,
-        process: HolderProcess | None = None,
-    ) -> Allocation:
-        """Hand ``shares`` to task ``key`` in one transaction that re-checks capacity.
-
-        ``process`` (optional) is recorded as the first holder process (see :meth:`attach_process`).
-        Idempotent: if ``key`` already holds exactly these shares, that allocation is returned.
-        Raises AllocationConflictError (nothing written) when ``key`` holds other shares, when
-        another caller allocated or released ``key`` concurrently, or when a device is gone,
-        cordoned, unhealthy, on a standby node, or lacks the free milli-GPU or memory; LedgerError
-        for malformed shares.
-        """
-        ordered = capacity.validate_shares(key, shares)
-        at = _now(now)
-        processes = [process.to_dict()] if process is not None else None
-        try:
-            with write_tx(self.engine) as conn:
-                existing = self._active_row(conn, key)
-                if existing is not None:
-                    return self._same_or_conflict(conn, existing, key, ordered)
-                capacity.check_fit(conn, key, ordered)
-                allocation_id = conn.execute(_INSERT_ALLOCATION, {
-                    "key": key, "request": request.to_dict(), "holder": holder, "created_at": at,
-                    "lease_expires_at": at + lease_s, "released_at": None, "release_reason": None,
-                    "status": AllocationStatus.ACTIVE, "processes": processes,
-                }).scalar_one()
-                conn.execute(_INSERT_SHARES, [
-                    {"allocation_id": allocation_id, "device_uuid": s.uuid, "node": s.node, "idx": s.index,
-                     "milli": s.milli, "memory_bytes": s.memory_bytes}
-                    for s in ordered
-                ])
-                _event(conn, at, "allocate", key, holder=holder, devices=[s.uuid for s in ordered],
-                       milli=sum(s.milli for s in ordered))
-        except sa.exc.IntegrityError:
-            # PostgreSQL only: another transaction committed the same key meanwhile (the partial
-            # unique index refused ours). Decide as if we had come second.
-            with read_tx(self.engine) as conn:
-                existing = self._active_row(conn, key)
-                if existing is None:  # ... and released it again already
-                    raise AllocationConflictError(
-                        f"task {key!r} was allocated and released by another caller at the same "
-                        "time; re-plan and retry", devices=[s.uuid for s in ordered],
-                    ) from None
-                return self._same_or_conflict(conn, existing, key, ordered)
-        return Allocation(
-            key, request, ordered, holder, at, at + lease_s,
-            processes=(process,) if process is not None else (),
-        )
-
-    def _same_or_conflict(
-        self, conn: sa.Connection, row: Any, key: str, shares: Sequence[DeviceShare]
-    ) -> Allocation:
-        allocation = self._to_allocation(conn, row)
-        if _share_key(allocation.shares) != _share_key(shares):
-            raise AllocationConflictError(
-                f"task {key!r} already holds {list(allocation.devices)}, not {[s.uuid for s in shares]}; "
-                "release it first, or re-plan and retry",
-                devices=[s.uuid for s in shares],
-            )
-        return allocation
-
-    def release(self, key: str, *, reason: str, now: float | None = None) -> Allocation | None:
-        """Release the active allocation of ``key`` (None if it has none: releasing is idempotent)."""
-        at = _now(now)
-        with write_tx(self.engine) as conn:
-            row = self._active_row(conn, key, lock=True)
-            if row is None:
-                return None
-            return self._release_row(conn, row, reason, AllocationStatus.RELEASED, at)
-
-    def renew(self, key: str, lease_s: int = 600, *, now: float | None = None) -> None:
-        """Extend the lease of ``key`` to ``now + lease_s`` (UnknownAllocationError if not active)."""
-        at = _now(now)
-        with write_tx(self.engine) as conn:
-            result = conn.execute(
-                sa.update(ALLOCATIONS)
-                .where(ALLOCATIONS.c.key == key, ALLOCATIONS.c.released_at.is_(None))
-                .values(lease_expires_at=at + lease_s)
-            )
-            if result.rowcount == 0:
-                raise UnknownAllocationError(
-                    f"task {key!r} holds no active allocation to renew (released or expired); "
-                    "stop the task or allocate again"
-                )
-
-    def attach_process(self, key: str, process: HolderProcess) -> bool:
-        """Record ``process`` as holding the active allocation of ``key``; False if none is active.
-
-        A record for the same role, host and pid is replaced, not repeated.
-        """
-        with write_tx(self.engine) as conn:
-            row = self._active_row(conn, key, lock=True)
-            if row is None:
-                return False
-            kept = [
-                p.to_dict() for p in processes_from_json(row.processes)
-                if (p.role, p.host, p.pid) != (process.role, process.host, process.pid)
-            ]
-            conn.execute(
-                sa.update(ALLOCATIONS).where(ALLOCATIONS.c.id == row.id)
-                .values(processes=[*kept, process.to_dict()])
-            )
-            return True
-
-    def get(self, key: str) -> Allocation | None:
-        """The active allocation of ``key``, else its most recent one, else None."""
-        with read_tx(self.engine) as conn:
-            row = conn.execute(
-                sa.select(ALLOCATIONS).where(ALLOCATIONS.c.key == key)
-                .order_by(ALLOCATIONS.c.released_at.is_(None).desc(), ALLOCATIONS.c.id.desc()).limit(1)
-            ).first()
-            return None if row is None else self._to_allocation(conn, row)
-
-    def active(self, holder: str | None = None) -> list[Allocation]:
-        """Every active allocation (optionally only ``holder``'s), oldest first."""
-        query = sa.select(ALLOCATIONS).where(ALLOCATIONS.c.released_at.is_(None))
-        if holder is not None:
-            query = query.where(ALLOCATIONS.c.holder == holder)
-        with read_tx(self.engine) as conn:
-            return self._to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all())
-
-    def history(self, since: float, until: float | None = None) -> list[Allocation]:
-        """Allocations alive at some point in ``[since, until)``, released ones included."""
-        query = sa.select(ALLOCATIONS).where(
-            sa.or_(ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.released_at > since)
-        )
-        if until is not None:
-            query = query.where(ALLOCATIONS.c.created_at < until)
-        with read_tx(self.engine) as conn:
-            return self._to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all())
-
-    def expire_leases(self, now: float | None = None) -> list[Allocation]:
-        """Release every active allocation whose lease ended before ``now``; return them."""
-        at = _now(now)
-        with write_tx(self.engine) as conn:
-            due = sa.select(ALLOCATIONS).where(
-                ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.lease_expires_at < at
-            )
-            rows = conn.execute(_locked(conn, due.order_by(ALLOCATIONS.c.id))).all()
-            return [self._release_row(conn, r, "lease expired", AllocationStatus.EXPIRED, at) for r in rows]
-
-    def reconcile(
-        self, live_keys: Collection[str], *, holder: str, now: float | None = None
-    ) -> list[Allocation]:
-        """Release ``holder``'s active allocations whose key is not in ``live_keys`` (after a restart)."""
-        at = _now(now)
-        live = set(live_keys)
-        with write_tx(self.engine) as conn:
-            held = sa.select(ALLOCATIONS).where(
-                ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.holder == holder
-            )
-            rows = conn.execute(_locked(conn, held.order_by(ALLOCATIONS.c.id))).all()
-            return [
-                self._release_row(conn, r, "reconciled: task no longer live", AllocationStatus.RELEASED, at)
-                for r in rows if r.key not in live
-            ]
-
-    def _active_row(self, conn: sa.Connection, key: str, *, lock: bool = False) -> Any:
-        locked = lock and conn.dialect.name == "postgresql"
-        return conn.execute(_ACTIVE_BY_KEY_LOCKED if locked else _ACTIVE_BY_KEY, {"key": key}).first()
-
-    def _release_row(self, conn: sa.Connection, row: Any, reason: str, status: str, at: float) -> Allocation:
-        conn.execute(_END_ALLOCATION, {"row_id": row.id, "at": at, "reason": reason, "new_status": status})
-        allocation = self._to_allocation(conn, row)
-        _event(conn, at, "expire" if status == AllocationStatus.EXPIRED else "release", row.key,
-               holder=row.holder, reason=reason, devices=list(allocation.devices))
-        return Allocation(
-            allocation.key, allocation.request, allocation.shares, allocation.holder,
-            allocation.created_at, allocation.lease_expires_at, at, reason, status,
-            allocation.processes,
-        )
-
-    def _to_allocation(self, conn: sa.Connection, row: Any) -> Allocation:
-        return self._to_allocations(conn, [row])[0]
-
-    def _to_allocations(self, conn: sa.Connection, rows: Sequence[Any]) -> list[Allocation]:
-        shares: dict[int, list[DeviceShare]] = {r.id: [] for r in rows}
-        ids = list(shares)
-        for chunk in range(0, len(ids), 500):
-            for s in conn.execute(_SHARES_OF, {"ids": ids[chunk:chunk + 500]}):
-                shares[s.allocation_id].append(
-                    DeviceShare(s.device_uuid, s.node, s.idx, s.milli, s.memory_bytes)
-                )
-        return [
-            Allocation(
-                r.key, request_from_json(r.request), tuple(shares[r.id]), r.holder, r.created_at,
-                r.lease_expires_at, r.released_at, r.release_reason, r.status,
-                processes_from_json(r.processes),
-            )
-            for r in rows
-        ]
+            write_event(conn, at, "cordon" if cordoned else "uncordon", target, reason=reason)

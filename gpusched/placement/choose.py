@@ -1,39 +1,73 @@
 """One task's decision: feasible devices now → candidate nodes → score → devices, or a reason.
 
-Used by :class:`gpusched.placement.engine.Placer`; kept apart so the engine module stays about
-ordering, reservations and quota.
+Used by :class:`gpusched.placement.engine.Placer` through the narrow :class:`PlacerView` (the
+fleet index, the policy, the fragmentation statistics and per-model speeds): this module does
+not import the engine, so the engine module stays about ordering, reservations and quota.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from gpusched.model import MILLI
 from gpusched.placement import filter as flt
+from gpusched.placement.feasible import shape_fits
 from gpusched.placement.index import FleetIndex, FreeState
-from gpusched.placement.policy import Chooser
+from gpusched.placement.policy import Chooser, Policy
+from gpusched.placement.score import FragStats
 from gpusched.placement.topology import NodeCounts, node_counts, pick_in_node, pick_nodes
 from gpusched.placement.types import PendingTask, Rejection
 from gpusched.request import GPURequest, Interconnect
 
-if TYPE_CHECKING:
-    from gpusched.placement.engine import Placer, _Choice
+__all__ = ["Choice", "PlacerView", "choose", "left_after", "levels_best"]
 
-__all__ = ["choose"]
+
+@dataclass(slots=True)
+class Choice:
+    """Devices chosen for one task (fleet-index positions), the share and memory taken on each."""
+
+    devices: list[int]
+    milli: int
+    memory: list[int]
+    score: float
+
+
+class PlacerView(Protocol):
+    """What :func:`choose` reads of the engine: nothing it can change."""
+
+    @property
+    def index(self) -> FleetIndex:
+        """The fleet's static index."""
+        ...
+
+    @property
+    def policy(self) -> Policy:
+        """The placement policy."""
+        ...
+
+    @property
+    def stats(self) -> FragStats:
+        """Fragmentation statistics of the current free state."""
+        ...
+
+    def model_speed(self, job_type: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """Per-model (speed, energy per unit of work) for ``job_type``."""
+        ...
 
 
 def choose(
-    placer: Placer,
+    placer: PlacerView,
     task: PendingTask,
     state: FreeState,
     end: float,
     rng: np.random.Generator,
     *,
     use_stats: bool,
-) -> _Choice | Rejection:
+) -> Choice | Rejection:
     """Devices for ``task`` in ``state`` (tasks ending at ``end``; inf = unknown), or a rejection."""
     idx = placer.index
     policy = placer.policy
@@ -67,7 +101,7 @@ def choose(
 
 
 def _speed_terms(
-    placer: Placer, task: PendingTask, models: np.ndarray, eligible_models: np.ndarray
+    placer: PlacerView, task: PendingTask, models: np.ndarray, eligible_models: np.ndarray
 ) -> np.ndarray:
     policy = placer.policy
     speed, energy = placer.model_speed(task.job_type)
@@ -83,7 +117,7 @@ def _speed_terms(
 
 
 def _fraction(
-    placer: Placer,
+    placer: PlacerView,
     task: PendingTask,
     state: FreeState,
     fits: np.ndarray,
@@ -92,9 +126,7 @@ def _fraction(
     milli: int,
     rng: np.random.Generator,
     use_stats: bool,
-) -> _Choice | Rejection:
-    from gpusched.placement.engine import _Choice
-
+) -> Choice | Rejection:
     idx = placer.index
     policy = placer.policy
     cand = np.flatnonzero(fits)
@@ -108,7 +140,7 @@ def _fraction(
             if policy.chooser is Chooser.RANDOM:
                 d = int(rng.choice(cand))
             take_milli, take_mem = flt.fraction_take(idx, d, milli, task.request.memory_per_gpu)
-            return _Choice([d], take_milli, [take_mem], 0.0)
+            return Choice([d], take_milli, [take_mem], 0.0)
         cand = shared  # "any": share a whole device while one has room; slices stay for "hard"
     free = state.free_milli[cand]
     score = 0.0
@@ -122,7 +154,7 @@ def _fraction(
         d = int(rng.choice(cand[node_of == n]))
     elif policy.chooser is Chooser.BEST_FIT:
         node_of = idx.dev_node[cand]
-        left = _left_after(placer, state, node_of, milli, task) if use_stats else free.astype(np.float64)
+        left = left_after(placer, state, node_of, milli, task) if use_stats else free.astype(np.float64)
         d = int(cand[np.lexsort((cand, free, node_of, left))[0]])
     else:
         # Fully free devices of one node are interchangeable: score only the first of each node.
@@ -144,15 +176,15 @@ def _fraction(
         s = s + _speed_terms(placer, task, idx.dev_model[cand], idx.dev_model[cand])
         s = s + policy.degraded_penalty * (idx.dev_health[cand] == 1)
         if policy.score_levels:
-            best = _levels_best(s, policy.score_levels)
+            best = levels_best(s, policy.score_levels)
         else:
             best = _tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
         d, score = int(cand[best]), float(s[best])
-    return _Choice([d], milli, [task.request.memory_per_gpu], score)
+    return Choice([d], milli, [task.request.memory_per_gpu], score)
 
 
 def _whole(
-    placer: Placer,
+    placer: PlacerView,
     task: PendingTask,
     state: FreeState,
     fits: np.ndarray,
@@ -160,9 +192,7 @@ def _whole(
     elig: flt.Eligibility,
     rng: np.random.Generator,
     use_stats: bool,
-) -> _Choice | Rejection:
-    from gpusched.placement.engine import _Choice
-
+) -> Choice | Rejection:
     idx = placer.index
     policy = placer.policy
     req = task.request
@@ -178,7 +208,7 @@ def _whole(
         elif policy.chooser is Chooser.RANDOM:
             n = int(rng.choice(nodes))
         elif policy.chooser is Chooser.BEST_FIT:
-            left = _left_after(placer, state, nodes, k * MILLI, task) if use_stats else nc.count[nodes]
+            left = left_after(placer, state, nodes, k * MILLI, task) if use_stats else nc.count[nodes]
             n = int(nodes[np.argmin(left)])
         else:
             s = policy.locality * nc.tier(k)[nodes].astype(np.float64)
@@ -194,7 +224,7 @@ def _whole(
                 n_healthy = np.bincount(idx.dev_node[fits & elig.healthy], minlength=len(idx.nodes))[nodes]
                 s += policy.degraded_penalty * np.maximum(0, k - n_healthy)
             if policy.score_levels:
-                best = _levels_best(s, policy.score_levels)
+                best = levels_best(s, policy.score_levels)
             elif use_stats and policy.packing:
                 best = _tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
             else:
@@ -221,10 +251,10 @@ def _whole(
         if policy.chooser is Chooser.RANDOM:
             pool = rng.permutation(pool).tolist()
         chosen.extend(pick_in_node(idx, pool, take, inter, local=local))
-    return _Choice(chosen, MILLI, [int(idx.dev_mem[d]) for d in chosen], score)
+    return Choice(chosen, MILLI, [int(idx.dev_mem[d]) for d in chosen], score)
 
 
-def _levels_best(score: np.ndarray, levels: int) -> int:
+def levels_best(score: np.ndarray, levels: int) -> int:
     """FGD's integer node score: ``int(levels × sigmoid(−score))``; the first of the highest."""
     q = np.floor(levels / (1.0 + np.exp(np.clip(score, -50.0, 50.0))))
     return int(np.argmax(q))
@@ -236,8 +266,8 @@ def _tie_break(score: np.ndarray, left: np.ndarray) -> int:
     return int(tied[np.argmin(left[tied])])
 
 
-def _left_after(
-    placer: Placer, state: FreeState, nodes: np.ndarray, milli: int, task: PendingTask
+def left_after(
+    placer: PlacerView, state: FreeState, nodes: np.ndarray, milli: int, task: PendingTask
 ) -> np.ndarray:
     """Best-fit key (lower is better): the share of each node's GPU capacity left free after the
     placement; for a task that asks for host CPU, the published BestFit's key instead —
@@ -281,10 +311,10 @@ def _never_fits(idx: FleetIndex, req: GPURequest, elig: flt.Eligibility, frac: b
     if key in idx.masks:
         cached: str | None = idx.masks[key]
         return cached
-    nc = node_counts(idx, elig.hardware, k)
     reason = None
-    if not nc.feasible(k, req.interconnect).any():
-        what = flt.describe_request(req)
+    if not shape_fits(idx, elig.hardware, req):
+        nc = node_counts(idx, elig.hardware, k)
+        what = req.describe()
         if req.may_span_nodes:
             per_rack = np.bincount(idx.node_rack, weights=nc.count, minlength=len(idx.racks))
             total = int(nc.count.sum())
@@ -310,7 +340,7 @@ def _held(fits: np.ndarray, fits_now: np.ndarray) -> str:
 def _busy_reason(
     req: GPURequest, elig: flt.Eligibility, fits: np.ndarray, fits_now: np.ndarray, frac: bool
 ) -> str:
-    what = flt.describe_request(req, fractional=frac)
+    what = req.describe(fractional=frac)
     busy = elig.n_usable - int(fits_now.sum())
     note = flt.operational_note(elig)
     extra = f"; {note}" if note else ""
@@ -329,7 +359,7 @@ def _gang_reason(
     k = req.count
     if k == 1:
         return _busy_reason(req, elig, fits, fits_now, False)
-    what = flt.describe_request(req)
+    what = req.describe()
     note = flt.operational_note(elig)
     extra = f"; {note}" if note else ""
     free = int(nc.count.sum())
@@ -348,7 +378,7 @@ def _gang_reason(
 
 
 def _host_reason(req: GPURequest, task: PendingTask, frac: bool) -> str:
-    what = flt.describe_request(req, fractional=frac)
+    what = req.describe(fractional=frac)
     return (
         f"{what}: devices are free, but no node holding them has {task.cpu_milli / 1000:g} CPU cores and "
         f"{task.host_memory_bytes / 2**30:.1f} GiB of host memory free"

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from gpusched.catalog import Catalog
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.placement.admission import QuotaGate
+from gpusched.placement.choose import Choice, choose, left_after, levels_best
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
 from gpusched.placement.policy import Chooser, Policy, QueueOrder
 from gpusched.placement.score import FragStats, Workload, cached_stats, estimate_workload
@@ -32,8 +33,8 @@ from gpusched.placement.types import (
     Reservation,
     RunningTask,
 )
-from gpusched.quota.policy import QuotaState, check_budget, check_partition, physical_milli
-from gpusched.request import GPURequest, Partition
+from gpusched.quota.policy import QuotaState, physical_milli
+from gpusched.request import GPURequest
 
 __all__ = ["Placer", "place"]
 
@@ -69,14 +70,6 @@ def place(
         if (task.cpu_milli or task.host_memory_bytes) and known:
             placer.take_host(task.shares[0].node, task.cpu_milli, task.host_memory_bytes)
     return placer.place(pending, now=now, running=running, quota=quota, seed=seed)
-
-
-@dataclass(slots=True)
-class _Choice:
-    devices: list[int]
-    milli: int
-    memory: list[int]
-    score: float
 
 
 class Placer:
@@ -173,16 +166,12 @@ class Placer:
         elif chooser is Chooser.RANDOM:
             n = int(np.random.default_rng(seed).choice(ok))
         elif chooser is Chooser.BEST_FIT:
-            from gpusched.placement.choose import _left_after
-
             probe = PendingTask("", _ANY_GPU, 0.0, cpu_milli=cpu_milli, host_memory_bytes=host_memory_bytes)
-            n = int(ok[np.argmin(_left_after(self, st, ok, 0, probe))])
+            n = int(ok[np.argmin(left_after(self, st, ok, 0, probe))])
         else:
             delta = self.stats.delta_host(ok, cpu_milli, host_memory_bytes)
             if self.policy.score_levels:
-                from gpusched.placement.choose import _levels_best
-
-                best = _levels_best(self.policy.fragmentation * delta / MILLI, self.policy.score_levels)
+                best = levels_best(self.policy.fragmentation * delta / MILLI, self.policy.score_levels)
                 return self.index.nodes[int(ok[best])].name
             # Among equal fragmentation, the node with the least free GPU capacity, then CPU.
             order = np.lexsort((st.host_cpu[ok], self.stats.total[ok], delta))
@@ -215,7 +204,7 @@ class Placer:
         if not commit:
             self.state, self._stats = self.state.copy(), None
         rng = np.random.default_rng(seed)
-        ctx = _Quota(self, quota, running, pending, now) if quota is not None else None
+        ctx = QuotaGate(self.snapshot, quota, running, pending, now) if quota is not None else None
         ordered = (
             list(pending)
             if keep_order
@@ -287,7 +276,7 @@ class Placer:
         waited = max(0.0, now - task.submitted_at)
         return math.log2(max(gpu_s, 1.0)) - waited / max(policy.service_halving_s, 1e-9)
 
-    def _shares(self, choice: _Choice) -> tuple[DeviceShare, ...]:
+    def _shares(self, choice: Choice) -> tuple[DeviceShare, ...]:
         devices = self.index.devices
         return tuple(
             DeviceShare(devices[d].uuid, devices[d].node, devices[d].index, choice.milli, mem)
@@ -298,9 +287,7 @@ class Placer:
 
     def _find(
         self, task: PendingTask, state: FreeState, end: float, rng: np.random.Generator, *, use_stats: bool
-    ) -> _Choice | Rejection:
-        from gpusched.placement.choose import choose
-
+    ) -> Choice | Rejection:
         return choose(self, task, state, end, rng, use_stats=use_stats)
 
     def _may_reserve(self, req: GPURequest, running: Sequence[RunningTask]) -> bool:
@@ -327,11 +314,11 @@ class Placer:
             return state
 
         lo, hi = 1, len(ending)
-        found: tuple[int, _Choice] | None = None
+        found: tuple[int, Choice] | None = None
         while lo <= hi:
             mid = (lo + hi) // 2
             outcome = self._find(task, future(mid), math.inf, rng, use_stats=False)
-            if isinstance(outcome, _Choice):
+            if isinstance(outcome, Choice):
                 found = (mid, outcome)
                 hi = mid - 1
             else:
@@ -368,54 +355,3 @@ def _reserved_note(reservation: Reservation, now: float) -> str:
         f"; reserved {len(reservation.shares)} device(s) on {', '.join(nodes)} "
         f"from t={reservation.start:.0f} (in {wait / 60:.0f} min, when running tasks end)"
     )
-
-
-class _Quota:
-    """Partition and budget bookkeeping for one ``place`` call."""
-
-    def __init__(
-        self,
-        placer: Placer,
-        quota: QuotaState,
-        running: Sequence[RunningTask],
-        pending: Sequence[PendingTask],
-        now: float,
-    ) -> None:
-        from gpusched.quota.policy import normalised_rate, partition_capacity
-
-        self.placer = placer
-        self.quota = quota
-        self.snapshot = placer.snapshot
-        self.capacity = partition_capacity(self.snapshot)
-        self.rate = normalised_rate
-        self.used = {p: 0 for p in Partition}
-        self.committed: dict[str, int] = {}
-        for r in running:
-            self.used[r.request.partition] += physical_milli(r.shares, self.snapshot)
-            if r.expected_end is not None and r.expected_end > now:
-                cost = normalised_rate(r.shares, self.snapshot) * int(r.expected_end - now)
-                self.committed[r.request.tenant] = self.committed.get(r.request.tenant, 0) + cost
-        self.pending = {p: 0 for p in Partition}
-        for t in pending:
-            self.pending[t.request.partition] += t.request.total_milli
-
-    def done(self, req: GPURequest) -> None:
-        self.pending[req.partition] -= req.total_milli
-
-    def admit(
-        self, task: PendingTask, shares: tuple[DeviceShare, ...], need: int, now: float
-    ) -> Rejection | None:
-        req = task.request
-        self.done(req)
-        duration = req.expected_duration_s or self.quota.policy.default_duration_s
-        cost = self.rate(shares, self.snapshot) * duration
-        verdict = check_budget(self.quota, req.tenant, cost, committed=self.committed.get(req.tenant, 0))
-        if verdict.allowed:
-            verdict = check_partition(
-                self.quota.policy, req.partition, need, self.used, self.capacity, self.pending
-            )
-        if not verdict.allowed:
-            return Rejection(task.key, verdict.reason, verdict.permanent)
-        self.used[req.partition] += need
-        self.committed[req.tenant] = self.committed.get(req.tenant, 0) + cost
-        return None

@@ -4,7 +4,7 @@
 memory, partitioning support, isolation) plus operational state (health, cordons, standby nodes) into a
 boolean mask over the fleet's devices, cached per request signature on the fleet index. It also
 counts how many devices each rule turned away, so a rejection can say why in plain words
-(:func:`describe_request`, :func:`shortage_reason`).
+(:meth:`GPURequest.describe`, :func:`shortage_reason`).
 
 Isolation: a MIG-enabled GPU never takes work itself (its MIG instances do); a hard-isolated slice
 (MIG instance, AMD compute partition) is only for fractional requests that accept ``hard``
@@ -22,15 +22,13 @@ import numpy as np
 from gpusched.catalog import Vendor, arch_rank
 from gpusched.model import MILLI
 from gpusched.placement.index import FleetIndex
-from gpusched.request import GPURequest, Interconnect
+from gpusched.request import GPURequest
 
 __all__ = [
     "Eligibility",
-    "describe_request",
     "eligibility",
     "fraction_fits",
     "fraction_take",
-    "memory_need",
     "milli_need",
     "slice_info",
 ]
@@ -61,11 +59,6 @@ class Eligibility:
 def milli_need(request: GPURequest, round_up_fractions: bool) -> int:
     """Compute share taken per device (a fraction becomes a whole device when rounding up)."""
     return MILLI if round_up_fractions else request.milli_per_gpu
-
-
-def memory_need(request: GPURequest, milli: int) -> int:
-    """Memory that must be free per device: the request's, or the whole device (0) when whole."""
-    return request.memory_per_gpu if milli < MILLI else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,52 +236,13 @@ def _compute(
     )
 
 
-_LINK_WORDS = {
-    Interconnect.ISLAND: "NVLink/xGMI/HCCS-connected",
-    Interconnect.SAME_NUMA: "same-NUMA",
-    Interconnect.SAME_NODE: "same-node",
-    Interconnect.SAME_RACK: "same-rack",
-    Interconnect.ANY: "",
-}
-
-
-def describe_request(request: GPURequest, *, fractional: bool | None = None) -> str:
-    """A short phrase for the request, e.g. ``4 NVLink/xGMI/HCCS-connected A100-SXM-80GB ≥40 GiB``."""
-    frac = request.is_fractional if fractional is None else fractional
-    parts: list[str] = []
-    if frac:
-        if request.isolation == "hard":
-            share = f"≥{request.milli_per_gpu / MILLI:g}"
-            parts.append(f"a hard-isolated {request.profile or 'slice'} ({share}) of a")
-        else:
-            parts.append(f"{request.milli_per_gpu / MILLI:g} of a")
-    else:
-        parts.append(str(request.count))
-        if request.count > 1 and _LINK_WORDS[request.interconnect]:
-            parts.append(_LINK_WORDS[request.interconnect])
-    plural = "" if frac or request.count == 1 else "s"
-    if request.models:
-        parts.append("|".join(sorted(request.models)))
-    elif request.vendors:
-        parts.append("|".join(sorted(str(v) for v in request.vendors)) + f" GPU{plural}")
-    else:
-        parts.append(f"GPU{plural}")
-    if request.min_arch:
-        parts.append(f"≥{request.min_arch}")
-    if request.memory_per_gpu:
-        parts.append(f"with ≥{_gib(request.memory_per_gpu)} free")
-    if request.labels:
-        parts.append("on " + ",".join(f"{k}={v}" for k, v in request.labels))
-    return " ".join(parts)
-
-
 def _gib(value: int) -> str:
     return f"{value / GIB:.0f} GiB" if value % GIB == 0 else f"{value / GIB:.1f} GiB"
 
 
 def static_reason(request: GPURequest, elig: Eligibility, *, fractional: bool) -> str | None:
     """Why no device could ever serve ``request`` (None if some could)."""
-    what = describe_request(request, fractional=fractional)
+    what = request.describe(fractional=fractional)
     if elig.n_kind == 0:
         return f"needs {what}: no device in the fleet matches the vendor/model/architecture/labels"
     if elig.n_memory == 0:

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import random
 
-from gpusched.catalog import default_catalog
-from gpusched.model import MILLI, Device, DeviceShare, FleetSnapshot, Node
+from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.node_builder import make_node
 from gpusched.placement.types import PendingTask
 from gpusched.request import GPURequest, Interconnect, Partition
 
-__all__ = ["make_node", "synthetic_fleet", "synthetic_requests"]
-
-GIB = 1024**3
+__all__ = ["synthetic_fleet", "synthetic_requests"]
 
 # (model, weight, devices per high-speed island; 0 = PCIe only)
 _MODELS = (
@@ -28,53 +26,6 @@ _MODELS = (
     ("MI300X", 1, 8),
     ("Ascend-910B", 1, 4),
 )
-
-
-def make_node(
-    name: str,
-    model_name: str,
-    gpus: int = 8,
-    *,
-    rack: str = "rack-0",
-    island_size: int | None = None,
-    labels: dict[str, str] | None = None,
-    cpu_milli: int = 96_000,
-    memory_bytes: int = 1024 * GIB,
-) -> Node:
-    """One node of ``gpus`` devices of a catalog model with a conventional topology.
-
-    Devices ``0..gpus/2-1`` sit on NUMA node 0, the rest on 1; pairs share a PCIe switch; with
-    ``island_size`` (default: 8 for NVSwitch/xGMI models, 4 for NVLink/HCCS, none for PCIe) the
-    devices form high-speed islands of that many consecutive indexes.
-    """
-    model = default_catalog().get(model_name)
-    if island_size is None:
-        island_size = {"nvswitch": 8, "xgmi": 8, "nvlink": 4, "hccs": 4}.get(model.link.value, 0)
-    devices = []
-    for i in range(gpus):
-        devices.append(
-            Device(
-                uuid=f"{name}-gpu{i}",
-                index=i,
-                node=name,
-                model=model.name,
-                vendor=model.vendor,
-                architecture=model.architecture,
-                memory_bytes=model.memory_bytes,
-                numa_node=0 if i < gpus / 2 else 1,
-                pcie_switch=f"sw{i // 2}",
-                island=f"isl{i // island_size}" if island_size else None,
-                link=model.link,
-            )
-        )
-    return Node(
-        name,
-        rack,
-        tuple(devices),
-        labels=tuple(sorted((labels or {}).items())),
-        cpu_milli=cpu_milli,
-        memory_bytes=memory_bytes,
-    )
 
 
 def synthetic_fleet(

@@ -8,13 +8,14 @@ form one island), PCIe otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from gpusched.catalog import Catalog, LinkKind, default_catalog
+from gpusched.catalog import default_catalog
 from gpusched.errors import ConfigurationError
 from gpusched.fields import MAX_DEVICES_PER_NODE
-from gpusched.model import Device, FleetSnapshot, Node
+from gpusched.model import FleetSnapshot
+from gpusched.node_builder import SIM_LAYOUT, make_node
 from gpusched.sim.traces import GAVEL_MODELS, OpenbNode
 
 __all__ = [
@@ -23,7 +24,6 @@ __all__ = [
     "PHILLY_DEFAULT_NODES",
     "fleet_from_spec",
     "gavel_fleet",
-    "make_node",
     "openb_fleet",
     "uniform_fleet",
 ]
@@ -34,49 +34,6 @@ GAVEL_GPUS_PER_SERVER = 4
 PHILLY_DEFAULT_NODES = 50
 MAX_UNIFORM_NODES = 100_000
 """Philly cluster size in 8-GPU nodes (400 GPUs; see docs/benchmarks.md for why)."""
-
-
-def make_node(
-    name: str,
-    model: str,
-    gpus: int,
-    *,
-    cpu_milli: int = 0,
-    memory_bytes: int = 0,
-    rack: str = "rack0",
-    labels: Iterable[tuple[str, str]] = (),
-    catalog: Catalog | None = None,
-) -> Node:
-    """One node with ``gpus`` devices of catalog ``model`` (alias accepted)."""
-    cat = catalog or default_catalog()
-    spec = cat.get(model)
-    island = name if spec.link.is_high_speed else None
-    uuids = [f"{name}/gpu{i}" for i in range(gpus)]
-    devices = tuple(
-        Device(
-            uuid=uuids[i],
-            index=i,
-            node=name,
-            model=spec.name,
-            vendor=spec.vendor,
-            architecture=spec.architecture,
-            memory_bytes=spec.memory_bytes,
-            numa_node=0 if i < max(1, gpus // 2) else 1,
-            pcie_switch=f"{name}/sw{i // 2}",
-            island=island,
-            link=spec.link if island else LinkKind.PCIE,
-            peers=tuple(u for u in uuids if u != uuids[i]) if island else (),
-        )
-        for i in range(gpus)
-    )
-    return Node(
-        name=name,
-        rack=rack,
-        devices=devices,
-        labels=tuple(labels),
-        cpu_milli=cpu_milli,
-        memory_bytes=memory_bytes,
-    )
 
 
 def openb_fleet(nodes: Sequence[OpenbNode], *, include_cpu_only: bool = False) -> FleetSnapshot:
@@ -103,6 +60,7 @@ def openb_fleet(nodes: Sequence[OpenbNode], *, include_cpu_only: bool = False) -
                 n.gpus,
                 cpu_milli=n.cpu_milli,
                 memory_bytes=n.memory_mib * MIB,
+                layout=SIM_LAYOUT,
                 rack=f"rack{i // 32}",
                 catalog=cat,
             )
@@ -123,7 +81,17 @@ def gavel_fleet(per_type: int = 36, gpus_per_server: int = GAVEL_GPUS_PER_SERVER
     nodes = []
     for short, model in GAVEL_MODELS.items():
         for s in range(per_type // gpus_per_server):
-            nodes.append(make_node(f"{short}-{s:02d}", model, gpus_per_server, rack=f"rack-{short}"))
+            nodes.append(
+                make_node(
+                    f"{short}-{s:02d}",
+                    model,
+                    gpus_per_server,
+                    layout=SIM_LAYOUT,
+                    rack=f"rack-{short}",
+                    cpu_milli=0,
+                    memory_bytes=0,
+                )
+            )
     return FleetSnapshot(tuple(nodes), source="gavel")
 
 
@@ -138,7 +106,16 @@ def uniform_fleet(n_nodes: int, gpus_per_node: int = 8, model: str = "V100-SXM2-
             f"{MAX_UNIFORM_NODES} nodes of 1–{MAX_DEVICES_PER_NODE} GPUs"
         )
     nodes = tuple(
-        make_node(f"node-{i:05d}", model, gpus_per_node, rack=f"rack{i // 32}") for i in range(n_nodes)
+        make_node(
+            f"node-{i:05d}",
+            model,
+            gpus_per_node,
+            layout=SIM_LAYOUT,
+            rack=f"rack{i // 32}",
+            cpu_milli=0,
+            memory_bytes=0,
+        )
+        for i in range(n_nodes)
     )
     return FleetSnapshot(nodes, source=f"uniform-{n_nodes}x{gpus_per_node}")
 

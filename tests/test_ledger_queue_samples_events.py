@@ -1,4 +1,4 @@
-"""Ledger side tables: pending queue, telemetry samples, demand history, events."""
+"""Ledger concepts besides allocations: pending queue, telemetry samples, demand history, events."""
 
 from __future__ import annotations
 
