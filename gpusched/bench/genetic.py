@@ -42,9 +42,9 @@ def run(
     seed: int = 0, progress: bool = True, weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
 ) -> dict[str, Any]:
     """Latency and objective gain over ``runs`` batches (see the module docstring)."""
+    from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
     from gpusched.placement import Policy, place
     from gpusched.placement.genetic import optimise_with_report
-    from gpusched.placement.synthetic import synthetic_fleet, synthetic_requests
 
     fleet = synthetic_fleet(nodes, seed=seed)
     policy = Policy.named(policy_name)
@@ -104,11 +104,11 @@ def replay(
     """Replay a synthetic stream with greedy (``optimiser=False``) or greedy + optimiser plans."""
     import random
 
+    from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
     from gpusched.catalog import default_catalog
     from gpusched.model import DeviceShare
     from gpusched.placement import PendingTask, Policy, place
     from gpusched.placement.genetic import optimise
-    from gpusched.placement.synthetic import synthetic_fleet, synthetic_requests
 
     catalog = default_catalog()
     fleet = synthetic_fleet(nodes, seed=seed, used_fraction=0.0)

@@ -33,15 +33,15 @@ def run_latency(
     aggregates are recomputed), so every request sees the same fleet. The decision is timed
     (``p50_ms``…); the release beside it (``release_p50_ms``/``release_p99_ms``).
 
-    The fleet is :func:`gpusched.placement.synthetic.synthetic_fleet` (mixed models and
+    The fleet is :func:`gpusched.bench.synthetic.synthetic_fleet` (mixed models and
     topology) with about ``busy`` of the devices taken; the requests are
-    :func:`~gpusched.placement.synthetic.synthetic_requests` (fractions, 1–8 GPUs, some
+    :func:`~gpusched.bench.synthetic.synthetic_requests` (fractions, 1–8 GPUs, some
     16-GPU rack gangs), one per call. Returns wall-clock p50/p99 in ms per size (the first size's
     figures also at the top level) and the same in CPU time of this process (``cpu_p50_ms``,
     ``cpu_p99_ms``), which a busy shared machine does not inflate.
     """
+    from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
     from gpusched.placement import Placer
-    from gpusched.placement.synthetic import synthetic_fleet, synthetic_requests
 
     policy = Policy.named(policy_name)
     requests = synthetic_requests(samples, seed=seed)
