@@ -146,3 +146,7 @@ class ForecastError(GpuschedError):
 
 class ScalingError(GpuschedError):
     """A scaler provider could not apply a pre-scaling plan."""
+
+
+class AirflowBootError(GpuschedError):
+    """A local Airflow (tests, benchmarks) exited or did not become ready in time; carries its log tail."""

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -27,6 +26,8 @@ from typing import Any
 import pytest
 
 from gpusched.airflow.keys import parse_ti_key, ti_key
+from gpusched.deploy.airflow_instance import free_port, login_token, scheduler_healthy, wait_until
+from gpusched.errors import AirflowBootError
 from gpusched.model import MILLI
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
@@ -113,12 +114,6 @@ GPU_TASKS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class Airflow:
     home: Path
@@ -144,19 +139,10 @@ class Airflow:
 
 
 def _wait(what: str, check: Any, timeout: float, airflow: Airflow, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if airflow.proc.poll() is not None:
-            code = airflow.proc.returncode
-            pytest.fail(f"Airflow exited ({code}) while waiting for {what}:\n{airflow.tail()}")
-        try:
-            result = check()
-        except Exception:  # not up yet
-            result = None
-        if result:
-            return result
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}:\n{airflow.tail()}")
+    try:
+        return wait_until(what, check, timeout, proc=airflow.proc, log=airflow.output, interval=interval)
+    except AirflowBootError as exc:
+        pytest.fail(str(exc))
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> tuple[int | None, list[int]]:
@@ -195,7 +181,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     (dags / f"{WAIT_DAG}.py").write_text(WAIT_DAG_SOURCE)
     (dags / f"{NEVER_DAG}.py").write_text(NEVER_DAG_SOURCE)
     (dags / f"{ISOLATED_DAG}.py").write_text(ISOLATED_DAG_SOURCE)
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
     env.update({
         "GPUSCHED_AIRFLOW_HOME": str(home),
@@ -204,8 +190,8 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
         "GPUSCHED_BACKEND": "simulated",
         "GPUSCHED_EXAMPLE_STEPS": "6",
         "GPUSCHED_EXAMPLE_STEP_SECONDS": "0.5",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         "AIRFLOW__CORE__PARALLELISM": "8",
     })
     output = home / "run.log"
@@ -223,20 +209,11 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
 
 
 def _login(airflow: Airflow) -> str:
-    import httpx
-
-    passwords = json.loads((airflow.home / "simple_auth_manager_passwords.json.generated").read_text())
-    user, password = next(iter(passwords.items()))
-    body = {"username": user, "password": password}
-    response = httpx.post(f"{airflow.url}/auth/token", json=body, timeout=10)
-    return str(response.json()["access_token"]) if response.status_code < 300 else ""
+    return login_token(airflow.home, airflow.url)
 
 
 def _healthy(airflow: Airflow) -> bool:
-    import httpx
-
-    health = httpx.get(f"{airflow.url}/api/v2/monitor/health", timeout=5).json()
-    return bool(health["scheduler"]["status"] == "healthy" and health["dag_processor"]["status"] == "healthy")
+    return scheduler_healthy(airflow.url)
 
 
 def _dags_loaded(airflow: Airflow) -> bool:

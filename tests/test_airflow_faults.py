@@ -31,7 +31,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from typing import Any
 import pytest
 
 from gpusched.airflow.keys import ti_key
+from gpusched.deploy.airflow_instance import free_port
 from gpusched.ledger import Allocation, Ledger
 
 pytestmark = [pytest.mark.airflow, pytest.mark.faults, pytest.mark.slow]
@@ -81,12 +81,6 @@ faults_hold()
 WORKER_BOUND_S = 10.0
 RESTART_BOUND_S = 30.0
 LEDGER_WAIT_S = 2.0  # [gpusched] ledger_wait_seconds for this instance (default 5)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -198,7 +192,7 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
     if postgres is not None:
         postgres.__enter__()
     ledger_url = postgres.url if postgres is not None else f"sqlite:///{home / 'ledger.db'}"
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
     env.update({
         "PYTHONPATH": str(REPO),
@@ -216,7 +210,7 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
         "AIRFLOW__API__SECRET_KEY": secrets.token_hex(32),
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         # A task whose supervisor died is failed (and retried) after this long without heartbeat.
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",

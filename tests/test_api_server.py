@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,15 +26,11 @@ from typing import Any
 
 import pytest
 
+from gpusched.deploy.airflow_instance import free_port
+
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
@@ -51,7 +46,7 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     home = tmp_path_factory.mktemp("apiserver_home")
     (home / "dags").mkdir()
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(home),

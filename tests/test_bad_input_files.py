@@ -10,9 +10,9 @@ from gpusched.errors import ConfigurationError, FleetFileError, GpuschedError, T
 from gpusched.hardware.fleetfile import load_fleet
 from gpusched.placement import Policy
 from gpusched.request import GPURequest
-from gpusched.sim.bench import load_any_trace
 from gpusched.sim.engine import SimJob, simulate
 from gpusched.sim.fleets import fleet_from_spec, uniform_fleet
+from gpusched.sim.jobs import load_any_trace
 from gpusched.sim.traces import load_gavel_jobs, load_gavel_throughputs, load_openb_nodes, load_philly_jobs
 
 GAVEL_HEAD = (

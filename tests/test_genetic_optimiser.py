@@ -6,11 +6,11 @@ from collections import defaultdict
 
 import pytest
 
+from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.catalog import arch_rank, default_catalog
 from gpusched.model import MILLI, FleetSnapshot
 from gpusched.placement import PendingTask, PlacementPlan, Policy, place
 from gpusched.placement.genetic import optimise, optimise_with_report, plan_objective
-from gpusched.placement.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.request import GPURequest, Interconnect
 
 NOW = 10_000.0

@@ -295,8 +295,8 @@ def test_impossible_partition_layouts_are_rejected(group: dict[str, object], mes
 
 
 def test_simulate_places_hard_isolation_pods_on_slices(tmp_path: Path) -> None:
-    from gpusched.sim.bench import load_any_trace
     from gpusched.sim.engine import simulate
+    from gpusched.sim.jobs import load_any_trace
 
     pods = tmp_path / "pods.csv"
     pods.write_text(

@@ -28,7 +28,7 @@ from gpusched.fields import MAX_DEVICES, MAX_DURATION_S, MAX_SIZE_BYTES
 from gpusched.hardware.fleetfile import load_fleet, parse_fleet
 from gpusched.model import MILLI
 from gpusched.request import REQUEST_KEYS, GPURequest
-from gpusched.sim.bench import load_any_trace
+from gpusched.sim.jobs import load_any_trace
 from gpusched.sim.traces import (
     load_gavel_jobs,
     load_gavel_throughputs,

@@ -7,12 +7,12 @@ import random
 import numpy as np
 import pytest
 
+from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.node_builder import make_node
 from gpusched.placement import PendingTask, Placer, Policy, QueueOrder, RunningTask, WorkloadShape, place
 from gpusched.placement.index import FreeState, fleet_index
 from gpusched.placement.score import FragStats, Workload
-from gpusched.placement.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.request import GPURequest
 
 GIB = 1024**3

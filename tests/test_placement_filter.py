@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gpusched.bench.synthetic import make_node
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot, Health
 from gpusched.placement import PendingTask, Policy, place
-from gpusched.placement.synthetic import make_node
 from gpusched.request import GPURequest
 
 GIB = 1024**3

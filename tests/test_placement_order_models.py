@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpusched.bench.synthetic import make_node
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Placer, Policy, QueueOrder, WorkloadShape, place
 from gpusched.placement.index import FreeState, fleet_index
 from gpusched.placement.score import FragStats, Workload, estimate_workload
-from gpusched.placement.synthetic import make_node
 from gpusched.request import GPURequest
 
 T4 = "T4"

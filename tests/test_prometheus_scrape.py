@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpusched.deploy.airflow_instance import free_port
 from gpusched.hardware.detect import detect_backend
 from gpusched.ledger import Ledger
 from gpusched.request import GPURequest
@@ -41,12 +41,6 @@ def _tool(name: str) -> str:
     if path is None:
         pytest.fail(f"{name} is not installed; install Debian's prometheus package (scripts/setup.sh)")
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_http(url: str, deadline_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -118,7 +112,7 @@ def test_prometheus_scrapes_dcgm_and_gpusched_metrics_from_the_agent(
         ledger.record_queue("dag/train/run/0", GPURequest.build(count=64, partition="training"),
                             "no node has 64 free GPUs", now=waiting_since)
 
-    agent_port, prom_port = _free_port(), _free_port()
+    agent_port, prom_port = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "GPUSCHED_BACKEND": "simulated"}
     agent_log = tmp_path / "agent.log"
     with agent_log.open("wb") as out:

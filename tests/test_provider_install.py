@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -33,6 +32,7 @@ from typing import Any
 import pytest
 
 from gpusched import __version__
+from gpusched.deploy.airflow_instance import free_port
 from gpusched.settings import OPTIONS
 
 pytestmark = [pytest.mark.wheel, pytest.mark.airflow, pytest.mark.slow]
@@ -41,12 +41,6 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = ("gpusched/include/catalog/accelerators.json", "gpusched/include/fleets/default.yaml",
         "gpusched/include/expectations/demand_history.json", "gpusched/ledger/migrations/script.py.mako",
         "gpusched/ledger/migrations/versions/0001_initial.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _run(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float = 600) -> str:
@@ -167,7 +161,7 @@ def api_server(venv: dict[str, Any]) -> Iterator[dict[str, Any]]:
     _run([str(venv["bin"] / "airflow"), "db", "migrate"], env=env, cwd=cwd)
     # Put the simulated fleet into the ledger (the agent's first cycle syncs the inventory).
     _run([str(venv["bin"] / "gpusched"), "agent", "--once", "--backend", "simulated"], env=env, cwd=cwd)
-    port = _free_port()
+    port = free_port()
     log = (home / "api-server.log").open("wb")
     proc = subprocess.Popen([str(venv["bin"] / "airflow"), "api-server", "--port", str(port)], env=env,
                             cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -118,7 +118,7 @@ def test_recovery_sweep_handles_leftovers_and_reports_an_unreachable_api(
 
 @pytest.mark.slow
 def test_xid_fault_end_to_end_retry_lands_on_a_healthy_gpu() -> None:
-    from gpusched.faults.recovery_bench import run_trial
+    from gpusched.bench.recovery import run_trial
 
     trial = run_trial(with_chain=True, agent_interval_s=1.0, executor_tick_s=0.5)
     assert trial.classification == "hardware"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpusched.sim.report import gavel_report, openb_report, philly_report, read_published_openb
+from gpusched.bench.report import gavel_report, openb_report, philly_report, read_published_openb
 
 PUBLISHED = (
     "# comment\n"

@@ -187,7 +187,7 @@ def _openb(args: argparse.Namespace) -> int:
 
 
 def _gavel(args: argparse.Namespace) -> int:
-    from gpusched.sim.bench import run_gavel
+    from gpusched.bench.gavel import run_gavel
 
     jobs = (
         args.jobs or args.traces / "gavel" / f"gavel_continuous_single_rate{args.rate:.1f}_seed0_n15000.csv"
@@ -208,7 +208,7 @@ def _gavel(args: argparse.Namespace) -> int:
 
 
 def _philly(args: argparse.Namespace) -> int:
-    from gpusched.sim.bench import PHILLY_WINDOW, run_philly
+    from gpusched.bench.philly import PHILLY_WINDOW, run_philly
 
     window = (args.start or PHILLY_WINDOW[0], args.end or PHILLY_WINDOW[1])
     result = run_philly(
@@ -234,7 +234,7 @@ def _philly(args: argparse.Namespace) -> int:
 
 
 def _latency(args: argparse.Namespace) -> int:
-    from gpusched.sim.bench import run_latency
+    from gpusched.bench.latency import run_latency
 
     sizes = [args.nodes]
     if args.sweep:
@@ -257,8 +257,8 @@ def _latency(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from gpusched.bench import report
     from gpusched.errors import ConfigurationError
-    from gpusched.sim import report
 
     root: Path = args.results
     made = []

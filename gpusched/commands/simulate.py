@@ -53,9 +53,9 @@ def _run(args: argparse.Namespace) -> int:
     from gpusched.commands.bench import emit
     from gpusched.errors import TraceError
     from gpusched.placement import Policy
-    from gpusched.sim.bench import load_any_trace
     from gpusched.sim.engine import simulate
     from gpusched.sim.fleets import fleet_from_spec
+    from gpusched.sim.jobs import load_any_trace
     from gpusched.sim.metrics import summarize
 
     jobs = load_any_trace(args.trace)

@@ -16,7 +16,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,19 +24,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpusched.deploy.airflow_instance import free_port
 from gpusched.errors import ConfigurationError
 from gpusched.paths import include_dir
 
 __all__ = ["LocalCluster", "free_port"]
 
 REPO = Path(__file__).resolve().parents[2]  # gpusched/deploy/ → the repository
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class LocalCluster:

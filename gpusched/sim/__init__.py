@@ -2,8 +2,9 @@
 
 Modules: :mod:`~gpusched.sim.traces` (loaders), :mod:`~gpusched.sim.fleets` (fleet builders),
 :mod:`~gpusched.sim.engine` (event loop), :mod:`~gpusched.sim.metrics`,
-:mod:`~gpusched.sim.openb` (the FGD packing procedure), :mod:`~gpusched.sim.bench` (benchmark
-runners) and :mod:`~gpusched.sim.report` (tables and plots). Import the modules directly; this
+:mod:`~gpusched.sim.openb` (the FGD packing procedure) and :mod:`~gpusched.sim.jobs` (trace rows as
+simulator jobs). The benchmark harnesses that drive it live in :mod:`gpusched.bench`. Import the
+modules directly; this
 package imports nothing so loading a trace never pulls in the placement engine.
 """
 

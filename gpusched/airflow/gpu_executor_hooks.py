@@ -1,0 +1,73 @@
+"""The Airflow executor hooks that GPUExecutor and GPUCeleryExecutor share.
+
+Both executors hand every GPU decision to :class:`gpusched.airflow.gpu_scheduling.GPUScheduling`
+(``self.gpu``); this mixin is the one place where Airflow's executor calls reach it. A concrete
+executor lists it before its Airflow base class and adds only :meth:`send_plain` (how a workload
+without a GPU request is sent) and its own dispatcher.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpusched.airflow.authoring import is_gpu_task
+from gpusched.airflow.executor_compat import save_task_event
+
+if TYPE_CHECKING:
+    from airflow.executors.base_executor import BaseExecutor
+
+    from gpusched.airflow.gpu_scheduling import GPUScheduling
+    from gpusched.ledger import Ledger
+
+    _ExecutorBase = BaseExecutor
+else:
+    _ExecutorBase = object
+
+__all__ = ["GPUExecutorHooks"]
+
+
+class GPUExecutorHooks(_ExecutorBase):
+    """Queueing, dispatch split, completion and event-log hooks routed to ``self.gpu``."""
+
+    gpu: GPUScheduling
+
+    @property
+    def ledger(self) -> Ledger:
+        """The allocation ledger."""
+        return self.gpu.ledger
+
+    @property
+    def gpu_running(self) -> dict[Any, str]:
+        """Airflow key -> ledger key of dispatched GPU work."""
+        return self.gpu.gpu_running
+
+    def send_plain(self, workloads: list[Any]) -> None:
+        """Send workloads without a GPU request exactly as the Airflow base executor would."""
+        raise NotImplementedError
+
+    def queue_workload(self, workload: Any, session: Any, **kwargs: Any) -> None:
+        """Queue as the base executor does, remembering when a GPU workload started to wait."""
+        super().queue_workload(workload, session)
+        self.gpu.queued(workload)
+
+    def _process_workloads(self, workloads: Any) -> None:
+        plain = [w for w in workloads if not is_gpu_task(w)]
+        if plain:
+            self.send_plain(plain)
+        self.gpu.schedule([w for w in workloads if is_gpu_task(w)])
+
+    def log_task_event(self, *, event: str, extra: str, ti_key: Any) -> None:
+        """Write the event-log row (Audit Log, ``/api/v2/eventLogs``) now, in its own session."""
+        save_task_event(self, event=event, extra=extra, ti_key=ti_key)
+
+    def change_state(
+        self, key: Any, state: Any, info: Any = None, remove_running: bool = True, **kwargs: Any
+    ) -> None:
+        """Record the state as the base executor does; release the devices once the task ended."""
+        super().change_state(key, state, info, remove_running=remove_running)
+        self.gpu.finished(key, state)
+
+    def end(self, *args: Any, **kwargs: Any) -> None:
+        """End as the base executor does, then release what is still held or waiting."""
+        super().end(*args, **kwargs)
+        self.gpu.end(list(self.queued_tasks.values()))

@@ -1,0 +1,99 @@
+"""Decision-latency benchmark: wall-clock time of one greedy placement per fleet size."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gpusched.placement import Policy, place
+from gpusched.sim.metrics import percentile
+
+__all__ = ["run_latency"]
+
+
+def run_latency(
+    nodes: Sequence[int],
+    *,
+    policy_name: str = "gpusched",
+    gpus_per_node: int = 8,
+    samples: int = 200,
+    busy: float = 0.4,
+    seed: int = 0,
+    resident: bool = False,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Wall-clock latency of one :func:`place` call for one pending request, per fleet size.
+
+    With ``resident`` the index and free-capacity state live in one
+    :class:`~gpusched.placement.Placer` per fleet, kept between decisions: each decision commits
+    its assignment, which is then released again (both incremental: only the touched nodes'
+    aggregates are recomputed), so every request sees the same fleet. The decision is timed
+    (``p50_ms``…); the release beside it (``release_p50_ms``/``release_p99_ms``).
+
+    The fleet is :func:`gpusched.bench.synthetic.synthetic_fleet` (mixed models and
+    topology) with about ``busy`` of the devices taken; the requests are
+    :func:`~gpusched.bench.synthetic.synthetic_requests` (fractions, 1–8 GPUs, some
+    16-GPU rack gangs), one per call. Returns wall-clock p50/p99 in ms per size (the first size's
+    figures also at the top level) and the same in CPU time of this process (``cpu_p50_ms``,
+    ``cpu_p99_ms``), which a busy shared machine does not inflate.
+    """
+    from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
+    from gpusched.placement import Placer
+
+    policy = Policy.named(policy_name)
+    requests = synthetic_requests(samples, seed=seed)
+    sweep = []
+    for n in nodes:
+        fleet = synthetic_fleet(n, gpus_per_node, seed, used_fraction=busy)
+        place(requests[:1], fleet, policy, now=0.0)  # warm the per-fleet index cache
+        placer = Placer(fleet, policy) if resident else None
+        if placer is not None:
+            placer.place(requests[:1], now=0.0, commit=False)  # build the aggregates once
+        times = []
+        cpu = []
+        release: list[float] = []
+        for i, task in enumerate(requests):
+            start = time.perf_counter()
+            cpu_start = time.process_time()
+            if placer is None:
+                place([task], fleet, policy, now=task.submitted_at, seed=i)
+            else:
+                plan = placer.place([task], now=task.submitted_at, seed=i)
+            cpu.append((time.process_time() - cpu_start) * 1000)
+            times.append((time.perf_counter() - start) * 1000)
+            if placer is not None:
+                start = time.perf_counter()
+                for a in plan.assignments:
+                    placer.release(a.shares)
+                release.append((time.perf_counter() - start) * 1000)
+        row = {
+            "nodes": n,
+            "gpus": n * gpus_per_node,
+            "samples": samples,
+            "p50_ms": round(statistics.median(times), 4),
+            "p99_ms": round(percentile(times, 99), 4),
+            "mean_ms": round(statistics.fmean(times), 4),
+            "max_ms": round(max(times), 4),
+            "cpu_p50_ms": round(statistics.median(cpu), 4),
+            "cpu_p99_ms": round(percentile(cpu, 99), 4),
+        }
+        if release:
+            row["release_p50_ms"] = round(statistics.median(release), 4)
+            row["release_p99_ms"] = round(percentile(release, 99), 4)
+        sweep.append(row)
+        if progress:
+            print(f"latency {n} nodes: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms", file=sys.stderr)
+    first = sweep[0]
+    return {
+        "policy": policy_name,
+        "resident": resident,
+        "busy_fraction": busy,
+        "gpus_per_node": gpus_per_node,
+        "nodes": first["nodes"],
+        "p50_ms": first["p50_ms"],
+        "p99_ms": first["p99_ms"],
+        "sweep": sweep,
+    }
