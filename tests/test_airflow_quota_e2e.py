@@ -9,9 +9,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from test_airflow_e2e import REPO, Airflow, _free_port, _healthy, _log_text, _login, _stop, _wait
+from test_airflow_e2e import REPO, Airflow, _healthy, _log_text, _login, _stop, _wait
 
 from gpusched.airflow.keys import ti_key
+from gpusched.deploy.airflow_instance import free_port
 from gpusched.model import DeviceShare
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
@@ -49,13 +50,13 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     quota = home / "quota.yaml"
     # vision may spend 1 A100-hour a week; a task is charged 60 s unless it says otherwise.
     quota.write_text("budgets: {vision: 1}\nperiod_s: 604800\ndefault_duration_s: 60\n")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
     env.update({
         "GPUSCHED_AIRFLOW_HOME": str(home), "GPUSCHED_DAGS_FOLDER": str(dags), "GPUSCHED_PORT": str(port),
         "GPUSCHED_BACKEND": "simulated", "GPUSCHED_QUOTA_FILE": str(quota),
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
     })
     output = home / "run.log"
     with output.open("wb") as sink:
