@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.test_airflow_executor import _drain, _key, _submit, _workload
+from test_airflow_executor import _drain, _key, _submit, _workload
 
 pytestmark = [pytest.mark.airflow, pytest.mark.faults]
 

@@ -182,7 +182,7 @@ def _kill_tree(pid: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
-    from tests._fault_support import PrivatePostgres, postgres_binaries
+    from _fault_support import PrivatePostgres, postgres_binaries
 
     home = tmp_path_factory.mktemp("faults_airflow")
     dags = home / "dags"

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from _fault_support import PrivatePostgres, postgres_binaries
+from _ledger_support import BACKENDS, database_url, fleet, share
 
 from gpusched.errors import AllocationConflictError, LedgerUnavailableError
 from gpusched.ledger import Ledger
 from gpusched.ledger.schema import ALLOCATIONS
 from gpusched.request import GPURequest
-from tests._fault_support import PrivatePostgres, postgres_binaries
-from tests._ledger_support import BACKENDS, database_url, fleet, share
 
 pytestmark = [pytest.mark.faults]
 
