@@ -3,7 +3,7 @@
 gpusched's executors subclass Airflow's; the few internals they must touch (LocalExecutor's
 worker queue, message counter and worker table; CeleryExecutor's workload sending) live here
 only, so an Airflow upgrade that renames them breaks one module, and
-``tests/test_executor_compat.py`` (pinned to :data:`PINNED_AIRFLOW`) says which.
+``tests/unit/test_executor_compat.py`` (pinned to :data:`PINNED_AIRFLOW`) says which.
 """
 
 from __future__ import annotations

@@ -1,0 +1,119 @@
+"""gpu()/gpu_task authoring, task keys, and that the example DAG files parse light and clean."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpusched.airflow.authoring import gpu, gpu_task, partition_pool, request_from_executor_config
+from gpusched.airflow.keys import parse_ti_key, ti_key, ti_key_of
+from gpusched.errors import GPURequestError
+from gpusched.request import GPURequest, Interconnect
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_puts_a_validated_request_in_executor_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUSCHED_POOL_SYNC", raising=False)
+    kwargs = gpu(gpus=4, vendor="nvidia", interconnect="island", memory="40GiB")
+    assert set(kwargs) == {"executor_config"}
+    request = request_from_executor_config(kwargs["executor_config"])
+    assert request is not None
+    expected = (4, Interconnect.ISLAND, 40 * 2**30)
+    assert (request.count, request.interconnect, request.memory_per_gpu) == expected
+    json.dumps(kwargs)  # must serialise with the DAG
+
+
+def test_gpu_pool_sync_assigns_the_partition_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSCHED_POOL_SYNC", "true")
+    kwargs = gpu(gpus=2, partition="dev")
+    assert kwargs["pool"] == partition_pool("dev") == "gpu_dev"
+    assert kwargs["pool_slots"] == 2
+    assert "pool" not in gpu(gpus=1, pool_sync=False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"gpus": 0.5}, "memory"), ({"gpus": 2, "interconect": "island"}, "interconect"),
+     ({"gpus": 1, "partition": "prod"}, "partition")],
+)
+def test_gpu_rejects_bad_fields_at_parse_time(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(GPURequestError) as info:
+        gpu(**kwargs)
+    assert info.value.field == field
+
+
+def test_request_from_executor_config() -> None:
+    assert request_from_executor_config(None) is None
+    assert request_from_executor_config({"KubernetesExecutor": {}}) is None
+    request = GPURequest.build(gpus=0.25, memory="8GiB")
+    assert request_from_executor_config({"gpusched": request.to_dict()}) == request
+    with pytest.raises(GPURequestError):
+        request_from_executor_config({"gpusched": {"gpus": -1}})
+
+
+def test_gpu_task_splits_request_and_task_arguments() -> None:
+    @gpu_task(gpus=2, interconnect="same_numa", retries=3, executor_config={"other": 1})
+    def train() -> None:
+        return None
+
+    op = train().operator
+    assert op.retries == 3
+    assert op.executor_config["other"] == 1
+    expected = GPURequest.build(gpus=2, interconnect="same_numa")
+    assert request_from_executor_config(op.executor_config) == expected
+
+
+def test_bare_gpu_task_asks_for_one_whole_device() -> None:
+    @gpu_task
+    def infer() -> None:
+        return None
+
+    assert request_from_executor_config(infer().operator.executor_config) == GPURequest.build(gpus=1)
+
+
+def test_task_keys_round_trip() -> None:
+    key = ti_key("dag.a", "task_1", "manual__2026-01-01T00:00:00+00:00/x", 2, -1)
+    parts = parse_ti_key(key)
+    assert parts is not None
+    assert parts.run_id == "manual__2026-01-01T00:00:00+00:00/x"
+    assert ti_key_of(parts) == key
+    assert parse_ti_key("job-17") is None
+
+
+def test_example_dags_parse_without_errors_and_stay_light(tmp_path: Path) -> None:
+    code = f"""
+import importlib.util, json, sys
+from pathlib import Path
+heavy = ("numpy", "pandas", "deap", "statsmodels", "gpusched.ledger", "gpusched.placement",
+         "gpusched.hardware", "matplotlib")
+found = {{}}
+for path in sorted(Path({str(REPO / 'dags')!r}).glob("example_*.py")):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dag = getattr(module, path.stem)()
+    found[dag.dag_id] = {{t.task_id: (t.executor_config or {{}}).get("gpusched") for t in dag.tasks}}
+found["_heavy"] = [m for m in heavy if m in sys.modules]
+print(json.dumps(found))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found.pop("_heavy") == []
+    assert set(found) == {
+        "example_multi_gpu_nvlink_training", "example_fractional_finetune", "example_dev_smoke_test",
+        "example_multi_node_gang",
+    }
+    gang = found["example_multi_node_gang"]
+    assert sorted(gang) == ["pretrain__node0", "pretrain__node1"]
+    assert all(member["count"] == 8 and member["interconnect"] == "same_node" for member in gang.values())
+    train = found["example_multi_gpu_nvlink_training"]
+    assert train["prepare_dataset"] is None
+    assert train["train_resnet50"]["count"] == 4 and train["train_resnet50"]["interconnect"] == "island"
+    fractions = found["example_fractional_finetune"]
+    assert fractions["finetune_sentiment"]["milli"] == fractions["finetune_ner"]["milli"] == 500
+    assert found["example_dev_smoke_test"]["smoke_test"]["partition"] == "dev"

@@ -1,0 +1,116 @@
+"""`gpusched bench …` and `gpusched simulate` through a real subprocess, on tiny inputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str | Path) -> dict:  # type: ignore[type-arg]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpusched.cli", *map(str, args), "--json", "--quiet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> dict[str, Path]:
+    files = {
+        "nodes": "sn,cpu_milli,memory_mib,gpu,model\na,16000,65536,2,T4\nb,16000,65536,2,T4\n",
+        "pods": "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+        "deletion_time,scheduled_time\np0,2000,4096,1,500,,LS,Running,0,100,0\n"
+        "p1,4000,8192,1,1000,,LS,Running,10,50,10\np2,8000,8192,2,1000,,BE,Running,20,90,20\n",
+        "gavel": "job_id,arrival_time_s,job_type,scale_factor,total_steps,duration_s_v100,"
+        "duration_s_p100,duration_s_k80\n"
+        + "".join(f"{i},{i * 100.0},A3C,1,10,{3600 + i},{5400 + i},{9000 + i}\n" for i in range(6)),
+        "philly": "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 00:00:00,600,1,600,a\n"
+        "2017-10-09 00:01:00,600,8,4800,a\n2017-10-09 00:02:00,60,2,120,b\n",
+    }
+    out = {}
+    for name, text in files.items():
+        path = tmp_path / f"{name}.csv"
+        path.write_text(text, encoding="utf-8")
+        out[name] = path
+    tp = tmp_path / "throughputs.json"
+    tp.write_text(json.dumps({"v100": {"('A3C', 1)": {"null": 3.0}}, "k80": {"('A3C', 1)": {"null": 1.0}}}))
+    out["throughputs"] = tp
+    return out
+
+
+def test_bench_openb_json(tiny: dict[str, Path]) -> None:
+    data = _cli(
+        "bench",
+        "openb",
+        "--pods",
+        tiny["pods"],
+        "--nodes",
+        tiny["nodes"],
+        "--policy",
+        "random",
+        "--seeds",
+        "2",
+    )
+    assert set(data) >= {"unallocated_gpu_pct_median", "unallocated_gpu_pct", "seeds", "policy"}
+    assert len(data["unallocated_gpu_pct"]) == 2 and data["capacity_milli"] == 4000
+
+
+def test_bench_gavel_and_philly_json(tiny: dict[str, Path], tmp_path: Path) -> None:
+    gavel = _cli(
+        "bench",
+        "gavel",
+        "--jobs",
+        tiny["gavel"],
+        "--throughputs",
+        tiny["throughputs"],
+        "--measure",
+        "1-3",
+        "--policy",
+        "gpusched",
+        "--out",
+        tmp_path / "g.json",
+    )
+    assert gavel["jobs_finished"] == 3 and gavel["jct_mean_h"] >= 1.0
+    assert json.loads((tmp_path / "g.json").read_text()) == gavel
+    philly = _cli(
+        "bench",
+        "philly",
+        "--jobs",
+        tiny["philly"],
+        "--nodes",
+        "1",
+        "--start",
+        "2017-10-09",
+        "--end",
+        "2017-10-10",
+        "--policy",
+        "first-fit",
+    )
+    assert philly["jobs_finished"] == 3
+    assert {"queue_delay_mean_s", "queue_delay_p95_s", "utilisation_pct", "fragmentation_pct"} <= set(philly)
+    assert philly["queue_delay_mean_s"] > 0  # the 8-GPU job waits for the 1-GPU one on one node
+
+
+def test_bench_latency_and_simulate_json(tiny: dict[str, Path]) -> None:
+    lat = _cli("bench", "latency", "--nodes", "20", "--samples", "10")
+    assert lat["nodes"] == 20 and 0 < lat["p50_ms"] <= lat["p99_ms"]
+    assert not lat["resident"] and "release_p50_ms" not in lat["sweep"][0]
+    kept = _cli("bench", "latency", "--nodes", "20", "--samples", "10", "--resident")
+    row = kept["sweep"][0]
+    assert kept["resident"] and 0 < row["cpu_p50_ms"] <= row["cpu_p99_ms"]
+    assert 0 <= row["release_p50_ms"] <= row["release_p99_ms"]
+    sim = _cli("simulate", "--trace", tiny["gavel"], "--fleet", "uniform:1x2:V100", "--policy", "best-fit")
+    assert sim["jobs_finished"] == 6 and sim["capacity_gpus"] == 2
+    pods = _cli("simulate", "--trace", tiny["pods"], "--fleet", tiny["nodes"], "--policy", "gpusched")
+    assert pods["jobs_finished"] == 3

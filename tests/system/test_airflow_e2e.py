@@ -1,0 +1,398 @@
+"""End to end: real Airflow (``scripts/run.sh`` → ``airflow standalone`` on SQLite) with the GPU
+executor on the default simulated fleet runs the three example DAGs.
+
+Checks: every task succeeds; each GPU task got correctly placed devices (4 GPUs in one NVLink
+island of one node; two half-GPU fine-tunes on one shared device; the dev smoke test on a dev
+node); no device is over-committed at any instant of the ledger's allocation history; the task
+logs show the CUDA_VISIBLE_DEVICES that the ledger recorded; a hard-isolated fraction runs on a
+MIG instance and sees its MIG UUID; every allocation is released at the end; SIGINT stops
+Airflow cleanly; the API server listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpusched.airflow.keys import parse_ti_key, ti_key
+from gpusched.deploy.airflow_instance import free_port, login_token, scheduler_healthy, wait_until
+from gpusched.errors import AirflowBootError
+from gpusched.model import MILLI
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+DAGS = ("example_multi_gpu_nvlink_training", "example_fractional_finetune", "example_dev_smoke_test")
+WAIT_DAG = "e2e_gpu_wait"
+WAIT_DAG_SOURCE = """
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from airflow.sdk import dag, task
+
+from gpusched.airflow.authoring import gpu
+
+
+@dag(dag_id="e2e_gpu_wait", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def e2e_gpu_wait():
+    # Two tasks that each need the whole 8-GPU H100 island: one must wait for the other.
+    for name in ("first", "second"):
+        @task(task_id=name, **gpu(gpus=8, models=["H100-SXM-80GB"], interconnect="island"))
+        def hold_island() -> None:
+            time.sleep(4)
+
+        hold_island()
+
+
+e2e_gpu_wait()
+"""
+NEVER_DAG = "e2e_gpu_never_fits"
+NEVER_DAG_SOURCE = """
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import dag, task
+
+from gpusched.airflow.authoring import gpu
+
+
+@dag(dag_id="e2e_gpu_never_fits", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def e2e_gpu_never_fits():
+    # 64 NVLink-connected GPUs: the largest island of the default fleet has 8.
+    @task(task_id="huge", **gpu(gpus=64, vendor="nvidia", interconnect="island"))
+    def huge() -> None:
+        raise AssertionError("must never start")
+
+    huge()
+
+
+e2e_gpu_never_fits()
+"""
+ISOLATED_DAG = "e2e_gpu_isolated"
+ISOLATED_DAG_SOURCE = """
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+from airflow.sdk import dag, task
+
+from gpusched.airflow.authoring import gpu
+
+
+@dag(dag_id="e2e_gpu_isolated", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def e2e_gpu_isolated():
+    # A hard-isolated tenth of an NVIDIA GPU: a MIG instance of its own, named by its MIG UUID.
+    @task(task_id="isolated", **gpu(gpus=0.1, memory="8GiB", isolation="hard", vendor="nvidia"))
+    def isolated() -> None:
+        print("isolated sees CUDA_VISIBLE_DEVICES=" + os.environ["CUDA_VISIBLE_DEVICES"])
+        print("isolated sees GPUSCHED_ISOLATION=" + os.environ["GPUSCHED_ISOLATION"])
+
+    isolated()
+
+
+e2e_gpu_isolated()
+"""
+GPU_TASKS = {
+    "example_multi_gpu_nvlink_training": ("train_resnet50",),
+    "example_fractional_finetune": ("finetune_sentiment", "finetune_ner"),
+    "example_dev_smoke_test": ("smoke_test",),
+}
+
+
+@dataclass
+class Airflow:
+    home: Path
+    url: str
+    proc: subprocess.Popen[bytes]
+    output: Path
+    started_at: float
+    token: str = ""
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        import httpx
+
+        response = httpx.request(method, f"{self.url}/api/v2{path}", headers=self.headers(), timeout=30,
+                                 **kwargs)
+        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text}"
+        return response.json()
+
+    def tail(self) -> str:
+        return self.output.read_text(errors="replace")[-6000:]
+
+
+def _wait(what: str, check: Any, timeout: float, airflow: Airflow, interval: float = 1.0) -> Any:
+    try:
+        return wait_until(what, check, timeout, proc=airflow.proc, log=airflow.output, interval=interval)
+    except AirflowBootError as exc:
+        pytest.fail(str(exc))
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> tuple[int | None, list[int]]:
+    """SIGINT to run.sh (it forwards SIGINT to standalone's parent); kill the process groups as a
+    fallback. Returns run.sh's exit code (None if it had to be killed) and the pids still alive."""
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    proc.send_signal(signal.SIGINT)
+    try:
+        code: int | None = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        code = None
+        for child in family:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                child.kill()
+        proc.kill()
+        proc.wait(timeout=30)
+    _gone, alive = psutil.wait_procs(family, timeout=10)
+    for child in alive:
+        child.kill()
+    return code, [p.pid for p in alive]
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
+    home = tmp_path_factory.mktemp("airflow_home")
+    dags = tmp_path_factory.mktemp("dags")  # only the examples: other DAGs must not disturb the checks
+    for dag_id in DAGS:
+        shutil.copy(REPO / "dags" / f"{dag_id}.py", dags)
+    (dags / f"{WAIT_DAG}.py").write_text(WAIT_DAG_SOURCE)
+    (dags / f"{NEVER_DAG}.py").write_text(NEVER_DAG_SOURCE)
+    (dags / f"{ISOLATED_DAG}.py").write_text(ISOLATED_DAG_SOURCE)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
+    env.update({
+        "GPUSCHED_AIRFLOW_HOME": str(home),
+        "GPUSCHED_DAGS_FOLDER": str(dags),
+        "GPUSCHED_PORT": str(port),
+        "GPUSCHED_BACKEND": "simulated",
+        "GPUSCHED_EXAMPLE_STEPS": "6",
+        "GPUSCHED_EXAMPLE_STEP_SECONDS": "0.5",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__CORE__PARALLELISM": "8",
+    })
+    output = home / "run.log"
+    started = time.time()
+    with output.open("wb") as sink:
+        proc = subprocess.Popen(
+            [str(REPO / "scripts" / "run.sh")], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    instance = Airflow(home, f"http://localhost:{port}", proc, output, started)
+    try:
+        yield instance
+    finally:
+        _stop(proc)
+
+
+def _login(airflow: Airflow) -> str:
+    return login_token(airflow.home, airflow.url)
+
+
+def _healthy(airflow: Airflow) -> bool:
+    return scheduler_healthy(airflow.url)
+
+
+def _dags_loaded(airflow: Airflow) -> bool:
+    found = {d["dag_id"] for d in airflow.api("GET", "/dags", params={"limit": 100})["dags"]}
+    return {*DAGS, WAIT_DAG, NEVER_DAG, ISOLATED_DAG} <= found
+
+
+def _log_text(airflow: Airflow, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+    body = airflow.api(
+        "GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
+        params={"full_content": "true"},
+    )
+    return json.dumps(body)
+
+
+def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
+    from gpusched.ledger import Ledger
+
+    _wait("api-server, scheduler and dag-processor to be healthy", lambda: _healthy(airflow), 240, airflow)
+    # The main job's API server listens on loopback only (run.sh's default).
+    import psutil
+
+    port = int(airflow.url.rsplit(":", 1)[1])
+    listening = {c.laddr.ip for c in psutil.net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    assert listening and listening <= {"127.0.0.1"}, listening
+    airflow.token = _wait("a login token", lambda: _login(airflow), 60, airflow)
+    _wait("the example DAGs to be parsed", lambda: _dags_loaded(airflow), 120, airflow)
+    assert airflow.api("GET", "/importErrors")["total_entries"] == 0
+
+    runs: dict[str, str] = {}
+    for dag_id in (*DAGS, WAIT_DAG, ISOLATED_DAG):
+        airflow.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+        run = airflow.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None})
+        runs[dag_id] = run["dag_run_id"]
+
+    def finished() -> bool:
+        states = [airflow.api("GET", f"/dags/{d}/dagRuns/{r}")["state"] for d, r in runs.items()]
+        return all(s in ("success", "failed") for s in states)
+
+    _wait("the DAG runs to finish", finished, 300, airflow, interval=2)
+
+    tis: dict[tuple[str, str], dict[str, Any]] = {}
+    for dag_id, run_id in runs.items():
+        for ti in airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]:
+            tis[(dag_id, ti["task_id"])] = ti
+    failed = {k: v["state"] for k, v in tis.items() if v["state"] != "success"}
+    assert not failed, f"tasks not successful: {failed}\n{airflow.tail()}"
+
+    ledger = Ledger(f"sqlite:///{airflow.home / 'gpusched' / 'ledger.db'}")
+    try:
+        _wait("every allocation to be released", lambda: not ledger.active(), 60, airflow)
+        snapshot = ledger.snapshot()
+        history = ledger.history(since=airflow.started_at - 60)
+    finally:
+        ledger.close()
+
+    allocations = {}
+    for dag_id, task_ids in GPU_TASKS.items():
+        for task_id in task_ids:
+            ti = tis[(dag_id, task_id)]
+            key = ti_key(dag_id, task_id, runs[dag_id], ti["try_number"], ti["map_index"])
+            found = [a for a in history if a.key == key]
+            assert len(found) == 1, f"{key}: {len(found)} allocations in the ledger"
+            allocations[task_id] = found[0]
+            assert found[0].released_at is not None
+
+    # 4 GPUs on one node, inside one NVLink/NVSwitch island.
+    train = allocations["train_resnet50"]
+    devices = [snapshot.device(s.uuid) for s in train.shares]
+    assert len(devices) == 4 and len({s.uuid for s in train.shares}) == 4
+    assert len({d.node for d in devices}) == 1
+    assert devices[0].island is not None and len({d.island for d in devices}) == 1
+    assert all(d.vendor == "nvidia" and d.link.is_high_speed for d in devices)
+    assert all(s.milli == MILLI for s in train.shares)
+
+    # The two half-GPU fine-tunes share one device.
+    a, b = allocations["finetune_sentiment"], allocations["finetune_ner"]
+    assert [s.milli for s in a.shares] == [s.milli for s in b.shares] == [500]
+    assert a.shares[0].uuid == b.shares[0].uuid
+    assert a.created_at < b.released_at and b.created_at < a.released_at  # they ran side by side
+
+    # The dev smoke test got one device of a dev node.
+    dev = allocations["smoke_test"]
+    assert len(dev.shares) == 1
+    assert snapshot.node(dev.shares[0].node).label("pool") == "dev"
+
+    _assert_never_overcommitted(history, snapshot)
+
+    # A GPU task that found no free island waited in the executor, then ran once devices freed.
+    wait_run = runs[WAIT_DAG]
+    wait_keys = {ti_key(WAIT_DAG, t, wait_run, tis[(WAIT_DAG, t)]["try_number"]) for t in ("first", "second")}
+    early, late = sorted((a for a in history if a.key in wait_keys), key=lambda a: a.created_at)
+    late_ti = tis[(WAIT_DAG, parse_ti_key(late.key).task_id)]  # type: ignore[union-attr]
+    queued_at = datetime.fromisoformat(late_ti["queued_when"]).timestamp()
+    assert early.released_at is not None
+    assert queued_at < early.released_at <= late.created_at
+
+    # The task logs show the devices the ledger recorded.
+    for task_id, alloc in allocations.items():
+        dag_id = next(d for d, ts in GPU_TASKS.items() if task_id in ts)
+        ti = tis[(dag_id, task_id)]
+        text = _log_text(airflow, dag_id, runs[dag_id], task_id, ti["try_number"])
+        expected = ",".join(str(s.index) for s in sorted(alloc.shares, key=lambda s: s.index))
+        assert f"CUDA_VISIBLE_DEVICES={expected}" in text, f"{task_id} log lacks {expected}:\n{text[-3000:]}"
+        assert "gpusched: devices for" in text, f"{task_id}: listener did not log the devices"
+        if alloc.shares[0].milli < MILLI:
+            assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in text
+    # The hard-isolated fraction ran on a MIG instance of its own and saw its MIG UUID.
+    iso_ti = tis[(ISOLATED_DAG, "isolated")]
+    iso_key = ti_key(ISOLATED_DAG, "isolated", runs[ISOLATED_DAG], iso_ti["try_number"], iso_ti["map_index"])
+    (iso,) = [a for a in history if a.key == iso_key]
+    (iso_share,) = iso.shares
+    slice_ = snapshot.device(iso_share.uuid)
+    assert slice_.parent is not None and slice_.profile is not None and iso_share.uuid.startswith("MIG-")
+    assert snapshot.device(slice_.parent).mig_enabled and iso_share.milli == MILLI
+    iso_log = _log_text(airflow, ISOLATED_DAG, runs[ISOLATED_DAG], "isolated", iso_ti["try_number"])
+    assert f"isolated sees CUDA_VISIBLE_DEVICES={iso_share.uuid}" in iso_log, iso_log[-3000:]
+    assert "isolated sees GPUSCHED_ISOLATION=hard" in iso_log
+    cpu_log = _log_text(airflow, "example_multi_gpu_nvlink_training",
+                        runs["example_multi_gpu_nvlink_training"], "report",
+                        tis[("example_multi_gpu_nvlink_training", "report")]["try_number"])
+    assert "final loss" in cpu_log
+
+
+def test_never_fitting_task_says_why_in_its_log_and_the_event_log(airflow: Airflow) -> None:
+    """Before: the Logs tab showed only 'Could not read served logs', the event log had no
+    gpusched.unschedulable row, and the fault chain retried it as an 'unknown failure'."""
+    from gpusched.ledger import Ledger
+
+    if not airflow.token:  # run on its own
+        _wait("the api-server, scheduler and dag-processor", lambda: _healthy(airflow), 240, airflow)
+        airflow.token = _wait("a login token", lambda: _login(airflow), 60, airflow)
+        _wait("the DAGs to be parsed", lambda: _dags_loaded(airflow), 120, airflow)
+    airflow.api("PATCH", f"/dags/{NEVER_DAG}", json={"is_paused": False})
+    run_id = airflow.api("POST", f"/dags/{NEVER_DAG}/dagRuns", json={"logical_date": None})["dag_run_id"]
+    _wait("the never-fitting run to fail", lambda: airflow.api(
+        "GET", f"/dags/{NEVER_DAG}/dagRuns/{run_id}")["state"] == "failed", 240, airflow, interval=2)
+    ti = airflow.api("GET", f"/dags/{NEVER_DAG}/dagRuns/{run_id}/taskInstances/huge")
+    assert ti["state"] == "failed" and ti["try_number"] == 1, ti
+    text = _log_text(airflow, NEVER_DAG, run_id, "huge", 1)
+    assert "can never fit this fleet" in text and "largest" in text, text[-3000:]
+
+    def logged() -> list[dict[str, Any]]:
+        rows = airflow.api("GET", "/eventLogs", params={
+            "dag_id": NEVER_DAG, "task_id": "huge", "event": "gpusched.unschedulable"})["event_logs"]
+        return list(rows)
+
+    rows = _wait("the gpusched.unschedulable event log row", logged, 60, airflow)
+    assert "can never fit this fleet" in (rows[0]["extra"] or ""), rows
+    ledger = Ledger(f"sqlite:///{airflow.home / 'gpusched' / 'ledger.db'}")
+    try:
+        key = ti_key(NEVER_DAG, "huge", run_id, 1)
+        handled = _wait("the fault chain to handle it", lambda: [
+            e for e in ledger.events(200, kinds=["failure_handled"]) if e.subject == key], 60, airflow)
+        assert handled[0].detail["failure_kind"] == "unschedulable" and handled[0].detail["retry"] is False
+        assert not [e for e in ledger.events(200, kinds=["scale_out_request"]) if e.subject == key]
+    finally:
+        ledger.close()
+
+
+def test_sigint_stops_airflow_cleanly(airflow: Airflow) -> None:
+    code, leftovers = _stop(airflow.proc)
+    assert code is not None, f"Airflow needed SIGKILL to stop:\n{airflow.tail()}"
+    assert leftovers == [], f"processes left running after SIGINT: {leftovers}"
+    assert "gpusched: stopped" in airflow.output.read_text(errors="replace")
+
+
+def _assert_never_overcommitted(history: list[Any], snapshot: Any) -> None:
+    events: list[tuple[float, int, Any]] = []
+    for alloc in history:
+        end = alloc.released_at if alloc.released_at is not None else float("inf")
+        for share in alloc.shares:
+            events.append((alloc.created_at, 1, share))
+            events.append((end, 0, share))  # releases sort before grants at the same instant
+    used: dict[str, list[int]] = {}
+    for at, grant, share in sorted(events, key=lambda e: (e[0], e[1])):
+        milli, memory = used.setdefault(share.uuid, [0, 0])
+        sign = 1 if grant else -1
+        used[share.uuid] = [milli + sign * share.milli, memory + sign * share.memory_bytes]
+        assert used[share.uuid][0] <= MILLI, f"{share.uuid} over-committed at {at}"
+        assert used[share.uuid][1] <= snapshot.device(share.uuid).memory_bytes, f"{share.uuid} memory at {at}"

@@ -1,0 +1,212 @@
+"""gpusched installs into a plain Airflow like a provider: wheel → fresh virtualenv → Airflow finds it.
+
+Builds the sdist and, from it, the wheel (``python -m build``), checks both carry the package data,
+installs the wheel with the pinned dependencies (constraints.txt) into a NEW virtual environment,
+and runs everything from a folder outside the repository with no ``PYTHONPATH`` and no plugins
+folder of ours: ``airflow providers list`` shows gpusched, ``airflow config list --section
+gpusched`` its options with their defaults, the executor loads by its import path, ``gpusched
+--version`` answers, and a real ``airflow api-server`` serves the plugin's routes and lists its
+"GPU fleet" nav view.
+
+One virtualenv for the whole module; installing Airflow's dependency tree takes minutes, hence
+the ``wheel`` marker (``pytest -m wheel``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpusched import __version__
+from gpusched.deploy.airflow_instance import free_port
+from gpusched.settings import OPTIONS
+
+pytestmark = [pytest.mark.wheel, pytest.mark.airflow, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = ("gpusched/include/catalog/accelerators.json", "gpusched/include/fleets/default.yaml",
+        "gpusched/include/expectations/demand_history.json", "gpusched/ledger/migrations/script.py.mako",
+        "gpusched/ledger/migrations/versions/0001_initial.py")
+
+
+def _run(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float = 600) -> str:
+    done = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n" \
+                                 f"{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sdist + wheel built by ``python -m build`` from a copy of the sources (the repo stays clean)."""
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    shutil.copytree(REPO / "gpusched", src / "gpusched",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    out = tmp_path_factory.mktemp("dist")
+    _run([sys.executable, "-m", "build", "--outdir", str(out), str(src)], env=dict(os.environ), cwd=src)
+    return out
+
+
+@pytest.fixture(scope="module")
+def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A fresh virtualenv with the wheel and its pinned dependencies, and an environment to run in."""
+    root = tmp_path_factory.mktemp("venv")
+    home = tmp_path_factory.mktemp("airflow_home")
+    outside = tmp_path_factory.mktemp("cwd")
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base_python, "-m", "venv", str(root)], check=True, timeout=300)
+    (wheel,) = dist.glob("gpusched-*.whl")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AIRFLOW", "GPUSCHED_", "PYTHON", "VIRTUAL_ENV"))}
+    env |= {"PATH": f"{root / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}", "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__AUTH_MANAGER":
+                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "GPUSCHED_BACKEND": "simulated"}
+    _run([str(root / "bin" / "pip"), "install", "-q", "-c", str(REPO / "constraints.txt"), str(wheel)],
+         env=env, cwd=outside, timeout=1800)
+    return {"python": str(root / "bin" / "python"), "bin": root / "bin", "env": env, "cwd": outside,
+            "home": home, "root": root}
+
+
+def test_sdist_and_wheel_carry_the_package_data(dist: Path) -> None:
+    (wheel,) = dist.glob("gpusched-*.whl")
+    (sdist,) = dist.glob("gpusched-*.tar.gz")
+    assert wheel.name == f"gpusched-{__version__}-py3-none-any.whl"
+    in_wheel = set(zipfile.ZipFile(wheel).namelist())
+    with tarfile.open(sdist) as tar:
+        in_sdist = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    for path in DATA:
+        assert path in in_wheel, f"{path} missing from the wheel"
+        assert path in in_sdist, f"{path} missing from the sdist"
+    entry_points = zipfile.ZipFile(wheel).read(f"gpusched-{__version__}.dist-info/entry_points.txt").decode()
+    assert "[apache_airflow_provider]" in entry_points and "[airflow.plugins]" in entry_points
+
+
+def test_installed_package_is_used_not_the_repository(venv: dict[str, Any]) -> None:
+    where = _run([venv["python"], "-c", "import gpusched, sys; print(gpusched.__file__); print(sys.path)"],
+                 env=venv["env"], cwd=venv["cwd"])
+    module_file, path = where.splitlines()
+    assert module_file.startswith(str(venv["root"])), module_file
+    assert str(REPO) not in path
+    assert _run([str(venv["bin"] / "gpusched"), "--version"], env=venv["env"], cwd=venv["cwd"]).strip() \
+        == f"gpusched {__version__}"
+    # Package data is found from site-packages: the shipped fleet, the catalog, the migrations.
+    inventory = json.loads(_run([str(venv["bin"] / "gpusched"), "inventory", "--json"],
+                                env=venv["env"], cwd=venv["cwd"]))
+    assert inventory["simulated"] is True and sum(len(n["devices"]) for n in inventory["nodes"]) == 62
+
+
+def test_airflow_lists_the_provider_and_its_config_section(venv: dict[str, Any]) -> None:
+    providers = json.loads(_run([str(venv["bin"] / "airflow"), "providers", "list", "-o", "json"],
+                                env=venv["env"], cwd=venv["cwd"]))
+    (ours,) = [p for p in providers if p["package_name"] == "gpusched"]
+    assert ours["version"] == __version__
+    listed = _run([str(venv["bin"] / "airflow"), "config", "list", "--section", "gpusched", "--defaults",
+                   "--show-values"],
+                  env=venv["env"], cwd=venv["cwd"])
+    assert "[gpusched]" in listed
+    for option in OPTIONS:
+        assert f"{option.name} = {option.default}".rstrip() in listed, option.name
+        assert option.description.split(";")[0][:40] in " ".join(listed.split()), option.name
+    value = _run([str(venv["bin"] / "airflow"), "config", "get-value", "gpusched", "lease_seconds"],
+                 env=venv["env"], cwd=venv["cwd"])
+    assert value.strip() == "600"
+    executors = _run([str(venv["bin"] / "airflow"), "providers", "executors", "-o", "json"],
+                     env=venv["env"], cwd=venv["cwd"])
+    assert "gpusched.airflow.executor.GPUExecutor" in executors
+
+
+def test_executor_loads_by_its_import_path(venv: dict[str, Any]) -> None:
+    env = {**venv["env"], "AIRFLOW__CORE__EXECUTOR": "gpusched.airflow.executor.GPUExecutor",
+           "AIRFLOW__GPUSCHED__LEASE_SECONDS": "321"}
+    code = ("from airflow.executors.executor_loader import ExecutorLoader\n"
+            "cls = ExecutorLoader.import_default_executor_cls()[0]\n"
+            "ex = cls()\n"
+            "print(cls.__module__, cls.__name__, ex.gpu.lease_s, ex.gpu.policy.name)\n")
+    out = _run([venv["python"], "-c", code], env=env, cwd=venv["cwd"]).split()
+    assert out[-4:] == ["gpusched.airflow.executor", "GPUExecutor", "321", "gpusched"]
+
+
+@pytest.fixture(scope="module")
+def api_server(venv: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    env, cwd, home = venv["env"], venv["cwd"], venv["home"]
+    assert not (home / "plugins").exists() or not any((home / "plugins").iterdir())
+    _run([str(venv["bin"] / "airflow"), "db", "migrate"], env=env, cwd=cwd)
+    # Put the simulated fleet into the ledger (the agent's first cycle syncs the inventory).
+    _run([str(venv["bin"] / "gpusched"), "agent", "--once", "--backend", "simulated"], env=env, cwd=cwd)
+    port = free_port()
+    log = (home / "api-server.log").open("wb")
+    proc = subprocess.Popen([str(venv["bin"] / "airflow"), "api-server", "--port", str(port)], env=env,
+                            cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if _get(base + "/api/v2/version")[0] in (200, 401):
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, (home / "api-server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "api-server did not come up in 180 s"
+            time.sleep(1)
+        passwords = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())
+        body = json.dumps({"username": "admin", "password": passwords["admin"]}).encode()
+        request = urllib.request.Request(base + "/auth/token", data=body,
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            token = json.loads(response.read())["access_token"]
+        yield {"base": base, "auth": {"Authorization": f"Bearer {token}"}}
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_api_server_serves_the_plugin_routes_and_nav_view(api_server: dict[str, Any]) -> None:
+    base, auth = api_server["base"], api_server["auth"]
+    assert _get(base + "/gpusched/fleet")[0] == 401
+    status, body = _get(base + "/gpusched/fleet", auth)
+    assert status == 200
+    fleet = json.loads(body)
+    assert fleet["simulated"] is True and fleet["summary"]["devices"] == 51  # one tile per physical device
+    status, body = _get(base + "/gpusched/ui", auth)
+    assert status == 200 and b"GPU fleet" in body
+    status, body = _get(base + "/api/v2/plugins", auth)
+    assert status == 200
+    (plugin,) = [p for p in json.loads(body)["plugins"] if p["name"] == "gpusched"]
+    # Registered by the wheel's entry point ("<dist>==<version>: <entry point>"), not a plugins folder.
+    assert plugin["source"].startswith(f"gpusched=={__version__}:"), plugin["source"]
+    assert "gpusched.airflow.plugin:GpuschedPlugin" in plugin["source"], plugin["source"]
+    view = plugin["external_views"][0]
+    assert (view["name"], view["href"], view["destination"]) == ("GPU fleet", "/gpusched/ui", "nav")
