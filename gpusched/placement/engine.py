@@ -22,6 +22,7 @@ from gpusched.catalog import Catalog
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement.admission import QuotaGate
 from gpusched.placement.choose import Choice, choose, left_after, levels_best
+from gpusched.placement.incremental import Incremental
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
 from gpusched.placement.policy import Chooser, Policy, QueueOrder
 from gpusched.placement.score import FragStats, Workload, cached_stats, estimate_workload
@@ -65,6 +66,8 @@ def place(
         else estimate_workload([t.request for t in pending] + [r.request for r in running])
     )
     placer = Placer(snapshot, policy, workload=workload, catalog=catalog)
+    if placer.incremental is not None:
+        placer.incremental.fill_on_first_use = False  # this engine lives for one call
     for task in running:
         known = task.shares and task.shares[0].node in placer.index.node_pos
         if (task.cpu_milli or task.host_memory_bytes) and known:
@@ -86,6 +89,7 @@ class Placer:
         *,
         workload: Workload | None = None,
         catalog: Catalog | None = None,
+        incremental: bool = True,
     ) -> None:
         self.snapshot = snapshot
         self.policy = policy
@@ -95,6 +99,9 @@ class Placer:
         self._stats: FragStats | None = None
         self._pristine = True  # state still equals the snapshot's usage (stats may come from cache)
         self._speed_cache: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
+        # Per-node results kept between decisions; None = recompute everything per decision
+        # (the reference path the incremental one is tested against).
+        self.incremental: Incremental | None = Incremental(self.index) if incremental else None
 
     # ---- state -----------------------------------------------------------------------------
 
@@ -140,6 +147,7 @@ class Placer:
         self._pristine = False
         self.state.host_cpu[n] += sign * cpu_milli
         self.state.host_mem[n] += sign * host_memory_bytes
+        self.state.touch(n)
         if self._stats is not None:
             self._stats.refresh(self.state, (n,))
 
