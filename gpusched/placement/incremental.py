@@ -170,6 +170,20 @@ class FractionScores(_Entry):
         self.term[full] = term[len(part) :][np.cumsum(is_first) - 1]
 
 
+def _facts(index: FleetIndex) -> tuple[bool, np.ndarray, list[np.ndarray]]:
+    """Static facts of an inventory the caches need (cached on the index): whether any device is
+    DEGRADED; the devices of nodes whose fully free devices may score differently (several
+    models, or a DEGRADED device: there only the first fully free fitting device is a
+    candidate, as on the full path); one mask per model."""
+    n_nodes = len(index.nodes)
+    first_model = index.dev_model[index.node_start[index.dev_node]]
+    other = np.bincount(index.dev_node, weights=index.dev_model != first_model, minlength=n_nodes)
+    degraded = np.bincount(index.dev_node, weights=index.dev_health == 1, minlength=n_nodes)
+    mixed = (other > 0) | (degraded > 0)
+    models = [index.dev_model == m for m in range(len(index.model_names))]
+    return bool((index.dev_health == 1).any()), np.flatnonzero(mixed[index.dev_node]), models
+
+
 class Incremental:
     """The caches of one resident engine (bounded: least recently used entries go first).
 
@@ -185,15 +199,11 @@ class Incremental:
         self._fraction: OrderedDict[Any, Any] = OrderedDict()
         self._degraded: dict[int, tuple[Eligibility, bool]] = {}
         self._seen: set[Any] = set()
-        self.any_degraded = bool((index.dev_health == 1).any())
-        # Devices of nodes whose fully free devices may score differently (several models, or a
-        # DEGRADED device): there only the first fully free fitting device is a candidate.
-        n_nodes, n_models = len(index.nodes), max(len(index.model_names), 1)
-        pairs = np.unique(index.dev_node * n_models + index.dev_model)
-        mixed = np.bincount(pairs // n_models, minlength=n_nodes) > 1
-        mixed |= np.bincount(index.dev_node, weights=index.dev_health == 1, minlength=n_nodes) > 0
-        self.mixed_devices = np.flatnonzero(mixed[index.dev_node])
-        self.model_devices = [index.dev_model == m for m in range(len(index.model_names))]
+        facts: tuple[bool, np.ndarray, list[np.ndarray]] | None = index.masks.get("incremental")
+        if facts is None:
+            facts = _facts(index)
+            index.masks["incremental"] = facts
+        self.any_degraded, self.mixed_devices, self.model_devices = facts
         self._speed: OrderedDict[Any, np.ndarray] = OrderedDict()
 
     def models_present(self, devices: np.ndarray) -> np.ndarray:

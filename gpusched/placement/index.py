@@ -20,7 +20,7 @@ import numpy as np
 from gpusched.catalog import AcceleratorModel, Catalog, default_catalog
 from gpusched.model import MILLI, Device, DeviceShare, FleetSnapshot, Health, Node
 
-__all__ = ["FleetIndex", "FreeState", "LruCache", "fleet_index"]
+__all__ = ["FleetIndex", "FreeState", "LruCache", "fleet_index", "usage_arrays"]
 
 _CACHE_SIZE = 8
 
@@ -171,7 +171,7 @@ _USAGES = LruCache()
 _STAMPS = itertools.count(1)
 
 
-def _usage_arrays(index: FleetIndex, snapshot: FleetSnapshot) -> tuple[np.ndarray, np.ndarray]:
+def usage_arrays(index: FleetIndex, snapshot: FleetSnapshot) -> tuple[np.ndarray, np.ndarray]:
     """Used milli and memory per device, cached on the identity of the snapshot's usage mapping."""
     usage = snapshot.usage
     hit: tuple[np.ndarray, np.ndarray] | None = _USAGES.get(index, usage)
@@ -220,7 +220,7 @@ class FreeState:
         self.host_mem = host[1].copy()
         self.node_stamp = np.zeros(len(index.nodes), dtype=np.int64)
         if snapshot is not None and snapshot.usage:
-            base = _usage_arrays(index, snapshot)
+            base = usage_arrays(index, snapshot)
             self.free_milli -= base[0]
             self.free_mem -= base[1]
 
