@@ -68,7 +68,8 @@ class FractionRanking:
 
 
 def smallest_k(values: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the ``k`` smallest values, in ascending order (ties by position)."""
+    """Positions of the ``k`` smallest values, in ascending order (ties by position; which of
+    several values tied at the ``k``-th place are kept is up to ``argpartition``)."""
     if len(values) > k:
         part = np.argpartition(values, k - 1)[:k]
         return part[np.lexsort((part, values[part]))]
