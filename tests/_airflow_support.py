@@ -1,9 +1,16 @@
-"""Checks shared by the tests that run a real ``airflow api-server`` with the gpusched plugin."""
+"""Shared by the tests that run real Airflow: the api-server's plugin-route checks, and a
+``GPUExecutor`` whose worker queue the test reads itself."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import multiprocessing
+from collections.abc import Iterator
+from queue import SimpleQueue
 from typing import Any
+
+import pytest
 
 from gpusched.deploy.airflow_instance import http_get
 
@@ -34,3 +41,26 @@ def check_plugin_routes(base: str, token: str) -> tuple[dict[str, Any], dict[str
     assert (view["name"], view["href"], view["destination"], view["url_route"]) == (
         "GPU fleet", "/gpusched/ui", "nav", "gpusched")
     return fleet, plugin
+
+
+def queue_reading_executor(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A ``GPUExecutor`` on the simulated fleet, its ledger migrated and synced, started the way
+    ``LocalExecutor.start()`` does but without forking workers: the test reads
+    ``activity_queue`` itself. Use as the body of a fixture (``yield from``); needs the
+    ``airflow_db`` fixture and any ``[gpusched]`` settings in the environment first.
+    """
+    monkeypatch.setenv("GPUSCHED_BACKEND", "simulated")
+    from gpusched.airflow.executor import GPUExecutor
+    from gpusched.hardware.detect import detect_backend
+
+    ex = GPUExecutor(parallelism=8)
+    ex.activity_queue = SimpleQueue()
+    ex.result_queue = SimpleQueue()
+    ex.workers = {}
+    ex._unread_messages = multiprocessing.Value(ctypes.c_uint)
+    monkeypatch.setattr(ex, "_check_workers", lambda: None)
+    ex.ledger.migrate()
+    backend = detect_backend()
+    ex.ledger.sync_inventory(backend.discover(), source=backend.name)
+    yield ex
+    ex.ledger.close()
