@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpusched.model import FleetSnapshot
-from gpusched.placement import PendingTask, Placer, Policy, place
+from gpusched.placement import PendingTask, PlacementRequest, Placer, Policy, place
+from gpusched.quota.policy import QuotaState
 from gpusched.sim.metrics import percentile
 
 __all__ = ["run_latency"]
@@ -52,10 +53,11 @@ def run_latency(
     sweep = []
     for n in nodes:
         fleet = synthetic_fleet(n, gpus_per_node, seed, used_fraction=busy)
-        place(requests[:1], fleet, policy, now=0.0)  # warm the per-fleet index cache
+        place(_request(requests[:1], fleet, policy, 0.0))  # warm the per-fleet index cache
         placer = Placer(fleet, policy) if resident else None
         if placer is not None:
-            placer.place(requests[:1], now=0.0, commit=False)  # build the aggregates once
+            # build the aggregates once
+            placer.place(_request(requests[:1], fleet, policy, 0.0), commit=False)
         cold: list[float] = []
         if placer is not None:
             cold = _decide(placer, fleet, policy, requests)[1]
@@ -107,12 +109,13 @@ def _decide(
     cpu: list[float] = []
     release: list[float] = []
     for i, task in enumerate(requests):
+        decision = _request((task,), fleet, policy, task.submitted_at, i)
         start = time.perf_counter()
         cpu_start = time.process_time()
         if placer is None:
-            place([task], fleet, policy, now=task.submitted_at, seed=i)
+            place(decision)
         else:
-            plan = placer.place([task], now=task.submitted_at, seed=i)
+            plan = placer.place(decision)
         cpu.append((time.process_time() - cpu_start) * 1000)
         times.append((time.perf_counter() - start) * 1000)
         if placer is not None:
@@ -121,3 +124,12 @@ def _decide(
                 placer.release(a.shares)
             release.append((time.perf_counter() - start) * 1000)
     return times, cpu, release
+
+
+def _request(
+    tasks: Sequence[PendingTask], fleet: FleetSnapshot, policy: Policy, now: float, seed: int = 0
+) -> PlacementRequest:
+    """One decision's input: ``tasks`` on ``fleet``, no quota (the benchmark times placement)."""
+    return PlacementRequest(
+        pending=tasks, snapshot=fleet, policy=policy, now=now, quota=QuotaState.unlimited(), seed=seed
+    )

@@ -16,6 +16,7 @@ import random
 from typing import Any
 
 import pytest
+from _placement_support import no_quota_on
 
 from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.model import Device, DeviceShare, FleetSnapshot, Health
@@ -88,7 +89,7 @@ def _run_stream(
     out = []
     live: list[tuple[Assignment, PendingTask]] = []
     for i, task in enumerate(tasks):
-        plan = placer.place([task], now=task.submitted_at, seed=i)
+        plan = placer.place(no_quota_on(placer, [task], now=task.submitted_at, seed=i))
         out.append(_plan(plan))
         live.extend((a, task) for a in plan.assignments)
         if live and rng.random() < 0.45:
@@ -96,7 +97,8 @@ def _run_stream(
             placer.release(a.shares, cpu_milli=t.cpu_milli, host_memory_bytes=t.host_memory_bytes)
         if i % 40 == 39:
             batch = synthetic_requests(16, seed=10_000 + seed * 100 + i, start=task.submitted_at)
-            out.append(_plan(placer.place(batch, now=task.submitted_at, seed=i, commit=False)))
+            request = no_quota_on(placer, batch, now=task.submitted_at, seed=i)
+            out.append(_plan(placer.place(request, commit=False)))
             running = [
                 RunningTask(a.key, GPURequest(), a.shares, 0.0, task.submitted_at + 60.0 * j)
                 for j, (a, _) in enumerate(live[:24])
@@ -104,9 +106,8 @@ def _run_stream(
             critical = [  # large critical tasks that wait reserve the devices freed first
                 PendingTask(f"crit-{i}-{j}", _CRITICAL, task.submitted_at) for j in range(6)
             ]
-            out.append(
-                _plan(placer.place(critical + batch[4:], now=task.submitted_at, running=running, seed=i))
-            )
+            behind = no_quota_on(placer, critical + batch[4:], now=task.submitted_at, running=running, seed=i)
+            out.append(_plan(placer.place(behind)))
     return out
 
 
