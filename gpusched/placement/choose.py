@@ -15,7 +15,7 @@ import numpy as np
 
 from gpusched.model import MILLI
 from gpusched.placement import filter as flt
-from gpusched.placement.incremental import Incremental, whole_fits
+from gpusched.placement.incremental import Incremental, WholeFits
 from gpusched.placement.index import FleetIndex, FreeState
 from gpusched.placement.policy import Chooser, Policy
 from gpusched.placement.reasons import busy_reason, gang_reason, host_reason, never_fits
@@ -101,7 +101,7 @@ def choose(
                 if nc.count.any() and not (nc.count * host_ok).any():
                     return Rejection(task.key, host_reason(req, task, frac), False)
                 nc = NodeCounts(*(c * host_ok for c in (nc.count, nc.island, nc.numa, nc.switch)))
-            lazy = _Fits(idx, elig, state, task, inc.has_degraded(elig))
+            lazy = WholeFits(idx, elig, state, task, inc.has_degraded(elig))
             return _whole(placer, task, state, lazy, elig, rng, use_stats, nc)
         if use_stats and _cached_fraction_applies(placer):
             quick = _fraction_cached(placer, inc, task, state, elig, milli)
@@ -124,52 +124,7 @@ def choose(
         fits = fits & (state.res_start >= end)
     if frac:
         return _fraction(placer, task, state, fits, fits_now, elig, milli, rng, use_stats)
-    return _whole(placer, task, state, _Fits.of(idx, fits, fits_now), elig, rng, use_stats, None)
-
-
-class _Fits:
-    """The devices a whole-device task may take now: the full masks (``fits``, and ``fits_now``
-    before reservations) built on first use, one node's devices without them."""
-
-    __slots__ = ("_elig", "_full", "_idx", "_state", "_task", "degraded")
-
-    def __init__(
-        self, idx: FleetIndex, elig: flt.Eligibility, state: FreeState, task: PendingTask, degraded: bool
-    ) -> None:
-        self._idx, self._elig, self._state, self._task = idx, elig, state, task
-        self._full: tuple[np.ndarray, np.ndarray] | None = None
-        self.degraded = degraded  # whether some eligible device is DEGRADED
-
-    @classmethod
-    def of(cls, idx: FleetIndex, fits: np.ndarray, fits_now: np.ndarray) -> _Fits:
-        """Masks already computed."""
-        made = cls.__new__(cls)
-        made._idx = idx
-        made._full = (fits, fits_now)
-        made.degraded = True
-        return made
-
-    def full(self) -> tuple[np.ndarray, np.ndarray]:
-        """(fits, fits_now) over all devices (equal: built only when no reservation is held)."""
-        if self._full is None:
-            st, task = self._state, self._task
-            fits = whole_fits(self._idx, self._elig, st)
-            if task.cpu_milli or task.host_memory_bytes:
-                host_ok = (st.host_cpu >= task.cpu_milli) & (st.host_mem >= task.host_memory_bytes)
-                fits = fits & host_ok[self._idx.dev_node]
-            self._full = (fits, fits)
-        return self._full
-
-    def in_node(self, n: int) -> list[int]:
-        """Fitting device positions of node position ``n``, ascending."""
-        if self._full is not None:
-            lo, hi = int(self._idx.node_start[n]), int(self._idx.node_start[n + 1])
-            return (np.flatnonzero(self._full[0][lo:hi]) + lo).tolist()
-        st, task = self._state, self._task
-        if st.host_cpu[n] < task.cpu_milli or st.host_mem[n] < task.host_memory_bytes:
-            return []
-        devs = np.arange(int(self._idx.node_start[n]), int(self._idx.node_start[n + 1]))
-        return devs[whole_fits(self._idx, self._elig, st, devs)].tolist()
+    return _whole(placer, task, state, WholeFits.of(idx, fits, fits_now), elig, rng, use_stats, None)
 
 
 def _cached_fraction_applies(placer: PlacerView) -> bool:
@@ -323,7 +278,7 @@ def _whole(
     placer: PlacerView,
     task: PendingTask,
     state: FreeState,
-    fits: _Fits,
+    fits: WholeFits,
     elig: flt.Eligibility,
     rng: np.random.Generator,
     use_stats: bool,

@@ -16,7 +16,7 @@ import numpy as np
 
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement import filter as flt
-from gpusched.placement.ga_ranking import FractionRanking, smallest_k
+from gpusched.placement.ga_ranking import FractionRanking, Lookup, smallest_k
 from gpusched.placement.index import FleetIndex, fleet_index, usage_arrays
 from gpusched.placement.policy import Policy
 from gpusched.placement.topology import node_counts, pick_in_node, pick_nodes
@@ -63,16 +63,16 @@ class Problem:
         self.free_milli, self.free_mem = free_milli, free_mem
         # Per-device Python values for the decoder's inner loop, converted on first access: a
         # batch touches a few thousand devices, the fleet may hold 80,000.
-        self.base_milli: dict[int, int] = _Lookup(free_milli)
-        self.base_mem: dict[int, int] = _Lookup(free_mem)
+        self.base_milli: dict[int, int] = Lookup(free_milli)
+        self.base_mem: dict[int, int] = Lookup(free_mem)
         node_used = np.bincount(index.dev_node, weights=(free_milli < MILLI), minlength=len(index.nodes))
         self.node_empty_arr = node_used == 0
-        self.node_empty: dict[int, bool] = _Lookup(self.node_empty_arr)
+        self.node_empty: dict[int, bool] = Lookup(self.node_empty_arr)
         self._shapes: dict[tuple[Any, ...], list[tuple[tuple[int, ...], int, tuple[int, ...]]]] = {}
         # Per (eligibility, …): the fitting devices (and node counts), kept with the objects
         # their ids key on so the ids stay theirs.
         self._fits: dict[tuple[Any, ...], Any] = {}
-        self.dev_node: dict[int, int] = _Lookup(index.dev_node)
+        self.dev_node: dict[int, int] = Lookup(index.dev_node)
         info = index.model_info
         self.speed = np.array(
             [
@@ -241,19 +241,6 @@ class Problem:
             wait = max(0.0, self.now - task.submitted_at)
             slowest = self._weight(task) * (wait + ref / float(self.speed.min())) / 3600.0
         return slowest + self._weight(task) * self.defer_s / 3600.0
-
-
-class _Lookup(dict[int, Any]):
-    """``lookup[i]`` = ``array[i]`` as a Python scalar, converted on first access and kept."""
-
-    def __init__(self, array: np.ndarray) -> None:
-        super().__init__()
-        self._array = array
-
-    def __missing__(self, key: int) -> Any:
-        value = self._array[key].item()
-        self[key] = value
-        return value
 
 
 def _partial(free_milli: int) -> float:

@@ -1,18 +1,21 @@
-"""Ranking helpers of the batch optimiser's candidate search (:mod:`gpusched.placement.ga_objective`).
+"""Set-up helpers of the batch optimiser (:mod:`gpusched.placement.ga_objective`).
 
 :func:`smallest_k` picks the K lowest of a vector; :class:`FractionRanking` does the same for a
 fraction over the devices it fits, grouped by (model, free share), without touching every device
-per task.
+per task; :class:`Lookup` hands out Python values of a fleet-wide array for the few devices the
+decoder touches.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
 from gpusched.model import MILLI
 from gpusched.placement.index import FleetIndex
 
-__all__ = ["FractionRanking", "smallest_k"]
+__all__ = ["FractionRanking", "Lookup", "smallest_k"]
 
 
 class FractionRanking:
@@ -74,3 +77,16 @@ def smallest_k(values: np.ndarray, k: int) -> np.ndarray:
         part = np.argpartition(values, k - 1)[:k]
         return part[np.lexsort((part, values[part]))]
     return np.argsort(values, kind="stable")
+
+
+class Lookup(dict[int, Any]):
+    """``lookup[i]`` = ``array[i]`` as a Python scalar, converted on first access and kept."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        super().__init__()
+        self._array = array
+
+    def __missing__(self, key: int) -> Any:
+        value = self._array[key].item()
+        self[key] = value
+        return value

@@ -14,6 +14,8 @@ compares them on seeded synthetic fleets and request streams).
 - :class:`WholeCounts`: per eligibility, the fully free eligible devices per node and the largest
   such group per island / NUMA node / PCIe switch (what :func:`~gpusched.placement.topology.node_counts`
   computes from the full mask).
+- :class:`WholeFits`: a whole-device task's fitting devices, one node's slice on demand and the
+  full masks only when needed (a degraded device to weigh, a rejection to word).
 - :class:`FractionScores`: per fractional request signature, each candidate device's
   fragmentation term (the ``score`` chooser's fractional path), ``+inf`` for devices that cannot
   take the fraction; the per-model speed and energy terms are added at decision time because
@@ -32,8 +34,9 @@ from gpusched.model import MILLI
 from gpusched.placement.filter import Eligibility
 from gpusched.placement.index import FleetIndex, FreeState
 from gpusched.placement.topology import NodeCounts, node_counts
+from gpusched.placement.types import PendingTask
 
-__all__ = ["FractionScores", "Incremental", "WholeCounts", "node_device_positions", "whole_fits"]
+__all__ = ["FractionScores", "Incremental", "WholeCounts", "WholeFits", "node_device_positions", "whole_fits"]
 
 _MAX_ENTRIES = 32  # per kind; a fractional entry holds two arrays over the fleet's devices
 # Past this share of dirty nodes a full recomputation is cheaper than the per-node one.
@@ -59,6 +62,51 @@ def whole_fits(
         return elig.usable & (state.free_milli >= MILLI) & (state.free_mem >= index.dev_mem)
     free = (state.free_milli[devs] >= MILLI) & (state.free_mem[devs] >= index.dev_mem[devs])
     return elig.usable[devs] & free
+
+
+class WholeFits:
+    """The devices a whole-device task may take now: the full masks (``fits``, and ``fits_now``
+    before reservations) built on first use, one node's devices without them."""
+
+    __slots__ = ("_elig", "_full", "_idx", "_state", "_task", "degraded")
+
+    def __init__(
+        self, idx: FleetIndex, elig: Eligibility, state: FreeState, task: PendingTask, degraded: bool
+    ) -> None:
+        self._idx, self._elig, self._state, self._task = idx, elig, state, task
+        self._full: tuple[np.ndarray, np.ndarray] | None = None
+        self.degraded = degraded  # whether some eligible device is DEGRADED
+
+    @classmethod
+    def of(cls, idx: FleetIndex, fits: np.ndarray, fits_now: np.ndarray) -> WholeFits:
+        """Masks already computed."""
+        made = cls.__new__(cls)
+        made._idx = idx
+        made._full = (fits, fits_now)
+        made.degraded = True
+        return made
+
+    def full(self) -> tuple[np.ndarray, np.ndarray]:
+        """(fits, fits_now) over all devices (equal: built only when no reservation is held)."""
+        if self._full is None:
+            st, task = self._state, self._task
+            fits = whole_fits(self._idx, self._elig, st)
+            if task.cpu_milli or task.host_memory_bytes:
+                host_ok = (st.host_cpu >= task.cpu_milli) & (st.host_mem >= task.host_memory_bytes)
+                fits = fits & host_ok[self._idx.dev_node]
+            self._full = (fits, fits)
+        return self._full
+
+    def in_node(self, n: int) -> list[int]:
+        """Fitting device positions of node position ``n``, ascending."""
+        if self._full is not None:
+            lo, hi = int(self._idx.node_start[n]), int(self._idx.node_start[n + 1])
+            return (np.flatnonzero(self._full[0][lo:hi]) + lo).tolist()
+        st, task = self._state, self._task
+        if st.host_cpu[n] < task.cpu_milli or st.host_mem[n] < task.host_memory_bytes:
+            return []
+        devs = np.arange(int(self._idx.node_start[n]), int(self._idx.node_start[n + 1]))
+        return devs[whole_fits(self._idx, self._elig, st, devs)].tolist()
 
 
 class _Entry:
