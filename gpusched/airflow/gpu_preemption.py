@@ -159,10 +159,9 @@ class Preemptor:
     def _start(self, plan: PreemptionPlan, group: list[PendingWork], now: float) -> None:
         by_ledger_key = {v: k for k, v in self.core.gpu_running.items()}
         beneficiary = group[0].key if len(group) == 1 else f"gang {group[0].gang.gang}"  # type: ignore[union-attr]
-        priority = max(w.request.priority for w in group)
         for victim in plan.victims:
             airflow_key = by_ledger_key[victim.key]
-            reason = (f"preempted for {beneficiary} (priority {priority}; {victim.reason}); "
+            reason = (f"preempted for {beneficiary} ({victim.reason}); "
                       f"{victim.lost_gpu_s:.0f} GPU-s since its last checkpoint")
             self.evictions[victim.key] = Eviction(airflow_key, group[0].key, now, now + self.grace_s, reason)
             ledger = self.core.ledger

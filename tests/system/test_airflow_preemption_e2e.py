@@ -148,8 +148,12 @@ def test_a_critical_task_preempts_a_low_priority_one_which_resumes_without_a_fai
     critical_run = trigger(CRITICAL)
     _wait("the critical task to succeed", lambda: ti(CRITICAL, critical_run, "urgent")["state"] == "success",
           240, airflow, interval=2)
-    final = _wait("the trainer to succeed", lambda: (lambda t: t if t["state"] in ("success", "failed") else None)(
-        ti(VICTIM, victim_run, "train")), 300, airflow, interval=2)
+    def finished(dag_id: str, run_id: str, task_id: str) -> dict[str, object] | None:
+        found = ti(dag_id, run_id, task_id)
+        return found if found["state"] in ("success", "failed") else None
+
+    final = _wait("the trainer to finish", lambda: finished(VICTIM, victim_run, "train"), 300, airflow,
+                  interval=2)
     assert final["state"] == "success", final
     # Preempted once, resumed, not counted as a failure: try 2 ran with the retry budget intact
     # (retries=0: max_tries follows the try number, so no retry was used or is left).
