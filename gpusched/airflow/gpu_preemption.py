@@ -43,7 +43,10 @@ from gpusched.placement.preemption import (
     select_victims,
 )
 
-__all__ = ["Eviction", "PreemptionCore", "Preemptor", "requeue"]
+__all__ = ["MAX_SELECTIONS_PER_CYCLE", "Eviction", "PreemptionCore", "Preemptor", "requeue"]
+
+MAX_SELECTIONS_PER_CYCLE = 4
+"""Victim selections per cycle (most urgent held work first), bounding the cycle's cost."""
 
 
 class PreemptionCore(Protocol):
@@ -96,15 +99,16 @@ class Preemptor:
         works = {w.key: w for w in request.pending}
         waiting_for = {e.beneficiary for e in self.evictions.values()}
         reasons: dict[str, str] = {}
-        started = False
+        started, tries = False, 0
         for group in self._groups(reply.holds, works):
             keys = [w.key for w in group]
             if any(k in waiting_for for k in keys):
                 victims = sorted(v for v, e in self.evictions.items() if e.beneficiary in keys)
                 reasons.update({k: f"waiting for preempted {', '.join(victims)} to stop" for k in keys})
                 continue
-            if started:
+            if started or tries >= MAX_SELECTIONS_PER_CYCLE:
                 continue  # one new preemption per cycle: the next cycle sees its effect
+            tries += 1
             outcome = select_victims(self._request(request, group), self._prover(request, group))
             if isinstance(outcome, NoPreemption):
                 self.core.log.debug("gpusched: no preemption for %s: %s", keys[0], outcome.reason)
