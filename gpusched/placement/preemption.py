@@ -36,7 +36,7 @@ from gpusched.errors import ConfigurationError
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement.engine import place
 from gpusched.placement.policy import Policy
-from gpusched.placement.types import PendingTask, RunningTask
+from gpusched.placement.types import PendingTask, PlacementRequest, RunningTask
 from gpusched.quota.policy import QuotaState, partition_capacity, physical_milli
 from gpusched.request import Partition
 
@@ -167,7 +167,8 @@ def _default_prover(request: PreemptionRequest) -> Prover:
     waiting = request.waiting
 
     def prove(snapshot: FleetSnapshot, running: Sequence[RunningTask]) -> Proof:
-        plan = place(waiting, snapshot, request.policy, now=request.now, running=running, quota=request.quota)
+        plan = place(PlacementRequest(pending=waiting, snapshot=snapshot, policy=request.policy,
+                                      now=request.now, quota=request.quota, running=running))
         if len(plan.assignments) != len(waiting):
             return None, plan.rejections[0].reason if plan.rejections else "does not fit"
         return {a.key: a.shares for a in plan.assignments}, ""

@@ -35,10 +35,20 @@ class _Log:
         return lambda *a, **k: None
 
 
+class _Conf:
+    """The executor's team-scoped config, as far as the preemptor reads it."""
+
+    def get(self, section: str, key: str, fallback: str | None = None) -> str | None:
+        assert section == "gpusched"
+        values = {"preemption": "priority", "preemption_grace_seconds": "20",
+                  "preemption_min_runtime_seconds": "60"}
+        return values.get(key, fallback)
+
+
 class _Core:
     def __init__(self, ledger: Ledger) -> None:
         self.executor = object()
-        self.conf = None
+        self.conf = _Conf()
         self.gpu_running: dict[Any, str] = {}
         self.gangs: dict[str, set[Any]] = {}
         self.log = _Log()
@@ -57,9 +67,6 @@ def _running(task: str, node: str, indexes: list[int], priority: str) -> Running
 
 @pytest.fixture
 def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("AIRFLOW__GPUSCHED__PREEMPTION", "priority")
-    monkeypatch.setenv("AIRFLOW__GPUSCHED__PREEMPTION_GRACE_SECONDS", "20")
-    monkeypatch.setenv("AIRFLOW__GPUSCHED__PREEMPTION_MIN_RUNTIME_SECONDS", "60")
     calls: dict[str, list[Any]] = {"log": [], "event": [], "requeue": []}
     monkeypatch.setattr(gpu_preemption, "append_task_log", lambda k, m, **kw: calls["log"].append((k, m)))
     monkeypatch.setattr(gpu_preemption, "save_task_event", lambda ex, **kw: calls["event"].append(kw))
