@@ -128,9 +128,13 @@ def on_preempt(callback: Callable[[], None]) -> None:
 def wait_for_stop(timeout_s: float = 600.0) -> NoReturn:
     """Wait, after saving the checkpoint, until the executor stops this process; never returns.
 
-    Raises RuntimeError after ``timeout_s`` (the executor went away): the try then fails and is
-    retried as any failure would be.
+    The executor clears the try; Airflow's supervisor then sends SIGTERM, on which this process
+    ends at once (no state is reported: Airflow records the try as cleared, not failed) rather
+    than running on until the SIGKILL 5 s later. Raises RuntimeError after ``timeout_s`` (the executor
+    went away): the try then fails and is retried as any failure would be.
     """
+    _install()
+    _state["stopping"] = True
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(0.5)
@@ -151,7 +155,7 @@ def _install() -> None:
             callback()
         if callable(previous):
             previous(signum, frame)
-        elif previous == signal.SIG_DFL:
+        if _state.get("stopping") or previous == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 
