@@ -1,6 +1,6 @@
 """Checkpoints and preemption notices, one row per task try.
 
-Revision ID: 0007_i12b_preemption
+Revision ID: 0007_checkpoints
 Revises: 0006_request_overrides
 Create Date: 2026-12-03
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007_i12b_preemption"
+revision = "0007_checkpoints"
 down_revision = "0006_request_overrides"
 branch_labels = None
 depends_on = None
