@@ -5,8 +5,9 @@ Events are arrivals, completions and scheduling passes. A scheduling pass calls
 ``PlacementRequest``: the waiting jobs, the current :class:`~gpusched.model.FleetSnapshot`, the
 running jobs and the quota state the executor would have (``sim/quota.py``); every assignment starts
 at once and finishes after the job's run time *on the model it got* (the slowest device's model
-for a multi-device job). Scheduling is non-preemptive: a started job keeps its devices until it
-ends.
+for a multi-device job). Without ``preemption`` a started job keeps its devices until it ends;
+with it, the executor's victim selection may stop lower-priority jobs (:mod:`gpusched.sim.preempt`:
+they lose the work since their last checkpoint and wait again).
 
 Two timing modes: ``round_s == 0`` schedules after every batch of simultaneous events;
 ``round_s > 0`` schedules only at round boundaries (Gavel's 360 s rounds) when something changed.
@@ -16,6 +17,7 @@ Same-instant order: completions, then arrivals, then the pass.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import sys
 import time
@@ -37,6 +39,7 @@ from gpusched.placement import (
 from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.request import GPURequest
 from gpusched.sim import quota as sim_quota
+from gpusched.sim.preempt import SimPreemption
 
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]
 
@@ -73,6 +76,7 @@ class JobRecord:
     end_s: float
     shares: tuple[DeviceShare, ...]
     models: tuple[str, ...]
+    preemptions: int = 0
 
     @property
     def queue_delay_s(self) -> float:
@@ -125,6 +129,7 @@ class SimResult:
     replans: int = 0
     replans_improved: int = 0
     quota: dict[str, Any] | None = None
+    preemption: dict[str, Any] | None = None
 
 
 def simulate(
@@ -143,6 +148,7 @@ def simulate(
     replan_generations: int = 200,
     progress: bool = False,
     quota: QuotaPolicy | None = None,
+    preemption: SimPreemption | None = None,
 ) -> SimResult:
     """Replay ``jobs`` (any order; sorted by arrival here) on ``fleet`` under ``policy``.
 
@@ -165,6 +171,8 @@ def simulate(
             from the jobs started so far; None = unlimited). Genetic re-planning is skipped
             while a quota applies (the optimiser does not check quotas). The result's ``quota``
             reports each tenant's budget and use and each partition's share of GPU-hours.
+        preemption: the executor's victim selection after each pass
+            (:class:`~gpusched.sim.preempt.SimPreemption`); None = non-preemptive.
         progress: a tqdm bar on stderr, counting arrivals — or, with ``stop_after``, the
             watched jobs that have finished (so it reaches 100 % when the run stops).
 
@@ -188,6 +196,10 @@ def simulate(
     records: dict[str, JobRecord] = {}
     rejected: dict[str, str] = {}
     completions: list[tuple[float, int, str]] = []
+    run_seq: dict[str, int] = {}  # key -> seq of its current run (older completions are stale)
+    first_start: dict[str, float] = {}
+    full_run: dict[str, float] = {}  # key -> run time of all its work on the models it runs on
+    preempt = preemption or SimPreemption()
     timeline: list[TimelinePoint] = [TimelinePoint(0.0, 0, 0)]
     used = 0
     nxt = 0
@@ -212,14 +224,16 @@ def simulate(
             break
         na = ordered[nxt].arrival_s if nxt < len(ordered) else _INF
         nc = completions[0][0] if completions else _INF
-        ns = sched_at if dirty and pending and used < capacity else _INF
+        ns = sched_at if dirty and pending and (used < capacity or preempt.enabled) else _INF
         t = min(na, nc, ns)
         if t == _INF:
             break
         if nc <= t:
             freed: list[DeviceShare] = []
             while completions and completions[0][0] <= t:
-                _, _, key = heapq.heappop(completions)
+                _, done_seq, key = heapq.heappop(completions)
+                if run_seq.get(key) != done_seq:
+                    continue  # a run that was preempted
                 task = running.pop(key)
                 freed.extend(task.shares)
                 used -= physical_milli(task.shares, fleet)
@@ -239,7 +253,7 @@ def simulate(
             dirty = True
         else:
             started = time.perf_counter()
-            offered = list(_head(pending, max_pending))
+            offered = list(itertools.islice(pending.values(), max_pending))
             state = sim_quota.quota_state_at(quota, records, by_key, fleet, t)
             request = PlacementRequest(
                 pending=offered,
@@ -267,19 +281,44 @@ def simulate(
             spent += time.perf_counter() - started
             calls += 1
             taken: list[DeviceShare] = []
+
+            def start(key: str, shares: tuple[DeviceShare, ...], t: float = t,
+                      taken: list[DeviceShare] = taken, models_of: FleetSnapshot = snapshot) -> None:
+                nonlocal seq, used
+                job = by_key[key]
+                del pending[key]
+                models = tuple(sorted({models_of.device(s.uuid).model for s in shares}))
+                full_run[key] = job.duration_on(models)
+                end = t + full_run[key] * preempt.remaining(key)
+                first = first_start.setdefault(key, t)
+                records[key] = JobRecord(key, job.arrival_s, first, end, shares, models,
+                                         preempt.times.get(key, 0))
+                hint = job.request.expected_duration_s
+                running[key] = RunningTask(key, job.request, shares, t, t + hint if hint else None)
+                heapq.heappush(completions, (end, seq, key))
+                run_seq[key] = seq
+                seq += 1
+                taken.extend(shares)
+                used += physical_milli(shares, fleet)
+
             assignments = _blocking_prefix(plan, offered) if head_of_line else plan.assignments
             for a in assignments:
-                job = by_key[a.key]
-                del pending[a.key]
-                models = tuple(sorted({snapshot.device(s.uuid).model for s in a.shares}))
-                end = t + job.duration_on(models)
-                records[a.key] = JobRecord(a.key, job.arrival_s, t, end, a.shares, models)
-                hint = job.request.expected_duration_s
-                running[a.key] = RunningTask(a.key, job.request, a.shares, t, t + hint if hint else None)
-                heapq.heappush(completions, (end, seq, a.key))
-                seq += 1
-                taken.extend(a.shares)
-                used += physical_milli(a.shares, fleet)
+                start(a.key, a.shares)
+            if preempt.enabled:
+                waiting = [pending[r.key] for r in plan.rejections if not r.permanent and r.key in pending]
+                after = snapshot.with_usage(taken)
+                fresh = frozenset(a.key for a in assignments)
+                for task_, pplan in preempt.plans(waiting, after, running, policy, t, state, fresh):
+                    for victim in pplan.victims:
+                        stopped = running.pop(victim.key)
+                        preempt.evict(stopped, full_run[victim.key], t, fleet)
+                        del run_seq[victim.key], records[victim.key]
+                        job = by_key[victim.key]
+                        pending[victim.key] = PendingTask(victim.key, stopped.request, job.arrival_s,
+                                                          job_type=job.job_type)
+                        snapshot = snapshot.with_usage(stopped.shares, release=True)
+                        used -= physical_milli(stopped.shares, fleet)
+                    start(task_.key, tuple(pplan.placement[task_.key]))
             for r in plan.rejections:
                 if r.permanent:
                     rejected[r.key] = r.reason
@@ -310,6 +349,7 @@ def simulate(
         replans=replans,
         replans_improved=improved,
         quota=None if quota is None else sim_quota.report(quota, records, by_key, fleet, end_time),
+        preemption=preempt.report() if preempt.enabled else None,
     )
 
 
@@ -342,15 +382,6 @@ def _blocking_prefix(plan: PlacementPlan, offered: Sequence[PendingTask]) -> tup
         if task.key in by_key:
             kept.append(by_key[task.key])
     return tuple(kept)
-
-
-def _head(pending: Mapping[str, PendingTask], n: int) -> Sequence[PendingTask]:
-    out = []
-    for task in pending.values():
-        out.append(task)
-        if len(out) >= n:
-            break
-    return out
 
 
 def _bar(total: int, enabled: bool):  # type: ignore[no-untyped-def]

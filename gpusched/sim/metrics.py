@@ -138,4 +138,6 @@ def summarize(result: SimResult, *, measure: Collection[str] | None = None) -> d
     }
     if result.quota is not None:
         summary["quota"] = result.quota
+    if result.preemption is not None:
+        summary["preemption"] = result.preemption
     return summary
