@@ -22,12 +22,14 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpusched.durations import DurationModel, FinishedRun
 from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import Assignment, PendingTask, PlacementPlan, Policy, RunningTask, place
 from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.request import GPURequest
 from gpusched.sim import quota as sim_quota
+from gpusched.sim.durations import OnlineDurations
 
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]
 
@@ -116,6 +118,7 @@ class SimResult:
     replans: int = 0
     replans_improved: int = 0
     quota: dict[str, Any] | None = None
+    durations: dict[str, Any] | None = None
 
 
 def simulate(
@@ -134,6 +137,8 @@ def simulate(
     replan_generations: int = 200,
     progress: bool = False,
     quota: QuotaPolicy | None = None,
+    predict_durations: DurationModel | None = None,
+    duration_history: Sequence[FinishedRun] = (),
 ) -> SimResult:
     """Replay ``jobs`` (any order; sorted by arrival here) on ``fleet`` under ``policy``.
 
@@ -156,6 +161,10 @@ def simulate(
             from the jobs started so far; None = unlimited). Genetic re-planning is skipped
             while a quota applies (the optimiser does not check quotas). The result's ``quota``
             reports each tenant's budget and use and each partition's share of GPU-hours.
+        predict_durations: when given, jobs without ``expected_duration_s`` are placed with the
+            executor's prediction (:mod:`gpusched.durations`) learnt online from the jobs finished
+            so far, after ``duration_history`` (runs that ended before the replay; oldest first).
+            The result's ``durations`` reports how many jobs got a prediction and its errors.
         progress: a tqdm bar on stderr, counting arrivals — or, with ``stop_after``, the
             watched jobs that have finished (so it reaches 100 % when the run stops).
 
@@ -190,6 +199,7 @@ def simulate(
     sched_at = _INF
     t = ordered[0].arrival_s if ordered else 0.0
     bar = _bar(len(watch) if watch is not None else len(ordered), progress)
+    online = OnlineDurations(predict_durations, duration_history) if predict_durations else None
 
     def mark(now: float) -> None:
         point = TimelinePoint(now, used, len(pending))
@@ -209,16 +219,22 @@ def simulate(
             break
         if nc <= t:
             freed: list[DeviceShare] = []
+            finished: list[FinishedRun] = []
             while completions and completions[0][0] <= t:
                 _, _, key = heapq.heappop(completions)
                 task = running.pop(key)
                 freed.extend(task.shares)
+                if online is not None:
+                    job, rec = by_key[key], records[key]
+                    finished.append(FinishedRun.of(job.request, job.job_type or "", rec.end_s - rec.start_s))
                 used -= physical_milli(task.shares, fleet)
                 if watch is not None and key in watch:
                     watch.discard(key)
                     if bar is not None:
                         bar.update(1)
             snapshot = snapshot.with_usage(freed, release=True)
+            if online is not None:
+                online.finished(finished)
             dirty = True
         elif na <= t:
             while nxt < len(ordered) and ordered[nxt].arrival_s <= t:
@@ -231,6 +247,8 @@ def simulate(
         else:
             started = time.perf_counter()
             offered = list(_head(pending, max_pending))
+            if online is not None:  # the executor's rewrite: predicted durations where none given
+                offered = online.offer(offered)
             state = sim_quota.quota_state_at(quota, records, by_key, fleet, t)
             plan = place(
                 offered,
@@ -263,14 +281,18 @@ def simulate(
             calls += 1
             taken: list[DeviceShare] = []
             assignments = _blocking_prefix(plan, offered) if head_of_line else plan.assignments
+            as_offered = {o.key: o for o in offered}
             for a in assignments:
                 job = by_key[a.key]
                 del pending[a.key]
                 models = tuple(sorted({snapshot.device(s.uuid).model for s in a.shares}))
                 end = t + job.duration_on(models)
                 records[a.key] = JobRecord(a.key, job.arrival_s, t, end, a.shares, models)
-                hint = job.request.expected_duration_s
-                running[a.key] = RunningTask(a.key, job.request, a.shares, t, t + hint if hint else None)
+                request = as_offered[a.key].request  # with its predicted duration, if any
+                if online is not None:
+                    online.started(as_offered[a.key], end - t)
+                hint = request.expected_duration_s
+                running[a.key] = RunningTask(a.key, request, a.shares, t, t + hint if hint else None)
                 heapq.heappush(completions, (end, seq, a.key))
                 seq += 1
                 taken.extend(a.shares)
@@ -305,6 +327,7 @@ def simulate(
         replans=replans,
         replans_improved=improved,
         quota=None if quota is None else sim_quota.report(quota, records, by_key, fleet, end_time),
+        durations=None if online is None else online.report(),
     )
 
 

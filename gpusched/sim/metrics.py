@@ -138,4 +138,6 @@ def summarize(result: SimResult, *, measure: Collection[str] | None = None) -> d
     }
     if result.quota is not None:
         summary["quota"] = result.quota
+    if result.durations is not None:
+        summary["durations"] = result.durations
     return summary

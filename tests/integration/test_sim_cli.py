@@ -100,6 +100,20 @@ def test_bench_gavel_and_philly_json(tiny: dict[str, Path], tmp_path: Path) -> N
     assert philly["jobs_finished"] == 3
     assert {"queue_delay_mean_s", "queue_delay_p95_s", "utilisation_pct", "fragmentation_pct"} <= set(philly)
     assert philly["queue_delay_mean_s"] > 0  # the 8-GPU job waits for the 1-GPU one on one node
+    # Issue 12's interface: the FIFO first-fit baseline of the same run, and the ratios against it.
+    assert philly["fifo_mean_delay_s"] == philly["mean_delay_s"] == philly["queue_delay_mean_s"]
+    assert philly["delay_ratio_vs_fifo"] == philly["utilisation_ratio_vs_fifo"] == 1.0
+    assert philly["durations"] == "none" and philly["prediction"] is None
+    assert philly["cpu_s"] >= 0 and philly["fifo_cpu_s"] >= 0 and philly["wall_s"] >= 0
+    for mode in ("predicted", "oracle"):
+        run = _cli("bench", "philly", "--jobs", tiny["philly"], "--nodes", "1", "--start", "2017-10-09",
+                   "--end", "2017-10-10", "--durations", mode, "--preemption", "off")
+        assert run["durations"] == mode and run["jobs_finished"] == 3
+        assert run["fifo_mean_delay_s"] == philly["fifo_mean_delay_s"]
+        assert run["delay_ratio_vs_fifo"] == round(run["mean_delay_s"] / run["fifo_mean_delay_s"], 3)
+        if mode == "predicted":  # nothing finished before the window: learnt during the replay only
+            assert run["prediction"]["warm_up_runs"] == 0 and run["prediction"]["learned_runs"] == 3
+            assert run["prediction"]["jobs_without_estimate"] == 3  # none had finished when they started
 
 
 def test_bench_latency_and_simulate_json(tiny: dict[str, Path]) -> None:
