@@ -126,5 +126,12 @@ def test_bench_latency_and_simulate_json(tiny: dict[str, Path]) -> None:
     assert 0 <= row["release_p50_ms"] <= row["release_p99_ms"]
     sim = _cli("simulate", "--trace", tiny["gavel"], "--fleet", "uniform:1x2:V100", "--policy", "best-fit")
     assert sim["jobs_finished"] == 6 and sim["capacity_gpus"] == 2
+    learnt = _cli("simulate", "--trace", tiny["gavel"], "--fleet", "uniform:1x2:V100",
+                  "--durations", "predicted")
+    made = learnt["prediction"]
+    assert learnt["durations"] == "predicted" and made["learned_runs"] == 6
+    # Two GPUs, six hour-long jobs 100 s apart: the last two start after three have finished.
+    assert made["jobs_predicted"] == 2 and made["jobs_without_estimate"] == 4
+    assert made["errors"]["by_basis"]["task"]["count"] == 2
     pods = _cli("simulate", "--trace", tiny["pods"], "--fleet", tiny["nodes"], "--policy", "gpusched")
     assert pods["jobs_finished"] == 3
