@@ -4,8 +4,10 @@
 (description, type, default, example); the provider info's ``config`` section
 (:func:`gpusched.provider_info.get_provider_info`, shown by ``airflow config list --section
 gpusched``) is generated from it, and the readers below use it for defaults and types. Values come
-from the team-scoped config of the executor that reads them (``self.conf``) or Airflow's global
-``conf``; ``AIRFLOW__GPUSCHED__<OPTION>`` overrides the file as for any Airflow option.
+from the config the caller passes: the team-scoped config of the executor that reads them
+(``self.conf``); ``AIRFLOW__GPUSCHED__<OPTION>`` overrides the file as for any Airflow option.
+This module imports no Airflow: code outside ``gpusched/airflow`` reads its ``GPUSCHED_*``
+variables (:data:`ENV_VARS`) and its own defaults instead.
 
 :data:`ENV_VARS` lists every ``GPUSCHED_*`` environment variable gpusched or its scripts read.
 :func:`parse_bool` is the one parser for boolean settings and switches.
@@ -204,14 +206,10 @@ def _option(name: str) -> Option:
         ) from None
 
 
-def get_str(name: str, conf: Any = None) -> str:
-    """The raw value of ``[gpusched] name`` from ``conf`` (an executor's team-scoped ``self.conf``;
-    default Airflow's global ``conf``), or the declared default."""
+def get_str(name: str, conf: Any) -> str:
+    """The raw value of ``[gpusched] name`` from ``conf`` (an executor's team-scoped ``self.conf``,
+    or anything with Airflow's ``conf.get(section, key, fallback=...)``), or the declared default."""
     option = _option(name)
-    if conf is None:
-        from airflow.configuration import conf as global_conf
-
-        conf = global_conf
     return str(conf.get(SECTION, name, fallback=option.default))
 
 
@@ -226,17 +224,17 @@ def _convert(name: str, conf: Any, kind: type[int] | type[float]) -> Any:
         ) from None
 
 
-def get_int(name: str, conf: Any = None) -> int:
+def get_int(name: str, conf: Any) -> int:
     """``[gpusched] name`` as an integer (a clear ConfigurationError when it is not one)."""
     return int(_convert(name, conf, int))
 
 
-def get_float(name: str, conf: Any = None) -> float:
+def get_float(name: str, conf: Any) -> float:
     """``[gpusched] name`` as a float (a clear ConfigurationError when it is not one)."""
     return float(_convert(name, conf, float))
 
 
-def get_bool(name: str, conf: Any = None, *, empty: bool | None = None) -> bool:
+def get_bool(name: str, conf: Any, *, empty: bool | None = None) -> bool:
     """``[gpusched] name`` as a boolean; ``empty`` is the value of an empty setting (default False)."""
     raw = get_str(name, conf)
     if not raw.strip() and empty is not None:

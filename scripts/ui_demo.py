@@ -20,7 +20,8 @@ from gpusched.hardware.fleetfile import load_fleet
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceSample, Health
 from gpusched.paths import include_dir, state_dir
-from gpusched.placement import PendingTask, Policy, place
+from gpusched.placement import PendingTask, PlacementRequest, Policy, place
+from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 
 GIB = 1024**3
@@ -66,7 +67,8 @@ def populate(ledger: Ledger, now: float, *, with_forecast: bool = True) -> None:
         PendingTask(key, GPURequest.build(**spec), now - 60 * (len(DEMO_JOBS) - i))
         for i, (key, spec) in enumerate(DEMO_JOBS)
     ]
-    plan = place(pending, ledger.snapshot(now), Policy.named("gpusched"), now=now)
+    plan = place(PlacementRequest(pending=pending, snapshot=ledger.snapshot(now),
+                                  policy=Policy.named("gpusched"), now=now, quota=QuotaState.unlimited()))
     requests = {p.key: p.request for p in pending}
     for a in plan.assignments:
         ledger.allocate(a.key, requests[a.key], a.shares, holder="demo", lease_s=3600,

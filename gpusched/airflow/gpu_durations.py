@@ -66,8 +66,9 @@ class DurationHistory:
         self._seen: dict[tuple[str, float], float] = {}  # (key, created_at) -> released_at
 
     @classmethod
-    def from_settings(cls, conf: Any = None) -> DurationHistory:
-        """``[gpusched] duration_history_days`` and ``duration_refresh_seconds`` of ``conf``."""
+    def from_settings(cls, conf: Any) -> DurationHistory:
+        """``[gpusched] duration_history_days`` and ``duration_refresh_seconds`` of ``conf`` (the
+        executor's team-scoped config)."""
         from gpusched import settings
 
         days = settings.get_float("duration_history_days", conf)

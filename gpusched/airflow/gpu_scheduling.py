@@ -80,7 +80,7 @@ class GPUScheduling:
         self.executor = executor
         self.dispatcher = dispatcher
         self.holder = holder
-        conf = getattr(executor, "conf", None)  # the executor's team-scoped config
+        conf = executor.conf  # the executor's team-scoped config (BaseExecutor's ExecutorConf)
         self.conf = conf
         self.lease_s = settings.get_int("lease_seconds", conf)
         self.fail_unschedulable = settings.get_bool("fail_unschedulable", conf)

@@ -177,7 +177,8 @@ function drawAllocs(a) {
 
 function drawQuotas(q) {
   $("cap").textContent = `(${q.capacity_gpus} GPUs in service${q.borrowing ? ", borrowing on" : ""})`;
-  $("unit").textContent = `(${q.unit})`;
+  $("unit").textContent = `(${q.unit}; ${q.enforced ? "enforced: tasks over budget or share wait"
+    : "shown only: no quota file, so placement does not apply them"})`;
   rows("parts", q.partitions, (p) => `<tr><td>${esc(p.partition)}</td><td class="num">${p.share_pct}%</td>
     <td class="num">${p.used_gpus} / ${p.share_gpus}${p.borrowed_gpus ? ` (+${p.borrowed_gpus} borrowed)` : ""}</td><td>${meter(p.used_pct_of_share)}</td><td class="num">${p.pending_gpus}</td></tr>`, "—");
   rows("tenants", q.tenants, (t) => `<tr><td>${esc(t.tenant)}</td><td class="num">${t.used_hours} h</td>

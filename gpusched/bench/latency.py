@@ -8,7 +8,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpusched.placement import Policy, place
+from gpusched.model import FleetSnapshot
+from gpusched.placement import PendingTask, PlacementRequest, Policy, place
+from gpusched.quota.policy import QuotaState
 from gpusched.sim.metrics import percentile
 
 __all__ = ["run_latency"]
@@ -48,20 +50,22 @@ def run_latency(
     sweep = []
     for n in nodes:
         fleet = synthetic_fleet(n, gpus_per_node, seed, used_fraction=busy)
-        place(requests[:1], fleet, policy, now=0.0)  # warm the per-fleet index cache
+        place(_request(requests[:1], fleet, policy, 0.0))  # warm the per-fleet index cache
         placer = Placer(fleet, policy) if resident else None
         if placer is not None:
-            placer.place(requests[:1], now=0.0, commit=False)  # build the aggregates once
+            # build the aggregates once
+            placer.place(_request(requests[:1], fleet, policy, 0.0), commit=False)
         times = []
         cpu = []
         release: list[float] = []
         for i, task in enumerate(requests):
+            decision = _request((task,), fleet, policy, task.submitted_at, i)
             start = time.perf_counter()
             cpu_start = time.process_time()
             if placer is None:
-                place([task], fleet, policy, now=task.submitted_at, seed=i)
+                place(decision)
             else:
-                plan = placer.place([task], now=task.submitted_at, seed=i)
+                plan = placer.place(decision)
             cpu.append((time.process_time() - cpu_start) * 1000)
             times.append((time.perf_counter() - start) * 1000)
             if placer is not None:
@@ -97,3 +101,12 @@ def run_latency(
         "p99_ms": first["p99_ms"],
         "sweep": sweep,
     }
+
+
+def _request(
+    tasks: Sequence[PendingTask], fleet: FleetSnapshot, policy: Policy, now: float, seed: int = 0
+) -> PlacementRequest:
+    """One decision's input: ``tasks`` on ``fleet``, no quota (the benchmark times placement)."""
+    return PlacementRequest(
+        pending=tasks, snapshot=fleet, policy=policy, now=now, quota=QuotaState.unlimited(), seed=seed
+    )

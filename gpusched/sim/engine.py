@@ -1,8 +1,9 @@
 """Discrete-event replay of a job trace on a fleet, driving the real placement engine.
 
 Events are arrivals, completions and scheduling passes. A scheduling pass calls
-:func:`gpusched.placement.place` — the same function the executor calls — with the waiting jobs,
-the current :class:`~gpusched.model.FleetSnapshot` and the running jobs; every assignment starts
+:func:`gpusched.placement.place` — the same function the executor calls — with one
+``PlacementRequest``: the waiting jobs, the current :class:`~gpusched.model.FleetSnapshot`, the
+running jobs and the quota state the executor would have (``sim/quota.py``); every assignment starts
 at once and finishes after the job's run time *on the model it got* (the slowest device's model
 for a multi-device job). Scheduling is non-preemptive: a started job keeps its devices until it
 ends.
@@ -25,7 +26,15 @@ from typing import Any
 from gpusched.durations import DurationModel, FinishedRun
 from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare, FleetSnapshot
-from gpusched.placement import Assignment, PendingTask, PlacementPlan, Policy, RunningTask, place
+from gpusched.placement import (
+    Assignment,
+    PendingTask,
+    PlacementPlan,
+    PlacementRequest,
+    Policy,
+    RunningTask,
+    place,
+)
 from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.request import GPURequest
 from gpusched.sim import quota as sim_quota
@@ -250,27 +259,23 @@ def simulate(
             if online is not None:  # the executor's rewrite: predicted durations where none given
                 offered = online.offer(offered)
             state = sim_quota.quota_state_at(quota, records, by_key, fleet, t)
-            plan = place(
-                offered,
-                snapshot,
-                policy,
+            request = PlacementRequest(
+                pending=offered,
+                snapshot=snapshot,
+                policy=policy,
                 now=t,
+                quota=state,
                 running=tuple(running.values()),
                 seed=seed + calls,
-                quota=state,
             )
+            plan = place(request)
             if replan_budget_ms > 0 and len(offered) >= 2 and not state.enforced:
                 from gpusched.placement.genetic import optimise_with_report
 
                 report = optimise_with_report(
-                    offered,
-                    snapshot,
-                    policy,
-                    now=t,
-                    running=tuple(running.values()),
+                    request,
                     budget_ms=replan_budget_ms,
                     weights=replan_weights,
-                    seed=seed + calls,
                     greedy=plan,
                     max_generations=replan_generations,
                 )
@@ -288,11 +293,11 @@ def simulate(
                 models = tuple(sorted({snapshot.device(s.uuid).model for s in a.shares}))
                 end = t + job.duration_on(models)
                 records[a.key] = JobRecord(a.key, job.arrival_s, t, end, a.shares, models)
-                request = as_offered[a.key].request  # with its predicted duration, if any
+                asked = as_offered[a.key].request  # with its predicted duration, if any
                 if online is not None:
                     online.started(as_offered[a.key], end - t)
-                hint = request.expected_duration_s
-                running[a.key] = RunningTask(a.key, request, a.shares, t, t + hint if hint else None)
+                hint = asked.expected_duration_s
+                running[a.key] = RunningTask(a.key, asked, a.shares, t, t + hint if hint else None)
                 heapq.heappush(completions, (end, seq, a.key))
                 seq += 1
                 taken.extend(a.shares)

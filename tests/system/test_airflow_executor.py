@@ -6,15 +6,13 @@ ledger holds their allocation; the rest pass through untouched.
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing
 import time
 import uuid
 from collections.abc import Iterator
-from multiprocessing import SimpleQueue
 from typing import Any
 
 import pytest
+from _airflow_support import queue_reading_executor
 
 from gpusched.airflow.keys import ti_key
 from gpusched.model import DeviceShare
@@ -25,22 +23,7 @@ pytestmark = pytest.mark.airflow
 
 @pytest.fixture
 def executor(airflow_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setenv("GPUSCHED_BACKEND", "simulated")
-    from gpusched.airflow.executor import GPUExecutor
-    from gpusched.hardware.detect import detect_backend
-
-    ex = GPUExecutor(parallelism=8)
-    # LocalExecutor.start() without forking workers: the test reads the queue itself.
-    ex.activity_queue = SimpleQueue()
-    ex.result_queue = SimpleQueue()
-    ex.workers = {}
-    ex._unread_messages = multiprocessing.Value(ctypes.c_uint)
-    monkeypatch.setattr(ex, "_check_workers", lambda: None)
-    ex.ledger.migrate()
-    backend = detect_backend()
-    ex.ledger.sync_inventory(backend.discover(), source=backend.name)
-    yield ex
-    ex.ledger.close()
+    yield from queue_reading_executor(monkeypatch)
 
 
 def _workload(task_id: str, gpu: dict[str, Any] | None) -> Any:

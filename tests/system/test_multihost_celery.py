@@ -26,6 +26,7 @@ import pytest
 
 from gpusched.airflow.keys import ti_key
 from gpusched.deploy.multihost_cluster import LocalCluster
+from gpusched.errors import AirflowBootError
 
 pytestmark = [pytest.mark.multihost, pytest.mark.airflow, pytest.mark.slow]
 
@@ -126,7 +127,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def _wait(cluster: LocalCluster, what: str, check: Any, timeout: float, interval: float = 1.0) -> Any:
     try:
         return cluster.wait(what, check, timeout, interval)
-    except (TimeoutError, RuntimeError) as exc:
+    except AirflowBootError as exc:
         pytest.fail(str(exc))
 
 
