@@ -1,6 +1,6 @@
 """Run-time estimates learnt from history (pure): how long will a task without ``expected_duration`` run?
 
-In the spirit of Helios' QSSF (Hu et al., SoCC '21): a task's duration is predicted from the
+In the spirit of Helios' QSSF (Hu et al., SC '21): a task's duration is predicted from the
 finished runs of similar tasks, most specific group first — the same DAG task (or trace job name)
 with the same tenant, GPU count and model constraint; then the tenant's runs of that GPU count;
 then the tenant's runs; then the whole fleet's. The executor (:mod:`gpusched.airflow.gpu_durations`)
