@@ -19,6 +19,7 @@ from gpusched.durations.predictor import (
     PredictionErrors,
     model_label,
     prediction_errors,
+    replay_errors,
     with_prediction,
 )
 
@@ -31,5 +32,6 @@ __all__ = [
     "PredictionErrors",
     "model_label",
     "prediction_errors",
+    "replay_errors",
     "with_prediction",
 ]

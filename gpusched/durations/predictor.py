@@ -45,6 +45,7 @@ __all__ = [
     "PredictionErrors",
     "model_label",
     "prediction_errors",
+    "replay_errors",
     "with_prediction",
 ]
 
@@ -190,7 +191,11 @@ class DurationPredictor:
 
     def predict(self, request: GPURequest, task: str = "") -> Prediction | None:
         """The run time of ``request`` (task ``task``) from its most specific trusted group, or None."""
-        for key in _keys(task, request.tenant, _gpu_milli(request), model_label(request)):
+        return self.predict_run(FinishedRun.of(request, task, 0.0))
+
+    def predict_run(self, run: FinishedRun) -> Prediction | None:
+        """What this predictor would have said of ``run`` before it ran (its duration is not read)."""
+        for key in _keys(run.task, run.tenant, run.gpu_milli, run.model):
             if key is None:
                 continue
             group = self.groups.get(key)
@@ -214,6 +219,24 @@ def with_prediction(
         return request, None
     seconds = max(1, math.ceil(prediction.seconds))
     return replace(request, expected_duration_s=seconds), prediction
+
+
+def replay_errors(
+    runs: Sequence[FinishedRun], model: DurationModel | None = None
+) -> tuple[int, PredictionErrors]:
+    """Replay ``runs`` (oldest first) as they happened: predict each from the runs before it, then
+    learn it. Returns (runs that got no prediction, the errors of those that did)."""
+    predictor = DurationPredictor(model or DurationModel())
+    pairs: list[tuple[Prediction, float]] = []
+    missed = 0
+    for run in runs:
+        prediction = predictor.predict_run(run)
+        if prediction is None:
+            missed += 1
+        else:
+            pairs.append((prediction, run.duration_s))
+        predictor = predictor.with_runs((run,))
+    return missed, prediction_errors(pairs)
 
 
 @dataclass(frozen=True, slots=True)

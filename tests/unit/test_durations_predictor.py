@@ -123,3 +123,12 @@ def test_model_constants_are_checked() -> None:
         DurationModel(min_runs=0)
     with pytest.raises(ConfigurationError, match="recent"):
         DurationModel(min_runs=5, recent=3)
+
+
+def test_replay_errors_predict_each_run_from_the_runs_before_it() -> None:
+    from gpusched.durations import replay_errors
+
+    req = _req(gpus=1, tenant="a")
+    missed, errors = replay_errors(_runs("d/t", req, 100, 100, 100, 100, 400))
+    assert missed == 3  # too little history for the first three
+    assert errors.predicted == 2 and errors.by_basis == {"task": {"count": 2, "median_ape_pct": 37.5}}
