@@ -68,6 +68,18 @@ OPTIONS: tuple[Option, ...] = (
            "What happens to running GPU work whose tenant crosses its hard GPU-hour budget (the "
            "quota file's budgets), as Slurm's GrpTRESMins: finish (let it finish; the tenant's new "
            "tasks wait for the next period) or stop (fail the task now with the reason).", "stop"),
+    Option("preemption", "string", "off",
+           "Whether a waiting GPU task may stop running ones to get devices: off; priority (stop "
+           "running tasks of strictly lower priority); partitions (also take back capacity another "
+           "partition borrowed beyond its share). Victims get a notice, then SIGTERM, and are "
+           "requeued without losing a try.", "priority"),
+    Option("preemption_grace_seconds", "float", "30",
+           "Seconds a preempted task has, after its notice (gpusched.airflow.checkpoint.preempted()), to "
+           "checkpoint before it is stopped; Airflow then sends SIGTERM and SIGKILL 5 s later. A "
+           "task that reports a checkpoint after the notice is stopped at once.", "120"),
+    Option("preemption_min_runtime_seconds", "float", "300",
+           "A GPU task that has run for less than this is never preempted (no thrashing of fresh "
+           "work).", "600"),
     Option("visible_devices_by_uuid", "boolean", "False",
            "Hand devices to tasks by UUID (CUDA_VISIBLE_DEVICES=GPU-...) instead of by index.", "True"),
     Option("replan_budget_ms", "float", "0",
@@ -140,6 +152,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("GPUSCHED_AIRFLOW_API_USER", "REST client", "Airflow API user."),
     EnvVar("GPUSCHED_AIRFLOW_API_PASSWORD", "REST client", "Airflow API password."),
     EnvVar("GPUSCHED_ALLOCATION", "set for tasks", "JSON of the task's allocation (host view)."),
+    EnvVar("GPUSCHED_PREEMPTED", "set for tasks", "1 once the task has been told it is preempted "
+           "(set in the task process by gpusched.airflow.checkpoint.preempted() or its SIGTERM handler)."),
     EnvVar("GPUSCHED_MEMORY_LIMIT_BYTES", "set for tasks", "Device memory the task may use (fractions)."),
     EnvVar("GPUSCHED_MEMORY_FRACTION", "set for tasks", "Fraction of the device's memory (fractions)."),
     EnvVar("GPUSCHED_ISOLATION", "set for tasks", "hard when the task runs on a MIG instance or AMD "

@@ -10,7 +10,7 @@ gives the launch to the executor's :class:`Dispatcher` (a local worker with the 
 environment, or the Celery queue of the host that owns them).
 
 Also here: release when a task process ends or is revoked, leases, reconcile after a restart,
-and marking a GPU host whose agent went silent lost (its tasks fail, node lost, and are retried).
+lost GPU hosts (:mod:`.gpu_faults`) and preemption (:mod:`.gpu_preemption`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.gang import gang_member
 from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
+from gpusched.airflow.gpu_preemption import Preemptor
 from gpusched.airflow.keys import ti_key_of
 from gpusched.airflow.ledger_guard import LedgerGuard
 from gpusched.airflow.orphans import reconcile_holder, task_state
@@ -67,13 +68,8 @@ class GPUScheduling:
     ``executor`` is the Airflow executor composing this (its ``log``, ``queued_tasks``,
     ``jwt_generator`` and ``fail`` are used; event-log rows are written directly);
     ``dispatcher`` starts launches.
-    Settings (:mod:`gpusched.settings`, read from the executor's team-scoped config): ``[gpusched]``
-    ``policy``, ``lease_seconds``, ``fail_unschedulable``, ``over_budget`` (finish|stop),
-    ``visible_devices_by_uuid``, ``replan_budget_ms``, ``replan_weights``, ``host_timeout_seconds``
-    (30: a GPU host whose agent has not heartbeated for this long is lost; 0 = never),
-    ``ledger_wait_seconds`` (5: the most one ledger operation waits for a lock; after a timeout
-    the GPU work pauses that long, workloads stay queued), ``reconcile_seconds`` (5),
-    ``duration_history_days`` / ``duration_refresh_seconds`` (predicted durations, 30 / 60).
+    Settings: every ``[gpusched]`` option of :mod:`gpusched.settings` the executor uses, read
+    from its team-scoped config (``policy``, leases, quotas, re-planning, hosts, preemption …).
     """
 
     def __init__(self, executor: Any, dispatcher: Dispatcher, *, holder: str) -> None:
@@ -110,6 +106,7 @@ class GPUScheduling:
         self._queue_reason: dict[str, str] = {}
         self._last_renew = self._last_host_check = self._last_gang_check = 0.0
         self.gangs: dict[str, set[Any]] = {}  # launched multi-node gangs: gang id -> Airflow keys
+        self.preemption = Preemptor(self)  # [gpusched] preemption: stops lower-priority work
 
     @property
     def log(self) -> Any:
@@ -181,10 +178,11 @@ class GPUScheduling:
     def finished(self, key: Any, state: Any) -> None:
         """The executor learnt ``state`` for ``key``: release its devices once the process ended."""
         if key in self.gpu_running and str(state) not in _NOT_FINISHED:
-            # The reason names the task's own outcome (a SIGKILLed task ends "success" here).
-            outcome = self._safe(lambda: task_state(key))
-            self.release(key, f"task process ended (task {outcome})" if outcome
-                         else f"task process ended (executor state {state})")
+            # The executor's state only says the process ended; the reason names the task's own
+            # outcome (a SIGKILLed task ends "success" here but "failed" in Airflow).
+            outcome = self._safe(lambda: task_state(key)) or f"executor state {state}"
+            self.release(key, self.preemption.release_reason(self.gpu_running[key])
+                         or f"task process ended (task {outcome})")
 
     # ---- one cycle ---------------------------------------------------------------------------
 
@@ -251,7 +249,8 @@ class GPUScheduling:
                 self.gangs.setdefault(member.gang, set()).add(workload.key)
         if not pending:
             return
-        reply = decide(self.cycle_request(pending, now))
+        cycle = self.cycle_request(pending, now)
+        reply = self.preemption.consider(cycle, decide(cycle))
         # One task's failure never costs the others their turn; only an unreachable or locked
         # ledger ends the cycle (every write would wait out its bound in turn).
         for launch in reply.launches:
@@ -278,8 +277,7 @@ class GPUScheduling:
             try:
                 self.ledger.allocate(  # the author's request (the prediction is re-made each cycle)
                     launch.key, self._cycle_requests.get(launch.key, launch.request), launch.shares,
-                    holder=self.holder,
-                    lease_s=self.lease_s, now=now, process=self.process,
+                    holder=self.holder, lease_s=self.lease_s, now=now, process=self.process,
                 )
             except AllocationConflictError as exc:
                 self.hold(workload, Hold(launch.key, f"devices taken meanwhile, retrying: {exc}"), now)
@@ -366,6 +364,8 @@ class GPUScheduling:
             # Leases of a crashed executor (any holder) run out here.
             for alloc in self._safe(lambda: self.ledger.expire_leases(now)) or ():
                 self.log.warning("gpusched: lease of %s expired; devices released", alloc.key)
+        if self.preemption.evictions:
+            self._safe(lambda: self.preemption.advance(now))
         if self.gangs and now - self._last_gang_check >= 2.0:
             self._last_gang_check = now
             self._safe(self.stop_broken_gangs)

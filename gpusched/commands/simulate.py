@@ -1,4 +1,6 @@
-"""``gpusched simulate --trace FILE --fleet FLEET --policy NAME [--quotas FILE]``: replay a trace.
+"""``gpusched simulate --trace FILE --fleet FLEET --policy NAME [--quotas FILE] [--preemption MODE]``.
+
+Replays a trace.
 
 Prints the metrics.
 
@@ -46,6 +48,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--durations", choices=("none", "predicted", "oracle"), default="none",
                         help="run times the scheduler knows: none (default), predicted (the executor's "
                              "predictor, learnt online from the jobs finished so far) or oracle")
+    parser.add_argument("--preemption", choices=("off", "priority", "partitions"), default="off",
+                        help="stop running jobs for more urgent waiting ones with the executor's victim "
+                             "selection: priority (strictly lower priority), partitions (also capacity "
+                             "borrowed from a reclaiming partition); default off")
+    parser.add_argument("--checkpoint-minutes", type=finite_float(0.0), default=30.0,
+                        help="with --preemption: jobs checkpoint every N minutes of run time and a "
+                             "preempted job loses the work since its last one (0 = no checkpoints; "
+                             "default 30)")
+    parser.add_argument("--min-runtime", type=finite_float(0.0), default=300.0, dest="min_runtime_s",
+                        help="with --preemption: seconds a job runs before it may be preempted (default 300)")
     parser.add_argument("--json", action="store_true", help="print the full metrics as JSON")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
@@ -75,6 +87,10 @@ def _run(args: argparse.Namespace) -> int:
         from gpusched.airflow.quota_file import read_quota_policy
 
         quota = read_quota_policy(args.quotas)
+    from gpusched.sim.preempt import SimPreemption
+
+    preemption = None if args.preemption == "off" else SimPreemption(
+        args.preemption, checkpoint_s=args.checkpoint_minutes * 60, min_runtime_s=args.min_runtime_s)
     result = simulate(
         jobs,
         fleet_from_spec(args.fleet),
@@ -86,6 +102,7 @@ def _run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         quota=quota,
         predict_durations=DurationModel() if args.durations == "predicted" else None,
+        preemption=preemption,
     )
     summary = summarize(result)
     prediction = summary.pop("durations", None)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpusched.durations import (
     DurationModel,
@@ -26,8 +26,19 @@ from gpusched.durations import (
     with_prediction,
 )
 from gpusched.placement import PendingTask
+from gpusched.request import GPURequest
 
 __all__ = ["OnlineDurations"]
+
+
+class TraceJob(Protocol):
+    """What is learnt of a finished replay job (a :class:`~gpusched.sim.engine.SimJob`)."""
+
+    @property
+    def request(self) -> GPURequest: ...
+
+    @property
+    def job_type(self) -> str | None: ...
 
 
 class OnlineDurations:
@@ -59,22 +70,22 @@ class OnlineDurations:
             out.append(cached[1])
         return out
 
-    def started(self, task: PendingTask, run_s: float) -> None:
-        """``task`` (as offered) started and will run ``run_s``: pair its prediction with it."""
-        cached = self._cache.pop(task.key, None)
+    def started(self, key: str, request: GPURequest, run_s: float) -> None:
+        """Job ``key`` started for the first time with ``request`` (as offered) and will run
+        ``run_s`` in all: pair its prediction with that."""
+        cached = self._cache.pop(key, None)
         prediction = cached[2] if cached is not None else None
         if prediction is not None:
             self._pairs.append((prediction, run_s))
-        elif task.request.expected_duration_s > 0:
+        elif request.expected_duration_s > 0:
             self._given += 1
         else:
             self._unpredicted += 1
 
-    def finished(self, runs: Sequence[FinishedRun]) -> None:
-        """Learn ``runs`` (the jobs that just finished)."""
-        if runs:
-            self.predictor = self.predictor.with_runs(runs)
-            self._version += 1
+    def finished(self, job: TraceJob, run_s: float) -> None:
+        """Learn that ``job`` (a :class:`~gpusched.sim.engine.SimJob`) finished after ``run_s`` of work."""
+        self.predictor = self.predictor.with_runs((FinishedRun.of(job.request, job.job_type or "", run_s),))
+        self._version += 1
 
     def report(self) -> dict[str, Any]:
         """JSON-safe: jobs started with a prediction / an author's estimate / none, and the errors."""

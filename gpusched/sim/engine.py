@@ -5,8 +5,9 @@ Events are arrivals, completions and scheduling passes. A scheduling pass calls
 ``PlacementRequest``: the waiting jobs, the current :class:`~gpusched.model.FleetSnapshot`, the
 running jobs and the quota state the executor would have (``sim/quota.py``); every assignment starts
 at once and finishes after the job's run time *on the model it got* (the slowest device's model
-for a multi-device job). Scheduling is non-preemptive: a started job keeps its devices until it
-ends.
+for a multi-device job). Without ``preemption`` a started job keeps its devices until it ends;
+with it, the executor's victim selection may stop lower-priority jobs (:mod:`gpusched.sim.preempt`:
+they lose the work since their last checkpoint and wait again).
 
 Two timing modes: ``round_s == 0`` schedules after every batch of simultaneous events;
 ``round_s > 0`` schedules only at round boundaries (Gavel's 360 s rounds) when something changed.
@@ -16,12 +17,12 @@ Same-instant order: completions, then arrivals, then the pass.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from gpusched.durations import DurationModel, FinishedRun
 from gpusched.errors import ConfigurationError
@@ -39,6 +40,8 @@ from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.request import GPURequest
 from gpusched.sim import quota as sim_quota
 from gpusched.sim.durations import OnlineDurations
+from gpusched.sim.preempt import SimPreemption
+from gpusched.sim.results import JobRecord, SimResult, TimelinePoint
 
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]
 
@@ -65,71 +68,6 @@ class SimJob:
         return max((self.durations.get(m, self.duration_s) for m in models), default=self.duration_s)
 
 
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    """What happened to one started job."""
-
-    key: str
-    arrival_s: float
-    start_s: float
-    end_s: float
-    shares: tuple[DeviceShare, ...]
-    models: tuple[str, ...]
-
-    @property
-    def queue_delay_s(self) -> float:
-        """Time from arrival to start."""
-        return self.start_s - self.arrival_s
-
-    @property
-    def jct_s(self) -> float:
-        """Job completion time: end − arrival."""
-        return self.end_s - self.arrival_s
-
-
-@dataclass(frozen=True, slots=True)
-class TimelinePoint:
-    """Fleet state from ``t`` until the next point: milli-GPU in use and jobs waiting."""
-
-    t: float
-    used_milli: int
-    waiting: int
-
-
-@dataclass
-class SimResult:
-    """Outcome of one replay.
-
-    Attributes:
-        records: started jobs (finished ones have ``end_s`` ≤ ``end_time``).
-        rejected: key → reason for jobs the engine said can never fit.
-        unstarted: keys of arrived jobs still waiting when the run stopped.
-        not_arrived: jobs whose arrival lies after the stop (``stop_after`` runs).
-        timeline: piecewise-constant usage, one point per change.
-        capacity_milli: total milli-GPU of the fleet.
-        end_time: simulated time when the run stopped.
-        place_calls / place_seconds: how often and how long :func:`place` ran (wall clock,
-            including the genetic re-plans).
-        replans / replans_improved: genetic re-plans run, and those that beat the greedy plan.
-    """
-
-    policy: str
-    fleet: FleetSnapshot
-    records: list[JobRecord]
-    rejected: dict[str, str]
-    unstarted: list[str]
-    timeline: list[TimelinePoint]
-    capacity_milli: int
-    end_time: float
-    not_arrived: int = 0
-    place_calls: int = 0
-    place_seconds: float = 0.0
-    replans: int = 0
-    replans_improved: int = 0
-    quota: dict[str, Any] | None = None
-    durations: dict[str, Any] | None = None
-
-
 def simulate(
     jobs: Sequence[SimJob],
     fleet: FleetSnapshot,
@@ -146,6 +84,7 @@ def simulate(
     replan_generations: int = 200,
     progress: bool = False,
     quota: QuotaPolicy | None = None,
+    preemption: SimPreemption | None = None,
     predict_durations: DurationModel | None = None,
     duration_history: Sequence[FinishedRun] = (),
 ) -> SimResult:
@@ -170,10 +109,11 @@ def simulate(
             from the jobs started so far; None = unlimited). Genetic re-planning is skipped
             while a quota applies (the optimiser does not check quotas). The result's ``quota``
             reports each tenant's budget and use and each partition's share of GPU-hours.
-        predict_durations: when given, jobs without ``expected_duration_s`` are placed with the
-            executor's prediction (:mod:`gpusched.durations`) learnt online from the jobs finished
-            so far, after ``duration_history`` (runs that ended before the replay; oldest first).
-            The result's ``durations`` reports how many jobs got a prediction and its errors.
+        preemption: the executor's victim selection after each pass
+            (:class:`~gpusched.sim.preempt.SimPreemption`); None = non-preemptive.
+        predict_durations: jobs without ``expected_duration_s`` get the executor's prediction
+            (:mod:`gpusched.durations`), learnt online from the jobs finished so far after
+            ``duration_history``; the result's ``durations`` gives the counts and errors.
         progress: a tqdm bar on stderr, counting arrivals — or, with ``stop_after``, the
             watched jobs that have finished (so it reaches 100 % when the run stops).
 
@@ -197,6 +137,10 @@ def simulate(
     records: dict[str, JobRecord] = {}
     rejected: dict[str, str] = {}
     completions: list[tuple[float, int, str]] = []
+    run_seq: dict[str, int] = {}  # key -> seq of its current run (older completions are stale)
+    first_start: dict[str, float] = {}
+    full_run: dict[str, float] = {}  # key -> run time of all its work on the models it runs on
+    preempt = preemption or SimPreemption()
     timeline: list[TimelinePoint] = [TimelinePoint(0.0, 0, 0)]
     used = 0
     nxt = 0
@@ -222,28 +166,26 @@ def simulate(
             break
         na = ordered[nxt].arrival_s if nxt < len(ordered) else _INF
         nc = completions[0][0] if completions else _INF
-        ns = sched_at if dirty and pending and used < capacity else _INF
+        ns = sched_at if dirty and pending and (used < capacity or preempt.enabled) else _INF
         t = min(na, nc, ns)
         if t == _INF:
             break
         if nc <= t:
             freed: list[DeviceShare] = []
-            finished: list[FinishedRun] = []
             while completions and completions[0][0] <= t:
-                _, _, key = heapq.heappop(completions)
+                _, done_seq, key = heapq.heappop(completions)
+                if run_seq.get(key) != done_seq:
+                    continue  # a run that was preempted
                 task = running.pop(key)
                 freed.extend(task.shares)
                 if online is not None:
-                    job, rec = by_key[key], records[key]
-                    finished.append(FinishedRun.of(job.request, job.job_type or "", rec.end_s - rec.start_s))
+                    online.finished(by_key[key], full_run[key])
                 used -= physical_milli(task.shares, fleet)
                 if watch is not None and key in watch:
                     watch.discard(key)
                     if bar is not None:
                         bar.update(1)
             snapshot = snapshot.with_usage(freed, release=True)
-            if online is not None:
-                online.finished(finished)
             dirty = True
         elif na <= t:
             while nxt < len(ordered) and ordered[nxt].arrival_s <= t:
@@ -255,9 +197,10 @@ def simulate(
             dirty = True
         else:
             started = time.perf_counter()
-            offered = list(_head(pending, max_pending))
+            offered = list(itertools.islice(pending.values(), max_pending))
             if online is not None:  # the executor's rewrite: predicted durations where none given
                 offered = online.offer(offered)
+            as_offered = {o.key: o for o in offered}
             state = sim_quota.quota_state_at(quota, records, by_key, fleet, t)
             request = PlacementRequest(
                 pending=offered,
@@ -285,23 +228,48 @@ def simulate(
             spent += time.perf_counter() - started
             calls += 1
             taken: list[DeviceShare] = []
-            assignments = _blocking_prefix(plan, offered) if head_of_line else plan.assignments
-            as_offered = {o.key: o for o in offered}
-            for a in assignments:
-                job = by_key[a.key]
-                del pending[a.key]
-                models = tuple(sorted({snapshot.device(s.uuid).model for s in a.shares}))
-                end = t + job.duration_on(models)
-                records[a.key] = JobRecord(a.key, job.arrival_s, t, end, a.shares, models)
-                asked = as_offered[a.key].request  # with its predicted duration, if any
-                if online is not None:
-                    online.started(as_offered[a.key], end - t)
+
+            def start(key: str, shares: tuple[DeviceShare, ...], t: float = t,
+                      taken: list[DeviceShare] = taken, models_of: FleetSnapshot = snapshot,
+                      as_offered: Mapping[str, PendingTask] = as_offered) -> None:
+                nonlocal seq, used
+                job = by_key[key]
+                del pending[key]
+                models = tuple(sorted({models_of.device(s.uuid).model for s in shares}))
+                full_run[key] = job.duration_on(models)
+                end = t + full_run[key] * preempt.remaining(key)
+                records[key] = JobRecord(key, job.arrival_s, first_start.get(key, t), end, shares, models,
+                                         preempt.times.get(key, 0))
+                asked = as_offered[key].request if key in as_offered else job.request  # + prediction
+                if online is not None and key not in first_start:
+                    online.started(key, asked, full_run[key])
                 hint = asked.expected_duration_s
-                running[a.key] = RunningTask(a.key, asked, a.shares, t, t + hint if hint else None)
-                heapq.heappush(completions, (end, seq, a.key))
+                running[key] = RunningTask(key, asked, shares, t, t + hint if hint else None)
+                first_start.setdefault(key, t)
+                heapq.heappush(completions, (end, seq, key))
+                run_seq[key] = seq
                 seq += 1
-                taken.extend(a.shares)
-                used += physical_milli(a.shares, fleet)
+                taken.extend(shares)
+                used += physical_milli(shares, fleet)
+
+            assignments = _blocking_prefix(plan, offered) if head_of_line else plan.assignments
+            for a in assignments:
+                start(a.key, a.shares)
+            if preempt.enabled:
+                waiting = [as_offered[r.key] for r in plan.rejections if not r.permanent and r.key in pending]
+                after = snapshot.with_usage(taken)
+                fresh = frozenset(a.key for a in assignments)
+                for task_, pplan in preempt.plans(waiting, after, running, policy, t, state, fresh):
+                    for victim in pplan.victims:
+                        stopped = running.pop(victim.key)
+                        preempt.evict(stopped, full_run[victim.key], t, fleet)
+                        del run_seq[victim.key], records[victim.key]
+                        job = by_key[victim.key]
+                        pending[victim.key] = PendingTask(victim.key, job.request, job.arrival_s,
+                                                          job_type=job.job_type)
+                        snapshot = snapshot.with_usage(stopped.shares, release=True)
+                        used -= physical_milli(stopped.shares, fleet)
+                    start(task_.key, tuple(pplan.placement[task_.key]))
             for r in plan.rejections:
                 if r.permanent:
                     rejected[r.key] = r.reason
@@ -332,6 +300,7 @@ def simulate(
         replans=replans,
         replans_improved=improved,
         quota=None if quota is None else sim_quota.report(quota, records, by_key, fleet, end_time),
+        preemption=preempt.report() if preempt.enabled else None,
         durations=None if online is None else online.report(),
     )
 
@@ -365,15 +334,6 @@ def _blocking_prefix(plan: PlacementPlan, offered: Sequence[PendingTask]) -> tup
         if task.key in by_key:
             kept.append(by_key[task.key])
     return tuple(kept)
-
-
-def _head(pending: Mapping[str, PendingTask], n: int) -> Sequence[PendingTask]:
-    out = []
-    for task in pending.values():
-        out.append(task)
-        if len(out) >= n:
-            break
-    return out
 
 
 def _bar(total: int, enabled: bool):  # type: ignore[no-untyped-def]

@@ -129,8 +129,6 @@ def test_bench_philly_empty_window_and_clusters(tmp_path: Path, capsys: pytest.C
     assert main([*base, "--start", "2017-10-09", "--clusters", "b", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["jobs"] == 1 and data["clusters"] == ["b"]
-    line = _one_line_error(capsys, *base, "--start", "2017-10-09", "--preemption", "on")
-    assert "preemption is not available in the simulator yet" in line and "--preemption off" in line
     line = _one_line_error(capsys, *base, "--start", "2017-10-09", "--oracle", "--durations", "predicted")
     assert "--oracle contradicts --durations predicted" in line
 
