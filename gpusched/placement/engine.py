@@ -23,6 +23,7 @@ from gpusched.errors import PlacementError
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement.admission import QuotaGate
 from gpusched.placement.choose import Choice, choose, left_after, levels_best
+from gpusched.placement.incremental import Incremental
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
 from gpusched.placement.policy import Chooser, Policy, QueueOrder
 from gpusched.placement.score import FragStats, Workload, cached_stats, estimate_workload
@@ -57,7 +58,11 @@ def place(request: PlacementRequest) -> PlacementPlan:
         if policy.workload
         else estimate_workload([t.request for t in request.pending] + [r.request for r in request.running])
     )
-    placer = Placer(request.snapshot, policy, workload=workload, catalog=request.catalog)
+    # This engine lives for one call: per-node caches pay off only when tasks share a shape.
+    shared = len(request.pending) > 1
+    placer = Placer(request.snapshot, policy, workload=workload, catalog=request.catalog, incremental=shared)
+    if placer.incremental is not None:
+        placer.incremental.fill_on_first_use = False
     for task in request.running:
         known = task.shares and task.shares[0].node in placer.index.node_pos
         if (task.cpu_milli or task.host_memory_bytes) and known:
@@ -72,6 +77,13 @@ class Placer:
     :meth:`release` change it directly (when tasks start or end outside the engine). The requests
     it is given carry the snapshot and policy it was built from (checked): its own state, not the
     request's snapshot usage, says what is free.
+
+    With ``incremental`` (the default) the engine also keeps per-node results between decisions
+    (:mod:`gpusched.placement.incremental`: fully free devices per node and topology group for
+    each eligibility, the fragmentation term of each fractional shape per device) and
+    recomputes only the nodes whose capacity changed since, so a decision costs about
+    O(nodes) cheap array work instead of O(devices) scoring; the decisions are the same as
+    with ``incremental=False``, which recomputes everything per decision.
     """
 
     def __init__(
@@ -81,6 +93,7 @@ class Placer:
         *,
         workload: Workload | None = None,
         catalog: Catalog | None = None,
+        incremental: bool = True,
     ) -> None:
         self.snapshot = snapshot
         self.policy = policy
@@ -90,6 +103,9 @@ class Placer:
         self._stats: FragStats | None = None
         self._pristine = True  # state still equals the snapshot's usage (stats may come from cache)
         self._speed_cache: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
+        # Per-node results kept between decisions; None = recompute everything per decision
+        # (the reference path the incremental one is tested against).
+        self.incremental: Incremental | None = Incremental(self.index) if incremental else None
 
     # ---- state -----------------------------------------------------------------------------
 
@@ -135,6 +151,7 @@ class Placer:
         self._pristine = False
         self.state.host_cpu[n] += sign * cpu_milli
         self.state.host_mem[n] += sign * host_memory_bytes
+        self.state.touch(n)
         if self._stats is not None:
             self._stats.refresh(self.state, (n,))
 
