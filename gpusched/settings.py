@@ -71,7 +71,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("preemption", "string", "off",
            "Whether a waiting GPU task may stop running ones to get devices: off; priority (stop "
            "running tasks of strictly lower priority); partitions (also take back capacity another "
-           "partition borrowed beyond its share). Victims get a notice, then SIGTERM, and are "
+           "partition borrowed beyond its share); service (Tiresias-style: also running tasks of "
+           "the same priority whose Gittins index, from the run-time distribution of similar "
+           "finished tasks and the GPU-time they have had, is less than half the waiting task's; "
+           "the queue is ordered by the same index). Victims get a notice, then SIGTERM, and are "
            "requeued without losing a try.", "priority"),
     Option("preemption_grace_seconds", "float", "30",
            "Seconds a preempted task has, after its notice (gpusched.airflow.checkpoint.preempted()), to "

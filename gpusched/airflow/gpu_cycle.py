@@ -32,7 +32,8 @@ class PendingWork:
 
     ``gang``: this work is one member (one node) of a multi-node gang. ``existing`` holds the
     shares of an allocation the ledger already has under ``key`` (a workload queued again after a
-    scheduler restart): it is launched on them, not placed anew.
+    scheduler restart): it is launched on them, not placed anew. ``rank``: its queue key under
+    ``QueueOrder.RANKED`` (``preemption = service``: −log2 of its Gittins index).
     """
 
     key: str
@@ -40,6 +41,7 @@ class PendingWork:
     submitted_at: float
     existing: tuple[DeviceShare, ...] = ()
     gang: GangMember | None = None
+    rank: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +128,7 @@ def decide(request: CycleRequest) -> CycleReply:
         elif work.gang is not None:
             gangs.setdefault(work.gang.gang, []).append(work)
         else:
-            to_place.append(PendingTask(work.key, work.request, work.submitted_at))
+            to_place.append(PendingTask(work.key, work.request, work.submitted_at, rank=work.rank))
     snapshot = _place_gangs(request, gangs, snapshot, launches, holds)
     if to_place:
         placement = PlacementRequest(

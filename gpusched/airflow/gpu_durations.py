@@ -5,10 +5,12 @@ A task whose author gave no ``expected_duration`` is placed with the run time
 tenant and GPU count, tenant, fleet). :class:`DurationHistory` keeps the predictor between cycles:
 it reads ``[gpusched] duration_history_days`` of finished allocations once, then every
 ``[gpusched] duration_refresh_seconds`` only those released since the last read — never the
-whole history each heartbeat. :func:`predict_pending` and :func:`predict_running` rewrite the
-cycle's requests (pending work and the tasks holding devices) before ``decide``. The ledger keeps
-the author's request; the executor says in the queue reason and the try's log when an estimate
-was predicted.
+whole history each heartbeat. The same runs feed :attr:`DurationHistory.service`, their
+run-time distributions per group, from which ``preemption = service`` computes each task's
+Gittins index (:mod:`gpusched.durations.service`). :func:`predict_pending` and
+:func:`predict_running` rewrite the cycle's requests (pending work and the tasks holding
+devices) before ``decide``. The ledger keeps the author's request; the executor says in the queue
+reason and the try's log when an estimate was predicted.
 
 A finished run is an allocation released because its task succeeded (the listener's ``task
 succeeded`` or the executor's ``task process ended (task success)``): a failed or stopped try says
@@ -23,7 +25,14 @@ from typing import Any
 
 from gpusched.airflow.gpu_cycle import PendingWork
 from gpusched.airflow.keys import parse_ti_key
-from gpusched.durations import DurationModel, DurationPredictor, FinishedRun, Prediction, with_prediction
+from gpusched.durations import (
+    DurationModel,
+    DurationPredictor,
+    FinishedRun,
+    Prediction,
+    ServiceHistory,
+    with_prediction,
+)
 from gpusched.placement import RunningTask
 
 __all__ = ["DurationHistory", "finished_runs", "predict_pending", "predict_running", "task_of"]
@@ -62,6 +71,7 @@ class DurationHistory:
         self.refresh_s = refresh_s
         self.model = model or DurationModel()
         self._predictor: DurationPredictor | None = None
+        self.service = ServiceHistory()  # the same runs as distributions (preemption = service)
         self._read_at = 0.0
         self._seen: dict[tuple[str, float], float] = {}  # (key, created_at) -> released_at
 
@@ -101,7 +111,9 @@ class DurationHistory:
         # Forget what the next read cannot return again.
         self._seen = {m: at for m, at in self._seen.items() if at > since}
         base = self._predictor or DurationPredictor(self.model)
-        self._predictor = base.with_runs(finished_runs(fresh))
+        runs = finished_runs(fresh)
+        self._predictor = base.with_runs(runs)
+        self.service = self.service.with_runs(runs)
         self._read_at = now
         return self._predictor
 

@@ -1,8 +1,14 @@
 """Preemption in the GPU executors: stop lower-priority work so a waiting task gets its devices.
 
 One implementation for both executors (it lives beside :class:`GPUScheduling`, the shared core).
-``[gpusched] preemption`` (off | priority | partitions), ``preemption_grace_seconds`` and
+``[gpusched] preemption`` (off | priority | partitions | service), ``preemption_grace_seconds`` and
 ``preemption_min_runtime_seconds`` (:mod:`gpusched.settings`) drive it.
+
+With ``service`` (Tiresias-style, :mod:`gpusched.durations.service`), :meth:`Preemptor.rank`
+orders every cycle's queue by each task's Gittins index (from the run-time distribution of its
+prediction group in the ledger's finished runs, :attr:`DurationHistory.service`), and a held
+task may also preempt running tasks of its own priority whose index, at the GPU-time they have
+attained since their allocation started, is lower than its own by the model's margin.
 
 After a cycle (:meth:`Preemptor.consider`), the highest-priority task held for capacity (or the
 whole multi-node gang) gets a victim selection (:func:`gpusched.placement.preemption.select_victims`,
@@ -25,15 +31,18 @@ placement on the snapshot without the victims before anything is stopped. Each v
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gpusched import settings
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.gpu_cycle import CycleReply, CycleRequest, Hold, PendingWork
+from gpusched.airflow.gpu_durations import task_of as task_name
 from gpusched.airflow.keys import task_of
 from gpusched.airflow.task_log import append_task_log
+from gpusched.durations.service import aged_index, gpu_seconds, queue_rank
 from gpusched.placement import PendingTask
+from gpusched.placement.policy import QueueOrder
 from gpusched.placement.preemption import (
     NoPreemption,
     PreemptionPlan,
@@ -56,6 +65,7 @@ class PreemptionCore(Protocol):
     conf: Any
     gpu_running: dict[Any, str]
     gangs: dict[str, set[Any]]
+    durations: Any  # gpu_durations.DurationHistory: its ``service`` history (mode service)
 
     @property
     def log(self) -> Any: ...
@@ -90,6 +100,36 @@ class Preemptor:
     def enabled(self) -> bool:
         return self.mode != "off"
 
+    # ---- before a cycle (mode service) -----------------------------------------------------------
+
+    def indices(self, request: CycleRequest) -> dict[str, float]:
+        """Ledger key → Gittins index of the pending work (aged by its wait, attained service 0:
+        a new try starts over) and of the running tasks (GPU-time since their allocation
+        started); empty unless the mode is ``service``."""
+        if self.mode != "service":
+            return {}
+        history = self.core.durations.service
+        halving = request.policy.service_halving_s
+        items = [(w.request, task_name(w.key), 0.0) for w in request.pending]
+        items += [(r.request, task_name(r.key), gpu_seconds(r.request, request.now - r.started_at))
+                  for r in request.running]
+        values = history.index_values(items)
+        out = {w.key: aged_index(v, request.now - w.submitted_at, halving)
+               for w, v in zip(request.pending, values, strict=False)}
+        out.update({r.key: v for r, v in zip(request.running, values[len(request.pending):], strict=True)})
+        return out
+
+    def rank(self, request: CycleRequest) -> CycleRequest:
+        """``request`` with its queue ordered by the tasks' Gittins indices (mode ``service``:
+        ``QueueOrder.RANKED``, ranks −log2 of the unaged index; the engine ages them)."""
+        if self.mode != "service" or not request.pending:
+            return request
+        history = self.core.durations.service
+        values = history.index_values([(w.request, task_name(w.key), 0.0) for w in request.pending])
+        pending = tuple(replace(w, rank=queue_rank(v)) for w, v in zip(request.pending, values, strict=True))
+        ranked = replace(request.policy, queue_order=QueueOrder.RANKED)
+        return replace(request, pending=pending, policy=ranked)
+
     # ---- after a cycle ---------------------------------------------------------------------------
 
     def consider(self, request: CycleRequest, reply: CycleReply) -> CycleReply:
@@ -100,7 +140,8 @@ class Preemptor:
         waiting_for = {e.beneficiary for e in self.evictions.values()}
         reasons: dict[str, str] = {}
         started, tries = False, 0
-        for group in self._groups(reply.holds, works):
+        indices = self.indices(request)
+        for group in self._groups(reply.holds, works, indices):
             keys = [w.key for w in group]
             if any(k in waiting_for for k in keys):
                 victims = sorted(v for v, e in self.evictions.items() if e.beneficiary in keys)
@@ -109,7 +150,7 @@ class Preemptor:
             if started or tries >= MAX_SELECTIONS_PER_CYCLE:
                 continue  # one new preemption per cycle: the next cycle sees its effect
             tries += 1
-            outcome = select_victims(self._request(request, group), self._prover(request, group))
+            outcome = select_victims(self._request(request, group, indices), self._prover(request, group))
             if isinstance(outcome, NoPreemption):
                 self.core.log.debug("gpusched: no preemption for %s: %s", keys[0], outcome.reason)
                 continue
@@ -121,7 +162,8 @@ class Preemptor:
         holds = tuple(Hold(h.key, reasons.get(h.key, h.reason), h.permanent) for h in reply.holds)
         return CycleReply(reply.launches, holds)
 
-    def _groups(self, holds: tuple[Hold, ...], works: dict[str, PendingWork]) -> list[list[PendingWork]]:
+    def _groups(self, holds: tuple[Hold, ...], works: dict[str, PendingWork],
+                indices: dict[str, float]) -> list[list[PendingWork]]:
         """Held work that waits for capacity, as units (a gang is one), most urgent first."""
         units: dict[str, list[PendingWork]] = {}
         for hold in holds:
@@ -133,9 +175,11 @@ class Preemptor:
         complete = [u for u in units.values()
                     if u[0].gang is None or len({w.gang.rank for w in u if w.gang}) == u[0].gang.size]
         return sorted(complete, key=lambda u: (-max(w.request.priority for w in u),
+                                               -max(indices.get(w.key, 0.0) for w in u),
                                                min(w.submitted_at for w in u)))
 
-    def _request(self, request: CycleRequest, group: list[PendingWork]) -> PreemptionRequest:
+    def _request(self, request: CycleRequest, group: list[PendingWork],
+                 indices: dict[str, float]) -> PreemptionRequest:
         mine = set(self.core.gpu_running.values())
         gang_members = {self.core.gpu_running.get(k) for ks in self.core.gangs.values() for k in ks}
         protected = frozenset(r.key for r in request.running
@@ -144,7 +188,8 @@ class Preemptor:
             tuple(PendingTask(w.key, w.request, w.submitted_at) for w in group), request.snapshot,
             request.running, request.policy, request.now, request.quota, mode=self.mode,
             min_runtime_s=self.min_runtime_s, checkpoints=self.core.ledger.checkpoint_times(mine),
-            protected=protected,
+            protected=protected, indices=indices,
+            index_margin=self.core.durations.service.model.margin if indices else 2.0,
         )
 
     @staticmethod

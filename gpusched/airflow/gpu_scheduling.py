@@ -249,7 +249,7 @@ class GPUScheduling:
                 self.gangs.setdefault(member.gang, set()).add(workload.key)
         if not pending:
             return
-        cycle = self.cycle_request(pending, now)
+        cycle = self.preemption.rank(self.cycle_request(pending, now))  # service: queue by index
         reply = self.preemption.consider(cycle, decide(cycle))
         # One task's failure never costs the others their turn; only an unreachable or locked
         # ledger ends the cycle (every write would wait out its bound in turn).

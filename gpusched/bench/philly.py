@@ -49,7 +49,7 @@ def run_philly(
     durations: str = "none",
     oracle: bool = False,
     history_days: float = 30.0,
-    preemption: bool = False,
+    preemption: bool | str = False,
     short_first: bool = False,
     head_of_line: bool = False,
     max_pending: int = 256,
@@ -66,10 +66,13 @@ def run_philly(
     would; it implies oracle durations. ``head_of_line`` makes the queue strict FIFO (nothing
     starts past the first waiting job; see :func:`~gpusched.sim.engine.simulate`). ``replan_ms``
     > 0 re-plans every pass with the genetic optimiser. ``preemption`` lets the replay stop running
-    jobs for waiting ones of strictly higher priority with the executor's victim selection
-    (:class:`~gpusched.sim.preempt.SimPreemption` in ``priority`` mode, checkpoints every 30
-    minutes, 5 minutes' minimum run time); Philly jobs all have the same priority unless
-    ``short_first`` sets them, so without it nothing is preempted. ``baseline`` (default)
+    jobs with the executor's victim selection (:class:`~gpusched.sim.preempt.SimPreemption`,
+    checkpoints every 30 minutes, 5 minutes' minimum run time): ``True`` / ``"on"`` /
+    ``"service"`` = by expected remaining service (Gittins index of each job's attained GPU-time
+    under its prediction group's run-time distribution, learnt online like the predictions, with
+    the same warm-up; the queue is ordered by the same index); ``"priority"`` = only for strictly
+    higher priority (Philly jobs all have one priority unless ``short_first`` sets them, so then
+    nothing is preempted). ``baseline`` (default)
     also replays FIFO first-fit without estimates and adds ``fifo_*`` figures and the ratios
     ``delay_ratio_vs_fifo`` / ``utilisation_ratio_vs_fifo``.
     """
@@ -95,8 +98,9 @@ def run_philly(
             replace(j, request=replace(j.request, priority=gputime_priority(j.duration_s * j.request.count)))
             for j in jobs
         ]
+    mode = _preemption_mode(preemption)
     history: list[FinishedRun] = []
-    if durations == "predicted":
+    if durations == "predicted" or mode == "service":
         history = _history(jobs_csv, window[0], history_days, clusters, nodes * gpus_per_node, gpus_per_node)
     wall, cpu = time.perf_counter(), time.process_time()
     result = simulate(
@@ -110,9 +114,10 @@ def run_philly(
         progress=progress,
         predict_durations=DurationModel() if durations == "predicted" else None,
         duration_history=history,
-        preemption=SimPreemption("priority") if preemption else None,
+        preemption=SimPreemption(mode) if mode != "off" else None,
     )
     summary = summarize(result)
+    summary["wait_mean_s"] = _wait_mean(result, plain)
     prediction = summary.pop("durations", None)
     preempted = summary.pop("preemption", None)
     summary.update(
@@ -126,9 +131,10 @@ def run_philly(
         jobs=len(jobs),
         durations=durations,
         prediction=prediction,
-        history_days=history_days if durations == "predicted" else None,
+        history_days=history_days if history else None,
         oracle_durations=durations == "oracle",
-        preemption="on" if preemption else "off",
+        preemption="off" if mode == "off" else "on",
+        preemption_mode=mode,
         preemption_report=preempted,
         short_first=short_first,
         head_of_line=head_of_line,
@@ -138,12 +144,24 @@ def run_philly(
     summary["mean_delay_s"] = summary["queue_delay_mean_s"]
     if baseline:
         same = policy_name == BASELINE_POLICY and durations == "none" and not (head_of_line or replan_ms
-                                                                                or preemption)
+                                                                                or mode != "off")
         summary.update(_fifo_of(summary) if same else _fifo(plain, fleet, max_pending, progress))
         fifo_delay, fifo_util = summary["fifo_mean_delay_s"], summary["fifo_utilisation_pct"]
         summary["delay_ratio_vs_fifo"] = _ratio(summary["mean_delay_s"], fifo_delay)
         summary["utilisation_ratio_vs_fifo"] = _ratio(summary["utilisation_pct"], fifo_util)
+        summary["wait_ratio_vs_fifo"] = _ratio(summary["wait_mean_s"], summary["fifo_wait_mean_s"])
     return summary
+
+
+def _preemption_mode(value: bool | str) -> str:
+    """``--preemption``: on / True = ``service``; off / False = ``off``; or a mode's name."""
+    if isinstance(value, bool):
+        return "service" if value else "off"
+    mode = {"on": "service"}.get(str(value).strip().lower(), str(value).strip().lower())
+    if mode not in ("off", "priority", "service"):
+        raise ConfigurationError(f"--preemption {value!r} is not one of on, off, priority, service; "
+                                 "e.g. --preemption on")
+    return mode
 
 
 def _fifo(jobs: list[SimJob], fleet: Any, max_pending: int, progress: bool) -> dict[str, Any]:
@@ -152,6 +170,7 @@ def _fifo(jobs: list[SimJob], fleet: Any, max_pending: int, progress: bool) -> d
     result = simulate(jobs, fleet, Policy.named(BASELINE_POLICY), policy_name=BASELINE_POLICY,
                       max_pending=max_pending, progress=progress)
     base = summarize(result)
+    base["wait_mean_s"] = _wait_mean(result, jobs)
     base.update(wall_s=round(time.perf_counter() - wall, 1), cpu_s=round(time.process_time() - cpu, 1))
     return _fifo_of(base)
 
@@ -161,6 +180,7 @@ def _fifo_of(run: dict[str, Any]) -> dict[str, Any]:
     return {
         "fifo_policy": BASELINE_POLICY,
         "fifo_mean_delay_s": run["queue_delay_mean_s"],
+        "fifo_wait_mean_s": run["wait_mean_s"],
         "fifo_queue_delay_p50_s": run["queue_delay_p50_s"],
         "fifo_queue_delay_p95_s": run["queue_delay_p95_s"],
         "fifo_jct_mean_h": run["jct_mean_h"],
@@ -168,6 +188,16 @@ def _fifo_of(run: dict[str, Any]) -> dict[str, Any]:
         "fifo_wall_s": run["wall_s"],
         "fifo_cpu_s": run["cpu_s"],
     }
+
+
+def _wait_mean(result: Any, jobs: list[SimJob]) -> float:
+    """Mean over finished jobs of JCT − trace run time: all the time a job did not make progress
+    (its first wait, the waits after each preemption and the work it lost and ran again). Without
+    preemption it equals the queueing delay; with it, the queueing delay (to the FIRST start)
+    hides the later waits, so this is the figure to compare a preemptive schedule by."""
+    run = {j.key: j.duration_s for j in jobs}
+    waits = [r.end_s - r.arrival_s - run[r.key] for r in result.records if math.isfinite(r.end_s)]
+    return round(sum(waits) / len(waits), 3) if waits else math.nan
 
 
 def _ratio(value: float, base: float) -> float:

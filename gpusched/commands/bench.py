@@ -83,8 +83,10 @@ def register(subparsers: Any) -> None:
                     help="with --durations predicted: learn first from the jobs of this many days "
                          "before the window that ended by its start (default 30, as the executor's "
                          "[gpusched] duration_history_days; 0 = start cold)")
-    ph.add_argument("--preemption", choices=("on", "off"), default="off",
-                    help="let the simulator preempt running jobs (default off)")
+    ph.add_argument("--preemption", choices=("on", "off", "service", "priority"), default="off",
+                    help="let the simulator preempt running jobs: on = service (by expected remaining "
+                         "service: Gittins index of attained GPU-time, queue ordered by it), priority "
+                         "(strictly higher priority only), off (default)")
     ph.add_argument("--no-baseline", action="store_true",
                     help="skip the FIFO first-fit replay (and the ratios against it)")
     ph.add_argument(
@@ -235,7 +237,7 @@ def _philly(args: argparse.Namespace) -> int:
         clusters=args.clusters,
         durations=args.durations or ("oracle" if args.oracle else "none"),
         history_days=args.history_days,
-        preemption=args.preemption == "on",
+        preemption=args.preemption,
         baseline=not args.no_baseline,
         short_first=args.short_first,
         head_of_line=args.head_of_line,

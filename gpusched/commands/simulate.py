@@ -48,10 +48,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--durations", choices=("none", "predicted", "oracle"), default="none",
                         help="run times the scheduler knows: none (default), predicted (the executor's "
                              "predictor, learnt online from the jobs finished so far) or oracle")
-    parser.add_argument("--preemption", choices=("off", "priority", "partitions"), default="off",
+    parser.add_argument("--preemption", choices=("off", "priority", "partitions", "service"), default="off",
                         help="stop running jobs for more urgent waiting ones with the executor's victim "
                              "selection: priority (strictly lower priority), partitions (also capacity "
-                             "borrowed from a reclaiming partition); default off")
+                             "borrowed from a reclaiming partition), service (by expected remaining "
+                             "service: the Gittins index of attained GPU-time; queue ordered by it); "
+                             "default off")
     parser.add_argument("--checkpoint-minutes", type=finite_float(0.0), default=30.0,
                         help="with --preemption: jobs checkpoint every N minutes of run time and a "
                              "preempted job loses the work since its last one (0 = no checkpoints; "

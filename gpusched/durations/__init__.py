@@ -7,7 +7,9 @@ then the tenant's runs; then the whole fleet's. The executor (:mod:`gpusched.air
 feeds it from the ledger's finished allocations, the simulator (:mod:`gpusched.sim.durations`)
 from the jobs that have finished so far in the replay; both rewrite the waiting requests through
 :func:`with_prediction` before placement, so the policy's shortest-expected-GPU-time-first order,
-its reservations and backfill use the estimate.
+its reservations and backfill use the estimate. :mod:`gpusched.durations.service` turns the same
+groups' run-time distributions into each job's Gittins index given the GPU-time it has had
+(preemption and queue order by expected remaining service, ``preemption = service``).
 """
 
 from gpusched.durations.predictor import (
@@ -17,11 +19,13 @@ from gpusched.durations.predictor import (
     FinishedRun,
     Prediction,
     PredictionErrors,
+    group_keys,
     model_label,
     prediction_errors,
     replay_errors,
     with_prediction,
 )
+from gpusched.durations.service import ServiceHistory, ServiceIndex, ServiceModel
 
 __all__ = [
     "BASES",
@@ -30,6 +34,10 @@ __all__ = [
     "FinishedRun",
     "Prediction",
     "PredictionErrors",
+    "ServiceHistory",
+    "ServiceIndex",
+    "ServiceModel",
+    "group_keys",
     "model_label",
     "prediction_errors",
     "replay_errors",

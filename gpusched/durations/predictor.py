@@ -43,6 +43,8 @@ __all__ = [
     "FinishedRun",
     "Prediction",
     "PredictionErrors",
+    "group_keys",
+    "group_phrase",
     "model_label",
     "prediction_errors",
     "replay_errors",
@@ -130,6 +132,17 @@ def _keys(task: str, tenant: str, gpu_milli: int, model: str) -> tuple[GroupKey 
         ("tenant", tenant),
         ("fleet",),
     )
+
+
+def group_keys(run: FinishedRun) -> tuple[GroupKey, ...]:
+    """The groups ``run`` belongs to, most specific first (the ``task`` group only with a task);
+    each key's first element is its basis (one of :data:`BASES`)."""
+    return tuple(k for k in _keys(run.task, run.tenant, run.gpu_milli, run.model) if k is not None)
+
+
+def group_phrase(key: GroupKey) -> str:
+    """The group in words: ``runs of d/train``, ``2-GPU runs of tenant vision`` …"""
+    return _group_phrase(key)
 
 
 def _group_phrase(key: GroupKey) -> str:

@@ -280,8 +280,11 @@ class Placer:
 
     def _service_key(self, task: PendingTask, now: float) -> float:
         """Queue key within a priority: 0 for FIFO; for shortest-first, log2 of the task's expected
-        GPU-time less one per ``service_halving_s`` waited (so waiting halves it)."""
+        GPU-time less one per ``service_halving_s`` waited (so waiting halves it); for ranked, the
+        task's own ``rank`` aged the same way."""
         policy = self.policy
+        if policy.queue_order is QueueOrder.RANKED:  # the caller's rank (log2 units), same aging
+            return task.rank - max(0.0, now - task.submitted_at) / max(policy.service_halving_s, 1e-9)
         if policy.queue_order is not QueueOrder.SHORTEST_FIRST:
             return 0.0
         req = task.request

@@ -43,6 +43,7 @@ class QueueOrder(StrEnum):
 
     FIFO = "fifo"  # submission time
     SHORTEST_FIRST = "shortest-first"  # least expected GPU-time first, with aging (see Policy)
+    RANKED = "ranked"  # the caller's PendingTask.rank (lower first), with the same aging
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,9 @@ class Policy:
             ``unknown_service_s``; every ``service_halving_s`` of waiting halves a task's
             effective GPU-time, so a long task beats a brand-new short one after
             ``service_halving_s × log2(long / short)`` of waiting and nothing starves.
-        service_halving_s: the aging constant of ``shortest-first``.
+            ``ranked`` takes each task's ``PendingTask.rank`` (lower first, log2 units) with
+            the same aging (``preemption = service`` ranks by the Gittins index).
+        service_halving_s: the aging constant of ``shortest-first`` and ``ranked``.
         unknown_service_s: the GPU-time assumed for a task without an expected duration.
         round_up_fractions: place a fractional request on a whole device (count-based pools).
         fractions_need_partitioning: allow device sharing only on models the catalog lists with

@@ -11,6 +11,10 @@ Who may be a victim (``mode``):
 - ``partitions``: those, and also tasks of a partition that runs beyond its share (on capacity it
   borrowed) while the waiting task's partition reclaims room within its own share (quota
   enforced); only as much as was borrowed is taken back.
+- ``service``: those of lower priority, and tasks of the same priority whose expected-remaining-
+  service index (``indices``: key → Gittins index, :mod:`gpusched.durations.service`) is lower
+  than the waiting task's by more than ``index_margin`` (Tiresias-style preemption by attained
+  service; the caller computes the indices, the waiting one aged by its wait).
 
 Never a victim: a key in ``protected`` (multi-node gang members, tasks another executor holds,
 tasks already being stopped) or a task that has run for less than ``min_runtime_s`` (no
@@ -45,7 +49,7 @@ __all__ = [
     "Proof", "Prover", "Victim", "check_mode", "select_victims",
 ]
 
-PREEMPTION_MODES = ("off", "priority", "partitions")
+PREEMPTION_MODES = ("off", "priority", "partitions", "service")
 MAX_CANDIDATES = 64
 """At most this many candidates (least work lost first) are considered for one waiting task."""
 
@@ -71,7 +75,10 @@ class PreemptionRequest:
     ``waiting``: the task, or every member of one gang (all must fit); ``running``: every task
     holding devices (their shares counted in ``snapshot``); ``checkpoints``: key → time of its last
     checkpoint; ``protected``: keys never to stop; ``quota``: partitions and budgets the proof
-    places with; ``min_runtime_s``: tasks younger than this are never stopped.
+    places with; ``min_runtime_s``: tasks younger than this are never stopped; ``indices`` (mode
+    ``service``): key → Gittins index of the waiting and running tasks (a running task without
+    one is not a victim by index), ``index_margin``: the factor the waiting index must exceed a
+    victim's by.
     """
 
     waiting: tuple[PendingTask, ...]
@@ -84,6 +91,8 @@ class PreemptionRequest:
     min_runtime_s: float = 0.0
     checkpoints: Mapping[str, float] = field(default_factory=dict)
     protected: frozenset[str] = frozenset()
+    indices: Mapping[str, float] = field(default_factory=dict)
+    index_margin: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +198,8 @@ def _candidates(request: PreemptionRequest, mode: str) -> list[Victim]:
             continue
         if task.request.priority < priority:
             reason = f"priority {task.request.priority} < {priority}"
+        elif mode == "service" and task.request.priority == priority and (why := _lower_index(request, task)):
+            reason = why
         elif task.request.partition in reclaim:
             reason = (f"partition {task.request.partition.value!r} runs on capacity borrowed beyond its "
                       f"share; {request.waiting[0].request.partition.value!r} reclaims it")
@@ -204,6 +215,18 @@ def _candidates(request: PreemptionRequest, mode: str) -> list[Victim]:
     if reclaim:  # take back at most what each partition borrowed (priority victims are not capped)
         victims = _cap_borrowed(victims, request, reclaim, priority)
     return victims
+
+
+def _lower_index(request: PreemptionRequest, task: RunningTask) -> str:
+    """Why ``task`` may be stopped by index for the waiting work ("" = it may not)."""
+    from gpusched.durations.service import outranks
+
+    mine = [request.indices[t.key] for t in request.waiting if t.key in request.indices]
+    theirs = request.indices.get(task.key)
+    if not mine or theirs is None or not outranks(max(mine), theirs, request.index_margin):
+        return ""
+    return (f"expected-service index {theirs:.3g} /GPU-s < {max(mine):.3g} / {request.index_margin:g} "
+            "(expected to need more service)")
 
 
 def _reclaimable(request: PreemptionRequest) -> dict[Partition, int]:
@@ -245,5 +268,6 @@ def _nobody(request: PreemptionRequest, mode: str) -> str:
     priority = max(t.request.priority for t in request.waiting)
     young = sum(1 for t in request.running if request.now - t.started_at < request.min_runtime_s)
     what = "of lower priority" + (" or on borrowed partition capacity" if mode == "partitions" else "")
+    what += " or of a lower expected-service index" if mode == "service" else ""
     tail = f" ({young} ran for less than the {request.min_runtime_s:.0f} s minimum)" if young else ""
     return f"no running task {what} than {priority} may be preempted{tail}"

@@ -44,6 +44,9 @@ class PendingTask:
             A100-equivalent figures.
         cpu_milli / host_memory_bytes: host CPU (milli-cores) and RAM the task also needs on its
             node (0 = not checked); nodes that declare no CPU/RAM are not checked either.
+        rank: the queue key within a priority under ``QueueOrder.RANKED`` (lower first; log2
+            units, aged like shortest-first), e.g. −log2 of the task's Gittins index
+            (:func:`gpusched.durations.service.queue_rank`); ignored by the other orders.
     """
 
     key: str
@@ -52,6 +55,7 @@ class PendingTask:
     job_type: str | None = None
     cpu_milli: int = 0
     host_memory_bytes: int = 0
+    rank: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

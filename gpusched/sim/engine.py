@@ -42,6 +42,7 @@ from gpusched.sim import quota as sim_quota
 from gpusched.sim.durations import OnlineDurations
 from gpusched.sim.preempt import SimPreemption
 from gpusched.sim.results import JobRecord, SimResult, TimelinePoint
+from gpusched.sim.service import OnlineService
 
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]
 
@@ -114,6 +115,9 @@ def simulate(
         predict_durations: jobs without ``expected_duration_s`` get the executor's prediction
             (:mod:`gpusched.durations`), learnt online from the jobs finished so far after
             ``duration_history``; the result's ``durations`` gives the counts and errors.
+            ``SimPreemption("service")`` learns its run-time distributions the same way (from
+            ``duration_history`` and the jobs finished so far) and orders the queue by their
+            Gittins index (:mod:`gpusched.sim.service`).
         progress: a tqdm bar on stderr, counting arrivals — or, with ``stop_after``, the
             watched jobs that have finished (so it reaches 100 % when the run stops).
 
@@ -153,6 +157,10 @@ def simulate(
     t = ordered[0].arrival_s if ordered else 0.0
     bar = _bar(len(watch) if watch is not None else len(ordered), progress)
     online = OnlineDurations(predict_durations, duration_history) if predict_durations else None
+    # preemption "service": queue order and victims by the Gittins index of attained service
+    service = OnlineService(duration_history) if preempt.mode == "service" else None
+    pass_policy = service.policy(policy) if service is not None else policy
+    job_types = {j.key: j.job_type for j in ordered} if service is not None else {}
 
     def mark(now: float) -> None:
         point = TimelinePoint(now, used, len(pending))
@@ -180,6 +188,8 @@ def simulate(
                 freed.extend(task.shares)
                 if online is not None:
                     online.finished(by_key[key], full_run[key])
+                if service is not None:
+                    service.finished(by_key[key], full_run[key])
                 used -= physical_milli(task.shares, fleet)
                 if watch is not None and key in watch:
                     watch.discard(key)
@@ -200,12 +210,14 @@ def simulate(
             offered = list(itertools.islice(pending.values(), max_pending))
             if online is not None:  # the executor's rewrite: predicted durations where none given
                 offered = online.offer(offered)
+            if service is not None:
+                offered = service.rank(offered, preempt.served_s)
             as_offered = {o.key: o for o in offered}
             state = sim_quota.quota_state_at(quota, records, by_key, fleet, t)
             request = PlacementRequest(
                 pending=offered,
                 snapshot=snapshot,
-                policy=policy,
+                policy=pass_policy,
                 now=t,
                 quota=state,
                 running=tuple(running.values()),
@@ -259,7 +271,11 @@ def simulate(
                 waiting = [as_offered[r.key] for r in plan.rejections if not r.permanent and r.key in pending]
                 after = snapshot.with_usage(taken)
                 fresh = frozenset(a.key for a in assignments)
-                for task_, pplan in preempt.plans(waiting, after, running, policy, t, state, fresh):
+                indices = None if service is None or not waiting else service.indices(
+                    waiting, tuple(running.values()), job_types, preempt.served_s, t,
+                    policy.service_halving_s)
+                plans = preempt.plans(waiting, after, running, pass_policy, t, state, fresh, indices)
+                for task_, pplan in plans:
                     for victim in pplan.victims:
                         stopped = running.pop(victim.key)
                         preempt.evict(stopped, full_run[victim.key], t, fleet)
@@ -300,7 +316,8 @@ def simulate(
         replans=replans,
         replans_improved=improved,
         quota=None if quota is None else sim_quota.report(quota, records, by_key, fleet, end_time),
-        preemption=preempt.report() if preempt.enabled else None,
+        preemption=({**preempt.report(), **({"service": service.report()} if service else {})}
+                    if preempt.enabled else None),
         durations=None if online is None else online.report(),
     )
 

@@ -3,8 +3,11 @@
 After each scheduling pass, :meth:`SimPreemption.plans` runs the same pure victim selection as
 the executors (:func:`gpusched.placement.preemption.select_victims`) for the jobs the pass left
 waiting, most urgent first (at most ``max_per_pass`` of them): victims of strictly lower priority
-(``priority``) or on capacity borrowed from a reclaiming partition (``partitions``), none younger
-than ``min_runtime_s``, least work lost first, the fit proven by placement before anything stops.
+(``priority``) or on capacity borrowed from a reclaiming partition (``partitions``), or of an
+expected-remaining-service index lower by the margin (``service``: the engine hands the indices
+from :mod:`gpusched.sim.service`; the waiting jobs are then taken highest index first), none
+younger than ``min_runtime_s``, least work lost first, the fit proven by placement before
+anything stops.
 
 Checkpoint model: a running job checkpoints every ``checkpoint_s`` seconds of its run (0 = never).
 A preempted job keeps the work up to its last checkpoint and loses the rest; it goes back to
@@ -14,6 +17,8 @@ it lands on. Eviction is instant (the executor's notice and grace are not modell
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +46,8 @@ class SimPreemption:
     lost_gpu_s: float = 0.0
     done: dict[str, float] = field(default_factory=dict)  # key -> fraction of its work saved
     times: dict[str, int] = field(default_factory=dict)  # key -> times preempted
+    served_s: dict[str, float] = field(default_factory=dict)  # key -> run time of its stopped runs
+    margin: float = 2.0  # service mode: a waiting index must exceed a victim's by this factor
 
     def __post_init__(self) -> None:
         self.mode = check_mode(self.mode, "simulate preemption")
@@ -70,25 +77,36 @@ class SimPreemption:
         now: float,
         quota: QuotaState,
         fresh: frozenset[str] = frozenset(),
+        indices: Mapping[str, float] | None = None,
     ) -> list[tuple[PendingTask, PreemptionPlan]]:
         """Victims for the most urgent of ``waiting``; each plan assumes the earlier ones done.
-        ``fresh``: jobs started in this pass (never victims)."""
+        ``fresh``: jobs started in this pass (never victims); ``indices`` (mode ``service``): key →
+        expected-service index of the waiting and running jobs."""
         if not self.enabled or not waiting or not running:
             return []
         rest = dict(running)
         started: set[str] = set(fresh)
         out: list[tuple[PendingTask, PreemptionPlan]] = []
         lowest = min(r.request.priority for r in rest.values())
-        order = sorted(waiting, key=lambda t: (-t.request.priority, t.submitted_at, t.key))
+        index = indices or {}
+        room: _Room | None = None  # service mode's quick check, rebuilt after each plan
+        order = sorted(waiting, key=lambda t: (-t.request.priority, -index.get(t.key, 0.0),
+                                               t.submitted_at, t.key))
         for task in order:
             if len(out) >= self.max_per_pass:
                 break
             if self.mode == "priority" and task.request.priority <= lowest:
                 break  # sorted: nobody after it outranks any running job either
+            if self.mode == "service":
+                if room is None:
+                    room = _Room(rest, index, order[0].request.priority, now - self.min_runtime_s, snapshot)
+                if not room.may_gain(task, index, self.margin):
+                    continue
             checkpoints = {k: self.last_checkpoint(r.started_at, now) for k, r in rest.items()}
             request = PreemptionRequest(
                 (task,), snapshot, tuple(rest.values()), policy, now, quota, mode=self.mode,
                 min_runtime_s=self.min_runtime_s, checkpoints=checkpoints, protected=frozenset(started),
+                indices=index, index_margin=self.margin,
             )
             plan = select_victims(request)
             if not isinstance(plan, PreemptionPlan):
@@ -101,11 +119,13 @@ class SimPreemption:
             snapshot = snapshot.with_usage(shares)
             rest[task.key] = RunningTask(task.key, task.request, tuple(shares), now, None)
             started.add(task.key)
+            room = None
         return out
 
     def evict(self, task: RunningTask, full_run_s: float, now: float, fleet: FleetSnapshot) -> None:
         """Record that ``task`` (a run of ``full_run_s`` for all its work) is stopped at ``now``."""
         saved = self.last_checkpoint(task.started_at, now)
+        self.served_s[task.key] = self.served_s.get(task.key, 0.0) + (now - task.started_at)
         if full_run_s > 0 and math.isfinite(full_run_s):
             gained = (saved - task.started_at) / full_run_s
             self.done[task.key] = min(1.0, self.done.get(task.key, 0.0) + gained)
@@ -116,5 +136,31 @@ class SimPreemption:
     def report(self) -> dict[str, object]:
         """JSON-safe figures of what preemption did in this replay."""
         return {"mode": self.mode, "checkpoint_s": self.checkpoint_s, "min_runtime_s": self.min_runtime_s,
+                **({"margin": self.margin} if self.mode == "service" else {}),
                 "preemptions": self.count, "jobs_preempted": len(self.times),
                 "lost_gpu_hours": round(self.lost_gpu_s / 3600, 3)}
+
+
+
+class _Room:
+    """Service mode's quick necessary check before a victim selection: the milli-GPU free now plus
+    that of the running jobs a waiting one may preempt (old enough; a lower index by the margin, or
+    a lower priority than the most urgent waiting job) could hold it. Over-approximates the
+    candidates, so it only skips selections that could not succeed."""
+
+    def __init__(self, running: Mapping[str, RunningTask], index: Mapping[str, float], top_priority: int,
+                 started_by: float, snapshot: FleetSnapshot) -> None:
+        self.free = sum(snapshot.free_milli(d.uuid) for d in snapshot.devices() if d.takes_work)
+        ranked = sorted(
+            (0.0 if r.request.priority < top_priority else index.get(r.key, math.inf),
+             physical_milli(r.shares, snapshot))
+            for r in running.values() if r.started_at <= started_by and r.request.priority <= top_priority)
+        self.bounds = [v for v, _ in ranked]
+        self.prefix = list(itertools.accumulate((m for _, m in ranked), initial=0))
+
+    def may_gain(self, task: PendingTask, index: Mapping[str, float], margin: float) -> bool:
+        mine = index.get(task.key)
+        if mine is None:
+            return False
+        candidates = self.prefix[bisect.bisect_left(self.bounds, mine / margin)]
+        return candidates > 0 and self.free + candidates >= task.request.count * task.request.milli_per_gpu

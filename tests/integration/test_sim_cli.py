@@ -115,10 +115,12 @@ def test_bench_gavel_and_philly_json(tiny: dict[str, Path], tmp_path: Path) -> N
         if mode == "predicted":  # nothing finished before the window: learnt during the replay only
             assert run["prediction"]["warm_up_runs"] == 0 and run["prediction"]["learned_runs"] == 3
             assert run["prediction"]["jobs_without_estimate"] == 3  # none had finished when they started
-    # --preemption on passes through to the simulator (equal priorities here: nothing to preempt).
+    # --preemption on = by expected remaining service (too little history here: every job is in
+    # the first least-attained-service queue, equal indices, nothing to preempt).
     pre = _cli("bench", "philly", "--jobs", tiny["philly"], "--nodes", "1", "--start", "2017-10-09",
                "--end", "2017-10-10", "--durations", "predicted", "--preemption", "on")
-    assert pre["preemption"] == "on" and pre["preemption_report"]["mode"] == "priority"
+    assert pre["preemption"] == "on" and pre["preemption_mode"] == "service"
+    assert pre["preemption_report"]["mode"] == "service"
     assert pre["preemption_report"]["preemptions"] == 0 and pre["jobs_finished"] == 3
 
 
