@@ -59,6 +59,7 @@ def run_gavel(
     preemption: str = "off",
     restart_s: float = DEFAULT_RESTART_S,
     stream: tuple[float, int] | None = None,
+    horizon: str = "round",
 ) -> dict[str, Any]:
     """Gavel's continuous-single experiment on ``per_type`` GPUs of each type.
 
@@ -66,7 +67,8 @@ def run_gavel(
     ``cpu_s`` (process CPU time of the replay). ``replan_ms`` > 0 re-plans every pass with the
     genetic optimiser (see :func:`~gpusched.sim.engine.simulate`). ``preemption="migrate"`` runs
     the migration rule (:mod:`gpusched.placement.migration`) after every pass with restart cost
-    ``restart_s`` and one round as its horizon; otherwise the replay is non-preemptive.
+    ``restart_s`` and one round as its horizon (``horizon="age"``: at least each job's attained run
+    time); otherwise the replay is non-preemptive.
     ``stream=(rate, seed)`` replays Gavel's generator for that seed (15,000 jobs,
     :mod:`gpusched.bench.gavel_stream`, run times from ``throughputs``) instead of ``jobs_csv``.
     """
@@ -89,7 +91,7 @@ def run_gavel(
         )
     fleet = gavel_fleet(per_type=per_type, gpus_per_server=gpus_per_server)
     moves = None if preemption == "off" else SimPreemption(
-        MIGRATE, restart_s=restart_s, horizon_s=round_s or 360.0, min_runtime_s=0.0)
+        MIGRATE, restart_s=restart_s, horizon_s=round_s or 360.0, min_runtime_s=0.0, by_age=horizon == "age")
     cpu = time.process_time()
     result = simulate(
         jobs,

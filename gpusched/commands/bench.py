@@ -61,6 +61,9 @@ def register(subparsers: Any) -> None:
     gv.add_argument("--replan-ms", type=finite_float(0.0), default=0.0,
                     help="re-plan each scheduling pass with the genetic optimiser within this "
                          "budget in ms, as the executor's [gpusched] replan_budget_ms (default 0 = greedy)")
+    gv.add_argument("--horizon", choices=("round", "age"), default="round",
+                    help="with --preemption migrate: over what time a move must pay its restart: one "
+                         "round (default), or at least the job's attained run time (age)")
     gv.add_argument("--stream-seed", type=int_range(0), default=None,
                     help="replay Gavel's generator for this seed at --rate instead of a file "
                          "(seed 0 = the shared streams; others: data nothing was tuned on)")
@@ -217,6 +220,7 @@ def _gavel(args: argparse.Namespace) -> int:
         per_type=args.per_type,
         preemption=args.preemption,
         restart_s=args.restart_s,
+        horizon=args.horizon,
         stream=None if args.stream_seed is None else (args.rate, args.stream_seed),
     )
     result["rate_jobs_per_h"] = args.rate

@@ -12,7 +12,11 @@ figure). Over the decision horizon ``H`` (the time until the rule runs again: on
 that stays on model ``a`` does ``H·n(a)`` best-GPU-seconds of work; moved to ``b`` it loses the
 restart cost ``C`` (checkpoint, release, restore) and does ``(H − C)·n(b)``. The net gain of a move
 is therefore ``H·(n(b) − n(a)) − C·n(b)`` (``H`` shortened to the task's expected remaining run
-when it has one). Moves are taken only with a positive gain:
+when it has one). ``H`` is one round by default (every move pays for itself before the rule runs
+again: safe, but a restart longer than a round never pays); with ``by_age`` a task that has run
+longer than a round is credited its age (run time attained, ``attained``) as its horizon — the
+age predictor of LAS schedulers for heavy-tailed job sizes, where work that has run long tends to
+run long still. Moves are taken only with a positive gain:
 
 1. to a free device of a faster model (greedy, largest gain first; a device a mover frees may
    take the next mover);
@@ -59,7 +63,9 @@ class MigrationRequest:
 
     ``running``: every task holding devices (their shares counted in ``snapshot``); ``job_types``:
     key → job type for the throughput table (absent = the catalog's speed); ``restart_s``: the
-    cost ``C`` of one move; ``horizon_s``: ``H``, the time until the rule runs again (> 0).
+    cost ``C`` of one move; ``horizon_s``: ``H``, the time until the rule runs again (> 0);
+    ``by_age``: a task's horizon is at least its attained run time (``attained``: key → seconds
+    run over all its runs; absent = since ``started_at``).
     """
 
     snapshot: FleetSnapshot
@@ -73,6 +79,8 @@ class MigrationRequest:
     min_runtime_s: float = 0.0
     protected: frozenset[str] = frozenset()
     max_moves: int = 16
+    by_age: bool = False
+    attained: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.restart_s) and self.restart_s >= 0):
@@ -165,6 +173,8 @@ def _movers(request: MigrationRequest, catalog: Catalog) -> dict[str, _Mover]:
         if here not in raw or best <= 0:
             continue
         horizon = request.horizon_s
+        if request.by_age:
+            horizon = max(horizon, request.attained.get(task.key, request.now - task.started_at))
         if task.expected_end is not None:
             horizon = min(horizon, max(0.0, task.expected_end - request.now))
         if horizon > 0:

@@ -54,12 +54,14 @@ class SimPreemption:
     max_per_pass: int = 4
     restart_s: float = DEFAULT_RESTART_S
     horizon_s: float = 360.0
+    by_age: bool = False
     count: int = 0
     lost_gpu_s: float = 0.0
     done: dict[str, float] = field(default_factory=dict)  # key -> fraction of its work saved
     times: dict[str, int] = field(default_factory=dict)  # key -> times preempted
     restarting: dict[str, float] = field(default_factory=dict)  # key -> restore time of its next start
     delay: dict[str, float] = field(default_factory=dict)  # key -> restore time of its current run
+    ran: dict[str, float] = field(default_factory=dict)  # key -> seconds of work in its earlier runs
 
     def __post_init__(self) -> None:
         mode = str(self.mode).strip().lower()
@@ -111,7 +113,8 @@ class SimPreemption:
         if self.migrates and running:
             asked = MigrationRequest(snapshot, tuple(running.values()), policy, now, quota,
                                        job_types=job_types or {}, restart_s=self.restart_s,
-                                       horizon_s=self.horizon_s, min_runtime_s=self.min_runtime_s)
+                                       horizon_s=self.horizon_s, min_runtime_s=self.min_runtime_s,
+                                       by_age=self.by_age, attained=self._attained(running, now))
             moved = plan_migrations(asked)
             victims = tuple(Victim(m.key, m.shares, f"{m.from_model} -> {m.to_model}", 0.0, now)
                             for m in moved.moves)
@@ -147,6 +150,12 @@ class SimPreemption:
             started.add(task.key)
         return out
 
+    def _attained(self, running: Mapping[str, RunningTask], now: float) -> dict[str, float]:
+        if not self.by_age:
+            return {}
+        return {k: self.ran.get(k, 0.0) + max(0.0, now - r.started_at - self.delay.get(k, 0.0))
+                for k, r in running.items()}
+
     def evict(self, task: RunningTask, full_run_s: float, now: float, fleet: FleetSnapshot) -> None:
         """Record that ``task`` (a run of ``full_run_s`` for all its work) is stopped at ``now``.
 
@@ -154,6 +163,7 @@ class SimPreemption:
         starts again; a victim keeps the work up to its last periodic checkpoint."""
         began = task.started_at + self.delay.pop(task.key, 0.0)  # its work began after the restore
         saved = now if self.migrates else self.last_checkpoint(task.started_at, now)
+        self.ran[task.key] = self.ran.get(task.key, 0.0) + max(0.0, saved - began)
         if full_run_s > 0 and math.isfinite(full_run_s):
             gained = max(0.0, saved - began) / full_run_s
             self.done[task.key] = min(1.0, self.done.get(task.key, 0.0) + gained)
@@ -170,7 +180,8 @@ class SimPreemption:
         """JSON-safe figures of what preemption did in this replay."""
         out: dict[str, object] = {"mode": self.mode, "min_runtime_s": self.min_runtime_s}
         if self.migrates:
-            out.update(restart_s=self.restart_s, horizon_s=self.horizon_s)
+            out.update(restart_s=self.restart_s, horizon_s=self.horizon_s,
+                       horizon="age" if self.by_age else "round")
         else:
             out.update(checkpoint_s=self.checkpoint_s)
         return {**out, "preemptions": self.count, "jobs_preempted": len(self.times),

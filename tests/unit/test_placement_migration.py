@@ -27,8 +27,9 @@ def _fleet(v100: int, k80: int) -> FleetSnapshot:
     return FleetSnapshot(tuple(nodes))
 
 
-def _on(node: str, index: int, key: str, *, started: float = NOW - 3600, **kw: str) -> RunningTask:
-    request = GPURequest.build(gpus=1, **kw)
+def _on(node: str, index: int, key: str, *, started: float = NOW - 3600, model: str | None = None
+        ) -> RunningTask:
+    request = GPURequest.build(gpus=1, model=model) if model else GPURequest.build(gpus=1)
     share = DeviceShare(f"{node}/gpu{index}", node, index, 1000, 0)
     return RunningTask(key, request, (share,), started, None)
 
@@ -124,3 +125,16 @@ def test_bad_costs_are_refused() -> None:
         MigrationRequest(fleet, (), POLICY, NOW, QuotaState.unlimited(), restart_s=-1.0)
     with pytest.raises(ValueError, match="horizon"):
         MigrationRequest(fleet, (), POLICY, NOW, QuotaState.unlimited(), horizon_s=0.0)
+
+
+def test_by_age_a_job_that_has_run_long_pays_a_restart_longer_than_a_round() -> None:
+    fleet = _fleet(1, 1)
+    old = _on("k", 0, "a", started=NOW - 3600)
+    # one round: 360·0.75 − 300 = −30, no move; by age: 3600·0.75 − 300 = 2400
+    assert _plan(fleet, [old], {"a": "cnn"}, restart_s=300.0).moves == ()
+    plan = _plan(fleet, [old], {"a": "cnn"}, restart_s=300.0, by_age=True)
+    assert plan.moves[0].gain == pytest.approx(2400.0)
+    # the attained run time counts earlier runs too; a young job still gets one round at least
+    young = _on("k", 0, "a", started=NOW - 10)
+    assert _plan(fleet, [young], {"a": "cnn"}, restart_s=300.0, by_age=True).moves == ()
+    assert _plan(fleet, [young], {"a": "cnn"}, restart_s=300.0, by_age=True, attained={"a": 7200.0}).moves
