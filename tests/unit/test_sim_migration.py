@@ -50,8 +50,8 @@ def test_a_job_moves_to_the_v100_another_job_frees_and_keeps_its_work() -> None:
     assert (long.models, long.start_s, long.preemptions) == ((V100,), 360.0, 1)
     assert long.end_s == pytest.approx(3600.0 + 60.0 + 8920.0)
     assert result.preemption == {"mode": "migrate", "min_runtime_s": 0.0, "restart_s": 60.0,
-                                 "horizon_s": 360.0, "horizon": "round", "preemptions": 1, "jobs_preempted": 1,
-                                 "lost_gpu_hours": round(60.0 / 3600, 3)}
+                                 "horizon_s": 360.0, "horizon": "round", "preemptions": 1,
+                                 "jobs_preempted": 1, "lost_gpu_hours": round(60.0 / 3600, 3)}
 
 
 class _Checked(SimPreemption):
