@@ -66,6 +66,8 @@ for part in "${parts[@]}"; do
       done
       $G bench philly --policy gpusched --oracle --nodes "$PHILLY_NODES" --quiet \
         --out "results/philly/gpusched-oracle.json"
+      $G bench philly --policy gpusched --durations predicted --nodes "$PHILLY_NODES" --quiet \
+        --out "results/philly/gpusched-predicted.json"
       $G bench philly --policy gpusched --oracle --max-pending 1024 --nodes "$PHILLY_NODES" --quiet \
         --out "results/philly/gpusched-oracle-pending1024.json"
       $G bench philly --policy first-fit --max-pending 1024 --nodes "$PHILLY_NODES" --quiet \
