@@ -190,6 +190,7 @@ def simulate(
     sched_at = _INF
     t = ordered[0].arrival_s if ordered else 0.0
     bar = _bar(len(watch) if watch is not None else len(ordered), progress)
+    tracker = sim_quota.QuotaTracker(quota, by_key, fleet)
 
     def mark(now: float) -> None:
         point = TimelinePoint(now, used, len(pending))
@@ -231,7 +232,7 @@ def simulate(
         else:
             started = time.perf_counter()
             offered = list(_head(pending, max_pending))
-            state = sim_quota.quota_state_at(quota, records, by_key, fleet, t)
+            state = tracker.state_at(t)
             plan = place(
                 offered,
                 snapshot,
@@ -269,6 +270,7 @@ def simulate(
                 models = tuple(sorted({snapshot.device(s.uuid).model for s in a.shares}))
                 end = t + job.duration_on(models)
                 records[a.key] = JobRecord(a.key, job.arrival_s, t, end, a.shares, models)
+                tracker.started(records[a.key])
                 hint = job.request.expected_duration_s
                 running[a.key] = RunningTask(a.key, job.request, a.shares, t, t + hint if hint else None)
                 heapq.heappush(completions, (end, seq, a.key))
