@@ -321,12 +321,14 @@ def load_philly_jobs(
     end: str | None = None,
     clusters: frozenset[str] | None = None,
     max_gpus: int | None = None,
+    origin: str | None = None,
 ) -> list[TraceJob]:
     """Philly jobs (``timestamp,duration,num_gpus,gpu_time,cluster``) sorted by submission.
 
     ``start``/``end`` (``YYYY-MM-DD[ HH:MM:SS]``, UTC, end exclusive) select a window;
     ``clusters`` keeps only those virtual clusters; ``max_gpus`` drops larger jobs. Arrival times
-    are seconds from the first kept job. Jobs with zero duration or zero GPUs are skipped.
+    are seconds from ``origin`` (same format; default: the first kept job). Jobs with zero duration
+    or zero GPUs are skipped.
 
     Raises:
         ConfigurationError: a window bound that is not a date, or an end not after the start.
@@ -336,6 +338,7 @@ def load_philly_jobs(
     p = Path(path)
     lo = _window_bound(start, "window start")
     hi = _window_bound(end, "window end")
+    zero = _window_bound(origin, "arrival origin")
     if lo is not None and hi is not None and hi <= lo:
         raise ConfigurationError(f"window end {end!r} is not after its start {start!r}; swap them")
     kept: list[tuple[float, int, float, str]] = []
@@ -357,8 +360,8 @@ def load_philly_jobs(
             continue
         kept.append((ts, gpus, duration, cluster))
     kept.sort(key=lambda item: item[0])
-    origin = kept[0][0] if kept else 0.0
+    first = zero if zero is not None else kept[0][0] if kept else 0.0
     return [
-        TraceJob(key=str(i), arrival_s=ts - origin, num_gpus=g, duration_s=d, group=c)
+        TraceJob(key=str(i), arrival_s=ts - first, num_gpus=g, duration_s=d, group=c)
         for i, (ts, g, d, c) in enumerate(kept)
     ]
