@@ -231,8 +231,9 @@ def simulate(
             dirty = True
         else:
             started = time.perf_counter()
-            offered = list(_head(pending, max_pending))
             state = tracker.state_at(t)
+            active = tuple(running.values())
+            offered = tracker.offer(pending.values(), state, snapshot, active, t, max_pending)
             plan = place(
                 offered,
                 snapshot,
@@ -339,15 +340,6 @@ def _blocking_prefix(plan: PlacementPlan, offered: Sequence[PendingTask]) -> tup
         if task.key in by_key:
             kept.append(by_key[task.key])
     return tuple(kept)
-
-
-def _head(pending: Mapping[str, PendingTask], n: int) -> Sequence[PendingTask]:
-    out = []
-    for task in pending.values():
-        out.append(task)
-        if len(out) >= n:
-            break
-    return out
 
 
 def _bar(total: int, enabled: bool):  # type: ignore[no-untyped-def]

@@ -8,16 +8,18 @@ simulator places with exactly the state the executors build from the ledger. ``r
 :class:`QuotaTracker` gives the same state as :func:`gpusched.quota.usage.quota_state` over every
 started job, incrementally: a job that has ended adds a fixed amount to its tenant's use of the
 period, so only running jobs are visited per pass (a week of Philly has ~12k jobs and ~25k
-passes; recounting every span per pass was quadratic).
+passes; recounting every span per pass was quadratic). :meth:`QuotaTracker.offer` picks the
+waiting jobs one pass is offered, skipping those the budget gate would refuse anyway.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gpusched.model import FleetSnapshot
-from gpusched.quota.policy import QuotaPolicy, QuotaState
+from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.placement.types import PendingTask, RunningTask
+from gpusched.quota.policy import QuotaPolicy, QuotaState, normalised_rate
 from gpusched.quota.usage import UsageSpan
 
 __all__ = ["QuotaTracker", "quota_state_at", "report"]
@@ -54,13 +56,15 @@ class QuotaTracker:
         self.open: list[tuple[str, int, float, float]] = []  # spans not ended at the last state
         self.closed: dict[str, int] = {}  # use of spans ended within the current period
         self.period = float("nan")
+        # Cheapest normalised rate of one whole device: a lower bound of any placement's cost.
+        rates = [normalised_rate([DeviceShare(d.uuid, d.node, d.index, MILLI, 0)], fleet)
+                 for d in fleet.devices() if d.takes_work] if policy is not None else []
+        self.cheapest = min(rates, default=0)
 
     def started(self, record: Any) -> None:
         """Count ``record`` (an engine ``JobRecord``) from now on."""
         if self.policy is None:
             return
-        from gpusched.quota.policy import normalised_rate
-
         span = (self.jobs[record.key].request.tenant, normalised_rate(record.shares, self.fleet),
                 record.start_s, record.end_s)
         self.spans.append(span)
@@ -90,6 +94,44 @@ class QuotaTracker:
                 still.append((tenant, rate, begin, end))
         self.open = still
         return QuotaState(self.policy, used, start)
+
+
+    def offer(self, pending: Iterable[PendingTask], state: QuotaState, snapshot: FleetSnapshot,
+              running: Sequence[RunningTask], now: float, limit: int) -> list[PendingTask]:
+        """The oldest ``limit`` waiting jobs, less those their tenant's budget holds this pass.
+
+        The executor offers every queued task each cycle; the simulator offers at most ``limit``
+        (its backfill depth). A job whose cheapest possible cost (:attr:`cheapest` per device),
+        on top of its tenant's use and its running tasks' committed cost (the gate's own
+        :class:`~gpusched.placement.admission.QuotaGate` bookkeeping), is over the budget would be
+        refused by the gate anyway, so it does not take a place in the window: otherwise
+        budget-held jobs at the head of the queue hide the other tenants' work from every pass.
+        A job that could exceed the whole budget is still offered (the gate rejects it for good).
+        """
+        out: list[PendingTask] = []
+        if not state.enforced:
+            for task in pending:
+                out.append(task)
+                if len(out) >= limit:
+                    break
+            return out
+        from gpusched.placement.admission import QuotaGate
+
+        committed = QuotaGate(snapshot, state, running, (), now).committed
+        for task in pending:
+            req = task.request
+            budget = state.policy.budget(req.tenant)
+            if budget is not None:
+                duration = req.expected_duration_s or state.policy.default_duration_s
+                # Σ over shares of floored rates ≥ the floored total less one unit per device.
+                cost = max(0, req.total_milli * self.cheapest // MILLI - req.count) * duration
+                spent = state.used.get(req.tenant, 0) + committed.get(req.tenant, 0)
+                if cost <= budget < spent + cost:
+                    continue
+            out.append(task)
+            if len(out) >= limit:
+                break
+        return out
 
 
 def report(

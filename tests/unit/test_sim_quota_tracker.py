@@ -53,3 +53,19 @@ def test_tracker_matches_the_recount_across_periods() -> None:
 def test_tracker_without_policy_is_unlimited() -> None:
     tracker = QuotaTracker(None, {}, uniform_fleet(1, 8, "P100"))
     assert not tracker.state_at(10.0).enforced
+
+
+def test_budget_held_jobs_do_not_fill_the_offer_window() -> None:
+    from gpusched.placement import Policy
+    from gpusched.sim.engine import SimJob, simulate
+
+    def job(key: str, tenant: str, at: float) -> SimJob:
+        return SimJob(key, GPURequest(count=1, tenant=tenant, expected_duration_s=3600), at, 3600.0)
+
+    # a may spend 1 A100-h a week: a0 runs, a1-a4 wait for next week; the pass offers 2 jobs.
+    jobs = [job(f"a{i}", "a", float(i)) for i in range(5)] + [job("b0", "b", 10.0)]
+    result = simulate(jobs, uniform_fleet(1, 8, "A100"), Policy.named("gpusched"), max_pending=2,
+                      quota=QuotaPolicy(budgets_hours={"a": 1}, period_s=7 * 86400))
+    starts = {r.key: r.start_s for r in result.records}
+    # b0 is not hidden behind a's held jobs at the head of the queue.
+    assert starts == {"a0": 0.0, "b0": 10.0} and sorted(result.unstarted) == ["a1", "a2", "a3", "a4"]
