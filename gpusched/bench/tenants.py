@@ -331,7 +331,8 @@ def replay_tenants(
                     request=replace(j.request, partition=parts[j.request.tenant])) for j in raw]
     if durations == "oracle":
         jobs = with_expected_durations(jobs)
-    tag = f"{window[0]}_{nodes}x{gpus_per_node}_{durations}"
+    tag = f"{window[0]}_{nodes}x{gpus_per_node}_{durations}" + (
+        f"_budget{budget_fraction:g}" if budget_fraction != 0.5 else "")
     folder = out_dir or Path("results/tenants")
     folder.mkdir(parents=True, exist_ok=True)
     quota_path = folder / f"quota-{tag}.yaml"
