@@ -5,6 +5,11 @@ NVLink/NVSwitch island; the task reads ``CUDA_VISIBLE_DEVICES`` and ``GPUSCHED_A
 show what it got. Training is simulated numerically (data-parallel SGD with an all-reduce of
 the gradients), so the DAG runs anywhere. ``GPUSCHED_EXAMPLE_STEPS`` sets the number of steps
 (default 120) and ``GPUSCHED_EXAMPLE_STEP_SECONDS`` the pause per step (default 0.1).
+
+Preemption: the task saves its weights every 20 steps and reports each checkpoint
+(:mod:`gpusched.airflow.checkpoint`); when the executor preempts it for a more urgent task
+(``[gpusched] preemption``), it saves one more, waits to be stopped and, requeued, resumes from
+the last checkpoint instead of step 1.
 """
 
 from __future__ import annotations
@@ -37,9 +42,12 @@ def example_multi_gpu_nvlink_training() -> None:
     @task(**gpu(gpus=REPLICAS, vendor="nvidia", interconnect="island", memory="40GiB",
                 expected_duration="30m", tenant="vision", priority="high"))
     def train_resnet50(dataset: dict[str, int]) -> dict[str, object]:
+        import tempfile
         import time
 
         import numpy as np
+
+        from gpusched.airflow import checkpoint
 
         allocation = json.loads(os.environ.get("GPUSCHED_ALLOCATION") or "{}")
         print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}")
@@ -52,9 +60,16 @@ def example_multi_gpu_nvlink_training() -> None:
         x = rng.normal(size=(n, d))
         labels = (x @ rng.normal(size=(d, k))).argmax(axis=1)
         weights = np.zeros((d, k))
+        saved = os.path.join(tempfile.gettempdir(), "gpusched-checkpoints",
+                             f"{(allocation.get('key') or 'local').replace('/', '_')}.npy")
+        first = 1
+        earlier = checkpoint.resume()  # a preempted earlier try's last checkpoint
+        if earlier is not None and earlier.path and os.path.exists(earlier.path):
+            weights, first = np.load(earlier.path), int(earlier.step) + 1
+            print(f"resuming from step {earlier.step} ({earlier.path})")
         shards = np.array_split(np.arange(n), REPLICAS)  # one shard per GPU replica
         loss = float("nan")
-        for step in range(1, steps + 1):
+        for step in range(first, steps + 1):
             grads, losses = [], []
             for shard in shards:
                 logits = x[shard] @ weights
@@ -67,6 +82,13 @@ def example_multi_gpu_nvlink_training() -> None:
             weights -= 0.5 * np.mean(grads, axis=0)  # all-reduce over the NVLink island
             loss = float(np.mean(losses))
             print(f"step {step}/{steps} loss={loss:.4f} replicas={REPLICAS}")
+            if step % 20 == 0 or checkpoint.preempted():
+                os.makedirs(os.path.dirname(saved), exist_ok=True)
+                np.save(saved, weights)
+                checkpoint.report(step=step, path=saved)
+                if checkpoint.preempted():
+                    print(f"preempted: checkpoint of step {step} saved; waiting to be stopped")
+                    checkpoint.wait_for_stop()
             time.sleep(pause)
         return {"final_loss": loss, "steps": steps, "devices": allocation.get("devices"),
                 "node": allocation.get("node")}

@@ -4,8 +4,10 @@
 (description, type, default, example); the provider info's ``config`` section
 (:func:`gpusched.provider_info.get_provider_info`, shown by ``airflow config list --section
 gpusched``) is generated from it, and the readers below use it for defaults and types. Values come
-from the team-scoped config of the executor that reads them (``self.conf``) or Airflow's global
-``conf``; ``AIRFLOW__GPUSCHED__<OPTION>`` overrides the file as for any Airflow option.
+from the config the caller passes: the team-scoped config of the executor that reads them
+(``self.conf``); ``AIRFLOW__GPUSCHED__<OPTION>`` overrides the file as for any Airflow option.
+This module imports no Airflow: code outside ``gpusched/airflow`` reads its ``GPUSCHED_*``
+variables (:data:`ENV_VARS`) and its own defaults instead.
 
 :data:`ENV_VARS` lists every ``GPUSCHED_*`` environment variable gpusched or its scripts read.
 :func:`parse_bool` is the one parser for boolean settings and switches.
@@ -66,6 +68,18 @@ OPTIONS: tuple[Option, ...] = (
            "What happens to running GPU work whose tenant crosses its hard GPU-hour budget (the "
            "quota file's budgets), as Slurm's GrpTRESMins: finish (let it finish; the tenant's new "
            "tasks wait for the next period) or stop (fail the task now with the reason).", "stop"),
+    Option("preemption", "string", "off",
+           "Whether a waiting GPU task may stop running ones to get devices: off; priority (stop "
+           "running tasks of strictly lower priority); partitions (also take back capacity another "
+           "partition borrowed beyond its share). Victims get a notice, then SIGTERM, and are "
+           "requeued without losing a try.", "priority"),
+    Option("preemption_grace_seconds", "float", "30",
+           "Seconds a preempted task has, after its notice (gpusched.airflow.checkpoint.preempted()), to "
+           "checkpoint before it is stopped; Airflow then sends SIGTERM and SIGKILL 5 s later. A "
+           "task that reports a checkpoint after the notice is stopped at once.", "120"),
+    Option("preemption_min_runtime_seconds", "float", "300",
+           "A GPU task that has run for less than this is never preempted (no thrashing of fresh "
+           "work).", "600"),
     Option("visible_devices_by_uuid", "boolean", "False",
            "Hand devices to tasks by UUID (CUDA_VISIBLE_DEVICES=GPU-...) instead of by index.", "True"),
     Option("replan_budget_ms", "float", "0",
@@ -94,6 +108,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("reconcile_seconds", "float", "5",
            "How often the executor looks for allocations of gone or superseded task tries and "
            "releases them.", "30"),
+    Option("duration_history_days", "float", "30",
+           "Days of finished GPU tasks the executor learns run times from: a task without "
+           "expected_duration is placed with the duration predicted from similar finished tasks "
+           "(same DAG task, then tenant and GPU count, tenant, fleet; median of the 50 most recent, "
+           "from 3 runs on). 0 turns prediction off.", "14"),
+    Option("duration_refresh_seconds", "float", "60",
+           "How often the executor reads the tasks finished since its last read to update its "
+           "duration predictions.", "300"),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 
@@ -130,6 +152,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("GPUSCHED_AIRFLOW_API_USER", "REST client", "Airflow API user."),
     EnvVar("GPUSCHED_AIRFLOW_API_PASSWORD", "REST client", "Airflow API password."),
     EnvVar("GPUSCHED_ALLOCATION", "set for tasks", "JSON of the task's allocation (host view)."),
+    EnvVar("GPUSCHED_PREEMPTED", "set for tasks", "1 once the task has been told it is preempted "
+           "(set in the task process by gpusched.airflow.checkpoint.preempted() or its SIGTERM handler)."),
     EnvVar("GPUSCHED_MEMORY_LIMIT_BYTES", "set for tasks", "Device memory the task may use (fractions)."),
     EnvVar("GPUSCHED_MEMORY_FRACTION", "set for tasks", "Fraction of the device's memory (fractions)."),
     EnvVar("GPUSCHED_ISOLATION", "set for tasks", "hard when the task runs on a MIG instance or AMD "
@@ -196,14 +220,10 @@ def _option(name: str) -> Option:
         ) from None
 
 
-def get_str(name: str, conf: Any = None) -> str:
-    """The raw value of ``[gpusched] name`` from ``conf`` (an executor's team-scoped ``self.conf``;
-    default Airflow's global ``conf``), or the declared default."""
+def get_str(name: str, conf: Any) -> str:
+    """The raw value of ``[gpusched] name`` from ``conf`` (an executor's team-scoped ``self.conf``,
+    or anything with Airflow's ``conf.get(section, key, fallback=...)``), or the declared default."""
     option = _option(name)
-    if conf is None:
-        from airflow.configuration import conf as global_conf
-
-        conf = global_conf
     return str(conf.get(SECTION, name, fallback=option.default))
 
 
@@ -218,17 +238,17 @@ def _convert(name: str, conf: Any, kind: type[int] | type[float]) -> Any:
         ) from None
 
 
-def get_int(name: str, conf: Any = None) -> int:
+def get_int(name: str, conf: Any) -> int:
     """``[gpusched] name`` as an integer (a clear ConfigurationError when it is not one)."""
     return int(_convert(name, conf, int))
 
 
-def get_float(name: str, conf: Any = None) -> float:
+def get_float(name: str, conf: Any) -> float:
     """``[gpusched] name`` as a float (a clear ConfigurationError when it is not one)."""
     return float(_convert(name, conf, float))
 
 
-def get_bool(name: str, conf: Any = None, *, empty: bool | None = None) -> bool:
+def get_bool(name: str, conf: Any, *, empty: bool | None = None) -> bool:
     """``[gpusched] name`` as a boolean; ``empty`` is the value of an empty setting (default False)."""
     raw = get_str(name, conf)
     if not raw.strip() and empty is not None:

@@ -207,7 +207,8 @@ def end_to_end(nodes: list[Any], pythonpath: list[str]) -> list[dict[str, Any]]:
     """Place tasks on the real fleet, export their environment, run real CUDA work in a child."""
     from gpusched.hardware.envexport import devices_env
     from gpusched.model import FleetSnapshot
-    from gpusched.placement import PendingTask, Policy, place
+    from gpusched.placement import PendingTask, PlacementRequest, Policy, place
+    from gpusched.quota.policy import QuotaState
     from gpusched.request import GPURequest
 
     snapshot = FleetSnapshot(tuple(nodes), source="device-check")
@@ -217,7 +218,8 @@ def end_to_end(nodes: list[Any], pythonpath: list[str]) -> list[dict[str, Any]]:
         requests.append(("hard-isolated fraction", hard))
     runs = []
     for name, request in requests:
-        plan = place([PendingTask(name, request, 0.0)], snapshot, Policy(), now=0.0)
+        plan = place(PlacementRequest(pending=[PendingTask(name, request, 0.0)], snapshot=snapshot,
+                                      policy=Policy(), now=0.0, quota=QuotaState.unlimited()))
         if not plan.assignments:
             problems.append(f"end to end: {name} was not placed: {plan.rejections[0].reason}")
             continue

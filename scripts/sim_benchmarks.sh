@@ -42,6 +42,8 @@ for part in "${parts[@]}"; do
       done
       $G bench philly --policy gpusched --oracle --nodes "$PHILLY_NODES" --quiet \
         --out "results/philly/gpusched-oracle.json"
+      $G bench philly --policy gpusched --durations predicted --nodes "$PHILLY_NODES" --quiet \
+        --out "results/philly/gpusched-predicted.json"
       $G bench philly --policy gpusched --oracle --max-pending 1024 --nodes "$PHILLY_NODES" --quiet \
         --out "results/philly/gpusched-oracle-pending1024.json"
       $G bench philly --policy first-fit --max-pending 1024 --nodes "$PHILLY_NODES" --quiet \
@@ -53,9 +55,10 @@ for part in "${parts[@]}"; do
       $G bench philly --policy first-fit --head-of-line --nodes "$PHILLY_NODES" --quiet \
         --out "results/philly/first-fit-strict-fifo.json" ;;
     latency)
-      for p in gpusched first-fit; do
-        $G bench latency --nodes 1000 --sweep --policy "$p" --quiet --out "results/latency/${p}.json"
-      done ;;
+      $G bench latency --nodes 1000 --sweep --policy first-fit --quiet --out "results/latency/first-fit.json"
+      $G bench latency --nodes 1000 --sweep --samples 100 --quiet --out "results/latency/gpusched.json"
+      $G bench latency --nodes 1000 --sweep --samples 100 --resident --quiet \
+        --out "results/latency/gpusched-resident.json" ;;
     *) echo "unknown part $part (openb, gavel, philly, latency)" >&2; exit 2 ;;
   esac
 done

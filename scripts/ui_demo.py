@@ -20,7 +20,8 @@ from gpusched.hardware.fleetfile import load_fleet
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceSample, Health
 from gpusched.paths import include_dir, state_dir
-from gpusched.placement import PendingTask, Policy, place
+from gpusched.placement import PendingTask, PlacementRequest, Policy, place
+from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 
 GIB = 1024**3
@@ -66,13 +67,18 @@ def populate(ledger: Ledger, now: float, *, with_forecast: bool = True) -> None:
         PendingTask(key, GPURequest.build(**spec), now - 60 * (len(DEMO_JOBS) - i))
         for i, (key, spec) in enumerate(DEMO_JOBS)
     ]
-    plan = place(pending, ledger.snapshot(now), Policy.named("gpusched"), now=now)
+    plan = place(PlacementRequest(pending=pending, snapshot=ledger.snapshot(now),
+                                  policy=Policy.named("gpusched"), now=now, quota=QuotaState.unlimited()))
     requests = {p.key: p.request for p in pending}
     for a in plan.assignments:
         ledger.allocate(a.key, requests[a.key], a.shares, holder="demo", lease_s=3600,
                         now=now - random.Random(a.key).randint(120, 7200))
     for r in plan.rejections:
         ledger.record_queue(r.key, requests[r.key], r.reason, now - 600)
+    # One finished preemption, worded as the executor words it (gpusched/airflow/gpu_preemption.py).
+    ledger.record_event("preempted", "vision.vit.r6.1", now=now - 900, by="llm_pretrain.train.r42.1",
+                        reason="preempted for llm_pretrain.train.r42.1 (priority 10 < 80); "
+                               "1260 GPU-s since its last checkpoint", lost_gpu_s=1260.0, grace_s=30.0)
     rng = random.Random(7)
     samples = []
     fleet = ledger.snapshot(now)

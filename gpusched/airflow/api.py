@@ -7,12 +7,13 @@ Every route requires an authenticated Airflow user (``requires_authenticated`` f
 authenticates its own ``fetch`` calls. Without either: 401.
 
 JSON routes (all read-only): ``/fleet``, ``/allocations``, ``/queue``, ``/quotas``,
-``/forecast``, ``/events``. The page: ``/ui``, served with a Content-Security-Policy (its own
-script only, framed only by the same origin) and the usual hardening headers. There is no
-``/docs``, ``/redoc`` or ``/openapi.json``: the routes are documented here and in docs/airflow.md,
-and nothing is served without authentication except the redirect from ``/`` to ``/ui``. Data
-comes from the ledger (``$GPUSCHED_DB_URL`` or the SQLite ledger under ``$AIRFLOW_HOME/gpusched``);
-the JSON is built by the pure functions of :mod:`gpusched.airflow.api_views`.
+``/forecast``, ``/events``, ``/preemptions``. The page: ``/ui``, served with a
+Content-Security-Policy (its own script only, framed only by the same origin) and the usual
+hardening headers. There is no ``/docs``, ``/redoc`` or ``/openapi.json``: the routes are
+documented here and in docs/airflow.md, and nothing is served without authentication except
+the redirect from ``/`` to ``/ui``. Data comes from the ledger (``$GPUSCHED_DB_URL`` or the
+SQLite ledger under ``$AIRFLOW_HOME/gpusched``); the JSON is built
+by the pure functions of :mod:`gpusched.airflow.api_views`.
 
 Optional inputs: the quota policy (:mod:`gpusched.airflow.quota_file`), and the forecast from
 the newest ledger event of kind ``forecast`` (detail = ``Forecast.to_dict()``) or
@@ -159,6 +160,11 @@ def create_app(ledger_url: str | None = None) -> FastAPI:
         rows = holder.get().events(max(1, min(limit, 500)))
         return [{"id": e.id, "at": e.at, "kind": e.kind, "subject": e.subject, "detail": dict(e.detail)}
                 for e in rows]
+
+    @router.get("/preemptions")
+    def preemptions(limit: int = 20) -> list[dict[str, Any]]:
+        """Recent preemptions (victim, for whom, work lost, why), newest first."""
+        return api_views.preemptions_view(holder.get().events(max(1, min(limit, 200)), kinds=["preempted"]))
 
     @router.get("/ui", response_class=HTMLResponse)
     def ui() -> HTMLResponse:

@@ -28,6 +28,7 @@ __all__ = [
     "device_state",
     "fleet_view",
     "period_start",
+    "preemptions_view",
     "queue_view",
     "quotas_view",
     "tenant_usage",
@@ -236,6 +237,19 @@ def queue_view(entries: Sequence[QueueEntry], now: float) -> list[dict[str, Any]
             "waiting_s": max(0.0, round(now - e.since, 1)),
         }
         for e in sorted(entries, key=lambda e: (e.since, e.key))
+    ]
+
+
+def preemptions_view(events: Sequence[Any]) -> list[dict[str, Any]]:
+    """Recent ``preempted`` ledger events, newest first: the victim (with its task link), for whom,
+    the work it lost (GPU-seconds since its last checkpoint) and why."""
+    return [
+        {
+            "at": e.at, "key": e.subject, "task": task_link(e.subject), "by": e.detail.get("by"),
+            "by_task": task_link(str(e.detail.get("by") or "")), "reason": e.detail.get("reason"),
+            "lost_gpu_s": e.detail.get("lost_gpu_s"), "grace_s": e.detail.get("grace_s"),
+        }
+        for e in events if e.kind == "preempted"
     ]
 
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from gpusched.airflow.gang import rendezvous_env
 from gpusched.model import DeviceShare, FleetSnapshot, Node
-from gpusched.placement import PendingTask, Policy, RunningTask, place
+from gpusched.placement import PendingTask, PlacementRequest, Policy, RunningTask, place
+from gpusched.quota.policy import QuotaState
 
 __all__ = ["GangPlan", "place_gang"]
 
@@ -38,6 +39,8 @@ def place_gang(
 
     ``same_rack`` gangs try one rack at a time (racks with more free devices first). Returns an
     empty plan with the reason (``permanent`` when even an idle fleet could not hold the gang).
+    Quotas are not checked here: the caller admits the whole gang on the chosen shares
+    (``gpu_cycle``'s gang quota check).
     """
     ordered = sorted(members, key=lambda m: m.gang.rank)  # type: ignore[attr-defined]
     first = ordered[0]
@@ -82,7 +85,10 @@ def _try(
             nodes = tuple(n for n in group if n.name not in used)
             sub = FleetSnapshot(nodes, snap.usage, snap.source, snap.taken_at)
             task = PendingTask(member.key, member.request, member.submitted_at)  # type: ignore[attr-defined]
-            plan = place([task], sub, policy, now=now, running=running)
+            # Quota is judged once for the whole gang on the full fleet (gpu_cycle); per member on
+            # a part of the fleet its partition capacity would be wrong, so members place unlimited.
+            plan = place(PlacementRequest(pending=(task,), snapshot=sub, policy=policy, now=now,
+                                          quota=QuotaState.unlimited(), running=running))
             if not plan.assignments:
                 why = plan.rejections[0].reason if plan.rejections else why
                 break

@@ -17,7 +17,7 @@ from gpusched.airflow.gang import GangMember
 from gpusched.errors import PlacementError
 from gpusched.hardware.envexport import devices_env
 from gpusched.model import DeviceShare, FleetSnapshot
-from gpusched.placement import PendingTask, Policy, Rejection, RunningTask, place
+from gpusched.placement import PendingTask, PlacementRequest, Policy, Rejection, RunningTask, place
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 
@@ -78,7 +78,8 @@ CycleDecision = CycleReply
 class CycleRequest:
     """Every input of one cycle (no caller can leave one out: all but the tuning knobs are required).
 
-    ``pending``: the waiting work, requests as the fault chain's overrides left them;
+    ``pending``: the waiting work, requests as the fault chain's overrides left them and with
+    predicted durations where the author gave none (:mod:`gpusched.airflow.gpu_durations`);
     ``snapshot``: the fleet now (usage counts every active allocation); ``running``: the tasks
     holding devices (for the policy's expected ends); ``now``: the clock; ``replan_budget_ms`` /
     ``replan_weights``: the genetic re-planning budget (0 = greedy only) and its objective weights
@@ -103,14 +104,15 @@ class CycleRequest:
 def decide(request: CycleRequest) -> CycleReply:
     """Decide one cycle: place what waits on what is free and build each launch's environment.
 
-    Workloads that already own an allocation are launched on it first; the rest go to
-    :func:`gpusched.placement.place` against ``snapshot`` (whose usage already counts every
-    active allocation). With ``replan_budget_ms > 0`` and at least two workloads to place, the
-    genetic optimiser re-plans the batch from the greedy plan within that budget (never worse
-    than greedy by its objective; ``replan_weights`` = latency, fragmentation, energy).
+    Workloads that already own an allocation are launched on it first, then complete multi-node
+    gangs; the rest go to :func:`gpusched.placement.place` in one ``PlacementRequest`` built from
+    this request (the snapshot after the gangs, whose usage already counts every active
+    allocation; policy, clock, running tasks, quota, seed). With ``replan_budget_ms > 0`` and at
+    least two workloads to place, the genetic optimiser re-plans the batch from the greedy plan
+    within that budget (never worse than greedy by its objective; ``replan_weights`` = latency,
+    fragmentation, energy).
     """
-    pending, snapshot, policy, now = request.pending, request.snapshot, request.policy, request.now
-    running, use_uuids, seed = request.running, request.use_uuids, request.seed
+    pending, snapshot, use_uuids = request.pending, request.snapshot, request.use_uuids
     replan_budget_ms, replan_weights = request.replan_budget_ms, request.replan_weights
     launches: list[Launch] = []
     holds: list[Hold] = []
@@ -127,15 +129,16 @@ def decide(request: CycleRequest) -> CycleReply:
             to_place.append(PendingTask(work.key, work.request, work.submitted_at))
     snapshot = _place_gangs(request, gangs, snapshot, launches, holds)
     if to_place:
-        plan = place(to_place, snapshot, policy, now=now, running=running, seed=seed, quota=request.quota)
+        placement = PlacementRequest(
+            pending=to_place, snapshot=snapshot, policy=request.policy, now=request.now,
+            quota=request.quota, running=request.running, seed=request.seed,
+        )
+        plan = place(placement)
         # The optimiser does not check quotas: with quotas in force the greedy plan stands.
         if replan_budget_ms > 0 and len(to_place) >= 2 and not request.quota.enforced:
             from gpusched.placement.genetic import optimise
 
-            plan = optimise(
-                to_place, snapshot, policy, now=now, running=running, budget_ms=replan_budget_ms,
-                weights=replan_weights, seed=seed, greedy=plan,
-            )
+            plan = optimise(placement, budget_ms=replan_budget_ms, weights=replan_weights, greedy=plan)
         for assignment in plan.assignments:
             work = by_key[assignment.key]
             _launch_or_hold(work, assignment.shares, snapshot, use_uuids, False, launches, holds)

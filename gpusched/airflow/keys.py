@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["KEY_PREFIX", "TaskKeyParts", "parse_ti_key", "ti_key", "ti_key_of"]
+__all__ = ["KEY_PREFIX", "TaskKeyParts", "parse_ti_key", "task_of", "ti_key", "ti_key_of"]
 
 KEY_PREFIX = "airflow/"
 
@@ -53,3 +53,11 @@ def parse_ti_key(key: str) -> TaskKeyParts | None:
         return TaskKeyParts(dag_id, task_id, run_id, int(try_number), int(map_index))
     except ValueError:
         return None
+
+
+def task_of(key: str) -> str:
+    """The task instance of ledger key ``key`` across its tries (the key without its try number)."""
+    parts = parse_ti_key(key)
+    if parts is None:
+        return key
+    return f"{KEY_PREFIX}{parts.dag_id}/{parts.task_id}/{parts.map_index}/{parts.run_id}"

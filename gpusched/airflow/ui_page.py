@@ -4,8 +4,8 @@
 It draws the fleet as a picture — racks → nodes → link islands → device tiles coloured by state
 (allocated / shared / free / faulty / cordoned / standby, degraded outlined; MIG instances and AMD
 partitions as segments inside their device's tile) — with the queue
-(and why each task waits), active allocations, partitions, tenant budgets and the demand forecast
-below, refreshed every few seconds. Its ``fetch`` calls go to the sibling JSON routes on the
+(and why each task waits), active allocations, recent preemptions, partitions, tenant budgets and
+the demand forecast below, refreshed every few seconds. Its ``fetch`` calls go to the sibling JSON routes on the
 same origin with the browser's Airflow session cookie (``credentials: "same-origin"``).
 """
 
@@ -85,6 +85,8 @@ code { font-size: 12px; }
 <table id="queue"><thead><tr><th>Task</th><th>Request</th><th>Waiting</th><th>Why it waits</th></tr></thead><tbody></tbody></table>
 <h2>Running allocations <span class="muted" id="acount"></span></h2>
 <table id="allocs"><thead><tr><th>Task</th><th>Devices</th><th>Request</th><th>Running</th></tr></thead><tbody></tbody></table>
+<h2>Preemptions <span class="muted" id="pcount"></span></h2>
+<table id="preempt"><thead><tr><th>Stopped</th><th>For</th><th>Work lost</th><th>When</th><th>Why</th></tr></thead><tbody></tbody></table>
 <div class="cols">
  <div><h2>Partitions <span class="muted" id="cap"></span></h2>
  <table id="parts"><thead><tr><th>Partition</th><th>Share</th><th>Used / share (GPUs)</th><th></th><th>GPUs waiting</th></tr></thead><tbody></tbody></table></div>
@@ -175,11 +177,21 @@ function drawAllocs(a) {
     <td>${esc(x.summary)}</td><td class="num">${dur(x.running_s)}</td></tr>`, "no active allocation");
 }
 
+function drawPreemptions(p) {
+  $("pcount").textContent = `(${p.length} recent)`;
+  const link = (t, k) => t ? `<a href="${esc(t.url)}" title="${esc(k)}">${esc(t.label)}</a>` : `<code>${esc(k)}</code>`;
+  rows("preempt", p, (e) => `<tr><td>${link(e.task, e.key)}</td><td>${link(e.by_task, e.by)}</td><td class="num">${e.lost_gpu_s == null ? "" : dur(e.lost_gpu_s) + " GPU"}</td>
+    <td>${esc(new Date(e.at * 1000).toLocaleString())}</td><td>${esc(e.reason)}</td></tr>`, "no preemption");
+}
+
+const gpus = (x) => String(Math.round(x * 10) / 10);  // MIG slices and fractions: one decimal is enough
+
 function drawQuotas(q) {
-  $("cap").textContent = `(${q.capacity_gpus} GPUs in service${q.borrowing ? ", borrowing on" : ""})`;
-  $("unit").textContent = `(${q.unit})`;
+  $("cap").textContent = `(${gpus(q.capacity_gpus)} GPUs in service${q.borrowing ? ", borrowing on" : ""})`;
+  $("unit").textContent = `(${q.unit}; ${q.enforced ? "enforced: tasks over budget or share wait"
+    : "shown only: no quota file, so placement does not apply them"})`;
   rows("parts", q.partitions, (p) => `<tr><td>${esc(p.partition)}</td><td class="num">${p.share_pct}%</td>
-    <td class="num">${p.used_gpus} / ${p.share_gpus}${p.borrowed_gpus ? ` (+${p.borrowed_gpus} borrowed)` : ""}</td><td>${meter(p.used_pct_of_share)}</td><td class="num">${p.pending_gpus}</td></tr>`, "—");
+    <td class="num">${gpus(p.used_gpus)} / ${gpus(p.share_gpus)}${p.borrowed_gpus ? ` (+${gpus(p.borrowed_gpus)} borrowed)` : ""}</td><td>${meter(p.used_pct_of_share)}</td><td class="num">${p.pending_gpus}</td></tr>`, "—");
   rows("tenants", q.tenants, (t) => `<tr><td>${esc(t.tenant)}</td><td class="num">${t.used_hours} h</td>
     <td class="num">${t.budget_hours == null ? "unlimited" : t.budget_hours + " h"}</td><td>${t.budget_hours == null ? "" : meter(t.used_pct)}</td><td class="num">${t.running_gpus} GPUs</td></tr>`, "no tenant activity this period");
 }
@@ -201,8 +213,8 @@ function drawForecast(fc) {
 
 async function refresh() {
   try {
-    const [f, q, a, qu, fc] = await Promise.all(["fleet", "queue", "allocations", "quotas", "forecast"].map(getJSON));
-    drawFleet(f); drawQueue(q); drawAllocs(a); drawQuotas(qu); drawForecast(fc);
+    const [f, q, a, qu, fc, pr] = await Promise.all(["fleet", "queue", "allocations", "quotas", "forecast", "preemptions"].map(getJSON));
+    drawFleet(f); drawQueue(q); drawAllocs(a); drawQuotas(qu); drawForecast(fc); drawPreemptions(pr);
     $("status").className = "muted"; $("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (e) {
     $("status").className = "badge err"; $("status").textContent = String(e.message || e);

@@ -24,6 +24,7 @@ import heapq
 import statistics
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 __all__ = ["measure", "replay", "run"]
@@ -43,8 +44,9 @@ def run(
 ) -> dict[str, Any]:
     """Latency and objective gain over ``runs`` batches (see the module docstring)."""
     from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
-    from gpusched.placement import Policy, place
+    from gpusched.placement import PlacementRequest, Policy, place
     from gpusched.placement.genetic import optimise_with_report
+    from gpusched.quota.policy import QuotaState
 
     fleet = synthetic_fleet(nodes, seed=seed)
     policy = Policy.named(policy_name)
@@ -63,15 +65,21 @@ def run(
         iterator = tqdm(iterator, desc="optimise runs", file=sys.stderr)
     # One warm-up call: imports deap and builds the fleet index, like a long-running scheduler.
     warm = synthetic_requests(pending, seed=10_000, start=now - 3600)
-    optimise_with_report(warm, fleet, policy, now=now, budget_ms=budget_ms)
+    unlimited = QuotaState.unlimited()
+    optimise_with_report(
+        PlacementRequest(pending=warm, snapshot=fleet, policy=policy, now=now, quota=unlimited),
+        budget_ms=budget_ms,
+    )
     for i in iterator:
         batch = synthetic_requests(pending, seed=seed + i, start=now - 3600)
+        request = PlacementRequest(pending=batch, snapshot=fleet, policy=policy, now=now, quota=unlimited)
         began = time.perf_counter()
-        greedy = place(batch, fleet, policy, now=now)
+        greedy = place(request)
         greedy_ms.append((time.perf_counter() - began) * 1000)
         cpu = time.thread_time()
+        # greedy with seed 0, the search with seed i
         result = optimise_with_report(
-            batch, fleet, policy, now=now, budget_ms=budget_ms, seed=i, greedy=greedy, weights=weights
+            replace(request, seed=i), budget_ms=budget_ms, greedy=greedy, weights=weights
         )
         opt_cpu_ms.append((time.thread_time() - cpu) * 1000)
         opt_ms.append(result.elapsed_ms)
@@ -107,8 +115,9 @@ def replay(
     from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
     from gpusched.catalog import default_catalog
     from gpusched.model import DeviceShare
-    from gpusched.placement import PendingTask, Policy, place
+    from gpusched.placement import PendingTask, PlacementRequest, Policy, place
     from gpusched.placement.genetic import optimise
+    from gpusched.quota.policy import QuotaState
 
     catalog = default_catalog()
     fleet = synthetic_fleet(nodes, seed=seed, used_fraction=0.0)
@@ -152,10 +161,11 @@ def replay(
         if not pending:
             continue
         batch = list(pending.values())[:64]
-        plan = place(batch, snapshot, policy, now=now, seed=rounds)
+        request = PlacementRequest(pending=batch, snapshot=snapshot, policy=policy, now=now,
+                                   quota=QuotaState.unlimited(), seed=rounds)
+        plan = place(request)
         if optimiser and len(batch) > 1:
-            plan = optimise(batch, snapshot, policy, now=now, greedy=plan, budget_ms=budget_ms, seed=rounds,
-                            weights=weights)
+            plan = optimise(request, greedy=plan, budget_ms=budget_ms, weights=weights)
         rounds += 1
         taken: list[DeviceShare] = []
         for a in plan.assignments:

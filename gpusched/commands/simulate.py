@@ -1,4 +1,6 @@
-"""``gpusched simulate --trace FILE --fleet FLEET --policy NAME [--quotas FILE]``: replay a trace.
+"""``gpusched simulate --trace FILE --fleet FLEET --policy NAME [--quotas FILE] [--preemption MODE]``.
+
+Replays a trace.
 
 Prints the metrics.
 
@@ -43,6 +45,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--quotas", type=Path, default=None,
                         help="a quota file (shares, borrowing, budgets, period_s) to place with, as "
                              "the executor does; the JSON then reports each tenant's budget and use")
+    parser.add_argument("--durations", choices=("none", "predicted", "oracle"), default="none",
+                        help="run times the scheduler knows: none (default), predicted (the executor's "
+                             "predictor, learnt online from the jobs finished so far) or oracle")
+    parser.add_argument("--preemption", choices=("off", "priority", "partitions"), default="off",
+                        help="stop running jobs for more urgent waiting ones with the executor's victim "
+                             "selection: priority (strictly lower priority), partitions (also capacity "
+                             "borrowed from a reclaiming partition); default off")
+    parser.add_argument("--checkpoint-minutes", type=finite_float(0.0), default=30.0,
+                        help="with --preemption: jobs checkpoint every N minutes of run time and a "
+                             "preempted job loses the work since its last one (0 = no checkpoints; "
+                             "default 30)")
+    parser.add_argument("--min-runtime", type=finite_float(0.0), default=300.0, dest="min_runtime_s",
+                        help="with --preemption: seconds a job runs before it may be preempted (default 300)")
     parser.add_argument("--json", action="store_true", help="print the full metrics as JSON")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
@@ -51,9 +66,10 @@ def register(subparsers: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from gpusched.commands.bench import emit
+    from gpusched.durations import DurationModel
     from gpusched.errors import TraceError
     from gpusched.placement import Policy
-    from gpusched.sim.engine import simulate
+    from gpusched.sim.engine import simulate, with_expected_durations
     from gpusched.sim.fleets import fleet_from_spec
     from gpusched.sim.jobs import load_any_trace
     from gpusched.sim.metrics import summarize
@@ -63,12 +79,18 @@ def _run(args: argparse.Namespace) -> int:
         raise TraceError(args.trace, "has no jobs to replay", "give a trace with at least one GPU job")
     if args.limit is not None:
         jobs = sorted(jobs, key=lambda j: j.arrival_s)[: args.limit]
+    if args.durations == "oracle":
+        jobs = with_expected_durations(jobs)
     policy = Policy.named(args.policy, fractions_need_partitioning=False)
     quota = None
     if args.quotas is not None:
         from gpusched.airflow.quota_file import read_quota_policy
 
         quota = read_quota_policy(args.quotas)
+    from gpusched.sim.preempt import SimPreemption
+
+    preemption = None if args.preemption == "off" else SimPreemption(
+        args.preemption, checkpoint_s=args.checkpoint_minutes * 60, min_runtime_s=args.min_runtime_s)
     result = simulate(
         jobs,
         fleet_from_spec(args.fleet),
@@ -79,9 +101,12 @@ def _run(args: argparse.Namespace) -> int:
         max_pending=args.max_pending,
         progress=not args.quiet,
         quota=quota,
+        predict_durations=DurationModel() if args.durations == "predicted" else None,
+        preemption=preemption,
     )
     summary = summarize(result)
-    summary.update(trace=args.trace.name, fleet=args.fleet)
+    prediction = summary.pop("durations", None)
+    summary.update(trace=args.trace.name, fleet=args.fleet, durations=args.durations, prediction=prediction)
     return emit(
         args,
         summary,

@@ -8,19 +8,24 @@ takes its ports from here too. Only the standard library: no Airflow import.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpusched.errors import AirflowBootError
 
-__all__ = ["free_port", "login_token", "scheduler_healthy", "wait_until"]
+__all__ = [
+    "api_server", "free_port", "http_get", "login_token", "poll_until", "scheduler_healthy", "wait_until",
+]
 
 
 def free_port() -> int:
@@ -30,21 +35,30 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float, *, proc: subprocess.Popen[bytes],
-               log: Path, interval: float = 1.0, tail: int = 6000) -> Any:
-    """Poll ``check`` until it returns something truthy and return that.
+def poll_until(
+    what: str,
+    check: Callable[[], Any],
+    *,
+    timeout: float,
+    abort: Callable[[], str | None] = lambda: None,
+    logs: Callable[[], str] = lambda: "",
+    interval: float = 1.0,
+) -> Any:
+    """Poll ``check`` every ``interval`` s until it returns something truthy, and return that.
 
-    An exception from ``check`` counts as "not yet" (Airflow still starting).
+    An exception from ``check`` counts as "not yet" (a server still starting). Before each try
+    ``abort()`` says why waiting is pointless (e.g. ``"Airflow exited (1)"``: a process the check
+    depends on died), or returns None to go on.
 
     Raises:
-        AirflowBootError: ``proc`` exited, or ``timeout`` seconds passed; the message ends with the
-            last ``tail`` characters of ``log``.
+        AirflowBootError: ``abort`` gave a reason, or ``timeout`` seconds passed; the message names
+            ``what`` was awaited and ends with ``logs()`` (the processes' log tails).
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AirflowBootError(
-                f"Airflow exited ({proc.returncode}) while waiting for {what}:\n{_tail(log, tail)}")
+        reason = abort()
+        if reason:
+            raise AirflowBootError(f"{reason} while waiting for {what}:\n{logs()}")
         try:
             result = check()
         except Exception:  # not up yet
@@ -52,7 +66,23 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float, *, proc: sub
         if result:
             return result
         time.sleep(interval)
-    raise AirflowBootError(f"timed out after {timeout:.0f} s waiting for {what}:\n{_tail(log, tail)}")
+    raise AirflowBootError(f"timed out after {timeout:.0f} s waiting for {what}:\n{logs()}")
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float, *, proc: subprocess.Popen[bytes],
+               log: Path, interval: float = 1.0, tail: int = 6000) -> Any:
+    """:func:`poll_until` for one Airflow process ``proc`` (e.g. ``airflow standalone``) logging to ``log``.
+
+    Raises:
+        AirflowBootError: ``proc`` exited, or ``timeout`` seconds passed; the message ends with the
+            last ``tail`` characters of ``log``.
+    """
+
+    def exited() -> str | None:
+        return None if proc.poll() is None else f"Airflow exited ({proc.returncode})"
+
+    return poll_until(what, check, timeout=timeout, abort=exited, logs=lambda: _tail(log, tail),
+                      interval=interval)
 
 
 def scheduler_healthy(url: str) -> bool:
@@ -74,6 +104,46 @@ def login_token(home: Path, url: str) -> str:
             return str(json.loads(response.read())["access_token"])
     except urllib.error.HTTPError:
         return ""
+
+
+def http_get(url: str, headers: Mapping[str, str] | None = None, *, timeout: float = 30) -> tuple[int, bytes]:
+    """``GET url``: (status, body), also for an error status (4xx/5xx are answers, not exceptions)."""
+    request = urllib.request.Request(url, headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@contextlib.contextmanager
+def api_server(airflow: Sequence[str], *, port: int, env: Mapping[str, str], log: Path,
+               cwd: Path | None = None, timeout: float = 180) -> Iterator[str]:
+    """Run ``airflow api-server --port PORT`` (``airflow`` = the command that runs Airflow, e.g.
+    ``[sys.executable, "-m", "airflow"]``) and yield its base URL once ``/api/v2/version`` answers.
+
+    On exit the whole process group gets SIGINT (SIGTERM would leave its workers running), then
+    SIGKILL after 30 s.
+
+    Raises:
+        AirflowBootError: the server exited or did not answer within ``timeout`` s (with its log).
+    """
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([*airflow, "api-server", "--port", str(port)], env=dict(env), cwd=cwd,
+                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until("the api-server", lambda: http_get(f"{base}/api/v2/version")[0] in (200, 401), timeout,
+                   proc=proc, log=log, tail=3000)
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
 def _tail(log: Path, chars: int) -> str:

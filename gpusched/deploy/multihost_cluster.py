@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpusched.deploy.airflow_instance import free_port
+from gpusched.deploy.airflow_instance import free_port, poll_until
 from gpusched.errors import ConfigurationError
 from gpusched.paths import include_dir
 
@@ -223,21 +223,21 @@ class LocalCluster:
         return "\n".join(parts)
 
     def wait(self, what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
-        """Poll ``check`` until truthy; TimeoutError (with the logs' tails) after ``timeout`` s."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """:func:`~gpusched.deploy.airflow_instance.poll_until` ``check`` while the control-host
+        processes live (a GPU host's may die: tests kill them on purpose).
+
+        Raises:
+            AirflowBootError: a control-host process exited, or ``timeout`` s passed (with the
+                logs' tails).
+        """
+
+        def exited() -> str | None:
             for name, proc in self.procs.items():
                 if proc.poll() is not None and not name.startswith(self.hosts):
-                    raise RuntimeError(f"{name} exited ({proc.returncode}) while waiting for {what}:\n"
-                                       f"{self.tail()}")
-            try:
-                result = check()
-            except Exception:  # not up yet
-                result = None
-            if result:
-                return result
-            time.sleep(interval)
-        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}:\n{self.tail()}")
+                    return f"{name} exited ({proc.returncode})"
+            return None
+
+        return poll_until(what, check, timeout=timeout, abort=exited, logs=self.tail, interval=interval)
 
     # ---- helpers -------------------------------------------------------------------------------
 

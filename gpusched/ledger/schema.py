@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 __all__ = [
     "ALLOCATIONS",
+    "CHECKPOINTS",
     "DEVICES",
     "EVENTS",
     "HOSTS",
@@ -196,4 +197,20 @@ REQUEST_OVERRIDES = sa.Table(
     sa.UniqueConstraint(
         "dag_id", "task_id", "run_id", "try_number", "kind", name="uq_gpusched_request_overrides_scope"
     ),
+)
+
+CHECKPOINTS = sa.Table(
+    "gpusched_checkpoints",
+    METADATA,
+    # One row per task try (``key`` = its allocation key): the last checkpoint the task reported
+    # (gpusched.airflow.checkpoint) and the preemption notice the executor gave it. ``task`` names
+    # the task instance across tries, so a new try can resume from an earlier try's checkpoint.
+    sa.Column("key", sa.String(1024), primary_key=True),
+    sa.Column("task", sa.String(1024), nullable=False, index=True),
+    sa.Column("step", sa.BigInteger, nullable=True),
+    sa.Column("path", sa.Text, nullable=True),
+    sa.Column("checkpoint_at", sa.Double, nullable=True),
+    sa.Column("notice_at", sa.Double, nullable=True),
+    sa.Column("notice_reason", sa.Text, nullable=True),
+    sa.Column("updated_at", sa.Double, nullable=False),
 )

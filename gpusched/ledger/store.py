@@ -3,7 +3,8 @@
 Each concept's SQL lives in its own module, mixed in here so callers see one ``Ledger``:
 allocations (:mod:`gpusched.ledger.allocations`), the pending queue (:mod:`.queue`), telemetry
 samples (:mod:`.samples`), the event log (:mod:`.events`), the fault chain's request overrides
-(:mod:`.overrides`) and GPU hosts (:mod:`.hosts`). This module keeps the lifecycle, inventory,
+(:mod:`.overrides`), GPU hosts (:mod:`.hosts`) and checkpoints with preemption notices
+(:mod:`.checkpoints`). This module keeps the lifecycle, inventory,
 health and cordons, and the reads that combine concepts (:meth:`Ledger.snapshot`,
 :meth:`Ledger.cycle_view`). Every method is one database transaction (see ``docs/ledger.md``).
 """
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 from gpusched.errors import LedgerError
 from gpusched.ledger import capacity, inventory
 from gpusched.ledger.allocations import LedgerAllocations, active_allocations
+from gpusched.ledger.checkpoints import LedgerCheckpoints
 from gpusched.ledger.engine import default_url, make_engine, read_tx, write_tx
 from gpusched.ledger.events import LedgerEvents, write_event
 from gpusched.ledger.hosts import LedgerHosts
@@ -39,7 +41,8 @@ def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
 
 
-class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, LedgerOverrides, LedgerHosts):
+class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, LedgerOverrides, LedgerHosts,
+             LedgerCheckpoints):
     """Allocations, leases, inventory, health, cordons, queue, samples, events and overrides in one database.
 
     ``Ledger(url)``: ``url`` None means ``$GPUSCHED_DB_URL``, else SQLite (WAL) at

@@ -1,7 +1,7 @@
 """Placement: pure functions that decide which devices each pending GPU task gets.
 
-``place(pending, snapshot, policy, now=...)`` → :class:`PlacementPlan`. See ``docs/placement.md``
-for the scoring and how to read rejection reasons.
+``place(PlacementRequest(...))`` → :class:`PlacementPlan` (one request in, one reply out). See
+``docs/placement.md`` for the scoring and how to read rejection reasons.
 """
 
 from gpusched.placement.engine import Placer, place
@@ -10,6 +10,7 @@ from gpusched.placement.types import (
     Assignment,
     PendingTask,
     PlacementPlan,
+    PlacementRequest,
     Rejection,
     Reservation,
     RunningTask,
@@ -20,6 +21,7 @@ __all__ = [
     "Chooser",
     "PendingTask",
     "PlacementPlan",
+    "PlacementRequest",
     "Placer",
     "Policy",
     "QueueOrder",

@@ -15,13 +15,14 @@ import numpy as np
 
 from gpusched.model import MILLI
 from gpusched.placement import filter as flt
-from gpusched.placement.feasible import shape_fits
+from gpusched.placement.incremental import Incremental, WholeFits
 from gpusched.placement.index import FleetIndex, FreeState
 from gpusched.placement.policy import Chooser, Policy
+from gpusched.placement.reasons import busy_reason, gang_reason, host_reason, never_fits
 from gpusched.placement.score import FragStats
 from gpusched.placement.topology import NodeCounts, node_counts, pick_in_node, pick_nodes
 from gpusched.placement.types import PendingTask, Rejection
-from gpusched.request import GPURequest, Interconnect
+from gpusched.request import Interconnect
 
 __all__ = ["Choice", "PlacerView", "choose", "left_after", "levels_best"]
 
@@ -54,6 +55,11 @@ class PlacerView(Protocol):
         """Fragmentation statistics of the current free state."""
         ...
 
+    @property
+    def incremental(self) -> Incremental | None:
+        """Per-node caches kept between decisions (None: compute everything per decision)."""
+        ...
+
     def model_speed(self, job_type: str | None) -> tuple[np.ndarray, np.ndarray]:
         """Per-model (speed, energy per unit of work) for ``job_type``."""
         ...
@@ -68,7 +74,12 @@ def choose(
     *,
     use_stats: bool,
 ) -> Choice | Rejection:
-    """Devices for ``task`` in ``state`` (tasks ending at ``end``; inf = unknown), or a rejection."""
+    """Devices for ``task`` in ``state`` (tasks ending at ``end``; inf = unknown), or a rejection.
+
+    With the engine's per-node caches (``placer.incremental``) and no reservation held, the
+    fitting devices, node counts and fractional scores come from the caches, which recompute
+    only the nodes that changed; the outcome is the one the full computation gives.
+    """
     idx = placer.index
     policy = placer.policy
     req = task.request
@@ -77,27 +88,107 @@ def choose(
     elig = flt.eligibility(
         idx, req, fractional=frac, fractions_need_partitioning=policy.fractions_need_partitioning
     )
-    reason = flt.static_reason(req, elig, fractional=frac) or _never_fits(idx, req, elig, frac)
+    reason = flt.static_reason(req, elig, fractional=frac) or never_fits(idx, req, elig, frac)
     if reason is not None:
         return Rejection(task.key, reason, True)
+    inc = placer.incremental
+    host = bool(task.cpu_milli or task.host_memory_bytes)
+    if inc is not None and not np.isfinite(state.res_start).any():
+        if not frac:
+            nc = inc.whole_counts(elig, state)
+            if host:
+                host_ok = (state.host_cpu >= task.cpu_milli) & (state.host_mem >= task.host_memory_bytes)
+                if nc.count.any() and not (nc.count * host_ok).any():
+                    return Rejection(task.key, host_reason(req, task, frac), False)
+                nc = NodeCounts(*(c * host_ok for c in (nc.count, nc.island, nc.numa, nc.switch)))
+            lazy = WholeFits(idx, elig, state, task, inc.has_degraded(elig))
+            return _whole(placer, task, state, lazy, elig, rng, use_stats, nc)
+        if use_stats and _cached_fraction_applies(placer):
+            quick = _fraction_cached(placer, inc, task, state, elig, milli)
+            if quick is not None:
+                return quick
     if frac:
         fits = flt.fraction_fits(
             idx, elig.usable, state.free_milli, state.free_mem, milli, req.memory_per_gpu
         )
     else:
         fits = elig.usable & (state.free_milli >= MILLI) & (state.free_mem >= idx.dev_mem)
-    if task.cpu_milli or task.host_memory_bytes:
+    if host:
         host_ok = (state.host_cpu >= task.cpu_milli) & (state.host_mem >= task.host_memory_bytes)
         gpu_fits = fits
         fits = fits & host_ok[idx.dev_node]
         if gpu_fits.any() and not fits.any():
-            return Rejection(task.key, _host_reason(req, task, frac), False)
+            return Rejection(task.key, host_reason(req, task, frac), False)
     fits_now = fits
     if end != math.inf or np.isfinite(state.res_start).any():
         fits = fits & (state.res_start >= end)
     if frac:
         return _fraction(placer, task, state, fits, fits_now, elig, milli, rng, use_stats)
-    return _whole(placer, task, state, fits, fits_now, elig, rng, use_stats)
+    return _whole(placer, task, state, WholeFits.of(idx, fits, fits_now), elig, rng, use_stats, None)
+
+
+def _cached_fraction_applies(placer: PlacerView) -> bool:
+    """Whether the fractional decision can come from the per-node cache: the ``score`` chooser
+    with a plain lowest-score choice, no slices, and a workload without host or model
+    conditions (whose shape-by-shape form sums with a matrix product)."""
+    policy = placer.policy
+    return (
+        policy.chooser is Chooser.SCORE
+        and not policy.score_levels
+        and not policy.packing
+        and not flt.slice_info(placer.index).any_slices
+        and not placer.stats.workload.host_aware
+    )
+
+
+def _fraction_cached(
+    placer: PlacerView,
+    inc: Incremental,
+    task: PendingTask,
+    state: FreeState,
+    elig: flt.Eligibility,
+    milli: int,
+) -> Choice | None:
+    """:func:`_fraction`'s ``score`` choice with the fragmentation terms from the per-node cache;
+    None when the cache is not filled yet or nothing fits (the full path then decides and
+    explains)."""
+    idx = placer.index
+    policy = placer.policy
+    stats = placer.stats
+    memory = task.request.memory_per_gpu
+    cpu, host_mem = task.cpu_milli, task.host_memory_bytes
+
+    def term_of(devices: np.ndarray, free: np.ndarray) -> np.ndarray:
+        term = np.zeros(len(devices))
+        if policy.fragmentation:
+            delta = stats.delta_fraction(devices, milli, free, cpu, host_mem)
+            term = term + policy.fragmentation * delta / MILLI
+        return term
+
+    entry = inc.fraction_scores((milli, cpu, host_mem), state, term_of)
+    if entry is None:
+        return None
+    fits = elig.usable & (state.free_milli >= milli) & (state.free_mem >= memory)
+    if cpu or host_mem:
+        fits &= ((state.host_cpu >= cpu) & (state.host_mem >= host_mem))[idx.dev_node]
+    mixed = inc.mixed_devices
+    if len(mixed):  # as _fraction: one fully free device per node stands for the others
+        full = mixed[fits[mixed] & (state.free_milli[mixed] >= MILLI)]
+        node_of = idx.dev_node[full]
+        fits[full[1:][node_of[1:] == node_of[:-1]]] = False
+    present = inc.models_present(fits)
+    if not len(present):
+        return None
+    known = task.job_type is not None and task.job_type in policy.throughput
+    speed = inc.per_device(
+        (task.job_type, known or task.request.expected_duration_s > 0, tuple(present.tolist())),
+        lambda: _speed_terms(placer, task, np.arange(len(idx.model_names)), present),
+    )
+    s = entry.term + speed
+    if inc.any_degraded:
+        s = s + policy.degraded_penalty * (idx.dev_health == 1)
+    best = int(np.argmin(np.where(fits, s, np.inf)))
+    return Choice([best], milli, [memory], float(s[best]))
 
 
 def _speed_terms(
@@ -131,7 +222,7 @@ def _fraction(
     policy = placer.policy
     cand = np.flatnonzero(fits)
     if len(cand) == 0:
-        return Rejection(task.key, _busy_reason(task.request, elig, fits, fits_now, True), False)
+        return Rejection(task.key, busy_reason(task.request, elig, fits, fits_now, True), False)
     info = flt.slice_info(idx)
     if info.any_slices:
         shared = cand[~info.is_slice[cand]]
@@ -187,17 +278,17 @@ def _whole(
     placer: PlacerView,
     task: PendingTask,
     state: FreeState,
-    fits: np.ndarray,
-    fits_now: np.ndarray,
+    fits: WholeFits,
     elig: flt.Eligibility,
     rng: np.random.Generator,
     use_stats: bool,
+    counts: NodeCounts | None,
 ) -> Choice | Rejection:
     idx = placer.index
     policy = placer.policy
     req = task.request
     k = req.count
-    nc = node_counts(idx, fits, k)
+    nc = counts if counts is not None else node_counts(idx, fits.full()[0], k)
     nodes = np.flatnonzero(nc.feasible(k, req.interconnect))
     local = policy.chooser is Chooser.SCORE
     score = 0.0
@@ -220,8 +311,9 @@ def _whole(
                 )
             node_models = idx.dev_model[idx.node_start[nodes]]
             s += _speed_terms(placer, task, node_models, node_models)
-            if policy.degraded_penalty and (fits & ~elig.healthy).any():
-                n_healthy = np.bincount(idx.dev_node[fits & elig.healthy], minlength=len(idx.nodes))[nodes]
+            if policy.degraded_penalty and fits.degraded and (fits.full()[0] & ~elig.healthy).any():
+                mask = fits.full()[0]
+                n_healthy = np.bincount(idx.dev_node[mask & elig.healthy], minlength=len(idx.nodes))[nodes]
                 s += policy.degraded_penalty * np.maximum(0, k - n_healthy)
             if policy.score_levels:
                 best = levels_best(s, policy.score_levels)
@@ -235,16 +327,15 @@ def _whole(
         order = {Chooser.FIRST_FIT: "first", Chooser.RANDOM: "random"}.get(policy.chooser, "best")
         gang = pick_nodes(idx, nc.count, k, req.interconnect, order=order, rng=rng)
         if gang is None:
-            return Rejection(task.key, _gang_reason(idx, req, elig, nc, fits, fits_now), False)
+            return Rejection(task.key, gang_reason(idx, req, elig, nc, *fits.full()), False)
         plan, tier = gang
         if local:
             score = policy.locality * tier
     else:
-        return Rejection(task.key, _gang_reason(idx, req, elig, nc, fits, fits_now), False)
+        return Rejection(task.key, gang_reason(idx, req, elig, nc, *fits.full()), False)
     chosen: list[int] = []
     for n, take in plan:
-        lo, hi = int(idx.node_start[n]), int(idx.node_start[n + 1])
-        in_node: list[int] = (np.flatnonzero(fits[lo:hi]) + lo).tolist()
+        in_node = fits.in_node(n)
         inter = req.interconnect if len(plan) == 1 else Interconnect.ANY
         healthy = [d for d in in_node if idx.dev_health[d] == 0]
         pool = healthy if len(healthy) >= take and _ok(idx, healthy, take, inter) else in_node
@@ -291,95 +382,3 @@ def _ok(idx: FleetIndex, devs: list[int], k: int, inter: Interconnect) -> bool:
     groups = idx.dev_island if inter is Interconnect.ISLAND else idx.dev_numa
     values = [int(groups[d]) for d in devs if groups[d] >= 0]
     return any(values.count(v) >= k for v in set(values))
-
-
-def _never_fits(idx: FleetIndex, req: GPURequest, elig: flt.Eligibility, frac: bool) -> str | None:
-    """A reason when even the empty fleet (all devices in service) cannot hold the request."""
-    k = req.count
-    if frac or k == 1:
-        return None
-    key = (
-        "never",
-        req.vendors,
-        req.models,
-        req.labels,
-        req.min_arch,
-        req.memory_per_gpu,
-        k,
-        req.interconnect,
-    )
-    if key in idx.masks:
-        cached: str | None = idx.masks[key]
-        return cached
-    reason = None
-    if not shape_fits(idx, elig.hardware, req):
-        nc = node_counts(idx, elig.hardware, k)
-        what = req.describe()
-        if req.may_span_nodes:
-            per_rack = np.bincount(idx.node_rack, weights=nc.count, minlength=len(idx.racks))
-            total = int(nc.count.sum())
-            if req.interconnect is Interconnect.SAME_RACK and per_rack.max() < k:
-                reason = f"needs {what}; the largest rack has only {int(per_rack.max())} matching devices"
-            elif total < k:
-                reason = f"needs {what}; the whole fleet has only {total} matching devices"
-        elif req.interconnect is Interconnect.ISLAND:
-            reason = f"needs {what}; the largest matching island in the fleet has {int(nc.island.max())}"
-        elif req.interconnect is Interconnect.SAME_NUMA:
-            reason = f"needs {what}; the largest matching NUMA node in the fleet has {int(nc.numa.max())}"
-        else:
-            reason = f"needs {what}; the largest matching node in the fleet has {int(nc.count.max())}"
-    idx.masks[key] = reason
-    return reason
-
-
-def _held(fits: np.ndarray, fits_now: np.ndarray) -> str:
-    held = int((fits_now & ~fits).sum())
-    return f", {held} held for a reservation" if held else ""
-
-
-def _busy_reason(
-    req: GPURequest, elig: flt.Eligibility, fits: np.ndarray, fits_now: np.ndarray, frac: bool
-) -> str:
-    what = req.describe(fractional=frac)
-    busy = elig.n_usable - int(fits_now.sum())
-    note = flt.operational_note(elig)
-    extra = f"; {note}" if note else ""
-    held = _held(fits, fits_now)
-    return f"waiting for {what}: {elig.n_usable} matching devices in service, {busy} busy{held}{extra}"
-
-
-def _gang_reason(
-    idx: FleetIndex,
-    req: GPURequest,
-    elig: flt.Eligibility,
-    nc: NodeCounts,
-    fits: np.ndarray,
-    fits_now: np.ndarray,
-) -> str:
-    k = req.count
-    if k == 1:
-        return _busy_reason(req, elig, fits, fits_now, False)
-    what = req.describe()
-    note = flt.operational_note(elig)
-    extra = f"; {note}" if note else ""
-    free = int(nc.count.sum())
-    if req.interconnect is Interconnect.ISLAND:
-        head = f"largest free island: {int(nc.island.max(initial=0))}"
-    elif req.interconnect is Interconnect.SAME_NUMA:
-        head = f"largest free set in one NUMA node: {int(nc.numa.max(initial=0))}"
-    elif req.may_span_nodes:
-        per_rack = np.bincount(idx.node_rack, weights=nc.count, minlength=len(idx.racks))
-        head = f"{free} free in the fleet, at most {int(per_rack.max(initial=0))} in one rack"
-    else:
-        best = int(np.argmax(nc.count)) if len(nc.count) else 0
-        most = int(nc.count.max(initial=0))
-        head = f"largest free set on one node: {most}" + (f" ({idx.nodes[best].name})" if most else "")
-    return f"needs {what}; {head} ({free} matching free{_held(fits, fits_now)}){extra}"
-
-
-def _host_reason(req: GPURequest, task: PendingTask, frac: bool) -> str:
-    what = req.describe(fractional=frac)
-    return (
-        f"{what}: devices are free, but no node holding them has {task.cpu_milli / 1000:g} CPU cores and "
-        f"{task.host_memory_bytes / 2**30:.1f} GiB of host memory free"
-    )

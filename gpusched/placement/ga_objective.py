@@ -16,7 +16,8 @@ import numpy as np
 
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement import filter as flt
-from gpusched.placement.index import FleetIndex, fleet_index
+from gpusched.placement.ga_ranking import FractionRanking, Lookup, smallest_k
+from gpusched.placement.index import FleetIndex, fleet_index, usage_arrays
 from gpusched.placement.policy import Policy
 from gpusched.placement.topology import node_counts, pick_in_node, pick_nodes
 from gpusched.placement.types import PendingTask, PlacementPlan
@@ -56,22 +57,22 @@ class Problem:
         self.alpha, self.beta, self.gamma = weights
         self.top_k = top_k
         self.defer_s = defer_s
-        free_milli = np.full(index.n_devices, MILLI, dtype=np.int64)
-        free_mem = index.dev_mem.copy()
-        pos = index.pos
-        for uuid, used in snapshot.usage.items():
-            i = pos.get(uuid)
-            if i is not None:
-                free_milli[i] -= used.used_milli
-                free_mem[i] -= used.used_memory_bytes
+        used_milli, used_mem = usage_arrays(index, snapshot)  # cached per usage mapping
+        free_milli = MILLI - used_milli
+        free_mem = index.dev_mem - used_mem
         self.free_milli, self.free_mem = free_milli, free_mem
-        self.base_milli = free_milli.tolist()
-        self.base_mem = free_mem.tolist()
+        # Per-device Python values for the decoder's inner loop, converted on first access: a
+        # batch touches a few thousand devices, the fleet may hold 80,000.
+        self.base_milli: dict[int, int] = Lookup(free_milli)
+        self.base_mem: dict[int, int] = Lookup(free_mem)
         node_used = np.bincount(index.dev_node, weights=(free_milli < MILLI), minlength=len(index.nodes))
         self.node_empty_arr = node_used == 0
-        self.node_empty = self.node_empty_arr.tolist()
+        self.node_empty: dict[int, bool] = Lookup(self.node_empty_arr)
         self._shapes: dict[tuple[Any, ...], list[tuple[tuple[int, ...], int, tuple[int, ...]]]] = {}
-        self.dev_node = index.dev_node.tolist()
+        # Per (eligibility, …): the fitting devices (and node counts), kept with the objects
+        # their ids key on so the ids stay theirs.
+        self._fits: dict[tuple[Any, ...], Any] = {}
+        self.dev_node: dict[int, int] = Lookup(index.dev_node)
         info = index.model_info
         self.speed = np.array(
             [
@@ -139,19 +140,20 @@ class Problem:
             idx, req, fractional=frac, fractions_need_partitioning=policy.fractions_need_partitioning
         )
         if frac:
-            fits = ~blocked & flt.fraction_fits(
-                idx, elig.usable, self.free_milli, self.free_mem, milli, req.memory_per_gpu
-            )
-            devs = np.flatnonzero(fits)
-            if len(devs) == 0:
+            # Per (eligibility, fraction, blocked devices): the fitting devices, their models and
+            # fragmentation term; per task only the per-model latency and energy change.
+            frac_key = (id(elig), milli, req.memory_per_gpu, id(blocked))
+            ranking: FractionRanking | None = self._fits.get(frac_key)
+            if ranking is None or ranking.elig is not elig or ranking.blocked is not blocked:
+                fits = ~blocked & flt.fraction_fits(
+                    idx, elig.usable, self.free_milli, self.free_mem, milli, req.memory_per_gpu
+                )
+                devs = np.flatnonzero(fits)
+                ranking = FractionRanking(elig, blocked, devs, idx, self.free_milli, milli, self.beta)
+                self._fits[frac_key] = ranking
+            if len(ranking.devs) == 0:
                 return []
-            models = idx.dev_model[devs]
-            lat, en = self.costs(task, models, milli / MILLI)
-            left = self.free_milli[devs] - milli
-            free = self.free_milli[devs]
-            frag = np.where(free == MILLI, left, np.where(left > 0, -milli, -free))
-            total = self.alpha * lat + self.gamma * en + self.beta * frag / MILLI
-            best = devs[_top(total, self.top_k)]
+            best = ranking.top(self._model_terms(task, milli / MILLI), self.top_k)
             out = []
             for d in best.tolist():
                 la, e = self.costs(task, idx.dev_model[[d]], milli / MILLI)
@@ -159,18 +161,31 @@ class Problem:
                 out.append(Candidate((d,), take_milli, (take_mem,), float(la[0]), float(e[0])))
             return out
         k = req.count
-        fits = elig.usable & ~blocked & (self.free_milli >= MILLI) & (self.free_mem >= idx.dev_mem)
-        nc = node_counts(idx, fits, k)
-        nodes = np.flatnonzero(nc.feasible(k, req.interconnect))
-        out = []
-        if len(nodes):
-            models = idx.dev_model[idx.node_start[nodes]]
-            lat, en = self.costs(task, models, float(k))
+        # Shapes that differ only in count, topology or priority share the eligible devices'
+        # counts (those for k > 1 include the plain count).
+        whole_key = (id(elig), id(blocked))
+        hit = self._fits.get(whole_key)
+        if hit is None:
+            fits = elig.usable & ~blocked & (self.free_milli >= MILLI) & (self.free_mem >= idx.dev_mem)
+            hit = self._fits[whole_key] = (elig, blocked, fits, node_counts(idx, fits, 2))
+        fits, nc = hit[2], hit[3]
+        shape_key = (id(elig), id(blocked), k, req.interconnect)
+        shape = self._fits.get(shape_key)
+        if shape is None:
+            nodes = np.flatnonzero(nc.feasible(k, req.interconnect))
             opened = self.node_empty_arr[nodes] * NODE_OPEN_COST
             packing = 0.01 * (nc.count[nodes] - k) / idx.node_size[nodes]
             locality = policy.locality * nc.tier(k)[nodes]
-            total = self.alpha * lat + self.gamma * en + self.beta * opened + packing + locality
-            for n in nodes[_top(total, self.top_k)].tolist():
+            models = idx.dev_model[idx.node_start[nodes]]
+            shape = (elig, blocked, nodes, models, self.beta * opened, packing, locality)
+            self._fits[shape_key] = shape
+        nodes = shape[2]
+        out = []
+        if len(nodes):
+            # The same sums, in the same order, as α·latency + γ·energy + β·opened + packing +
+            # locality per node; latency and energy depend on the node's model only.
+            total = self._model_terms(task, float(k))[shape[3]] + shape[4] + shape[5] + shape[6]
+            for n in nodes[smallest_k(total, self.top_k)].tolist():
                 lo, hi = int(idx.node_start[n]), int(idx.node_start[n + 1])
                 cands = (np.flatnonzero(fits[lo:hi]) + lo).tolist()
                 chosen = pick_in_node(idx, cands, k, req.interconnect, local=True)
@@ -196,6 +211,11 @@ class Problem:
                 if all(c.devices != cand.devices for c in out):
                     out.append(cand)
         return out
+
+    def _model_terms(self, task: PendingTask, share_gpus: float) -> np.ndarray:
+        """α · latency + γ · energy of ``task`` on each model (``share_gpus`` GPUs of it)."""
+        lat, en = self.costs(task, np.arange(len(self.index.model_names)), share_gpus)
+        return self.alpha * lat + self.gamma * en
 
     def _whole(self, task: PendingTask, devices: Sequence[int]) -> Candidate:
         models = self.index.dev_model[list(devices)]
@@ -226,14 +246,6 @@ class Problem:
 def _partial(free_milli: int) -> float:
     """Stranded GPUs on a device with ``free_milli`` free (only a partly used device strands any)."""
     return free_milli / MILLI if 0 < free_milli < MILLI else 0.0
-
-
-def _top(values: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the ``k`` smallest values, in ascending order (ties by position)."""
-    if len(values) > k:
-        part = np.argpartition(values, k - 1)[:k]
-        return part[np.lexsort((part, values[part]))]
-    return np.argsort(values, kind="stable")
 
 
 class Decoder:

@@ -1,6 +1,6 @@
 """Batch re-planning with a genetic algorithm (DEAP), warm-started from the greedy plan.
 
-:func:`optimise` takes a batch of pending tasks and minimises
+:func:`optimise` takes a batch of pending tasks (one :class:`PlacementRequest`) and minimises
 
     α · latency  +  β · fragmentation  +  γ · energy
 
@@ -30,19 +30,17 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gpusched.errors import ConfigurationError
-from gpusched.model import DeviceShare, FleetSnapshot
+from gpusched.model import DeviceShare
 from gpusched.placement.engine import place
 from gpusched.placement.ga_objective import Candidate, Decoder, Problem, plan_objective
 from gpusched.placement.index import fleet_index
-from gpusched.placement.policy import Policy
-from gpusched.placement.types import Assignment, PendingTask, PlacementPlan, Rejection, RunningTask
+from gpusched.placement.types import Assignment, PendingTask, PlacementPlan, PlacementRequest, Rejection
 
 __all__ = ["OptimiseResult", "optimise", "optimise_with_report", "parse_weights", "plan_objective"]
 
@@ -89,48 +87,29 @@ class OptimiseResult:
 
 
 def optimise(
-    pending: Sequence[PendingTask],
-    snapshot: FleetSnapshot,
-    policy: Policy,
+    request: PlacementRequest,
     *,
-    now: float,
     budget_ms: float = 100.0,
     weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
-    seed: int = 0,
-    running: Sequence[RunningTask] = (),
     greedy: PlacementPlan | None = None,
     **kwargs: Any,
 ) -> PlacementPlan:
-    """The best plan found within ``budget_ms``; never worse than the greedy plan.
+    """The best plan for ``request`` found within ``budget_ms``; never worse than the greedy plan.
 
     ``weights`` = (α latency, β fragmentation, γ energy). Pass ``greedy`` when the caller
-    already has this cycle's greedy plan (it is then not recomputed and not counted against the
-    budget). Other keywords go to :func:`optimise_with_report`.
+    already has this cycle's greedy plan (``place(request)``: it is then not recomputed and not
+    counted against the budget). The search itself does not check quotas: with
+    ``request.quota.enforced`` the caller keeps the greedy plan. Other keywords go to
+    :func:`optimise_with_report`.
     """
-    return optimise_with_report(
-        pending,
-        snapshot,
-        policy,
-        now=now,
-        budget_ms=budget_ms,
-        weights=weights,
-        seed=seed,
-        running=running,
-        greedy=greedy,
-        **kwargs,
-    ).plan
+    return optimise_with_report(request, budget_ms=budget_ms, weights=weights, greedy=greedy, **kwargs).plan
 
 
 def optimise_with_report(
-    pending: Sequence[PendingTask],
-    snapshot: FleetSnapshot,
-    policy: Policy,
+    request: PlacementRequest,
     *,
-    now: float,
     budget_ms: float = 100.0,
     weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
-    seed: int = 0,
-    running: Sequence[RunningTask] = (),
     greedy: PlacementPlan | None = None,
     population: int = 24,
     max_generations: int = 200,
@@ -142,8 +121,11 @@ def optimise_with_report(
 
     began = time.perf_counter()
     greedy_ms = 0.0
+    pending, snapshot, policy, now, seed = (
+        request.pending, request.snapshot, request.policy, request.now, request.seed
+    )
     if greedy is None:
-        greedy = place(pending, snapshot, policy, now=now, running=running, seed=seed)
+        greedy = place(request)
         greedy_ms = (time.perf_counter() - began) * 1000.0
         began = time.perf_counter()
     deadline = began + 0.92 * budget_ms / 1000.0  # leave room to build the plan and for jitter

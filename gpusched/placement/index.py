@@ -8,6 +8,7 @@ memory per device that the engine updates as it assigns, so one plan never doubl
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -19,7 +20,7 @@ import numpy as np
 from gpusched.catalog import AcceleratorModel, Catalog, default_catalog
 from gpusched.model import MILLI, Device, DeviceShare, FleetSnapshot, Health, Node
 
-__all__ = ["FleetIndex", "FreeState", "LruCache", "fleet_index"]
+__all__ = ["FleetIndex", "FreeState", "LruCache", "fleet_index", "usage_arrays"]
 
 _CACHE_SIZE = 8
 
@@ -165,9 +166,12 @@ def _build(nodes: tuple[Node, ...], catalog: Catalog) -> FleetIndex:
 
 
 _USAGES = LruCache()
+# Change stamps: every change of a FreeState's node takes the next number, so two states never
+# share a stamp for a node once either changed it (caches keyed on stamps stay exact).
+_STAMPS = itertools.count(1)
 
 
-def _usage_arrays(index: FleetIndex, snapshot: FleetSnapshot) -> tuple[np.ndarray, np.ndarray]:
+def usage_arrays(index: FleetIndex, snapshot: FleetSnapshot) -> tuple[np.ndarray, np.ndarray]:
     """Used milli and memory per device, cached on the identity of the snapshot's usage mapping."""
     usage = snapshot.usage
     hit: tuple[np.ndarray, np.ndarray] | None = _USAGES.get(index, usage)
@@ -189,9 +193,13 @@ def _usage_arrays(index: FleetIndex, snapshot: FleetSnapshot) -> tuple[np.ndarra
 
 
 class FreeState:
-    """Free milli-GPU and memory per device, mutable, for one placement call."""
+    """Free milli-GPU and memory per device, mutable, for one placement call.
 
-    __slots__ = ("free_mem", "free_milli", "host_cpu", "host_mem", "index", "res_start")
+    ``node_stamp[n]`` changes whenever node ``n``'s free capacity or host CPU/RAM changes (a
+    number no other change anywhere took), so per-node caches can tell which nodes to recompute.
+    """
+
+    __slots__ = ("free_mem", "free_milli", "host_cpu", "host_mem", "index", "node_stamp", "res_start")
 
     def __init__(self, index: FleetIndex, snapshot: FleetSnapshot | None = None) -> None:
         self.index = index
@@ -210,8 +218,9 @@ class FreeState:
             index.masks["host_free0"] = host
         self.host_cpu = host[0].copy()
         self.host_mem = host[1].copy()
+        self.node_stamp = np.zeros(len(index.nodes), dtype=np.int64)
         if snapshot is not None and snapshot.usage:
-            base = _usage_arrays(index, snapshot)
+            base = usage_arrays(index, snapshot)
             self.free_milli -= base[0]
             self.free_mem -= base[1]
 
@@ -224,7 +233,13 @@ class FreeState:
         clone.res_start = self.res_start.copy()
         clone.host_cpu = self.host_cpu.copy()
         clone.host_mem = self.host_mem.copy()
+        clone.node_stamp = self.node_stamp.copy()
         return clone
+
+    def touch(self, node: int) -> None:
+        """Mark node position ``node`` changed (done by :meth:`apply`; call it after changing
+        the arrays directly)."""
+        self.node_stamp[node] = next(_STAMPS)
 
     def apply(
         self,
@@ -244,6 +259,7 @@ class FreeState:
             if i is not None:
                 self.free_milli[i] += sign * share.milli
                 self.free_mem[i] += sign * share.memory_bytes
+                self.node_stamp[self.index.dev_node[i]] = next(_STAMPS)
                 if first and (cpu_milli or host_memory_bytes):
                     n = int(self.index.dev_node[i])
                     self.host_cpu[n] += sign * cpu_milli

@@ -1,20 +1,30 @@
-"""Placement vocabulary: what goes in (pending and running tasks) and what comes out (a plan).
+"""Placement vocabulary: what goes in (one :class:`PlacementRequest`) and what comes out (a plan).
 
-All records are immutable. A :class:`PlacementPlan` names every pending key exactly once, either
-in :attr:`PlacementPlan.assignments` or in :attr:`PlacementPlan.rejections`.
+All records are immutable. ``place(PlacementRequest) -> PlacementPlan`` mirrors Ray autoscaler
+v2's ``SchedulingRequest -> SchedulingReply``: every input of one placement call travels in the
+request, so no caller can leave one out. A :class:`PlacementPlan` names every pending key exactly
+once, either in :attr:`PlacementPlan.assignments` or in :attr:`PlacementPlan.rejections`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpusched.model import DeviceShare
+from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.request import GPURequest
+
+if TYPE_CHECKING:
+    from gpusched.catalog import Catalog
+    from gpusched.placement.policy import Policy
+    from gpusched.quota.policy import QuotaState
 
 __all__ = [
     "Assignment",
     "PendingTask",
     "PlacementPlan",
+    "PlacementRequest",
     "Rejection",
     "Reservation",
     "RunningTask",
@@ -62,6 +72,39 @@ class RunningTask:
     host_memory_bytes: int = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementRequest:
+    """Every input of one placement call (all but the seed and catalog are required).
+
+    Attributes:
+        pending: the tasks waiting for devices.
+        snapshot: the fleet now; its usage must already count every running task's shares.
+        policy: how to order, filter and score.
+        now: the clock (seconds, epoch or simulation), for aging, queue order and reservations.
+        quota: partition and budget state; :meth:`QuotaState.unlimited` when no quota is configured
+            (required, so a caller cannot drop the quota by forgetting it).
+        running: the tasks holding devices (reservations from their ``expected_end``, partition
+            use, committed budget, host CPU/RAM use).
+        seed: seed of the random policy and random tie-breaks.
+        catalog: the accelerator catalog (None = the packaged one).
+
+    ``pending`` and ``running`` are frozen into tuples.
+    """
+
+    pending: Sequence[PendingTask]
+    snapshot: FleetSnapshot
+    policy: Policy
+    now: float
+    quota: QuotaState
+    running: Sequence[RunningTask] = ()
+    seed: int = 0
+    catalog: Catalog | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pending", tuple(self.pending))
+        object.__setattr__(self, "running", tuple(self.running))
+
+
 @dataclass(frozen=True, slots=True)
 class Assignment:
     """Devices chosen for one pending task.
@@ -103,7 +146,7 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class PlacementPlan:
-    """The outcome of one placement cycle."""
+    """The reply to one :class:`PlacementRequest`."""
 
     assignments: tuple[Assignment, ...]
     rejections: tuple[Rejection, ...]

@@ -22,10 +22,10 @@ Procedure (Weng et al., ATC '23; ``shared/traces/README.md``):
 
 Every decision is made by the placement engine (:class:`gpusched.placement.Placer`, the engine
 behind :func:`~gpusched.placement.place`, kept alive across arrivals) with the named policy: GPU
-tasks through ``Placer.place`` with their host CPU/RAM (``PendingTask.cpu_milli`` /
-``host_memory_bytes``), CPU-only tasks through ``Placer.choose_host_node`` + ``take_host``. For
-score-based presets the expected workload is the trace's own shape distribution, with host CPU/RAM
-per shape, as FGD assumes.
+tasks through ``Placer.place`` (one ``PlacementRequest`` each, no quota) with their host CPU/RAM
+(``PendingTask.cpu_milli`` / ``host_memory_bytes``), CPU-only tasks through
+``Placer.choose_host_node`` + ``take_host``. For score-based presets the expected workload is the
+trace's own shape distribution, with host CPU/RAM per shape, as FGD assumes.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from typing import Any
 
 from gpusched.catalog import default_catalog
 from gpusched.model import MILLI
-from gpusched.placement import PendingTask, Placer, Policy, WorkloadShape
+from gpusched.placement import PendingTask, PlacementRequest, Placer, Policy, WorkloadShape
+from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 from gpusched.sim.fleets import MIB, openb_fleet
 from gpusched.sim.traces import OpenbNode, OpenbPod
@@ -206,6 +207,7 @@ def run_openb(
     if overrides:
         policy = replace(policy, **overrides)  # type: ignore[arg-type]
     placer = Placer(fleet, policy)
+    unlimited = QuotaState.unlimited()  # FGD's experiment has no quotas
     arrived = allocated = failed = count = 0
     crossing: tuple[int, int, int, int] | None = None  # allocated, arrived, count, failed
     window: list[float] = []
@@ -239,7 +241,9 @@ def run_openb(
             task = PendingTask(
                 f"{pod.name}#{i}", pod_request(pod), float(i), cpu_milli=cpu, host_memory_bytes=mem
             )
-            plan = placer.place([task], now=float(i), seed=step_seed)
+            plan = placer.place(PlacementRequest(
+                pending=(task,), snapshot=fleet, policy=policy, now=float(i), quota=unlimited, seed=step_seed,
+            ))
             if plan.assignments:
                 allocated += sum(s.milli for s in plan.assignments[0].shares)
             else:

@@ -52,8 +52,9 @@ class QuotaTracker:
         self.policy = policy
         self.jobs = jobs
         self.fleet = fleet
-        self.spans: list[tuple[str, int, float, float]] = []  # tenant, rate, start, end
-        self.open: list[tuple[str, int, float, float]] = []  # spans not ended at the last state
+        # key -> (tenant, rate, start, end); open = spans not ended at the last state
+        self.spans: dict[str, tuple[str, int, float, float]] = {}
+        self.open: dict[str, tuple[str, int, float, float]] = {}
         self.closed: dict[str, int] = {}  # use of spans ended within the current period
         self.period = float("nan")
         # Cheapest normalised rate of one whole device: a lower bound of any placement's cost.
@@ -62,13 +63,17 @@ class QuotaTracker:
         self.cheapest = min(rates, default=0)
 
     def started(self, record: Any) -> None:
-        """Count ``record`` (an engine ``JobRecord``) from now on."""
+        """Count ``record`` (an engine ``JobRecord``; a restarted job's replaces its old one)."""
         if self.policy is None:
             return
         span = (self.jobs[record.key].request.tenant, normalised_rate(record.shares, self.fleet),
                 record.start_s, record.end_s)
-        self.spans.append(span)
-        self.open.append(span)
+        self.spans[record.key] = self.open[record.key] = span
+
+    def dropped(self, key: str) -> None:
+        """Forget a running job's record (a preempted job's, deleted by the engine until it restarts)."""
+        self.spans.pop(key, None)
+        self.open.pop(key, None)
 
     def state_at(self, now: float) -> QuotaState:
         """The quota state at ``now`` (never earlier than the previous call's)."""
@@ -80,10 +85,10 @@ class QuotaTracker:
         if start != self.period:  # a new period: recount every span once
             self.period = start
             self.closed = {}
-            self.open = [s for s in self.spans if s[3] > start]
+            self.open = {k: s for k, s in self.spans.items() if s[3] > start}
         used = dict(self.closed)
-        still = []
-        for tenant, rate, begin, end in self.open:
+        still = {}
+        for key, (tenant, rate, begin, end) in self.open.items():
             seconds = max(0.0, min(end, now) - max(begin, start))
             if seconds > 0:
                 used[tenant] = used.get(tenant, 0) + int(rate * seconds)
@@ -91,13 +96,14 @@ class QuotaTracker:
                 if seconds > 0:
                     self.closed[tenant] = self.closed.get(tenant, 0) + int(rate * seconds)
             else:
-                still.append((tenant, rate, begin, end))
+                still[key] = (tenant, rate, begin, end)
         self.open = still
         return QuotaState(self.policy, used, start)
 
 
     def offer(self, pending: Iterable[PendingTask], state: QuotaState, snapshot: FleetSnapshot,
-              running: Sequence[RunningTask], now: float, limit: int) -> list[PendingTask]:
+              running: Sequence[RunningTask], now: float, limit: int, *,
+              predicted: bool = False) -> list[PendingTask]:
         """The oldest ``limit`` waiting jobs, less those their tenant's budget holds this pass.
 
         The executor offers every queued task each cycle; the simulator offers at most ``limit``
@@ -107,6 +113,8 @@ class QuotaTracker:
         refused by the gate anyway, so it does not take a place in the window: otherwise
         budget-held jobs at the head of the queue hide the other tenants' work from every pass.
         A job that could exceed the whole budget is still offered (the gate rejects it for good).
+        With ``predicted`` (durations predicted for the offered jobs afterwards) a job without an
+        estimate is costed at 0 s, so only tenants already over budget are skipped.
         """
         out: list[PendingTask] = []
         if not state.enforced:
@@ -122,7 +130,7 @@ class QuotaTracker:
             req = task.request
             budget = state.policy.budget(req.tenant)
             if budget is not None:
-                duration = req.expected_duration_s or state.policy.default_duration_s
+                duration = req.expected_duration_s or (0 if predicted else state.policy.default_duration_s)
                 # Σ over shares of floored rates ≥ the floored total less one unit per device.
                 cost = max(0, req.total_milli * self.cheapest // MILLI - req.count) * duration
                 spent = state.used.get(req.tenant, 0) + committed.get(req.tenant, 0)

@@ -327,18 +327,19 @@ def load_philly_jobs(
 
     ``start``/``end`` (``YYYY-MM-DD[ HH:MM:SS]``, UTC, end exclusive) select a window;
     ``clusters`` keeps only those virtual clusters; ``max_gpus`` drops larger jobs. Arrival times
-    are seconds from ``origin`` (same format; default: the first kept job). Jobs with zero duration
-    or zero GPUs are skipped.
+    are seconds from the first kept job. Jobs with zero duration or zero GPUs are skipped.
 
     Raises:
         ConfigurationError: a window bound that is not a date, or an end not after the start.
         TraceError: naming file, line and field for a bad timestamp, a negative, non-finite or
             non-numeric duration, or a GPU count that is not a whole number 0–4096.
+
+    ``origin`` (same format) measures arrival times from that instant instead (a history window
+    before a replay then gets negative arrivals).
     """
     p = Path(path)
     lo = _window_bound(start, "window start")
     hi = _window_bound(end, "window end")
-    zero = _window_bound(origin, "arrival origin")
     if lo is not None and hi is not None and hi <= lo:
         raise ConfigurationError(f"window end {end!r} is not after its start {start!r}; swap them")
     kept: list[tuple[float, int, float, str]] = []
@@ -360,8 +361,9 @@ def load_philly_jobs(
             continue
         kept.append((ts, gpus, duration, cluster))
     kept.sort(key=lambda item: item[0])
-    first = zero if zero is not None else kept[0][0] if kept else 0.0
+    zero = _window_bound(origin, "origin")
+    origin_s = zero if zero is not None else kept[0][0] if kept else 0.0
     return [
-        TraceJob(key=str(i), arrival_s=ts - first, num_gpus=g, duration_s=d, group=c)
+        TraceJob(key=str(i), arrival_s=ts - origin_s, num_gpus=g, duration_s=d, group=c)
         for i, (ts, g, d, c) in enumerate(kept)
     ]

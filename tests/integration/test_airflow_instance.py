@@ -10,7 +10,14 @@ from typing import ClassVar
 
 import pytest
 
-from gpusched.deploy.airflow_instance import free_port, login_token, wait_until
+from gpusched.deploy.airflow_instance import (
+    api_server,
+    free_port,
+    http_get,
+    login_token,
+    poll_until,
+    wait_until,
+)
 from gpusched.errors import AirflowBootError
 
 
@@ -61,6 +68,57 @@ def test_wait_until_times_out_naming_what_it_waited_for(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_poll_until_stops_at_once_when_abort_gives_a_reason_and_reports_the_logs() -> None:
+    checks: list[int] = []
+    reasons = iter([None, None, "worker exited (9)"])
+    expected = r"^worker exited \(9\) while waiting for the gang:\nlog tails"
+    with pytest.raises(AirflowBootError, match=expected):
+        poll_until("the gang", lambda: checks.append(1), timeout=10, abort=lambda: next(reasons),
+                   logs=lambda: "log tails", interval=0.01)
+    assert len(checks) == 2  # asked abort before every try
+
+
+STAND_IN = """
+import http.server, signal, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+assert sys.argv[1] == "api-server", sys.argv
+class Version(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(401 if self.path == "/api/v2/version" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", port), Version)
+signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+print("serving", flush=True)
+server.serve_forever()
+"""
+
+
+def test_api_server_yields_its_url_once_it_answers_and_stops_the_process_group(tmp_path: Path) -> None:
+    """A stand-in ``airflow`` (a real process on a real port) answers /api/v2/version with 401."""
+    script = tmp_path / "airflow_stand_in.py"
+    script.write_text(STAND_IN)
+    port = free_port()
+    with api_server([sys.executable, str(script)], port=port, env={}, log=tmp_path / "api.log",
+                    timeout=30) as base:
+        assert base == f"http://127.0.0.1:{port}"
+        assert http_get(base + "/api/v2/version")[0] == 401 and http_get(base + "/other")[0] == 404
+    with pytest.raises(OSError):  # stopped: nothing listens any more
+        http_get(base + "/api/v2/version", timeout=2)
+    assert "serving" in (tmp_path / "api.log").read_text()
+
+
+def test_api_server_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
+    script = tmp_path / "broken.py"
+    script.write_text("print('ImportError: no module named nope'); raise SystemExit(2)\n")
+    expected = r"Airflow exited \(2\) while waiting for the api-server(.|\n)*no module named nope"
+    with pytest.raises(AirflowBootError, match=expected), api_server(
+        [sys.executable, str(script)], port=free_port(), env={}, log=tmp_path / "api.log", timeout=30
+    ):
+        pytest.fail("the server never came up")
 
 
 def test_login_token_reads_the_generated_passwords_and_says_empty_when_refused(tmp_path: Path) -> None:

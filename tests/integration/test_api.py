@@ -140,6 +140,14 @@ def test_quotas_partitions_and_budgets(client: Any, ledger: Ledger, monkeypatch:
     assert tenants["vision"]["budget_hours"] == 100 and tenants["nlp"]["budget_hours"] == 10
     assert tenants["vision"]["used_hours"] > 0  # 4 H100 for half an hour, normalised to A100-hours
     assert tenants["vision"]["running_gpus"] == 4.0
+    assert body["enforced"] is True
+    monkeypatch.setenv("GPUSCHED_QUOTA_FILE", str(tmp_path / "absent.yaml"))
+    assert client.get("/quotas").json()["enforced"] is False
+
+
+def test_page_says_whether_quotas_are_enforced(client: Any) -> None:
+    page = client.get("/ui").text
+    assert "q.enforced ?" in page and "placement does not apply them" in page
 
 
 def test_forecast_empty_then_from_file(client: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from unittest import mock
 
 import pynvml
 import pytest
+from _placement_support import no_quota
 
 from gpusched.capacity.mig_plan import MigStep, plan_repartition
 from gpusched.errors import ConfigurationError
@@ -102,7 +103,7 @@ def test_agent_cycle_repartitions_for_a_waiting_hard_request(tmp_path: Path) -> 
         new = [d for d in after.devices() if d.parent == WHOLE_GPU]
         assert [d.profile for d in new] == ["3g.40gb", "3g.40gb"]
         assert [e.subject for e in ledger.events(kinds=["mig_repartition"])] == [WHOLE_GPU]
-        plan = place([PendingTask("serve", waiting, 0.0)], after, Policy(), now=0.0)
+        plan = place(no_quota([PendingTask("serve", waiting, 0.0)], after, Policy(), now=0.0))
         assert after.device(plan.assignments[0].shares[0].uuid).parent == WHOLE_GPU
         agent.cycle()  # nothing waits for a slice it cannot get now: no second re-partition
         assert len(ledger.events(kinds=["mig_repartition"])) == 1

@@ -4,6 +4,7 @@ end-to-end Xid fault on the simulated fleet with real task and agent processes."
 from __future__ import annotations
 
 import pytest
+from _placement_support import no_quota
 
 from gpusched.faults.failures import (
     FailureRecord,
@@ -170,6 +171,7 @@ def test_shortage_scales_out_a_standby_node_the_simulated_fleet_then_offers(ledg
     backend = SimulatedBackend()
     assert not next(n for n in backend.discover() if n.name == "a-h100-2").standby
     ledger.sync_inventory(backend.discover(), source="simulated")
-    plan = place([PendingTask("retry", request, 1.0)], ledger.snapshot(), Policy.named("gpusched"), now=2.0)
+    plan = place(no_quota([PendingTask("retry", request, 1.0)],
+        ledger.snapshot(), Policy.named("gpusched"), now=2.0))
     (assignment,) = plan.assignments
     assert {s.node for s in assignment.shares} == {"a-h100-2"}

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _placement_support import no_quota
 
 from gpusched.airflow.docker_devices import (
     container_gpu_spec,
@@ -92,7 +93,7 @@ def _place(
     fleet: FleetSnapshot, *requests: GPURequest, running: tuple[RunningTask, ...] = ()
 ) -> dict[str, str]:
     tasks = [PendingTask(f"t{i}", r, 0.0) for i, r in enumerate(requests)]
-    plan = place(tasks, fleet, Policy(), now=0.0, running=running)
+    plan = place(no_quota(tasks, fleet, Policy(), now=0.0, running=running))
     out = {a.key: a.shares[0].uuid for a in plan.assignments}
     out.update({r.key: "rejected: " + r.reason for r in plan.rejections})
     return out
@@ -100,7 +101,7 @@ def _place(
 
 def test_hard_fraction_gets_the_smallest_matching_mig_instance_whole(fleet: FleetSnapshot) -> None:
     request = GPURequest.build(gpus=0.1, memory="8GiB", isolation="hard", vendor="nvidia")
-    plan = place([PendingTask("t", request, 0.0)], fleet, Policy(), now=0.0)
+    plan = place(no_quota([PendingTask("t", request, 0.0)], fleet, Policy(), now=0.0))
     (share,) = plan.assignments[0].shares
     device = fleet.device(share.uuid)
     assert device.parent == MIG_GPU and device.profile == "1g.10gb"
@@ -390,7 +391,7 @@ def test_the_genetic_optimiser_keeps_hard_requests_on_whole_slices(fleet: FleetS
         for i in range(6)
     ] + [PendingTask(f"s{i}", GPURequest.build(gpus=0.1, memory="8GiB", isolation="soft", model="A100",
                                                expected_duration=600), 0.0) for i in range(3)]
-    result = optimise_with_report(tasks, fleet, Policy.named("gpusched"), now=0.0, budget_ms=5_000,
+    result = optimise_with_report(no_quota(tasks, fleet, Policy.named("gpusched"), now=0.0), budget_ms=5_000,
                                   max_generations=15)
     used: dict[str, int] = {}
     for a in result.plan.assignments:

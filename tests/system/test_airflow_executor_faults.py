@@ -7,18 +7,16 @@ ledger's write lock and is frozen with SIGSTOP.
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from multiprocessing import SimpleQueue
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _airflow_support import queue_reading_executor
 from test_airflow_executor import _drain, _key, _submit, _workload
 
 pytestmark = [pytest.mark.airflow, pytest.mark.faults]
@@ -38,23 +36,9 @@ with write_tx(Ledger(sys.argv[1]).engine) as conn:
 
 @pytest.fixture
 def executor(airflow_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setenv("GPUSCHED_BACKEND", "simulated")
     monkeypatch.setenv("AIRFLOW__GPUSCHED__LEDGER_WAIT_SECONDS", str(WAIT_S))
     monkeypatch.setenv("AIRFLOW__GPUSCHED__RECONCILE_SECONDS", "0")
-    from gpusched.airflow.executor import GPUExecutor
-    from gpusched.hardware.detect import detect_backend
-
-    ex = GPUExecutor(parallelism=8)
-    ex.activity_queue = SimpleQueue()
-    ex.result_queue = SimpleQueue()
-    ex.workers = {}
-    ex._unread_messages = multiprocessing.Value(ctypes.c_uint)
-    monkeypatch.setattr(ex, "_check_workers", lambda: None)
-    ex.ledger.migrate()
-    backend = detect_backend()
-    ex.ledger.sync_inventory(backend.discover(), source=backend.name)
-    yield ex
-    ex.ledger.close()
+    yield from queue_reading_executor(monkeypatch)
 
 
 def test_frozen_ledger_writer_does_not_stall_the_heartbeat(executor: Any, tmp_path: Path) -> None:

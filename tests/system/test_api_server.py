@@ -11,13 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -25,21 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _airflow_support import check_plugin_routes
 
-from gpusched.deploy.airflow_instance import free_port
+from gpusched.deploy.airflow_instance import api_server, free_port, http_get, login_token
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 @pytest.fixture(scope="module")
@@ -64,66 +52,29 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
                    capture_output=True, timeout=300)
     subprocess.run([sys.executable, str(REPO / "scripts" / "ui_demo.py"), "--no-forecast"], env=env,
                    check=True, capture_output=True, timeout=300)
-    log = (home / "api-server.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "airflow", "api-server", "--port", str(port)], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if _get(base + "/api/v2/version")[0] in (200, 401):
-                    break
-            except OSError:
-                pass
-            assert proc.poll() is None, (home / "api-server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "api-server did not come up in 180 s"
-            time.sleep(1)
-        passwords = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())
-        body = json.dumps({"username": "admin", "password": passwords["admin"]}).encode()
-        request = urllib.request.Request(base + "/auth/token", data=body,
-                                         headers={"Content-Type": "application/json"}, method="POST")
-        with urllib.request.urlopen(request, timeout=30) as response:
-            token = json.loads(response.read())["access_token"]
+    airflow = [sys.executable, "-m", "airflow"]
+    with api_server(airflow, port=port, env=env, log=home / "api-server.log") as base:
+        token = login_token(home, base)
+        assert token, "the simple auth manager refused its own generated password"
         yield {"base": base, "token": token, "port": port}
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)  # SIGTERM would leave the workers running
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 def test_unauthenticated_is_refused(server: dict[str, Any]) -> None:
     for route in ("/gpusched/fleet", "/gpusched/queue", "/gpusched/quotas", "/gpusched/ui"):
-        assert _get(server["base"] + route)[0] == 401, route
-    assert _get(server["base"] + "/gpusched/fleet", {"Authorization": "Bearer not-a-jwt"})[0] == 403
+        assert http_get(server["base"] + route)[0] == 401, route
+    assert http_get(server["base"] + "/gpusched/fleet", {"Authorization": "Bearer not-a-jwt"})[0] == 403
     # No unauthenticated schema or docs pages (the schema used to answer 500, the docs 200).
+    auth = {"Authorization": f"Bearer {server['token']}"}
     for route in ("/gpusched/openapi.json", "/gpusched/docs", "/gpusched/redoc"):
-        assert _get(server["base"] + route)[0] == 404, route
-        assert _get(server["base"] + route, {"Authorization": f"Bearer {server['token']}"})[0] == 404, route
+        assert http_get(server["base"] + route)[0] == 404, route
+        assert http_get(server["base"] + route, auth)[0] == 404, route
 
 
-def test_bearer_token_and_ui_cookie_are_accepted(server: dict[str, Any]) -> None:
-    status, body = _get(server["base"] + "/gpusched/fleet", {"Authorization": f"Bearer {server['token']}"})
-    assert status == 200
-    fleet = json.loads(body)
-    # one tile per physical device: a GPU in MIG mode or a CPX card counts once
-    assert fleet["simulated"] is True and fleet["summary"]["devices"] == 51
-    assert fleet["summary"]["states"]["allocated"] > 0
-    status, body = _get(server["base"] + "/gpusched/queue", {"Cookie": f"_token={server['token']}"})
+def test_bearer_token_ui_cookie_plugin_and_nav_view(server: dict[str, Any]) -> None:
+    fleet, _ = check_plugin_routes(server["base"], server["token"])
+    assert fleet["summary"]["states"]["allocated"] > 0  # the demo ledger's allocations
+    status, body = http_get(server["base"] + "/gpusched/queue", {"Cookie": f"_token={server['token']}"})
     assert status == 200 and all(entry["reason"] for entry in json.loads(body))
-
-
-def test_plugin_and_nav_view_are_registered(server: dict[str, Any]) -> None:
-    status, body = _get(server["base"] + "/api/v2/plugins", {"Authorization": f"Bearer {server['token']}"})
-    assert status == 200
-    (plugin,) = [p for p in json.loads(body)["plugins"] if p["name"] == "gpusched"]
-    assert plugin["fastapi_apps"][0]["url_prefix"] == "/gpusched"
-    view = plugin["external_views"][0]
-    assert (view["name"], view["href"], view["destination"], view["url_route"]) == (
-        "GPU fleet", "/gpusched/ui", "nav", "gpusched")
 
 
 def test_headless_browser_renders_the_page_with_the_session_cookie(

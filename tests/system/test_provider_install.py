@@ -17,22 +17,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
-import time
-import urllib.error
-import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _airflow_support import check_plugin_routes
 
 from gpusched import __version__
-from gpusched.deploy.airflow_instance import free_port
+from gpusched.deploy.airflow_instance import api_server as api_server_process
+from gpusched.deploy.airflow_instance import free_port, login_token
 from gpusched.settings import OPTIONS
 
 pytestmark = [pytest.mark.wheel, pytest.mark.airflow, pytest.mark.slow]
@@ -49,14 +47,6 @@ def _run(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float = 60
                                  f"{done.stderr[-3000:]}"
     return done.stdout
 
-
-def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 @pytest.fixture(scope="module")
@@ -161,52 +151,15 @@ def api_server(venv: dict[str, Any]) -> Iterator[dict[str, Any]]:
     _run([str(venv["bin"] / "airflow"), "db", "migrate"], env=env, cwd=cwd)
     # Put the simulated fleet into the ledger (the agent's first cycle syncs the inventory).
     _run([str(venv["bin"] / "gpusched"), "agent", "--once", "--backend", "simulated"], env=env, cwd=cwd)
-    port = free_port()
-    log = (home / "api-server.log").open("wb")
-    proc = subprocess.Popen([str(venv["bin"] / "airflow"), "api-server", "--port", str(port)], env=env,
-                            cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if _get(base + "/api/v2/version")[0] in (200, 401):
-                    break
-            except OSError:
-                pass
-            assert proc.poll() is None, (home / "api-server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "api-server did not come up in 180 s"
-            time.sleep(1)
-        passwords = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())
-        body = json.dumps({"username": "admin", "password": passwords["admin"]}).encode()
-        request = urllib.request.Request(base + "/auth/token", data=body,
-                                         headers={"Content-Type": "application/json"}, method="POST")
-        with urllib.request.urlopen(request, timeout=30) as response:
-            token = json.loads(response.read())["access_token"]
-        yield {"base": base, "auth": {"Authorization": f"Bearer {token}"}}
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+    with api_server_process([str(venv["bin"] / "airflow")], port=free_port(), env=env,
+                            log=home / "api-server.log", cwd=cwd) as base:
+        token = login_token(home, base)
+        assert token, "the simple auth manager refused its own generated password"
+        yield {"base": base, "token": token}
 
 
 def test_api_server_serves_the_plugin_routes_and_nav_view(api_server: dict[str, Any]) -> None:
-    base, auth = api_server["base"], api_server["auth"]
-    assert _get(base + "/gpusched/fleet")[0] == 401
-    status, body = _get(base + "/gpusched/fleet", auth)
-    assert status == 200
-    fleet = json.loads(body)
-    assert fleet["simulated"] is True and fleet["summary"]["devices"] == 51  # one tile per physical device
-    status, body = _get(base + "/gpusched/ui", auth)
-    assert status == 200 and b"GPU fleet" in body
-    status, body = _get(base + "/api/v2/plugins", auth)
-    assert status == 200
-    (plugin,) = [p for p in json.loads(body)["plugins"] if p["name"] == "gpusched"]
+    _, plugin = check_plugin_routes(api_server["base"], api_server["token"])
     # Registered by the wheel's entry point ("<dist>==<version>: <entry point>"), not a plugins folder.
     assert plugin["source"].startswith(f"gpusched=={__version__}:"), plugin["source"]
     assert "gpusched.airflow.plugin:GpuschedPlugin" in plugin["source"], plugin["source"]
-    view = plugin["external_views"][0]
-    assert (view["name"], view["href"], view["destination"]) == ("GPU fleet", "/gpusched/ui", "nav")

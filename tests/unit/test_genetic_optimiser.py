@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
+from _placement_support import no_quota
 
 from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.catalog import arch_rank, default_catalog
@@ -65,9 +66,9 @@ def _check_feasible(plan: PlacementPlan, pending: list[PendingTask], fleet: Flee
 
 def test_never_worse_than_greedy_and_feasible(fleet: FleetSnapshot, pending: list[PendingTask]) -> None:
     policy = Policy.named("gpusched")
-    greedy = place(pending, fleet, policy, now=NOW)
+    greedy = place(no_quota(pending, fleet, policy, now=NOW))
     for seed in (0, 1, 2):
-        result = optimise_with_report(pending, fleet, policy, now=NOW, seed=seed, budget_ms=5_000,
+        result = optimise_with_report(no_quota(pending, fleet, policy, now=NOW, seed=seed), budget_ms=5_000,
                                       max_generations=15, greedy=greedy)
         _check_feasible(result.plan, pending, fleet)
         value = plan_objective(result.plan, pending, fleet, policy, now=NOW)
@@ -85,8 +86,8 @@ def test_optimiser_improves_on_a_poor_warm_start(
 ) -> None:
     # Warm-started from first-fit's plan (speed- and fragmentation-blind) the GA must improve on it.
     policy = Policy.named("gpusched")
-    poor = place(pending, fleet, Policy.named("first-fit", round_up_fractions=False), now=NOW)
-    result = optimise_with_report(pending, fleet, policy, now=NOW, greedy=poor, budget_ms=5_000,
+    poor = place(no_quota(pending, fleet, Policy.named("first-fit", round_up_fractions=False), now=NOW))
+    result = optimise_with_report(no_quota(pending, fleet, policy, now=NOW), greedy=poor, budget_ms=5_000,
                                   max_generations=30)
     assert result.improved and result.gain_pct > 0
     _check_feasible(result.plan, pending, fleet)
@@ -94,15 +95,14 @@ def test_optimiser_improves_on_a_poor_warm_start(
 
 def test_deterministic_with_seed(fleet: FleetSnapshot, pending: list[PendingTask]) -> None:
     policy = Policy.named("gpusched")
-    kwargs = {"now": NOW, "budget_ms": 10_000, "max_generations": 8}
-    first = optimise(pending, fleet, policy, seed=7, **kwargs)  # type: ignore[arg-type]
-    again = optimise(pending, fleet, policy, seed=7, **kwargs)  # type: ignore[arg-type]
+    first = optimise(no_quota(pending, fleet, policy, now=NOW, seed=7), budget_ms=10_000, max_generations=8)
+    again = optimise(no_quota(pending, fleet, policy, now=NOW, seed=7), budget_ms=10_000, max_generations=8)
     assert first == again
 
 
 def test_tiny_budget_still_returns_a_valid_plan(fleet: FleetSnapshot, pending: list[PendingTask]) -> None:
     policy = Policy.named("gpusched")
-    result = optimise_with_report(pending, fleet, policy, now=NOW, budget_ms=0.001)
+    result = optimise_with_report(no_quota(pending, fleet, policy, now=NOW), budget_ms=0.001)
     assert result.generations == 0
     _check_feasible(result.plan, pending, fleet)
     assert result.objective <= result.greedy_objective + 1e-9
@@ -118,7 +118,8 @@ def test_no_double_booking_when_capacity_is_scarce() -> None:
     tasks = [PendingTask(f"t{i}", GPURequest.build(gpus=1, expected_duration=3600 * (i + 1)), NOW - i)
              for i in range(8)]
     policy = Policy.named("gpusched")
-    result = optimise_with_report(tasks, fleet, policy, now=NOW, budget_ms=5_000, max_generations=20)
+    result = optimise_with_report(no_quota(tasks, fleet, policy, now=NOW), budget_ms=5_000,
+                                  max_generations=20)
     _check_feasible(result.plan, tasks, fleet)
     assert len(result.plan.assignments) == 7 and len(result.plan.rejections) == 1
 
@@ -127,7 +128,7 @@ def test_terms_recombine_to_the_objective(fleet: FleetSnapshot, pending: list[Pe
     # The decoder's incremental fragmentation must agree with a full recount.
     weights = (1.0, 2.0, 0.5)
     policy = Policy.named("gpusched")
-    result = optimise_with_report(pending, fleet, policy, now=NOW, weights=weights, budget_ms=5_000,
+    result = optimise_with_report(no_quota(pending, fleet, policy, now=NOW), weights=weights, budget_ms=5_000,
                                   max_generations=10)
     for terms, value in ((result.greedy_terms, result.greedy_objective), (result.terms, result.objective)):
         assert sum(w * t for w, t in zip(weights, terms, strict=True)) == pytest.approx(value)

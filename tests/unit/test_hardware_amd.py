@@ -15,6 +15,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from _placement_support import no_quota
 
 from gpusched.catalog import LinkKind, Vendor
 from gpusched.errors import BackendUnavailableError, HardwareError
@@ -287,7 +288,8 @@ def test_hard_fraction_lands_on_a_cpx_partition(install: Callable[[AmdBox], Modu
     snapshot = FleetSnapshot(tuple(AmdBackend(host=HOST).discover()))
     hard = GPURequest.build(gpus=0.1, memory="16GiB", profile="CPX")
     soft = GPURequest.build(gpus=0.1, memory="16GiB", isolation="soft")
-    plan = place([PendingTask("h", hard, 0.0), PendingTask("s", soft, 0.0)], snapshot, Policy(), now=0.0)
+    plan = place(no_quota([PendingTask("h", hard, 0.0), PendingTask("s", soft, 0.0)],
+        snapshot, Policy(), now=0.0))
     (h,) = plan.assignment("h").shares  # type: ignore[union-attr]
     (s,) = plan.assignment("s").shares  # type: ignore[union-attr]
     assert snapshot.device(h.uuid).profile == "CPX" and h.milli == 1000

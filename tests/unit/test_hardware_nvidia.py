@@ -14,6 +14,7 @@ from unittest import mock
 
 import pynvml
 import pytest
+from _placement_support import no_quota
 
 from gpusched.catalog import LinkKind, Vendor
 from gpusched.errors import BackendUnavailableError, HardwareError
@@ -482,7 +483,7 @@ def test_hard_fraction_lands_on_a_discovered_mig_instance(patch_nvml: Callable[[
     patch_nvml(box)
     snapshot = FleetSnapshot(tuple(NvidiaBackend(host=HOST).discover()))
     request = GPURequest.build(gpus=0.1, memory="8GiB", isolation="hard")
-    plan = place([PendingTask("t", request, 0.0)], snapshot, Policy(), now=0.0)
+    plan = place(no_quota([PendingTask("t", request, 0.0)], snapshot, Policy(), now=0.0))
     (share,) = plan.assignments[0].shares
     assert share.uuid == box.mig_slots[0][2].uuid  # the smallest free instance that holds it
     env = devices_env([share], snapshot)

@@ -15,9 +15,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gpusched"
 MAX_LINES = 400
 AIRFLOW_ALLOWED = ("gpusched.airflow", "gpusched.deploy")
-# gpusched.settings reads the [gpusched] options like a provider: from the executor's team-scoped
-# conf when one is passed, else from Airflow's global conf, imported inside get_str only.
-AIRFLOW_EXCEPTIONS = frozenset({"gpusched.settings"})
 
 
 def _modules() -> dict[str, Path]:
@@ -134,7 +131,6 @@ def test_only_the_airflow_and_deploy_packages_import_airflow() -> None:
         name
         for name, packages in external.items()
         if "airflow" in packages
-        and name not in AIRFLOW_EXCEPTIONS
         and not any(name == p or name.startswith(p + ".") for p in AIRFLOW_ALLOWED)
     )
     assert not offenders, f"modules importing airflow outside gpusched/airflow and deploy: {offenders}"

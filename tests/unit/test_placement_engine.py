@@ -6,11 +6,22 @@ import random
 
 import numpy as np
 import pytest
+from _placement_support import no_quota, no_quota_on
 
 from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
+from gpusched.errors import PlacementError
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.node_builder import make_node
-from gpusched.placement import PendingTask, Placer, Policy, QueueOrder, RunningTask, WorkloadShape, place
+from gpusched.placement import (
+    PendingTask,
+    PlacementRequest,
+    Placer,
+    Policy,
+    QueueOrder,
+    RunningTask,
+    WorkloadShape,
+    place,
+)
 from gpusched.placement.index import FreeState, fleet_index
 from gpusched.placement.score import FragStats, Workload
 from gpusched.request import GPURequest
@@ -33,12 +44,13 @@ def _full(snap: FleetSnapshot, node: str, indexes: list[int]) -> list[DeviceShar
 def test_two_halves_share_one_device_and_memory_is_respected() -> None:
     snap = FleetSnapshot((make_node("n", "A100-PCIE-40GB", 2),))
     tasks = [_task(f"h{i}", gpus=0.5, memory="16GiB") for i in range(2)]
-    plan = place(tasks, snap, Policy.named("gpusched"), now=0.0)
+    plan = place(no_quota(tasks, snap, Policy.named("gpusched"), now=0.0))
     devices = {a.shares[0].uuid for a in plan.assignments}
     assert len(plan.assignments) == 2 and len(devices) == 1
     assert all(a.shares[0].milli == 500 and a.shares[0].memory_bytes == 16 * GIB for a in plan.assignments)
     # 0.25 with 30 GiB cannot join the shared device (only 8 GiB left there): it takes the other.
-    plan = place([*tasks, _task("q", gpus=0.25, memory="30GiB")], snap, Policy.named("gpusched"), now=0.0)
+    plan = place(no_quota([*tasks, _task("q", gpus=0.25, memory="30GiB")],
+        snap, Policy.named("gpusched"), now=0.0))
     q = plan.assignment("q")
     assert q is not None and q.shares[0].uuid not in devices
 
@@ -46,7 +58,7 @@ def test_two_halves_share_one_device_and_memory_is_respected() -> None:
 def test_memory_bound_fractions_do_not_overcommit() -> None:
     snap = FleetSnapshot((make_node("n", "T4", 1),))  # 16 GiB
     tasks = [_task(f"f{i}", gpus=0.1, memory="6GiB") for i in range(3)]
-    plan = place(tasks, snap, Policy.named("best-fit"), now=0.0)
+    plan = place(no_quota(tasks, snap, Policy.named("best-fit"), now=0.0))
     assert len(plan.assignments) == 2
     assert "waiting for 0.1 of a GPU with ≥6 GiB free: 1 matching devices" in plan.rejections[0].reason
 
@@ -58,7 +70,7 @@ def test_plans_never_double_book_on_random_fleets(name: str) -> None:
         snap = synthetic_fleet(rng.randint(3, 12), gpus_per_node=rng.choice((2, 4, 8)), seed=trial)
         pending = synthetic_requests(rng.randint(5, 40), seed=trial + 100)
         pending.append(pending[0])  # a duplicate key is planned once
-        plan = place(pending, snap, Policy.named(name), now=0.0, seed=trial)
+        plan = place(no_quota(pending, snap, Policy.named(name), now=0.0, seed=trial))
         keys = [a.key for a in plan.assignments] + [r.key for r in plan.rejections]
         assert sorted(keys) == sorted({t.key for t in pending})
         used = {u: (v.used_milli, v.used_memory_bytes) for u, v in snap.usage.items()}
@@ -79,19 +91,19 @@ def test_priority_then_submission_order() -> None:
         _task("new-high", 50.0, gpus=1, priority="high"),
         _task("newer-normal", 60.0, gpus=1),
     ]
-    plan = place(tasks, snap, Policy.named("gpusched"), now=100.0)
+    plan = place(no_quota(tasks, snap, Policy.named("gpusched"), now=100.0))
     assert [a.key for a in plan.assignments] == ["new-high"]
     snap2 = FleetSnapshot((make_node("n", "T4", 2),))
-    plan = place(tasks, snap2, Policy.named("gpusched"), now=100.0)
+    plan = place(no_quota(tasks, snap2, Policy.named("gpusched"), now=100.0))
     assert [a.key for a in plan.assignments] == ["new-high", "old-normal"]
 
 
 def test_aging_lets_a_long_waiting_task_overtake() -> None:
     snap = FleetSnapshot((make_node("n", "T4", 1),))
     tasks = [_task("waited", 0.0, gpus=1, priority=40), _task("fresh", 36_000.0, gpus=1, priority=50)]
-    assert place(tasks, snap, Policy.named("gpusched"), now=36_000.0).assignments[0].key == "fresh"
+    assert place(no_quota(tasks, snap, Policy.named("gpusched"), now=36_000.0)).assignments[0].key == "fresh"
     aged = Policy.named("gpusched", aging_per_hour=2.0)
-    assert place(tasks, snap, aged, now=36_000.0).assignments[0].key == "waited"
+    assert place(no_quota(tasks, snap, aged, now=36_000.0)).assignments[0].key == "waited"
 
 
 def _reservation_fleet() -> tuple[FleetSnapshot, list[RunningTask]]:
@@ -114,7 +126,7 @@ def test_critical_task_reserves_the_devices_that_free_up_first_and_short_tasks_b
     ]
     # FIFO within a priority, so "long" is planned before "unknown" takes a device on b.
     fifo = Policy.named("gpusched", queue_order=QueueOrder.FIFO)
-    plan = place(tasks, snap, fifo, now=100.0, running=running)
+    plan = place(no_quota(tasks, snap, fifo, now=100.0, running=running))
     (res,) = plan.reservations
     assert res.key == "critical" and res.start == 1000.0
     assert {s.node for s in res.shares} == {"a"}
@@ -131,7 +143,7 @@ def test_critical_task_reserves_the_devices_that_free_up_first_and_short_tasks_b
 def test_baselines_do_not_reserve() -> None:
     snap, running = _reservation_fleet()
     tasks = [_task("critical", 10.0, gpus=8, priority="critical"), _task("long", 0.0, gpus=2)]
-    plan = place(tasks, snap, Policy.named("first-fit"), now=100.0, running=running)
+    plan = place(no_quota(tasks, snap, Policy.named("first-fit"), now=100.0, running=running))
     assert not plan.reservations and plan.assignment("long") is not None
 
 
@@ -142,22 +154,23 @@ def test_heterogeneity_uses_the_throughput_table() -> None:
         "a3c": {"V100-SXM2-32GB": 1.0, "P100-PCIE-16GB": 1.1},
     }
     policy = Policy.named("gpusched", throughput=table)
-    plan = place([_task("j", job_type="lm", gpus=1)], snap, policy, now=0.0)
+    plan = place(no_quota([_task("j", job_type="lm", gpus=1)], snap, policy, now=0.0))
     assert plan.assignments[0].shares[0].node == "v"
-    plan = place([_task("j", job_type="a3c", gpus=1)], snap, policy, now=0.0)
+    plan = place(no_quota([_task("j", job_type="a3c", gpus=1)], snap, policy, now=0.0))
     assert plan.assignments[0].shares[0].node == "p"
 
 
 def test_catalog_speed_applies_to_timed_jobs() -> None:
     snap = FleetSnapshot((make_node("t4", "T4", 1), make_node("h", "H100-SXM-80GB", 1)))
-    plan = place([_task("j", gpus=1, expected_duration="1h")], snap, Policy.named("gpusched"), now=0.0)
+    plan = place(no_quota([_task("j", gpus=1, expected_duration="1h")],
+        snap, Policy.named("gpusched"), now=0.0))
     assert plan.assignments[0].shares[0].node == "h"
 
 
 def test_first_fit_takes_the_first_node_and_rounds_fractions_up() -> None:
     snap = FleetSnapshot((make_node("a", "T4", 2), make_node("b", "T4", 2)))
     snap = snap.with_usage(_full(snap, "a", [0]))
-    plan = place([_task("x", gpus=0.25, memory="1GiB")], snap, Policy.named("first-fit"), now=0.0)
+    plan = place(no_quota([_task("x", gpus=0.25, memory="1GiB")], snap, Policy.named("first-fit"), now=0.0))
     share = plan.assignments[0].shares[0]
     assert (share.node, share.index, share.milli) == ("a", 1, MILLI)
 
@@ -165,16 +178,16 @@ def test_first_fit_takes_the_first_node_and_rounds_fractions_up() -> None:
 def test_best_fit_takes_the_fullest_node() -> None:
     snap = FleetSnapshot((make_node("a", "T4", 4), make_node("b", "T4", 4)))
     snap = snap.with_usage(_full(snap, "b", [0, 1]))
-    plan = place([_task("x", gpus=1)], snap, Policy.named("best-fit"), now=0.0)
+    plan = place(no_quota([_task("x", gpus=1)], snap, Policy.named("best-fit"), now=0.0))
     assert plan.assignments[0].shares[0].node == "b"
 
 
 def test_random_is_seeded() -> None:
     snap = synthetic_fleet(20, seed=4)
     pending = synthetic_requests(10, seed=5)
-    one = place(pending, snap, Policy.named("random"), now=0.0, seed=1)
-    two = place(pending, snap, Policy.named("random"), now=0.0, seed=1)
-    other = place(pending, snap, Policy.named("random"), now=0.0, seed=2)
+    one = place(no_quota(pending, snap, Policy.named("random"), now=0.0, seed=1))
+    two = place(no_quota(pending, snap, Policy.named("random"), now=0.0, seed=1))
+    other = place(no_quota(pending, snap, Policy.named("random"), now=0.0, seed=2))
     assert one == two and one != other
 
 
@@ -237,37 +250,52 @@ def test_fgd_packs_small_fractions_onto_broken_devices() -> None:
     snap = FleetSnapshot((make_node("a", "T4", 2), make_node("b", "T4", 2)))
     half = snap.node("b").devices[0]
     snap = snap.with_usage([DeviceShare(half.uuid, "b", 0, 700, 2 * GIB)])
-    plan = place([_task("s", gpus=0.2, memory="1GiB")], snap, Policy.named("fgd"), now=0.0)
+    plan = place(no_quota([_task("s", gpus=0.2, memory="1GiB")], snap, Policy.named("fgd"), now=0.0))
     assert plan.assignments[0].shares[0].uuid == half.uuid
 
 
 def test_host_cpu_and_memory_are_respected() -> None:
     snap = FleetSnapshot((make_node("small", "T4", 2, cpu_milli=4000), make_node("big", "T4", 2)))
     task = PendingTask("t", GPURequest.build(gpus=1), 0.0, cpu_milli=8000, host_memory_bytes=GIB)
-    plan = place([task], snap, Policy.named("first-fit"), now=0.0)
+    plan = place(no_quota([task], snap, Policy.named("first-fit"), now=0.0))
     assert plan.assignments[0].shares[0].node == "big"
     hog = PendingTask("h", GPURequest.build(gpus=1), 0.0, cpu_milli=200_000)
-    assert "CPU cores" in place([hog], snap, Policy.named("gpusched"), now=0.0).rejections[0].reason
+    assert "CPU cores" in place(no_quota([hog], snap, Policy.named("gpusched"), now=0.0)).rejections[0].reason
 
 
 def test_placer_keeps_state_between_calls_and_commit_false_leaves_it() -> None:
     snap = FleetSnapshot((make_node("n", "T4", 2),))
     placer = Placer(snap, Policy.named("gpusched"))
-    trial = placer.place([_task("a", gpus=2)], now=0.0, commit=False)
+    trial = placer.place(no_quota_on(placer, [_task("a", gpus=2)], now=0.0), commit=False)
     assert trial.assignments and placer.free_milli("n-gpu0") == MILLI
-    first = placer.place([_task("a", gpus=1)], now=0.0)
-    second = placer.place([_task("b", gpus=1)], now=0.0)
-    third = placer.place([_task("c", gpus=1)], now=0.0)
+    first = placer.place(no_quota_on(placer, [_task("a", gpus=1)], now=0.0))
+    second = placer.place(no_quota_on(placer, [_task("b", gpus=1)], now=0.0))
+    third = placer.place(no_quota_on(placer, [_task("c", gpus=1)], now=0.0))
     assert first.assignments and second.assignments and third.rejections
     placer.release(first.assignments[0].shares)
-    assert placer.place([_task("c", gpus=1)], now=0.0).assignments
+    assert placer.place(no_quota_on(placer, [_task("c", gpus=1)], now=0.0)).assignments
+
+
+def test_a_request_needs_its_quota_and_a_kept_engine_only_takes_its_own_fleet() -> None:
+    snap = FleetSnapshot((make_node("n", "T4", 2),))
+    policy = Policy.named("gpusched")
+    with pytest.raises(TypeError, match="quota"):
+        PlacementRequest(pending=(), snapshot=snap, policy=policy, now=0.0)  # type: ignore[call-arg]
+    placer = Placer(snap, policy)
+    other = FleetSnapshot((make_node("m", "T4", 2),))
+    with pytest.raises(PlacementError, match="another fleet snapshot or policy"):
+        placer.place(no_quota([_task("a", gpus=1)], other, policy, now=0.0))
+    with pytest.raises(PlacementError, match="another fleet snapshot or policy"):
+        placer.place(no_quota([_task("a", gpus=1)], snap, Policy.named("first-fit"), now=0.0))
+    # An equal policy built anew is the same policy.
+    assert placer.place(no_quota([_task("a", gpus=1)], snap, Policy.named("gpusched"), now=0.0)).assignments
 
 
 def test_keep_order_decodes_the_given_order() -> None:
     snap = FleetSnapshot((make_node("n", "T4", 1),))
     tasks = [_task("hi", gpus=1, priority="high"), _task("lo", gpus=1, priority="low")]
     placer = Placer(snap, Policy.named("gpusched"))
-    plan = placer.place(list(reversed(tasks)), now=0.0, keep_order=True, commit=False)
+    plan = placer.place(no_quota_on(placer, list(reversed(tasks)), now=0.0), keep_order=True, commit=False)
     assert [a.key for a in plan.assignments] == ["lo"]
 
 
@@ -284,6 +312,6 @@ def test_cpu_only_work_goes_where_it_fragments_least() -> None:
     # Now "free" cannot host a shape's 8 cores: both its GPUs count as fragmented.
     assert placer.stats.node_fragmentation(np.array([0]))[0] == pytest.approx(2 * MILLI)
     task = PendingTask("t", GPURequest.build(gpus=1), 0.0, cpu_milli=8000)
-    assert placer.place([task], now=0.0).rejections
+    assert placer.place(no_quota_on(placer, [task], now=0.0)).rejections
     placer.take_host("free", 12_000, 0, release=True)
-    assert placer.place([task], now=0.0).assignments
+    assert placer.place(no_quota_on(placer, [task], now=0.0)).assignments

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from _placement_support import no_quota
 
 from gpusched.errors import GPURequestError
 from gpusched.hardware.fleetfile import load_fleet
@@ -86,7 +87,7 @@ def test_feasible_on_the_empty_fleet_is_placed_and_infeasible_is_permanent(seed:
     for i, req in enumerate(_requests(150, seed)):
         fits = feasible(req, fleet, empty=True)
         seen[fits] += 1
-        plan = place([PendingTask(f"t{i}", req, 0.0)], fleet, Policy(), now=0.0)
+        plan = place(no_quota([PendingTask(f"t{i}", req, 0.0)], fleet, Policy(), now=0.0))
         rejection = plan.rejection(f"t{i}")
         if fits:
             assert plan.assignment(f"t{i}") is not None, (req, rejection)
@@ -103,7 +104,7 @@ def test_feasible_now_on_a_busy_fleet_matches_placement_now(seed: int) -> None:
     for i, req in enumerate(_requests(150, seed)):
         fits = feasible(req, fleet)
         seen[fits] += 1
-        plan = place([PendingTask(f"t{i}", req, 0.0)], fleet, Policy(), now=0.0)
+        plan = place(no_quota([PendingTask(f"t{i}", req, 0.0)], fleet, Policy(), now=0.0))
         assert (plan.assignment(f"t{i}") is not None) == fits, (req, plan.rejection(f"t{i}"))
         if not feasible(req, fleet, empty=True):
             rejection = plan.rejection(f"t{i}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from _placement_support import no_quota
+
 from gpusched.bench.synthetic import make_node
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot, Health
 from gpusched.placement import PendingTask, Policy, place
@@ -17,7 +19,7 @@ def _task(key: str = "t", **kwargs: object) -> PendingTask:
 
 
 def _one(snapshot: FleetSnapshot, task: PendingTask, policy: str = "gpusched"):  # type: ignore[no-untyped-def]
-    plan = place([task], snapshot, Policy.named(policy), now=0.0)
+    plan = place(no_quota([task], snapshot, Policy.named(policy), now=0.0))
     assert len(plan.assignments) + len(plan.rejections) == 1
     return plan
 
@@ -59,7 +61,7 @@ def test_fractions_only_on_models_with_partitioning_unless_the_policy_allows() -
     task = _task(gpus=0.5, memory="2GiB")
     (rej,) = _one(snap, task).rejections
     assert rej.permanent and "supports sharing" in rej.reason
-    plan = place([task], snap, Policy.named("gpusched", fractions_need_partitioning=False), now=0.0)
+    plan = place(no_quota([task], snap, Policy.named("gpusched", fractions_need_partitioning=False), now=0.0))
     assert plan.assignments[0].shares[0].milli == 500
 
 
@@ -84,7 +86,8 @@ def test_standby_and_cordoned_nodes_take_no_work() -> None:
             make_node("ok", "T4", 2),
         )
     )
-    plan = place([_task(f"t{i}", gpus=1) for i in range(3)], snap, Policy.named("first-fit"), now=0.0)
+    plan = place(no_quota([_task(f"t{i}", gpus=1) for i in range(3)],
+        snap, Policy.named("first-fit"), now=0.0))
     assert {a.shares[0].node for a in plan.assignments} == {"ok"}
     assert len(plan.rejections) == 1
     assert "on standby nodes" in plan.rejections[0].reason

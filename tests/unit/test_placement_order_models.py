@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _placement_support import no_quota
 
 from gpusched.bench.synthetic import make_node
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
@@ -41,7 +42,7 @@ def test_unpinned_work_leaves_the_scarce_model_to_pinned_work() -> None:
     snap = _fleet()
     shapes = (WorkloadShape(1, MILLI, 0.5), WorkloadShape(1, MILLI, 0.5, models=frozenset({V100})))
     policy = Policy.named("gpusched", workload=shapes)
-    plan = place([PendingTask("any", GPURequest.build(gpus=1), 0.0)], snap, policy, now=0.0)
+    plan = place(no_quota([PendingTask("any", GPURequest.build(gpus=1), 0.0)], snap, policy, now=0.0))
     assert plan.assignments[0].shares[0].node == "t4"
     # The same request with an unconstrained workload has no reason to avoid the V100s; the
     # model-aware measure is what moves it (so the check above can fail).
@@ -79,14 +80,14 @@ def test_shortest_first_orders_by_expected_gpu_time() -> None:
     snap = FleetSnapshot((make_node("n", T4, 1),))
     jobs = [_job("long", 0.0, 10.0), _job("short", 5.0, 0.1), _job("mid", 1.0, 1.0)]
     assert Policy.named("gpusched").queue_order is QueueOrder.SHORTEST_FIRST
-    plan = place(jobs, snap, Policy.named("gpusched"), now=10.0)
+    plan = place(no_quota(jobs, snap, Policy.named("gpusched"), now=10.0))
     assert [a.key for a in plan.assignments] == ["short"]
-    fifo = place(jobs, snap, Policy.named("gpusched", queue_order=QueueOrder.FIFO), now=10.0)
+    fifo = place(no_quota(jobs, snap, Policy.named("gpusched", queue_order=QueueOrder.FIFO), now=10.0))
     assert [a.key for a in fifo.assignments] == ["long"]
     # GPU-time, not run time: 2 GPUs × 1 h loses to 1 GPU × 1.5 h.
     snap2 = FleetSnapshot((make_node("n", T4, 2),))
     wide = [_job("wide", 0.0, 1.0, gpus=2), _job("narrow", 1.0, 1.5)]
-    assert place(wide, snap2, Policy.named("gpusched"), now=2.0).assignments[0].key == "narrow"
+    assert place(no_quota(wide, snap2, Policy.named("gpusched"), now=2.0)).assignments[0].key == "narrow"
 
 
 def test_shortest_first_ages_so_long_jobs_do_not_starve() -> None:
@@ -96,12 +97,12 @@ def test_shortest_first_ages_so_long_jobs_do_not_starve() -> None:
     long_job = _job("long", 0.0, 16.0)
     for now, winner in ((3.5 * 3600, "fresh"), (4.5 * 3600, "long")):
         fresh = _job("fresh", now, 1.0)
-        plan = place([fresh, long_job], snap, policy, now=now)
+        plan = place(no_quota([fresh, long_job], snap, policy, now=now))
         assert plan.assignments[0].key == winner, now
     # Priority still comes first, and unknown durations count as unknown_service_s.
     hi = PendingTask("hi", GPURequest.from_dict({"gpus": 1, "priority": "high"}), 0.0)
-    assert place([_job("tiny", 0.0, 0.01), hi], snap, policy, now=0.0).assignments[0].key == "hi"
-    unknown = place([_job("u", 0.0, None), _job("k", 0.0, 2.0)], snap, policy, now=0.0)
+    assert place(no_quota([_job("tiny", 0.0, 0.01), hi], snap, policy, now=0.0)).assignments[0].key == "hi"
+    unknown = place(no_quota([_job("u", 0.0, None), _job("k", 0.0, 2.0)], snap, policy, now=0.0))
     assert unknown.assignments[0].key == "u"  # 1 GPU-hour assumed < 2 GPU-hours
 
 
@@ -113,8 +114,8 @@ def test_packing_only_breaks_ties() -> None:
     shapes = (WorkloadShape(1, MILLI, 1.0),)
     tie = Policy.named("gpusched", workload=shapes, locality=0.0, packing=0.01)
     # Every node gives delta 0 for a 1-GPU shape: packing picks the node left with least free.
-    assert place([_job("x", 0.0, None)], snap, tie, now=0.0).assignments[0].shares[0].node == "b"
+    assert place(no_quota([_job("x", 0.0, None)], snap, tie, now=0.0)).assignments[0].shares[0].node == "b"
     huge = Policy.named("gpusched", workload=(WorkloadShape(4, MILLI, 1.0),), locality=0.0, packing=100.0)
     # With 4-GPU shapes, taking one of a's GPUs breaks the only node that fits 4: avoided, however
     # large the packing weight.
-    assert place([_job("x", 0.0, None)], snap, huge, now=0.0).assignments[0].shares[0].node != "a"
+    assert place(no_quota([_job("x", 0.0, None)], snap, huge, now=0.0)).assignments[0].shares[0].node != "a"

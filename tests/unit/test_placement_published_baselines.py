@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+from _placement_support import no_quota, no_quota_on
 
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Placer, Policy, place
@@ -33,7 +34,7 @@ def test_fgd_preset_packs_equal_nodes_in_inventory_order() -> None:
     nodes = []
     for i in range(6):
         task = PendingTask(f"t{i}", GPURequest(count=1, milli_per_gpu=500, memory_per_gpu=1), 0.0)
-        plan = placer.place([task], now=0.0, seed=i)
+        plan = placer.place(no_quota_on(placer, [task], now=0.0, seed=i))
         nodes.append(plan.assignments[0].shares[0].node)
     assert set(nodes) == {fleet.nodes[0].name}  # everything on the first node while it fits
 
@@ -45,7 +46,8 @@ def test_random_picks_a_node_uniformly_not_a_device() -> None:
     policy = Policy.named("random", fractions_need_partitioning=False)
     req = GPURequest(count=1, milli_per_gpu=300, memory_per_gpu=1)
     picks = Counter(
-        place([PendingTask("t", req, 0.0)], fleet, policy, now=0.0, seed=s).assignments[0].shares[0].node
+        place(no_quota([PendingTask("t", req, 0.0)],
+            fleet, policy, now=0.0, seed=s)).assignments[0].shares[0].node
         for s in range(400)
     )
     assert 150 <= picks[fleet.nodes[1].name] <= 250
@@ -58,5 +60,5 @@ def test_best_fit_with_host_cpu_uses_the_published_key() -> None:
     fleet = _busy(uniform_fleet(2, 8, "T4"), uniform_fleet(2, 8, "T4").nodes[1].name, 2)
     policy = Policy.named("best-fit")
     task = PendingTask("t", GPURequest(count=1), 0.0, cpu_milli=4000, host_memory_bytes=2**30)
-    plan = place([task], fleet, policy, now=0.0)
+    plan = place(no_quota([task], fleet, policy, now=0.0))
     assert plan.assignments[0].shares[0].node == fleet.nodes[1].name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from _placement_support import no_quota
 
 from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.model import MILLI
@@ -13,7 +14,7 @@ from gpusched.placement import Policy, place
 def test_every_policy_gives_a_complete_plan_without_double_booking(name: str) -> None:
     snapshot = synthetic_fleet(30, seed=1)
     pending = synthetic_requests(60, seed=2)
-    plan = place(pending, snapshot, Policy.named(name), now=1000.0, seed=3)
+    plan = place(no_quota(pending, snapshot, Policy.named(name), now=1000.0, seed=3))
     keys = [a.key for a in plan.assignments] + [r.key for r in plan.rejections]
     assert sorted(keys) == sorted(t.key for t in pending)
     assert plan.assignments, "a partly used fleet of 240 devices must take some of 60 tasks"
@@ -30,10 +31,10 @@ def test_empty_fleets_and_nodes_without_devices(name: str) -> None:
     from gpusched.model import FleetSnapshot, Node
 
     pending = synthetic_requests(8, seed=4)
-    assert place([], synthetic_fleet(2), Policy.named(name), now=0.0).assignments == ()
-    empty = place(pending, FleetSnapshot(()), Policy.named(name), now=0.0)
+    assert place(no_quota([], synthetic_fleet(2), Policy.named(name), now=0.0)).assignments == ()
+    empty = place(no_quota(pending, FleetSnapshot(()), Policy.named(name), now=0.0))
     assert len(empty.rejections) == len(pending) and all(r.permanent for r in empty.rejections)
     holes = FleetSnapshot((Node("e1", "r", ()), make_node("a", "T4", 2), Node("e2", "r", ())))
-    plan = place(pending, holes, Policy.named(name), now=0.0)
+    plan = place(no_quota(pending, holes, Policy.named(name), now=0.0))
     assert len(plan.assignments) + len(plan.rejections) == len(pending)
     assert all(s.node == "a" for a in plan.assignments for s in a.shares)

@@ -7,7 +7,7 @@ import pytest
 from gpusched.errors import ConfigurationError
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.node_builder import make_node
-from gpusched.placement import PendingTask, Policy, RunningTask, place
+from gpusched.placement import PendingTask, PlacementRequest, Policy, RunningTask, place
 from gpusched.quota.policy import (
     UNITS_PER_A100_HOUR,
     QuotaPolicy,
@@ -83,6 +83,8 @@ def test_check_combines_budget_and_partition() -> None:
 def _fleet() -> FleetSnapshot:
     return FleetSnapshot(tuple(make_node(f"n{i}", "A100-PCIE-40GB", 2) for i in range(5)))  # 10 GPUs
 
+GPUSCHED = Policy.named("gpusched")
+
 
 def _task(key: str, partition: str, gpus: int = 1, **kw: object) -> PendingTask:
     return PendingTask(key, GPURequest.build(gpus=gpus, partition=partition, **kw), 0.0)
@@ -93,7 +95,7 @@ def test_engine_enforces_70_20_10_without_borrowing() -> None:
     assert partition_capacity(snap) == CAP
     quota = QuotaState(QuotaPolicy(borrowing=False))
     pending = [_task(f"dev{i}", "dev") for i in range(3)] + [_task(f"burst{i}", "burst") for i in range(3)]
-    plan = place(pending, snap, Policy.named("gpusched"), now=0.0, quota=quota)
+    plan = place(PlacementRequest(pending=pending, snapshot=snap, policy=GPUSCHED, now=0.0, quota=quota))
     placed = sorted(a.key for a in plan.assignments)
     assert placed == ["burst0", "burst1", "dev0"]
     assert all("share" in r.reason for r in plan.rejections)
@@ -103,11 +105,11 @@ def test_engine_borrows_idle_capacity_for_a_busy_partition() -> None:
     snap = _fleet()
     quota = QuotaState(QuotaPolicy())
     pending = [_task(f"dev{i}", "dev") for i in range(4)]
-    plan = place(pending, snap, Policy.named("gpusched"), now=0.0, quota=quota)
+    plan = place(PlacementRequest(pending=pending, snapshot=snap, policy=GPUSCHED, now=0.0, quota=quota))
     assert len(plan.assignments) == 4  # 1 own + 3 borrowed: nobody else waits
     # With training work waiting for its 7 GPUs, dev may borrow only the 2 idle burst GPUs.
     pending += [_task(f"train{i}", "training", priority="low") for i in range(7)]
-    plan = place(pending, snap, Policy.named("gpusched"), now=0.0, quota=quota)
+    plan = place(PlacementRequest(pending=pending, snapshot=snap, policy=GPUSCHED, now=0.0, quota=quota))
     placed = {a.key for a in plan.assignments}
     assert sum(k.startswith("dev") for k in placed) == 3
     assert sum(k.startswith("train") for k in placed) == 7
@@ -124,10 +126,12 @@ def test_engine_counts_running_tasks_against_partitions_and_budgets() -> None:
     # A100-40GB (0.9) does not fit.
     quota = QuotaState(QuotaPolicy(budgets_hours={"a": 2}))
     task = _task("t", "training", tenant="a", expected_duration="1h")
-    plan = place([task], snap, Policy.named("gpusched"), now=0.0, running=running, quota=quota)
+    plan = place(PlacementRequest(pending=[task], snapshot=snap, policy=GPUSCHED, now=0.0, quota=quota,
+                                 running=running))
     assert not plan.assignments
     assert "used 0.0 of 2.0 A100-h this period (+1.8 committed" in plan.rejections[0].reason
-    plan = place([task], snap, Policy.named("gpusched"), now=3000.0, running=running, quota=quota)
+    plan = place(PlacementRequest(pending=[task], snapshot=snap, policy=GPUSCHED, now=3000.0, quota=quota,
+                                 running=running))
     assert plan.assignments
 
 
@@ -137,14 +141,8 @@ def test_running_tasks_on_devices_gone_from_the_fleet_are_tolerated() -> None:
     running = [RunningTask("r", GPURequest.build(gpus=1, tenant="a"), ghost, 0.0, 3600.0, cpu_milli=1000)]
     assert normalised_rate(ghost, snap) == MILLI
     quota = QuotaState(QuotaPolicy(budgets_hours={"a": 5}))
-    plan = place(
-        [_task("t", "training", tenant="a")],
-        snap,
-        Policy.named("gpusched"),
-        now=0.0,
-        running=running,
-        quota=quota,
-    )
+    plan = place(PlacementRequest(pending=[_task("t", "training", tenant="a")], snapshot=snap,
+                                  policy=GPUSCHED, now=0.0, running=running, quota=quota))
     assert plan.assignments
 
 

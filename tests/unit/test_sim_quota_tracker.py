@@ -38,9 +38,18 @@ def test_tracker_matches_the_recount_across_periods() -> None:
         now += rng.expovariate(1 / 1800)
         key = f"j{i}"
         jobs[key] = _Job(GPURequest(count=1, tenant=rng.choice(["a", "b", "c"])))
-        shares = tuple(DeviceShare(d.uuid, d.node, d.index, 1000, 0) for d in rng.sample(devices, rng.randint(1, 4)))
+        picked = rng.sample(devices, rng.randint(1, 4))
+        shares = tuple(DeviceShare(d.uuid, d.node, d.index, 1000, 0) for d in picked)
         records[key] = _Record(key, now, now + rng.expovariate(1 / 20000), shares)
         tracker.started(records[key])
+        if i % 5 == 0 and records[key].end_s > now + 60:  # preempted a minute later, restarted
+            now += 60
+            del records[key]
+            tracker.dropped(key)
+            recount = quota_state_at(policy, records, jobs, fleet, now)
+            assert dict(tracker.state_at(now).used) == dict(recount.used)
+            records[key] = _Record(key, now - 60, now + 600, shares)  # first start kept, as the engine does
+            tracker.started(records[key])
         if i % 7 == 0:
             now += rng.choice([0.0, 3600.0, 2 * 86400.0])  # a pass later, sometimes periods later
         expected = quota_state_at(policy, records, jobs, fleet, now)

@@ -1,0 +1,232 @@
+"""Preemption in the GPU executors: stop lower-priority work so a waiting task gets its devices.
+
+One implementation for both executors (it lives beside :class:`GPUScheduling`, the shared core).
+``[gpusched] preemption`` (off | priority | partitions), ``preemption_grace_seconds`` and
+``preemption_min_runtime_seconds`` (:mod:`gpusched.settings`) drive it.
+
+After a cycle (:meth:`Preemptor.consider`), the highest-priority task held for capacity (or the
+whole multi-node gang) gets a victim selection (:func:`gpusched.placement.preemption.select_victims`,
+the same pure policy the simulator uses) over this executor's running GPU tasks, proven by
+placement on the snapshot without the victims before anything is stopped. Each victim then:
+
+1. gets a notice: a ``preempted`` ledger event, a line in its task log, an event-log row
+   ``gpusched.preempted`` (Audit Log) and its task-instance note, and the ledger's notice that
+   :func:`gpusched.airflow.checkpoint.preempted` reads in the task (``GPUSCHED_PREEMPTED``);
+2. has ``preemption_grace_seconds`` to checkpoint; as soon as it reports a checkpoint after the
+   notice, or when the grace runs out, its task instance is **cleared** (:meth:`Preemptor.advance`):
+   Airflow 3.3 sets a running cleared instance to ``restarting``, its supervisor's next heartbeat
+   (≤ 5 s) is refused and it sends the task SIGTERM (SIGKILL 5 s later);
+3. when the process has ended the executor releases its devices (reason ``preempted …``) and
+   Airflow, seeing a ``restarting`` instance end, raises ``max_tries`` by one try and schedules it
+   again: the new try runs later without having used a retry (the same path as clearing a
+   running task in the UI).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpusched import settings
+from gpusched.airflow.executor_compat import save_task_event
+from gpusched.airflow.gpu_cycle import CycleReply, CycleRequest, Hold, PendingWork
+from gpusched.airflow.keys import task_of
+from gpusched.airflow.task_log import append_task_log
+from gpusched.placement import PendingTask
+from gpusched.placement.preemption import (
+    NoPreemption,
+    PreemptionPlan,
+    PreemptionRequest,
+    Prover,
+    check_mode,
+    select_victims,
+)
+
+__all__ = ["MAX_SELECTIONS_PER_CYCLE", "Eviction", "PreemptionCore", "Preemptor", "requeue"]
+
+MAX_SELECTIONS_PER_CYCLE = 4
+"""Victim selections per cycle (most urgent held work first), bounding the cycle's cost."""
+
+
+class PreemptionCore(Protocol):
+    """What the preemptor uses of :class:`~gpusched.airflow.gpu_scheduling.GPUScheduling`."""
+
+    executor: Any
+    conf: Any
+    gpu_running: dict[Any, str]
+    gangs: dict[str, set[Any]]
+
+    @property
+    def log(self) -> Any: ...
+
+    @property
+    def ledger(self) -> Any: ...
+
+
+@dataclass
+class Eviction:
+    """One victim being stopped: its Airflow key, for whom, when it was told, and its deadline."""
+
+    airflow_key: Any
+    beneficiary: str
+    notice_at: float
+    deadline: float
+    reason: str
+    cleared: bool = False
+
+
+class Preemptor:
+    """Chooses victims after each cycle and stops them (see the module docstring)."""
+
+    def __init__(self, core: PreemptionCore) -> None:
+        self.core = core
+        self.mode = check_mode(settings.get_str("preemption", core.conf))
+        self.grace_s = settings.get_float("preemption_grace_seconds", core.conf)
+        self.min_runtime_s = settings.get_float("preemption_min_runtime_seconds", core.conf)
+        self.evictions: dict[str, Eviction] = {}  # victim ledger key -> eviction
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    # ---- after a cycle ---------------------------------------------------------------------------
+
+    def consider(self, request: CycleRequest, reply: CycleReply) -> CycleReply:
+        """Preempt for the most urgent task held for capacity; return ``reply`` with its hold reason."""
+        if not self.enabled or not reply.holds:
+            return reply
+        works = {w.key: w for w in request.pending}
+        waiting_for = {e.beneficiary for e in self.evictions.values()}
+        reasons: dict[str, str] = {}
+        started, tries = False, 0
+        for group in self._groups(reply.holds, works):
+            keys = [w.key for w in group]
+            if any(k in waiting_for for k in keys):
+                victims = sorted(v for v, e in self.evictions.items() if e.beneficiary in keys)
+                reasons.update({k: f"waiting for preempted {', '.join(victims)} to stop" for k in keys})
+                continue
+            if started or tries >= MAX_SELECTIONS_PER_CYCLE:
+                continue  # one new preemption per cycle: the next cycle sees its effect
+            tries += 1
+            outcome = select_victims(self._request(request, group), self._prover(request, group))
+            if isinstance(outcome, NoPreemption):
+                self.core.log.debug("gpusched: no preemption for %s: %s", keys[0], outcome.reason)
+                continue
+            self._start(outcome, group, request.now)
+            started = True
+            reasons.update({k: f"{outcome.reason}; starts once their devices are free" for k in keys})
+        if not reasons:
+            return reply
+        holds = tuple(Hold(h.key, reasons.get(h.key, h.reason), h.permanent) for h in reply.holds)
+        return CycleReply(reply.launches, holds)
+
+    def _groups(self, holds: tuple[Hold, ...], works: dict[str, PendingWork]) -> list[list[PendingWork]]:
+        """Held work that waits for capacity, as units (a gang is one), most urgent first."""
+        units: dict[str, list[PendingWork]] = {}
+        for hold in holds:
+            work = works.get(hold.key)
+            if hold.permanent or work is None or work.existing:
+                continue
+            unit = work.gang.gang if work.gang is not None else work.key
+            units.setdefault(unit, []).append(work)
+        complete = [u for u in units.values()
+                    if u[0].gang is None or len({w.gang.rank for w in u if w.gang}) == u[0].gang.size]
+        return sorted(complete, key=lambda u: (-max(w.request.priority for w in u),
+                                               min(w.submitted_at for w in u)))
+
+    def _request(self, request: CycleRequest, group: list[PendingWork]) -> PreemptionRequest:
+        mine = set(self.core.gpu_running.values())
+        gang_members = {self.core.gpu_running.get(k) for ks in self.core.gangs.values() for k in ks}
+        protected = frozenset(r.key for r in request.running
+                              if r.key not in mine or r.key in gang_members or r.key in self.evictions)
+        return PreemptionRequest(
+            tuple(PendingTask(w.key, w.request, w.submitted_at) for w in group), request.snapshot,
+            request.running, request.policy, request.now, request.quota, mode=self.mode,
+            min_runtime_s=self.min_runtime_s, checkpoints=self.core.ledger.checkpoint_times(mine),
+            protected=protected,
+        )
+
+    @staticmethod
+    def _prover(request: CycleRequest, group: list[PendingWork]) -> Prover | None:
+        if group[0].gang is None:
+            return None  # placement of the task itself, with the quota
+        from gpusched.airflow.gang_cycle import place_gang
+
+        def prove(snapshot: Any, running: Any) -> Any:
+            plan = place_gang(group, snapshot, request.policy, now=request.now, running=running,
+                              addresses=request.addresses)
+            return (plan.shares or None), plan.reason
+
+        return prove
+
+    def _start(self, plan: PreemptionPlan, group: list[PendingWork], now: float) -> None:
+        by_ledger_key = {v: k for k, v in self.core.gpu_running.items()}
+        beneficiary = group[0].key if len(group) == 1 else f"gang {group[0].gang.gang}"  # type: ignore[union-attr]
+        for victim in plan.victims:
+            airflow_key = by_ledger_key[victim.key]
+            reason = (f"preempted for {beneficiary} ({victim.reason}); "
+                      f"{victim.lost_gpu_s:.0f} GPU-s since its last checkpoint")
+            self.evictions[victim.key] = Eviction(airflow_key, group[0].key, now, now + self.grace_s, reason)
+            ledger = self.core.ledger
+            ledger.notify_preemption(victim.key, task_of(victim.key), reason, now=now)
+            ledger.record_event("preempted", victim.key, now=now, by=group[0].key, reason=reason,
+                                lost_gpu_s=round(victim.lost_gpu_s, 1), grace_s=self.grace_s,
+                                proof={k: [f"{s.node}:{s.index}" for s in v]
+                                       for k, v in plan.placement.items()})
+            self.core.log.warning("gpusched: %s %s", victim.key, reason)
+            append_task_log(airflow_key, f"gpusched: {reason}. Checkpoint now: this try is stopped within "
+                            f"{self.grace_s:.0f} s and requeued; it does not use a retry", level="warning")
+            save_task_event(self.core.executor, event="gpusched.preempted", extra=reason, ti_key=airflow_key)
+
+    # ---- every heartbeat -------------------------------------------------------------------------
+
+    def advance(self, now: float | None = None) -> None:
+        """Stop the victims whose grace ran out or who checkpointed; forget those that ended."""
+        now = time.time() if now is None else now
+        running = set(self.core.gpu_running.values())
+        for key, eviction in list(self.evictions.items()):
+            if key not in running:
+                del self.evictions[key]  # ended (and released): its beneficiary may start
+                continue
+            if eviction.cleared:
+                continue
+            saved = self.core.ledger.checkpoint(key)
+            ready = saved is not None and saved.at is not None and saved.at >= eviction.notice_at
+            if ready or now >= eviction.deadline:
+                eviction.cleared = True
+                outcome = requeue(eviction.airflow_key, eviction.reason)
+                self.core.log.warning("gpusched: %s %s: %s", key,
+                                      "checkpointed" if ready else "grace over", outcome)
+
+    def release_reason(self, ledger_key: str) -> str | None:
+        """The release reason of a victim whose process ended (None: not a victim)."""
+        eviction = self.evictions.get(ledger_key)
+        return None if eviction is None else f"{eviction.reason}; requeued"
+
+
+def requeue(airflow_key: Any, reason: str) -> str:
+    """Clear try ``airflow_key`` so that Airflow stops it and runs it again without using a retry.
+
+    A running instance becomes ``restarting`` (Airflow's supervisor then terminates the task and
+    the scheduler schedules it again with ``max_tries`` raised); a queued one goes back to
+    scheduling. The note says it was preempted. Returns what was done.
+    """
+    from airflow.models.taskinstance import TaskInstance, clear_task_instances
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
+
+    ti_model = TaskInstance
+    with create_session() as session:
+        ti = session.scalars(select(ti_model).where(
+            ti_model.dag_id == airflow_key.dag_id, ti_model.task_id == airflow_key.task_id,
+            ti_model.run_id == airflow_key.run_id, ti_model.map_index == airflow_key.map_index,
+        )).one_or_none()
+        if ti is None or ti.try_number != airflow_key.try_number:
+            return "superseded; nothing to stop"
+        if ti.state not in (TaskInstanceState.RUNNING, TaskInstanceState.QUEUED):
+            return f"already {ti.state}; nothing to stop"
+        ti.note = f"gpusched: try {ti.try_number} {reason}; requeued (not a failed try)"[:1000]
+        clear_task_instances([ti], session, dag_run_state=False)
+        return f"cleared (was {airflow_key.try_number}: {ti.state})"

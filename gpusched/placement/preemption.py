@@ -1,0 +1,249 @@
+"""Victim selection for preemption (pure): which running tasks to stop so a waiting one fits.
+
+``select_victims(PreemptionRequest) -> PreemptionPlan | NoPreemption``. The executor's cycle
+(:mod:`gpusched.airflow.gpu_preemption`) and the simulator (:mod:`gpusched.sim.preempt`) call the
+same function.
+
+Who may be a victim (``mode``):
+
+- ``priority``: running tasks of strictly lower priority than the waiting task (for a gang: than
+  its highest-priority member);
+- ``partitions``: those, and also tasks of a partition that runs beyond its share (on capacity it
+  borrowed) while the waiting task's partition reclaims room within its own share (quota
+  enforced); only as much as was borrowed is taken back.
+
+Never a victim: a key in ``protected`` (multi-node gang members, tasks another executor holds,
+tasks already being stopped) or a task that has run for less than ``min_runtime_s`` (no
+thrashing of fresh work).
+
+Choice: candidates are ordered by the work they would lose — GPU-seconds since their last
+checkpoint (``checkpoints``; else since they started) — then by lower priority and later start.
+The shortest prefix of that order after which the waiting work fits is found by bisection, then
+every victim the fit does not need is dropped again (most work lost first): the least work lost
+with the fewest victims this greedy finds. The fit is always PROVEN by running placement on the
+snapshot without the victims (``prover``; default: :func:`gpusched.placement.place` of every
+waiting task with the remaining running tasks and the quota) before a plan is returned; the plan
+carries the placement that justified it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpusched.errors import ConfigurationError
+from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.placement.engine import place
+from gpusched.placement.policy import Policy
+from gpusched.placement.types import PendingTask, PlacementRequest, RunningTask
+from gpusched.quota.policy import QuotaState, partition_capacity, physical_milli
+from gpusched.request import Partition
+
+__all__ = [
+    "MAX_CANDIDATES", "PREEMPTION_MODES", "NoPreemption", "PreemptionPlan", "PreemptionRequest",
+    "Proof", "Prover", "Victim", "check_mode", "select_victims",
+]
+
+PREEMPTION_MODES = ("off", "priority", "partitions")
+MAX_CANDIDATES = 64
+"""At most this many candidates (least work lost first) are considered for one waiting task."""
+
+Proof = tuple[Mapping[str, tuple[DeviceShare, ...]] | None, str]
+"""A prover's answer: the shares of every waiting key (None = does not fit) and why not."""
+Prover = Callable[[FleetSnapshot, Sequence[RunningTask]], Proof]
+"""Places the waiting work on a snapshot (without victims) beside the remaining running tasks."""
+
+
+def check_mode(value: str, where: str = "[gpusched] preemption") -> str:
+    """``value`` normalised to one of :data:`PREEMPTION_MODES`, or a one-line ConfigurationError."""
+    mode = str(value).strip().lower()
+    if mode not in PREEMPTION_MODES:
+        raise ConfigurationError(f"{where} = {value!r} is not one of {', '.join(PREEMPTION_MODES)}; "
+                                 f"e.g. {where.split()[-1]} = priority")
+    return mode
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionRequest:
+    """Every input of one victim selection.
+
+    ``waiting``: the task, or every member of one gang (all must fit); ``running``: every task
+    holding devices (their shares counted in ``snapshot``); ``checkpoints``: key → time of its last
+    checkpoint; ``protected``: keys never to stop; ``quota``: partitions and budgets the proof
+    places with; ``min_runtime_s``: tasks younger than this are never stopped.
+    """
+
+    waiting: tuple[PendingTask, ...]
+    snapshot: FleetSnapshot
+    running: tuple[RunningTask, ...]
+    policy: Policy
+    now: float
+    quota: QuotaState
+    mode: str = "priority"
+    min_runtime_s: float = 0.0
+    checkpoints: Mapping[str, float] = field(default_factory=dict)
+    protected: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A task to stop: why it may be, and the work it loses (GPU-seconds since its checkpoint)."""
+
+    key: str
+    shares: tuple[DeviceShare, ...]
+    reason: str
+    lost_gpu_s: float
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    """Stop ``victims``; then ``placement`` (key → shares of every waiting task) is proven to fit."""
+
+    victims: tuple[Victim, ...]
+    placement: Mapping[str, tuple[DeviceShare, ...]]
+    reason: str
+
+    @property
+    def lost_gpu_s(self) -> float:
+        """Work lost over all victims, in GPU-seconds."""
+        return sum(v.lost_gpu_s for v in self.victims)
+
+
+@dataclass(frozen=True, slots=True)
+class NoPreemption:
+    """No victims: why not (e.g. nothing of lower priority, or it would not fit even then)."""
+
+    reason: str
+
+
+def select_victims(request: PreemptionRequest, prover: Prover | None = None) -> PreemptionPlan | NoPreemption:
+    """Choose victims so every waiting task fits, proven by placement (see the module docstring)."""
+    mode = check_mode(request.mode, "preemption mode")
+    if mode == "off" or not request.waiting:
+        return NoPreemption("preemption is off")
+    prove = prover or _default_prover(request)
+    candidates = _candidates(request, mode)
+    if not candidates:
+        return NoPreemption(_nobody(request, mode))
+    candidates = candidates[:MAX_CANDIDATES]
+    running = request.running
+    fits_all, why = _proof(request, prove, running, candidates)
+    if fits_all is None:
+        return NoPreemption(f"stopping all {len(candidates)} task(s) it may preempt would still not make "
+                            f"room: {why}")
+    lo, hi = 1, len(candidates)  # the shortest prefix that fits (more victims never hurt a fit)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _proof(request, prove, running, candidates[:mid])[0] is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    chosen = list(candidates[:lo])
+    for victim in sorted(chosen, key=lambda v: -v.lost_gpu_s):  # drop victims the fit does not need
+        rest = [v for v in chosen if v.key != victim.key]
+        if rest and _proof(request, prove, running, rest)[0] is not None:
+            chosen = rest
+    placement, why = _proof(request, prove, running, chosen)
+    if placement is None:  # cannot happen for a monotone prover; never stop anything unproven
+        return NoPreemption(f"no proven placement after preemption: {why}")
+    names = ", ".join(v.key for v in chosen)
+    return PreemptionPlan(tuple(chosen), MappingProxyType(dict(placement)),
+                          f"preempting {names} ({sum(v.lost_gpu_s for v in chosen):.0f} GPU-s of work "
+                          f"since their checkpoints lost)")
+
+
+def _proof(
+    request: PreemptionRequest, prove: Prover, running: Sequence[RunningTask], victims: Sequence[Victim]
+) -> Proof:
+    gone = {v.key for v in victims}
+    freed = [s for v in victims for s in v.shares]
+    snapshot = request.snapshot.with_usage(freed, release=True)
+    return prove(snapshot, tuple(r for r in running if r.key not in gone))
+
+
+def _default_prover(request: PreemptionRequest) -> Prover:
+    waiting = request.waiting
+
+    def prove(snapshot: FleetSnapshot, running: Sequence[RunningTask]) -> Proof:
+        plan = place(PlacementRequest(pending=waiting, snapshot=snapshot, policy=request.policy,
+                                      now=request.now, quota=request.quota, running=running))
+        if len(plan.assignments) != len(waiting):
+            return None, plan.rejections[0].reason if plan.rejections else "does not fit"
+        return {a.key: a.shares for a in plan.assignments}, ""
+
+    return prove
+
+
+def _candidates(request: PreemptionRequest, mode: str) -> list[Victim]:
+    """Who may be stopped for ``request.waiting``, least work lost first."""
+    priority = max(t.request.priority for t in request.waiting)
+    waiting_keys = {t.key for t in request.waiting}
+    reclaim = _reclaimable(request) if mode == "partitions" else {}
+    out: list[tuple[tuple[float, int, float, str], Victim]] = []
+    for task in request.running:
+        if task.key in request.protected or task.key in waiting_keys or not task.shares:
+            continue
+        if request.now - task.started_at < request.min_runtime_s:
+            continue
+        if task.request.priority < priority:
+            reason = f"priority {task.request.priority} < {priority}"
+        elif task.request.partition in reclaim:
+            reason = (f"partition {task.request.partition.value!r} runs on capacity borrowed beyond its "
+                      f"share; {request.waiting[0].request.partition.value!r} reclaims it")
+        else:
+            continue
+        since = max(task.started_at, request.checkpoints.get(task.key, task.started_at))
+        gpus = physical_milli(task.shares, request.snapshot) / MILLI
+        lost = max(0.0, request.now - since) * gpus
+        order = (lost, task.request.priority, -task.started_at, task.key)
+        out.append((order, Victim(task.key, tuple(task.shares), reason, lost, since)))
+    out.sort(key=lambda item: item[0])
+    victims = [v for _, v in out]
+    if reclaim:  # take back at most what each partition borrowed (priority victims are not capped)
+        victims = _cap_borrowed(victims, request, reclaim, priority)
+    return victims
+
+
+def _reclaimable(request: PreemptionRequest) -> dict[Partition, int]:
+    """Partitions running beyond their share → milli-GPU borrowed, when the waiting partition is
+    within its own share after the waiting work (empty when no quota is enforced)."""
+    quota = request.quota
+    if not quota.enforced:
+        return {}
+    capacity = partition_capacity(request.snapshot)
+    used = {p: 0 for p in Partition}
+    for task in request.running:
+        used[task.request.partition] += physical_milli(task.shares, request.snapshot)
+    mine = request.waiting[0].request.partition
+    need = sum(t.request.total_milli for t in request.waiting)
+    if used[mine] + need > quota.policy.share_milli(mine, capacity):
+        return {}
+    return {p: used[p] - quota.policy.share_milli(p, capacity) for p in Partition
+            if p is not mine and used[p] > quota.policy.share_milli(p, capacity)}
+
+
+def _cap_borrowed(
+    victims: list[Victim], request: PreemptionRequest, reclaim: Mapping[Partition, int], priority: int
+) -> list[Victim]:
+    partition = {t.key: t.request.partition for t in request.running}
+    low = {t.key for t in request.running if t.request.priority < priority}
+    left = dict(reclaim)
+    kept = []
+    for victim in victims:
+        part = partition[victim.key]
+        if victim.key in low:
+            kept.append(victim)
+        elif left.get(part, 0) > 0:
+            left[part] -= physical_milli(victim.shares, request.snapshot)
+            kept.append(victim)
+    return kept
+
+
+def _nobody(request: PreemptionRequest, mode: str) -> str:
+    priority = max(t.request.priority for t in request.waiting)
+    young = sum(1 for t in request.running if request.now - t.started_at < request.min_runtime_s)
+    what = "of lower priority" + (" or on borrowed partition capacity" if mode == "partitions" else "")
+    tail = f" ({young} ran for less than the {request.min_runtime_s:.0f} s minimum)" if young else ""
+    return f"no running task {what} than {priority} may be preempted{tail}"

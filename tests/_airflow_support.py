@@ -1,0 +1,75 @@
+"""Shared by the tests that run real Airflow: the api-server's plugin-route checks, and a
+``GPUExecutor`` whose worker queue the test reads itself."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import multiprocessing
+from collections.abc import Iterator
+from queue import SimpleQueue
+from typing import Any
+
+import pytest
+
+from gpusched.deploy.airflow_instance import http_get
+from gpusched.errors import AirflowBootError
+
+SIMULATED_DEVICES = 51
+"""Physical devices of the packaged simulated fleet (a GPU in MIG mode or a CPX card counts once)."""
+
+
+def check_plugin_routes(base: str, token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Assert the plugin's routes in the api-server at ``base``; return (fleet JSON, plugin entry).
+
+    Unauthenticated ``/gpusched/fleet`` → 401; with ``token`` as Bearer → 200 and the simulated
+    fleet's devices; ``/gpusched/ui`` is the "GPU fleet" page; ``/api/v2/plugins`` lists the
+    plugin with its FastAPI app at ``/gpusched`` and its "GPU fleet" nav view.
+    """
+    auth = {"Authorization": f"Bearer {token}"}
+    assert http_get(base + "/gpusched/fleet")[0] == 401
+    status, body = http_get(base + "/gpusched/fleet", auth)
+    assert status == 200, body[-2000:]
+    fleet = json.loads(body)
+    assert fleet["simulated"] is True and fleet["summary"]["devices"] == SIMULATED_DEVICES
+    status, body = http_get(base + "/gpusched/ui", auth)
+    assert status == 200 and b"GPU fleet" in body
+    status, body = http_get(base + "/api/v2/plugins", auth)
+    assert status == 200, body[-2000:]
+    (plugin,) = [p for p in json.loads(body)["plugins"] if p["name"] == "gpusched"]
+    assert plugin["fastapi_apps"][0]["url_prefix"] == "/gpusched"
+    view = plugin["external_views"][0]
+    assert (view["name"], view["href"], view["destination"], view["url_route"]) == (
+        "GPU fleet", "/gpusched/ui", "nav", "gpusched")
+    return fleet, plugin
+
+
+def queue_reading_executor(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A ``GPUExecutor`` on the simulated fleet, its ledger migrated and synced, started the way
+    ``LocalExecutor.start()`` does but without forking workers: the test reads
+    ``activity_queue`` itself. Use as the body of a fixture (``yield from``); needs the
+    ``airflow_db`` fixture and any ``[gpusched]`` settings in the environment first.
+    """
+    monkeypatch.setenv("GPUSCHED_BACKEND", "simulated")
+    from gpusched.airflow.executor import GPUExecutor
+    from gpusched.hardware.detect import detect_backend
+
+    ex = GPUExecutor(parallelism=8)
+    ex.activity_queue = SimpleQueue()
+    ex.result_queue = SimpleQueue()
+    ex.workers = {}
+    ex._unread_messages = multiprocessing.Value(ctypes.c_uint)
+    monkeypatch.setattr(ex, "_check_workers", lambda: None)
+    ex.ledger.migrate()
+    backend = detect_backend()
+    ex.ledger.sync_inventory(backend.discover(), source=backend.name)
+    yield ex
+    ex.ledger.close()
+
+
+def wait_on_cluster(cluster: Any, what: str, check: Any, timeout: float, interval: float = 1.0) -> Any:
+    """``LocalCluster.wait`` that fails the test (with the cluster's logs) instead of raising."""
+    try:
+        return cluster.wait(what, check, timeout, interval)
+    except AirflowBootError as exc:
+        pytest.fail(str(exc))

@@ -1,0 +1,149 @@
+"""The executor's preemptor over one cycle, with a real SQLite ledger: a multi-node gang preempts
+only when every member fits afterwards on distinct nodes; victims get their notice and ledger
+event; they are stopped (cleared) when they checkpoint or when the grace runs out.
+
+The Airflow-facing edges (task log file, event-log row, clearing the task instance) are
+recorded instead of run: ``tests/system/test_airflow_preemption_e2e.py`` runs them in real
+Airflow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpusched.airflow import gpu_preemption
+from gpusched.airflow.gang import GangMember
+from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide
+from gpusched.airflow.gpu_preemption import Preemptor
+from gpusched.airflow.keys import parse_ti_key, task_of
+from gpusched.ledger import Ledger
+from gpusched.model import DeviceShare, FleetSnapshot
+from gpusched.node_builder import make_node
+from gpusched.placement import Policy, RunningTask
+from gpusched.quota.policy import QuotaState
+from gpusched.request import GPURequest
+
+NOW = 50_000.0
+RUN = "manual__r"
+
+
+class _Log:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+class _Conf:
+    """The executor's team-scoped config, as far as the preemptor reads it."""
+
+    def get(self, section: str, key: str, fallback: str | None = None) -> str | None:
+        assert section == "gpusched"
+        values = {"preemption": "priority", "preemption_grace_seconds": "20",
+                  "preemption_min_runtime_seconds": "60"}
+        return values.get(key, fallback)
+
+
+class _Core:
+    def __init__(self, ledger: Ledger) -> None:
+        self.executor = object()
+        self.conf = _Conf()
+        self.gpu_running: dict[Any, str] = {}
+        self.gangs: dict[str, set[Any]] = {}
+        self.log = _Log()
+        self.ledger = ledger
+
+
+def _key(task: str) -> str:
+    return f"airflow/d/{task}/-1/1/{RUN}"
+
+
+def _running(task: str, node: str, indexes: list[int], priority: str) -> RunningTask:
+    shares = tuple(DeviceShare(f"{node}-gpu{i}", node, i, 1000, 0) for i in indexes)
+    return RunningTask(_key(task), GPURequest.build(gpus=len(indexes), priority=priority), shares,
+                       NOW - 3600, None)
+
+
+@pytest.fixture
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    calls: dict[str, list[Any]] = {"log": [], "event": [], "requeue": []}
+    monkeypatch.setattr(gpu_preemption, "append_task_log", lambda k, m, **kw: calls["log"].append((k, m)))
+    monkeypatch.setattr(gpu_preemption, "save_task_event", lambda ex, **kw: calls["event"].append(kw))
+    monkeypatch.setattr(gpu_preemption, "requeue", lambda k, reason: calls["requeue"].append(k) or "cleared")
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    ledger.migrate()
+    yield ledger, calls
+    ledger.close()
+
+
+def _cycle(core: _Core, running: list[RunningTask]) -> tuple[Any, Any]:
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    fleet = FleetSnapshot(tuple(make_node(n, "A100-SXM-80GB", 4) for n in ("n0", "n1")))
+    snapshot = fleet.with_usage(s for r in running for s in r.shares)
+    for r in running:
+        parts = parse_ti_key(r.key)
+        assert parts is not None
+        core.gpu_running[TaskInstanceKey("d", parts.task_id, RUN, 1, -1)] = r.key
+    request = GPURequest.build(gpus=2, interconnect="same_node", priority="critical")
+    members = tuple(PendingWork(_key(f"train__node{r}"), request, NOW - 10,
+                                gang=GangMember(f"d/{RUN}/-1/train", 2, r, "any")) for r in range(2))
+    cycle = CycleRequest(members, snapshot, Policy.named("gpusched"), tuple(running), NOW,
+                         QuotaState.unlimited())
+    return cycle, decide(cycle)
+
+
+def test_a_gang_preempts_only_when_the_whole_gang_fits_on_distinct_nodes(setup: Any) -> None:
+    ledger, calls = setup
+    core = _Core(ledger)
+    preemptor = Preemptor(core)
+    # n0 is full of low-priority work, n1 runs a critical task: evicting n0 would free 4 GPUs on
+    # ONE node; placement alone would fit both members there, the gang needs two nodes.
+    running = [_running("low0a", "n0", [0, 1], "low"), _running("low0b", "n0", [2, 3], "low"),
+               _running("peer", "n1", [0, 1, 2, 3], "critical")]
+    cycle, reply = _cycle(core, running)
+    assert reply.launches == () and len(reply.holds) == 2
+    assert preemptor.consider(cycle, reply) == reply
+    assert preemptor.evictions == {} and ledger.events(10, kinds=["preempted"]) == []
+    assert calls["log"] == [] and calls["event"] == []
+
+    # With low-priority work on n1 too, the gang preempts: one victim per node, fewest victims.
+    core = _Core(ledger)
+    preemptor = Preemptor(core)
+    running[2] = _running("low1", "n1", [0, 1, 2, 3], "low")
+    ledger.report_checkpoint(_key("low0b"), task_of(_key("low0b")), step=7, now=NOW - 30)
+    cycle, reply = _cycle(core, running)
+    after = preemptor.consider(cycle, reply)
+    victims = sorted(preemptor.evictions)
+    assert victims == [_key("low0b"), _key("low1")]  # low0b checkpointed 30 s ago: loses least
+    assert all(h.reason.startswith("preempting ") for h in after.holds)
+    events = ledger.events(10, kinds=["preempted"])
+    assert sorted(e.subject for e in events) == victims
+    assert all(e.detail["by"] == _key("train__node0") for e in events)
+    proof = events[0].detail["proof"]
+    assert {v[0].split(":")[0] for v in proof.values()} == {"n0", "n1"}  # the gang's proven nodes
+    notice = ledger.checkpoint(_key("low1"))
+    assert notice is not None and notice.notice_at == NOW
+    assert "preempted for gang" in str(notice.notice_reason)
+    assert len(calls["log"]) == 2 and all("does not use a retry" in m for _, m in calls["log"])
+    assert [e["event"] for e in calls["event"]] == ["gpusched.preempted"] * 2
+
+    # The next cycle does not preempt again while the victims stop.
+    again = preemptor.consider(cycle, reply)
+    assert all(h.reason.startswith("waiting for preempted") for h in again.holds)
+    assert len(ledger.events(10, kinds=["preempted"])) == 2
+
+    # low0b reports a checkpoint after its notice: stopped at once; low1 when the grace runs out.
+    ledger.report_checkpoint(_key("low0b"), task_of(_key("low0b")), step=8, now=NOW + 3)
+    preemptor.advance(NOW + 5)
+    assert [k.task_id for k in calls["requeue"]] == ["low0b"]
+    preemptor.advance(NOW + 21)
+    assert [k.task_id for k in calls["requeue"]] == ["low0b", "low1"]
+    preemptor.advance(NOW + 22)
+    assert len(calls["requeue"]) == 2  # once each
+    # Each process ended: the release reason names the preemption; then they are forgotten.
+    assert str(preemptor.release_reason(_key("low1"))).startswith("preempted for gang")
+    core.gpu_running.clear()
+    preemptor.advance(NOW + 30)
+    assert preemptor.evictions == {}

@@ -1,0 +1,70 @@
+"""Preemption in the simulator: the executor's victim selection, checkpointed progress, requeue."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gpusched.model import FleetSnapshot
+from gpusched.node_builder import SIM_LAYOUT, make_node
+from gpusched.placement import Policy
+from gpusched.request import GPURequest
+from gpusched.sim.engine import SimJob, SimResult, simulate
+from gpusched.sim.preempt import SimPreemption
+
+FLEET = FleetSnapshot((make_node("n0", "A100-SXM-80GB", 4, layout=SIM_LAYOUT, cpu_milli=0, memory_bytes=0),))
+
+
+def _run(jobs: list[SimJob], mode: str, **kw: float) -> SimResult:
+    preemption = SimPreemption(mode, **kw) if mode != "off" else None  # type: ignore[arg-type]
+    return simulate(jobs, FLEET, Policy.named("gpusched"), preemption=preemption)
+
+
+def _jobs() -> list[SimJob]:
+    low = SimJob("low", GPURequest.build(gpus=4, priority="low"), 0.0, 36_000.0)
+    urgent = SimJob("urgent", GPURequest.build(gpus=2, priority="critical"), 7_000.0, 3_600.0)
+    return [low, urgent]
+
+
+def test_a_critical_job_preempts_and_the_victim_resumes_from_its_checkpoint() -> None:
+    plain = {r.key: r for r in _run(_jobs(), "off").records}
+    assert plain["urgent"].start_s == 36_000.0  # non-preemptive: waits for the 10-hour job
+    result = _run(_jobs(), "priority", checkpoint_s=1800.0, min_runtime_s=300.0)
+    records = {r.key: r for r in result.records}
+    assert records["urgent"].start_s == 7_000.0
+    # "low" checkpointed at 5400 s: it keeps 5400 of 36000 s of work, loses 1600 s on 4 GPUs,
+    # waits for "urgent" (until 10600 s) and runs the remaining 30600 s.
+    low = records["low"]
+    assert (low.start_s, low.end_s, low.preemptions) == (0.0, 10_600.0 + 30_600.0, 1)
+    assert result.preemption == {"mode": "priority", "checkpoint_s": 1800.0, "min_runtime_s": 300.0,
+                                 "preemptions": 1, "jobs_preempted": 1,
+                                 "lost_gpu_hours": pytest.approx(1600 * 4 / 3600, abs=1e-3)}
+
+
+def test_without_checkpoints_all_work_is_lost_and_fresh_jobs_are_protected() -> None:
+    records = {r.key: r for r in _run(_jobs(), "priority", checkpoint_s=0.0).records}
+    assert records["low"].end_s == 10_600.0 + 36_000.0
+    young = _run(_jobs(), "priority", min_runtime_s=8_000.0)
+    assert {r.key: r for r in young.records}["urgent"].start_s == 36_000.0
+    assert young.preemption is not None and young.preemption["preemptions"] == 0
+
+
+def test_no_device_is_overcommitted_under_preemption() -> None:
+    rng = random.Random(3)
+    jobs = [SimJob(f"j{i}", GPURequest.build(gpus=rng.choice((1, 2, 4)),
+                                             priority=rng.choice(("low", "normal", "high", "critical"))),
+                   i * 400.0, rng.uniform(600, 9000)) for i in range(60)]
+    result = _run(jobs, "priority", checkpoint_s=600.0, min_runtime_s=120.0)
+    assert result.preemption is not None and result.preemption["preemptions"] > 0
+    assert sorted(r.key for r in result.records) == sorted(j.key for j in jobs)  # all finished
+    assert all(0 <= p.used_milli <= result.capacity_milli for p in result.timeline)
+    assert sum(r.preemptions for r in result.records) == result.preemption["preemptions"]
+    # Only lower-priority jobs were stopped: a critical job is never a victim.
+    priority = {j.key: j.request.priority for j in jobs}
+    assert all(priority[r.key] < 100 for r in result.records if r.preemptions)
+
+
+def test_the_mode_is_checked() -> None:
+    with pytest.raises(Exception, match="is not one of off, priority, partitions"):
+        SimPreemption("always")
