@@ -271,6 +271,7 @@ def _measure(result: SimResult, jobs: Mapping[str, SimJob], policy: QuotaPolicy,
         "jobs_finished": summary["jobs_finished"],
         "jobs_waiting_at_end": len(result.unstarted),
         "jobs_rejected": len(result.rejected),
+        "preempted": result.preemption,
     }
 
 
@@ -298,6 +299,7 @@ def replay_tenants(
     durations: str = "oracle",
     policy_name: str = "gpusched",
     max_pending: int = 256,
+    preemption: str = "off",
     out_dir: Path | None = None,
     progress: bool = False,
 ) -> Replay:
@@ -305,12 +307,16 @@ def replay_tenants(
 
     ``durations``: ``oracle`` gives each request its true run time (budgets are charged what the
     task will use), ``none`` leaves it unset (a task is charged the quota's 1 h default).
+    ``preemption`` (``off``, ``priority``, ``partitions``) is the executor's victim selection in both
+    runs (:class:`~gpusched.sim.preempt.SimPreemption`); a preempted job's record spans its first
+    start to its end, so its use is counted as if it had run throughout.
     """
     from gpusched.airflow.quota_file import read_quota_policy
     from gpusched.placement import Policy
     from gpusched.sim.engine import simulate, with_expected_durations
     from gpusched.sim.fleets import uniform_fleet
     from gpusched.sim.jobs import trace_jobs
+    from gpusched.sim.preempt import SimPreemption
     from gpusched.sim.traces import load_philly_jobs
 
     start = datetime.strptime(window[0], "%Y-%m-%d").replace(tzinfo=UTC)
@@ -332,7 +338,8 @@ def replay_tenants(
     if durations == "oracle":
         jobs = with_expected_durations(jobs)
     tag = f"{window[0]}_{nodes}x{gpus_per_node}_{durations}" + (
-        f"_budget{budget_fraction:g}" if budget_fraction != 0.5 else "")
+        f"_budget{budget_fraction:g}" if budget_fraction != 0.5 else "") + (
+        f"_preempt-{preemption}" if preemption != "off" else "")
     folder = out_dir or Path("results/tenants")
     folder.mkdir(parents=True, exist_ok=True)
     quota_path = folder / f"quota-{tag}.yaml"
@@ -342,13 +349,15 @@ def replay_tenants(
     config = {
         "trace": jobs_csv.name, "window": list(window), "nodes": nodes, "gpus_per_node": gpus_per_node,
         "model": "P100", "jobs": len(jobs), "policy": policy_name, "durations": durations,
-        "budget_fraction": budget_fraction, "quota_file": quota_path.name, "tag": tag,
+        "budget_fraction": budget_fraction, "preemption": preemption, "quota_file": quota_path.name,
+        "tag": tag,
     }
     replay = Replay(config, {j.key: j for j in jobs}, policy, demand, largest, parts,
                     (lo, lo + (end - start).total_seconds()))
     for name, quota in (("quota", policy), ("baseline", None)):
         replay.results[name] = simulate(jobs, fleet, Policy.named(policy_name), policy_name=policy_name,
-                                        max_pending=max_pending, progress=progress, quota=quota)
+                                        max_pending=max_pending, progress=progress, quota=quota,
+                                        preemption=SimPreemption(preemption))
     return replay
 
 

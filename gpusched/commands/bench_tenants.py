@@ -1,7 +1,8 @@
 """``gpusched bench tenants``: argument parsing; the benchmark is :mod:`gpusched.bench.tenants`.
 
     gpusched bench tenants [--start 2017-10-09 --end 2017-10-16] [--nodes 50] [--budget-fraction 0.5]
-                           [--durations oracle|none] [--json] [--out FILE] [--out-dir results/tenants]
+                           [--durations oracle|none] [--preemption off|priority|partitions]
+                           [--json] [--out FILE] [--out-dir results/tenants]
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def register_bench(bench_subparsers: Any) -> None:
     parser.add_argument("--durations", choices=("oracle", "none"), default="oracle",
                         help="oracle: requests carry their true run time; none: budgets charge the "
                              "quota's 1 h default per task (default oracle)")
+    parser.add_argument("--preemption", choices=("off", "priority", "partitions"), default="off",
+                        help="the executor's preemption in both runs; partitions = reclaim lent "
+                             "capacity (default off)")
     parser.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help())
     parser.add_argument("--max-pending", type=int_range(1), default=256,
                         help="waiting jobs offered to one placement call (default 256)")
@@ -50,7 +54,8 @@ def _main(args: argparse.Namespace) -> int:
 
     result = run_tenants(args.jobs, window=(args.start, args.end), nodes=args.nodes,
                          gpus_per_node=args.gpus_per_node, budget_fraction=args.budget_fraction,
-                         durations=args.durations, policy_name=args.policy, max_pending=args.max_pending,
+                         durations=args.durations, preemption=args.preemption, policy_name=args.policy,
+                         max_pending=args.max_pending,
                          out_dir=args.out_dir, progress=not args.quiet)
     result["png"] = tenants_png(result, args.out_dir / f"tenants-{result['tag']}.png").name
     checks = result["checks"]

@@ -23,7 +23,8 @@ def trace(tmp_path: Path) -> Path:
     rows += [f"2017-10-09 00:{i:02d}:30,3600,1,3600,mid" for i in range(4)]
     rows += ["2017-10-09 00:05:00,1800,1,1800,small", "2017-10-10 00:00:00,60,1,60,big"]  # last: outside
     path = tmp_path / "philly.csv"
-    path.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    text = "timestamp,duration,num_gpus,gpu_time,cluster\n" + "\n".join(rows) + "\n"
+    path.write_text(text, encoding="utf-8")
     return path
 
 
@@ -57,7 +58,8 @@ def test_budgets_hold_within_one_task_and_shares_add_up(trace: Path, tmp_path: P
                         for r in sim.records if replay.jobs[r.key].request.partition.value == part)
             assert row["gpu_hours"] == pytest.approx(hours, abs=0.05)
             assert row["share_of_fleet_pct"] == pytest.approx(100 * hours / (8 * 24), abs=0.01)
-        assert sum(p["share_of_used_pct"] for p in result[run]["partitions"].values()) == pytest.approx(100, abs=0.05)
+        shares = [p["share_of_used_pct"] for p in result[run]["partitions"].values()]
+        assert sum(shares) == pytest.approx(100, abs=0.05)
     # Training's share is 5.6 of 8 GPUs: its third 2-GPU job borrows idle capacity.
     assert result["quota"]["partitions"]["training"]["borrowed_gpu_hours"] > 0
     assert result["checks"]["idle_capacity_lent"]
@@ -73,9 +75,20 @@ def test_cli_prints_json_and_writes_png(trace: Path, tmp_path: Path) -> None:
     data = json.loads(proc.stdout)
     assert data["checks"]["budgets_hold"] and (tmp_path / data["png"]).stat().st_size > 1000
     assert set(data["quota"]["partitions"]) == {"training", "burst", "dev"}
+    preempting = subprocess.run(
+        [sys.executable, "-m", "gpusched.cli", "bench", "tenants", "--jobs", str(trace), "--start", WINDOW[0],
+         "--end", WINDOW[1], "--nodes", "1", "--json", "--quiet", "--preemption", "partitions",
+         "--out-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert preempting.returncode == 0, preempting.stderr
+    again = json.loads(preempting.stdout)
+    assert again["preemption"] == "partitions" and again["checks"]["budgets_hold"]
+    assert again["quota"]["preempted"] is not None  # the replay ran with the executor's victim selection
     bad = subprocess.run(
-        [sys.executable, "-m", "gpusched.cli", "bench", "tenants", "--jobs", str(trace), "--start", "2017-11-01",
-         "--end", "2017-11-02", "--nodes", "1", "--quiet", "--out-dir", str(tmp_path)],
+        [sys.executable, "-m", "gpusched.cli", "bench", "tenants", "--jobs", str(trace),
+         "--start", "2017-11-01", "--end", "2017-11-02", "--nodes", "1", "--quiet",
+         "--out-dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )
     assert bad.returncode == 2 and "has no jobs in the window" in bad.stderr
