@@ -267,8 +267,8 @@ def _fraction(
         s = s + _speed_terms(placer, task, idx.dev_model[cand], idx.dev_model[cand])
         s = s + policy.degraded_penalty * (idx.dev_health[cand] == 1)
         if policy.score_levels:
-            left = placer.stats.total[idx.dev_node[cand]] if use_stats and policy.packing else None
-            best = levels_best(s, policy.score_levels, left)
+            tie_left = placer.stats.total[idx.dev_node[cand]] if use_stats and policy.packing else None
+            best = levels_best(s, policy.score_levels, tie_left)
         else:
             best = _tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
         d, score = int(cand[best]), float(s[best])
@@ -317,8 +317,8 @@ def _whole(
                 n_healthy = np.bincount(idx.dev_node[mask & elig.healthy], minlength=len(idx.nodes))[nodes]
                 s += policy.degraded_penalty * np.maximum(0, k - n_healthy)
             if policy.score_levels:
-                left = placer.stats.total[nodes] if use_stats and policy.packing else None
-                best = levels_best(s, policy.score_levels, left)
+                tie_left = placer.stats.total[nodes] if use_stats and policy.packing else None
+                best = levels_best(s, policy.score_levels, tie_left)
             elif use_stats and policy.packing:
                 best = _tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
             else:
