@@ -108,6 +108,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("reconcile_seconds", "float", "5",
            "How often the executor looks for allocations of gone or superseded task tries and "
            "releases them.", "30"),
+    Option("duration_history_days", "float", "30",
+           "Days of finished GPU tasks the executor learns run times from: a task without "
+           "expected_duration is placed with the duration predicted from similar finished tasks "
+           "(same DAG task, then tenant and GPU count, tenant, fleet; median of the 50 most recent, "
+           "from 3 runs on). 0 turns prediction off.", "14"),
+    Option("duration_refresh_seconds", "float", "60",
+           "How often the executor reads the tasks finished since its last read to update its "
+           "duration predictions.", "300"),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 

@@ -75,6 +75,10 @@ def populate(ledger: Ledger, now: float, *, with_forecast: bool = True) -> None:
                         now=now - random.Random(a.key).randint(120, 7200))
     for r in plan.rejections:
         ledger.record_queue(r.key, requests[r.key], r.reason, now - 600)
+    # One finished preemption, worded as the executor words it (gpusched/airflow/gpu_preemption.py).
+    ledger.record_event("preempted", "vision.vit.r6.1", now=now - 900, by="llm_pretrain.train.r42.1",
+                        reason="preempted for llm_pretrain.train.r42.1 (priority 10 < 80); "
+                               "1260 GPU-s since its last checkpoint", lost_gpu_s=1260.0, grace_s=30.0)
     rng = random.Random(7)
     samples = []
     fleet = ledger.snapshot(now)

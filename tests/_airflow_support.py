@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gpusched.deploy.airflow_instance import http_get
+from gpusched.errors import AirflowBootError
 
 SIMULATED_DEVICES = 51
 """Physical devices of the packaged simulated fleet (a GPU in MIG mode or a CPX card counts once)."""
@@ -64,3 +65,11 @@ def queue_reading_executor(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     ex.ledger.sync_inventory(backend.discover(), source=backend.name)
     yield ex
     ex.ledger.close()
+
+
+def wait_on_cluster(cluster: Any, what: str, check: Any, timeout: float, interval: float = 1.0) -> Any:
+    """``LocalCluster.wait`` that fails the test (with the cluster's logs) instead of raising."""
+    try:
+        return cluster.wait(what, check, timeout, interval)
+    except AirflowBootError as exc:
+        pytest.fail(str(exc))

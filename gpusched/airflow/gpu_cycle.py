@@ -78,7 +78,8 @@ CycleDecision = CycleReply
 class CycleRequest:
     """Every input of one cycle (no caller can leave one out: all but the tuning knobs are required).
 
-    ``pending``: the waiting work, requests as the fault chain's overrides left them;
+    ``pending``: the waiting work, requests as the fault chain's overrides left them and with
+    predicted durations where the author gave none (:mod:`gpusched.airflow.gpu_durations`);
     ``snapshot``: the fleet now (usage counts every active allocation); ``running``: the tasks
     holding devices (for the policy's expected ends); ``now``: the clock; ``replan_budget_ms`` /
     ``replan_weights``: the genetic re-planning budget (0 = greedy only) and its objective weights

@@ -3,10 +3,11 @@
 One implementation serves :class:`gpusched.airflow.executor.GPUExecutor` (LocalExecutor) and
 :class:`gpusched.airflow.celery_executor.GPUCeleryExecutor` (CeleryExecutor). The executor owns
 Airflow's bookkeeping and hands its GPU workloads here; :class:`GPUScheduling` builds one
-:class:`~gpusched.airflow.gpu_cycle.CycleRequest` per cycle (fault-chain overrides applied),
-calls :func:`~gpusched.airflow.gpu_cycle.decide`, writes each launch's allocation to the ledger
-and gives the launch back to the executor's :class:`Dispatcher` — which differs per executor
-(a local worker with the devices' environment, or the Celery queue of the host that owns them).
+:class:`~gpusched.airflow.gpu_cycle.CycleRequest` per cycle (fault-chain overrides applied,
+durations predicted where none was given: :mod:`gpusched.airflow.gpu_durations`), calls
+:func:`~gpusched.airflow.gpu_cycle.decide`, writes each launch's allocation to the ledger and
+gives the launch to the executor's :class:`Dispatcher` (a local worker with the devices'
+environment, or the Celery queue of the host that owns them).
 
 Also here: release when a task process ends or is revoked, leases, reconcile after a restart,
 lost GPU hosts (:mod:`.gpu_faults`) and preemption (:mod:`.gpu_preemption`).
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched import settings
-from gpusched.airflow import gpu_faults, gpu_quota
+from gpusched.airflow import gpu_durations, gpu_faults, gpu_quota
 from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.gang import gang_member
@@ -82,12 +83,13 @@ class GPUScheduling:
         self.use_uuids = settings.get_bool("visible_devices_by_uuid", conf)
         # Genetic re-planning of each cycle's batch (0 = greedy only), and its objective weights.
         self.replan_budget_ms = settings.get_float("replan_budget_ms", conf)
-        self.replan_weights = parse_weights(
-            settings.get_str("replan_weights", conf), where="[gpusched] replan_weights"
-        )
+        self.replan_weights = parse_weights(settings.get_str("replan_weights", conf),
+                                            where="[gpusched] replan_weights")
         self.host_timeout_s = settings.get_float("host_timeout_seconds", conf)
         self.ledger_wait_s = settings.get_float("ledger_wait_seconds", conf)
         self.reconcile_s = settings.get_float("reconcile_seconds", conf)
+        self.durations = gpu_durations.DurationHistory.from_settings(conf)  # run times learnt from history
+        self.predicted: dict[str, Any] = {}  # ledger key -> this cycle's Prediction
         # Running work over its tenant's hard budget: finish|stop, acted on once per allocation.
         self.over_budget, self.over_budget_seen = gpu_quota.over_budget_action(conf), set[str]()
         self._guard = LedgerGuard(self.ledger_wait_s, lambda: self.log)
@@ -102,9 +104,7 @@ class GPUScheduling:
         self._seen: set[Any] = set()
         self._cycle_requests: dict[str, GPURequest] = {}
         self._queue_reason: dict[str, str] = {}
-        self._last_renew = 0.0
-        self._last_host_check = 0.0
-        self._last_gang_check = 0.0
+        self._last_renew = self._last_host_check = self._last_gang_check = 0.0
         self.gangs: dict[str, set[Any]] = {}  # launched multi-node gangs: gang id -> Airflow keys
         self.preemption = Preemptor(self)  # [gpusched] preemption: stops lower-priority work
 
@@ -139,14 +139,9 @@ class GPUScheduling:
         self.process = current_process("executor")
 
     def reconcile(self) -> list[str]:
-        """Release this holder's allocations that no live try needs; renew those still in use.
-
-        Looks at every active allocation of this holder that this executor did not dispatch and
-        does not hold queued: released when Airflow has superseded the try, when the task instance
-        is no longer queued or running, or when every recorded holder process is gone
-        (:func:`gpusched.airflow.orphans.stale_reason`); renewed when a process of it still runs
-        (a task that outlived a restarted scheduler). Returns the released keys.
-        """
+        """Release this holder's allocations that no live try needs, renew those still in use
+        (:func:`gpusched.airflow.orphans.reconcile_holder`: superseded or finished tries and dead
+        holder processes are released); return the released keys."""
         waiting = {ti_key_of(w.ti) for w in self.executor.queued_tasks.values() if is_gpu_task(w)}
         return reconcile_holder(
             self.ledger, self.holder, dispatched=set(self.gpu_running.values()), waiting=waiting,
@@ -203,10 +198,12 @@ class GPUScheduling:
             self.log.exception("gpusched: GPU scheduling cycle failed; retrying next heartbeat")
 
     def cycle_request(self, pending: Sequence[PendingWork], now: float) -> CycleRequest:
-        """Every input of one cycle, read from the ledger now (quota: the quota file and usage)."""
+        """Every input of one cycle, read from the ledger now (quota: the quota file and usage;
+        requests without ``expected_duration`` carry the predicted one, noted in ``predicted``)."""
         snapshot, active = self.ledger.cycle_view(now)  # one read transaction: both agree
+        pending, busy, self.predicted = self.durations.apply(self.ledger, now, pending, running_tasks(active))
         return CycleRequest(
-            tuple(pending), snapshot, self.policy, tuple(running_tasks(active)), now,
+            pending, snapshot, self.policy, busy, now,
             gpu_quota.cycle_quota(self.ledger, snapshot, now), use_uuids=self.use_uuids,
             replan_budget_ms=self.replan_budget_ms, replan_weights=self.replan_weights,
             addresses=self.ledger.node_addresses() if any(p.gang for p in pending) else {},
@@ -278,9 +275,9 @@ class GPUScheduling:
             return
         if not launch.reused:
             try:
-                self.ledger.allocate(
-                    launch.key, launch.request, launch.shares, holder=self.holder,
-                    lease_s=self.lease_s, now=now, process=self.process,
+                self.ledger.allocate(  # the author's request (the prediction is re-made each cycle)
+                    launch.key, self._cycle_requests.get(launch.key, launch.request), launch.shares,
+                    holder=self.holder, lease_s=self.lease_s, now=now, process=self.process,
                 )
             except AllocationConflictError as exc:
                 self.hold(workload, Hold(launch.key, f"devices taken meanwhile, retrying: {exc}"), now)
@@ -303,6 +300,8 @@ class GPUScheduling:
         self.dispatcher.dispatch(fresh, launch)
         devices = ", ".join(f"{s.node}:{s.index}({s.milli}m)" for s in launch.shares)
         self.log.info("gpusched: %s dispatched on %s", launch.key, devices)
+        if launch.key in self.predicted:
+            append_task_log(workload.key, f"gpusched: {self.predicted[launch.key].describe()}", level="info")
         save_task_event(
             self.executor,
             event="gpusched.allocated",
@@ -320,6 +319,8 @@ class GPUScheduling:
         if hold.permanent and self.fail_unschedulable:
             self.reject(workload, hold.key, f"can never fit this fleet: {hold.reason}")
             return
+        if hold.key in self.predicted:
+            hold = Hold(hold.key, f"{hold.reason} ({self.predicted[hold.key].describe()})", hold.permanent)
         if self._queue_reason.get(hold.key) == hold.reason:
             return  # already recorded; the ledger keeps the first time it started waiting
         self._queue_reason[hold.key] = hold.reason

@@ -184,12 +184,14 @@ function drawPreemptions(p) {
     <td>${esc(new Date(e.at * 1000).toLocaleString())}</td><td>${esc(e.reason)}</td></tr>`, "no preemption");
 }
 
+const gpus = (x) => String(Math.round(x * 10) / 10);  // MIG slices and fractions: one decimal is enough
+
 function drawQuotas(q) {
-  $("cap").textContent = `(${q.capacity_gpus} GPUs in service${q.borrowing ? ", borrowing on" : ""})`;
+  $("cap").textContent = `(${gpus(q.capacity_gpus)} GPUs in service${q.borrowing ? ", borrowing on" : ""})`;
   $("unit").textContent = `(${q.unit}; ${q.enforced ? "enforced: tasks over budget or share wait"
     : "shown only: no quota file, so placement does not apply them"})`;
   rows("parts", q.partitions, (p) => `<tr><td>${esc(p.partition)}</td><td class="num">${p.share_pct}%</td>
-    <td class="num">${p.used_gpus} / ${p.share_gpus}${p.borrowed_gpus ? ` (+${p.borrowed_gpus} borrowed)` : ""}</td><td>${meter(p.used_pct_of_share)}</td><td class="num">${p.pending_gpus}</td></tr>`, "—");
+    <td class="num">${gpus(p.used_gpus)} / ${gpus(p.share_gpus)}${p.borrowed_gpus ? ` (+${gpus(p.borrowed_gpus)} borrowed)` : ""}</td><td>${meter(p.used_pct_of_share)}</td><td class="num">${p.pending_gpus}</td></tr>`, "—");
   rows("tenants", q.tenants, (t) => `<tr><td>${esc(t.tenant)}</td><td class="num">${t.used_hours} h</td>
     <td class="num">${t.budget_hours == null ? "unlimited" : t.budget_hours + " h"}</td><td>${t.budget_hours == null ? "" : meter(t.used_pct)}</td><td class="num">${t.running_gpus} GPUs</td></tr>`, "no tenant activity this period");
 }

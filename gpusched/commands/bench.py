@@ -61,6 +61,21 @@ def register(subparsers: Any) -> None:
     gv.add_argument("--replan-ms", type=finite_float(0.0), default=0.0,
                     help="re-plan each scheduling pass with the genetic optimiser within this "
                          "budget in ms, as the executor's [gpusched] replan_budget_ms (default 0 = greedy)")
+    gv.add_argument("--horizon", choices=("round", "age"), default="round",
+                    help="with --preemption migrate: over what time a move must pay its restart: one "
+                         "round (default), or at least the job's attained run time (age)")
+    gv.add_argument("--stream-seed", type=int_range(0), default=None,
+                    help="replay Gavel's generator for this seed at --rate instead of a file "
+                         "(seed 0 = the shared streams; others: data nothing was tuned on)")
+    gv.add_argument("--per-type", type=int_range(1, 1000), default=36,
+                    help="GPUs of each type, a multiple of --gpus-per-server (default 36, Gavel's)")
+    gv.add_argument("--preemption", choices=("off", "migrate"), default="off",
+                    help="migrate: at each round a running job may be checkpointed and restarted on "
+                         "another GPU type when that gains more than the restart cost "
+                         "(gpusched.placement.migration); default off (non-preemptive)")
+    gv.add_argument("--restart-seconds", type=finite_float(0.0), default=60.0, dest="restart_s",
+                    help="with --preemption migrate: seconds one move costs (checkpoint + restore; "
+                         "default 60; Gavel's simulator charges 0)")
     _common(gv)
     gv.set_defaults(func=_gavel, traces=traces)
 
@@ -74,7 +89,19 @@ def register(subparsers: Any) -> None:
                     help="keep only these virtual clusters (the trace's cluster column; default all)")
     ph.add_argument("--start", default=None, help="window start YYYY-MM-DD (default 2017-10-09)")
     ph.add_argument("--end", default=None, help="window end, exclusive (default 2017-10-16)")
-    ph.add_argument("--oracle", action="store_true", help="give the scheduler true run times")
+    ph.add_argument("--durations", choices=("none", "predicted", "oracle"), default=None,
+                    help="what the scheduler knows of run times: none (default), predicted (learnt "
+                         "online from the jobs finished so far, as the executor does) or oracle "
+                         "(the true ones)")
+    ph.add_argument("--oracle", action="store_true", help="same as --durations oracle")
+    ph.add_argument("--history-days", type=finite_float(0.0, 3650.0), default=30.0,
+                    help="with --durations predicted: learn first from the jobs of this many days "
+                         "before the window that ended by its start (default 30, as the executor's "
+                         "[gpusched] duration_history_days; 0 = start cold)")
+    ph.add_argument("--preemption", choices=("on", "off"), default="off",
+                    help="let the simulator preempt running jobs (default off)")
+    ph.add_argument("--no-baseline", action="store_true",
+                    help="skip the FIFO first-fit replay (and the ratios against it)")
     ph.add_argument(
         "--short-first",
         action="store_true",
@@ -202,6 +229,11 @@ def _gavel(args: argparse.Namespace) -> int:
         round_s=args.round_s,
         replan_ms=args.replan_ms,
         progress=not args.quiet,
+        per_type=args.per_type,
+        preemption=args.preemption,
+        restart_s=args.restart_s,
+        horizon=args.horizon,
+        stream=None if args.stream_seed is None else (args.rate, args.stream_seed),
     )
     result["rate_jobs_per_h"] = args.rate
     return emit(args, result, f"gavel {args.rate} jobs/h {args.policy}: mean JCT {result['jct_mean_h']} h")
@@ -209,8 +241,11 @@ def _gavel(args: argparse.Namespace) -> int:
 
 def _philly(args: argparse.Namespace) -> int:
     from gpusched.bench.philly import PHILLY_WINDOW, run_philly
+    from gpusched.errors import ConfigurationError
 
     window = (args.start or PHILLY_WINDOW[0], args.end or PHILLY_WINDOW[1])
+    if args.oracle and args.durations not in (None, "oracle"):
+        raise ConfigurationError(f"--oracle contradicts --durations {args.durations}; give one of them")
     result = run_philly(
         args.jobs,
         args.policy,
@@ -218,7 +253,10 @@ def _philly(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node,
         window=window,
         clusters=args.clusters,
-        oracle=args.oracle,
+        durations=args.durations or ("oracle" if args.oracle else "none"),
+        history_days=args.history_days,
+        preemption=args.preemption == "on",
+        baseline=not args.no_baseline,
         short_first=args.short_first,
         head_of_line=args.head_of_line,
         max_pending=args.max_pending,
@@ -228,7 +266,8 @@ def _philly(args: argparse.Namespace) -> int:
     return emit(
         args,
         result,
-        f"philly {args.policy}: mean delay {result['queue_delay_mean_s']} s, "
+        f"philly {args.policy} (durations {result['durations']}): mean delay "
+        f"{result['queue_delay_mean_s']} s ({result.get('delay_ratio_vs_fifo', 'n/a')}× FIFO), "
         f"utilisation {result['utilisation_pct']} %",
     )
 

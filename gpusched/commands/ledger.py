@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpusched.commands.args import int_range
+from gpusched.commands.args import finite_float, int_range
 
 if TYPE_CHECKING:
     from gpusched.ledger import Ledger
@@ -75,6 +75,11 @@ def register(subparsers: Any) -> None:
     hosts = action("hosts", "GPU hosts of a multi-host fleet: state, last heartbeat, devices, queue")
     hosts.add_argument("--json", action="store_true", help="print machine-readable JSON")
     action("expire", "release allocations whose lease has expired")
+    durations = action("durations", "how well the executor's duration predictions fit the finished runs "
+                                    "(each predicted from the runs before it)")
+    durations.add_argument("--days", type=finite_float(0.0, 3650.0, strict_min=True), default=30.0,
+                           help="finished runs of the last N days (default 30, as duration_history_days)")
+    durations.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.set_defaults(func=run)
 
 
@@ -207,8 +212,29 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
             print(f"{h.name:<20} {h.state:<5} heartbeat {ago:6.0f} s ago  {len(h.devices)} device(s)  "
                   f"queue {h.queue}" + (f"  ({h.reason})" if h.reason else ""))
         return 0
+    if action == "durations":
+        return _durations(ledger, args.days, args.json)
     expired = ledger.expire_leases()
     print(f"expired {len(expired)} allocation(s)" + "".join(f"\n  {a.key}" for a in expired))
+    return 0
+
+
+def _durations(ledger: Ledger, days: float, as_json: bool) -> int:
+    from gpusched.airflow.gpu_durations import finished_runs
+    from gpusched.durations import DurationModel, replay_errors
+
+    now = time.time()
+    runs = finished_runs(ledger.history(now - days * 86400.0, now))
+    missed, errors = replay_errors(runs, DurationModel())
+    report = {"days": days, "finished_runs": len(runs), "without_prediction": missed, **errors.as_dict()}
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return 0
+    bases = ", ".join(f"{b} {v['count']} ({v['median_ape_pct']} %)" for b, v in errors.by_basis.items())
+    print(f"{len(runs)} finished run(s) in {days:g} days; {missed} had too little history to predict")
+    if errors.predicted:
+        print(f"predicted {errors.predicted}: median absolute error {errors.median_ape_pct} %, "
+              f"{errors.within_2x_pct} % within 2x; by basis: {bases}")
     return 0
 
 

@@ -45,10 +45,17 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--quotas", type=Path, default=None,
                         help="a quota file (shares, borrowing, budgets, period_s) to place with, as "
                              "the executor does; the JSON then reports each tenant's budget and use")
-    parser.add_argument("--preemption", choices=("off", "priority", "partitions"), default="off",
+    parser.add_argument("--durations", choices=("none", "predicted", "oracle"), default="none",
+                        help="run times the scheduler knows: none (default), predicted (the executor's "
+                             "predictor, learnt online from the jobs finished so far) or oracle")
+    parser.add_argument("--preemption", choices=("off", "priority", "partitions", "migrate"), default="off",
                         help="stop running jobs for more urgent waiting ones with the executor's victim "
                              "selection: priority (strictly lower priority), partitions (also capacity "
-                             "borrowed from a reclaiming partition); default off")
+                             "borrowed from a reclaiming partition); or migrate (move running jobs to "
+                             "faster GPU types when that gains more than --restart-seconds); default off")
+    parser.add_argument("--restart-seconds", type=finite_float(0.0), default=60.0, dest="restart_s",
+                        help="with --preemption migrate: seconds one move costs (checkpoint + restore; "
+                             "default 60)")
     parser.add_argument("--checkpoint-minutes", type=finite_float(0.0), default=30.0,
                         help="with --preemption: jobs checkpoint every N minutes of run time and a "
                              "preempted job loses the work since its last one (0 = no checkpoints; "
@@ -63,9 +70,10 @@ def register(subparsers: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from gpusched.commands.bench import emit
+    from gpusched.durations import DurationModel
     from gpusched.errors import TraceError
     from gpusched.placement import Policy
-    from gpusched.sim.engine import simulate
+    from gpusched.sim.engine import simulate, with_expected_durations
     from gpusched.sim.fleets import fleet_from_spec
     from gpusched.sim.jobs import load_any_trace
     from gpusched.sim.metrics import summarize
@@ -75,6 +83,8 @@ def _run(args: argparse.Namespace) -> int:
         raise TraceError(args.trace, "has no jobs to replay", "give a trace with at least one GPU job")
     if args.limit is not None:
         jobs = sorted(jobs, key=lambda j: j.arrival_s)[: args.limit]
+    if args.durations == "oracle":
+        jobs = with_expected_durations(jobs)
     policy = Policy.named(args.policy, fractions_need_partitioning=False)
     quota = None
     if args.quotas is not None:
@@ -84,7 +94,8 @@ def _run(args: argparse.Namespace) -> int:
     from gpusched.sim.preempt import SimPreemption
 
     preemption = None if args.preemption == "off" else SimPreemption(
-        args.preemption, checkpoint_s=args.checkpoint_minutes * 60, min_runtime_s=args.min_runtime_s)
+        args.preemption, checkpoint_s=args.checkpoint_minutes * 60, min_runtime_s=args.min_runtime_s,
+        restart_s=args.restart_s, horizon_s=args.round_s or 360.0)
     result = simulate(
         jobs,
         fleet_from_spec(args.fleet),
@@ -95,10 +106,12 @@ def _run(args: argparse.Namespace) -> int:
         max_pending=args.max_pending,
         progress=not args.quiet,
         quota=quota,
+        predict_durations=DurationModel() if args.durations == "predicted" else None,
         preemption=preemption,
     )
     summary = summarize(result)
-    summary.update(trace=args.trace.name, fleet=args.fleet)
+    prediction = summary.pop("durations", None)
+    summary.update(trace=args.trace.name, fleet=args.fleet, durations=args.durations, prediction=prediction)
     return emit(
         args,
         summary,

@@ -6,8 +6,8 @@ Events are arrivals, completions and scheduling passes. A scheduling pass calls
 running jobs and the quota state the executor would have (``sim/quota.py``); every assignment starts
 at once and finishes after the job's run time *on the model it got* (the slowest device's model
 for a multi-device job). Without ``preemption`` a started job keeps its devices until it ends;
-with it, the executor's victim selection may stop lower-priority jobs (:mod:`gpusched.sim.preempt`:
-they lose the work since their last checkpoint and wait again).
+with it, the executor's victim selection may stop lower-priority jobs, or the migration rule move
+jobs between GPU types (:mod:`gpusched.sim.preempt`).
 
 Two timing modes: ``round_s == 0`` schedules after every batch of simultaneous events;
 ``round_s > 0`` schedules only at round boundaries (Gavel's 360 s rounds) when something changed.
@@ -23,8 +23,8 @@ import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
+from gpusched.durations import DurationModel, FinishedRun
 from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import (
@@ -39,7 +39,9 @@ from gpusched.placement import (
 from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.request import GPURequest
 from gpusched.sim import quota as sim_quota
+from gpusched.sim.durations import OnlineDurations
 from gpusched.sim.preempt import SimPreemption
+from gpusched.sim.results import JobRecord, SimResult, TimelinePoint
 
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]
 
@@ -66,72 +68,6 @@ class SimJob:
         return max((self.durations.get(m, self.duration_s) for m in models), default=self.duration_s)
 
 
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    """What happened to one started job."""
-
-    key: str
-    arrival_s: float
-    start_s: float
-    end_s: float
-    shares: tuple[DeviceShare, ...]
-    models: tuple[str, ...]
-    preemptions: int = 0
-
-    @property
-    def queue_delay_s(self) -> float:
-        """Time from arrival to start."""
-        return self.start_s - self.arrival_s
-
-    @property
-    def jct_s(self) -> float:
-        """Job completion time: end − arrival."""
-        return self.end_s - self.arrival_s
-
-
-@dataclass(frozen=True, slots=True)
-class TimelinePoint:
-    """Fleet state from ``t`` until the next point: milli-GPU in use and jobs waiting."""
-
-    t: float
-    used_milli: int
-    waiting: int
-
-
-@dataclass
-class SimResult:
-    """Outcome of one replay.
-
-    Attributes:
-        records: started jobs (finished ones have ``end_s`` ≤ ``end_time``).
-        rejected: key → reason for jobs the engine said can never fit.
-        unstarted: keys of arrived jobs still waiting when the run stopped.
-        not_arrived: jobs whose arrival lies after the stop (``stop_after`` runs).
-        timeline: piecewise-constant usage, one point per change.
-        capacity_milli: total milli-GPU of the fleet.
-        end_time: simulated time when the run stopped.
-        place_calls / place_seconds: how often and how long :func:`place` ran (wall clock,
-            including the genetic re-plans).
-        replans / replans_improved: genetic re-plans run, and those that beat the greedy plan.
-    """
-
-    policy: str
-    fleet: FleetSnapshot
-    records: list[JobRecord]
-    rejected: dict[str, str]
-    unstarted: list[str]
-    timeline: list[TimelinePoint]
-    capacity_milli: int
-    end_time: float
-    not_arrived: int = 0
-    place_calls: int = 0
-    place_seconds: float = 0.0
-    replans: int = 0
-    replans_improved: int = 0
-    quota: dict[str, Any] | None = None
-    preemption: dict[str, Any] | None = None
-
-
 def simulate(
     jobs: Sequence[SimJob],
     fleet: FleetSnapshot,
@@ -149,6 +85,8 @@ def simulate(
     progress: bool = False,
     quota: QuotaPolicy | None = None,
     preemption: SimPreemption | None = None,
+    predict_durations: DurationModel | None = None,
+    duration_history: Sequence[FinishedRun] = (),
 ) -> SimResult:
     """Replay ``jobs`` (any order; sorted by arrival here) on ``fleet`` under ``policy``.
 
@@ -173,6 +111,9 @@ def simulate(
             reports each tenant's budget and use and each partition's share of GPU-hours.
         preemption: the executor's victim selection after each pass
             (:class:`~gpusched.sim.preempt.SimPreemption`); None = non-preemptive.
+        predict_durations: jobs without ``expected_duration_s`` get the executor's prediction
+            (:mod:`gpusched.durations`), learnt online from the jobs finished so far after
+            ``duration_history``; the result's ``durations`` gives the counts and errors.
         progress: a tqdm bar on stderr, counting arrivals — or, with ``stop_after``, the
             watched jobs that have finished (so it reaches 100 % when the run stops).
 
@@ -211,6 +152,7 @@ def simulate(
     sched_at = _INF
     t = ordered[0].arrival_s if ordered else 0.0
     bar = _bar(len(watch) if watch is not None else len(ordered), progress)
+    online = OnlineDurations(predict_durations, duration_history) if predict_durations else None
 
     def mark(now: float) -> None:
         point = TimelinePoint(now, used, len(pending))
@@ -224,7 +166,8 @@ def simulate(
             break
         na = ordered[nxt].arrival_s if nxt < len(ordered) else _INF
         nc = completions[0][0] if completions else _INF
-        ns = sched_at if dirty and pending and (used < capacity or preempt.enabled) else _INF
+        wanted = (len(pending) > 0 and (used < capacity or preempt.enabled)) or (preempt.migrates and running)
+        ns = sched_at if dirty and wanted else _INF
         t = min(na, nc, ns)
         if t == _INF:
             break
@@ -236,6 +179,8 @@ def simulate(
                     continue  # a run that was preempted
                 task = running.pop(key)
                 freed.extend(task.shares)
+                if online is not None:
+                    online.finished(by_key[key], full_run[key])
                 used -= physical_milli(task.shares, fleet)
                 if watch is not None and key in watch:
                     watch.discard(key)
@@ -254,16 +199,12 @@ def simulate(
         else:
             started = time.perf_counter()
             offered = list(itertools.islice(pending.values(), max_pending))
+            if online is not None:  # the executor's rewrite: predicted durations where none given
+                offered = online.offer(offered)
+            as_offered = {o.key: o for o in offered}
             state = sim_quota.quota_state_at(quota, records, by_key, fleet, t)
-            request = PlacementRequest(
-                pending=offered,
-                snapshot=snapshot,
-                policy=policy,
-                now=t,
-                quota=state,
-                running=tuple(running.values()),
-                seed=seed + calls,
-            )
+            request = PlacementRequest(pending=offered, snapshot=snapshot, policy=policy, now=t, quota=state,
+                                       running=tuple(running.values()), seed=seed + calls)
             plan = place(request)
             if replan_budget_ms > 0 and len(offered) >= 2 and not state.enforced:
                 from gpusched.placement.genetic import optimise_with_report
@@ -283,18 +224,22 @@ def simulate(
             taken: list[DeviceShare] = []
 
             def start(key: str, shares: tuple[DeviceShare, ...], t: float = t,
-                      taken: list[DeviceShare] = taken, models_of: FleetSnapshot = snapshot) -> None:
+                      taken: list[DeviceShare] = taken, models_of: FleetSnapshot = snapshot,
+                      as_offered: Mapping[str, PendingTask] = as_offered) -> None:
                 nonlocal seq, used
                 job = by_key[key]
                 del pending[key]
                 models = tuple(sorted({models_of.device(s.uuid).model for s in shares}))
                 full_run[key] = job.duration_on(models)
-                end = t + full_run[key] * preempt.remaining(key)
-                first = first_start.setdefault(key, t)
-                records[key] = JobRecord(key, job.arrival_s, first, end, shares, models,
+                end = t + preempt.restart_delay(key) + full_run[key] * preempt.remaining(key)
+                records[key] = JobRecord(key, job.arrival_s, first_start.get(key, t), end, shares, models,
                                          preempt.times.get(key, 0))
-                hint = job.request.expected_duration_s
-                running[key] = RunningTask(key, job.request, shares, t, t + hint if hint else None)
+                asked = as_offered[key].request if key in as_offered else job.request  # + prediction
+                if online is not None and key not in first_start:
+                    online.started(key, asked, full_run[key])
+                hint = asked.expected_duration_s
+                running[key] = RunningTask(key, asked, shares, t, t + hint if hint else None)
+                first_start.setdefault(key, t)
                 heapq.heappush(completions, (end, seq, key))
                 run_seq[key] = seq
                 seq += 1
@@ -305,20 +250,22 @@ def simulate(
             for a in assignments:
                 start(a.key, a.shares)
             if preempt.enabled:
-                waiting = [pending[r.key] for r in plan.rejections if not r.permanent and r.key in pending]
+                waiting = [as_offered[r.key] for r in plan.rejections if not r.permanent and r.key in pending]
                 after = snapshot.with_usage(taken)
                 fresh = frozenset(a.key for a in assignments)
-                for task_, pplan in preempt.plans(waiting, after, running, policy, t, state, fresh):
+                types = {k: by_key[k].job_type for k in running} if preempt.migrates else None
+                for pplan in preempt.plans(waiting, after, running, policy, t, state, fresh, types):
                     for victim in pplan.victims:
                         stopped = running.pop(victim.key)
                         preempt.evict(stopped, full_run[victim.key], t, fleet)
                         del run_seq[victim.key], records[victim.key]
                         job = by_key[victim.key]
-                        pending[victim.key] = PendingTask(victim.key, stopped.request, job.arrival_s,
+                        pending[victim.key] = PendingTask(victim.key, job.request, job.arrival_s,
                                                           job_type=job.job_type)
                         snapshot = snapshot.with_usage(stopped.shares, release=True)
                         used -= physical_milli(stopped.shares, fleet)
-                    start(task_.key, tuple(pplan.placement[task_.key]))
+                    for key, shares in pplan.placement.items():
+                        start(key, tuple(shares))
             for r in plan.rejections:
                 if r.permanent:
                     rejected[r.key] = r.reason
@@ -350,6 +297,7 @@ def simulate(
         replans_improved=improved,
         quota=None if quota is None else sim_quota.report(quota, records, by_key, fleet, end_time),
         preemption=preempt.report() if preempt.enabled else None,
+        durations=None if online is None else online.report(),
     )
 
 

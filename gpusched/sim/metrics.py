@@ -24,7 +24,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from gpusched.catalog import default_catalog
-from gpusched.sim.engine import JobRecord, SimResult, TimelinePoint
+from gpusched.sim.results import JobRecord, SimResult, TimelinePoint
 
 __all__ = ["energy_kwh", "percentile", "summarize", "time_average"]
 
@@ -138,6 +138,8 @@ def summarize(result: SimResult, *, measure: Collection[str] | None = None) -> d
     }
     if result.quota is not None:
         summary["quota"] = result.quota
+    if result.durations is not None:
+        summary["durations"] = result.durations
     if result.preemption is not None:
         summary["preemption"] = result.preemption
     return summary

@@ -321,6 +321,7 @@ def load_philly_jobs(
     end: str | None = None,
     clusters: frozenset[str] | None = None,
     max_gpus: int | None = None,
+    origin: str | None = None,
 ) -> list[TraceJob]:
     """Philly jobs (``timestamp,duration,num_gpus,gpu_time,cluster``) sorted by submission.
 
@@ -332,6 +333,9 @@ def load_philly_jobs(
         ConfigurationError: a window bound that is not a date, or an end not after the start.
         TraceError: naming file, line and field for a bad timestamp, a negative, non-finite or
             non-numeric duration, or a GPU count that is not a whole number 0–4096.
+
+    ``origin`` (same format) measures arrival times from that instant instead (a history window
+    before a replay then gets negative arrivals).
     """
     p = Path(path)
     lo = _window_bound(start, "window start")
@@ -357,8 +361,9 @@ def load_philly_jobs(
             continue
         kept.append((ts, gpus, duration, cluster))
     kept.sort(key=lambda item: item[0])
-    origin = kept[0][0] if kept else 0.0
+    zero = _window_bound(origin, "origin")
+    origin_s = zero if zero is not None else kept[0][0] if kept else 0.0
     return [
-        TraceJob(key=str(i), arrival_s=ts - origin, num_gpus=g, duration_s=d, group=c)
+        TraceJob(key=str(i), arrival_s=ts - origin_s, num_gpus=g, duration_s=d, group=c)
         for i, (ts, g, d, c) in enumerate(kept)
     ]

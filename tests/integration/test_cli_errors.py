@@ -129,6 +129,8 @@ def test_bench_philly_empty_window_and_clusters(tmp_path: Path, capsys: pytest.C
     assert main([*base, "--start", "2017-10-09", "--clusters", "b", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["jobs"] == 1 and data["clusters"] == ["b"]
+    line = _one_line_error(capsys, *base, "--start", "2017-10-09", "--oracle", "--durations", "predicted")
+    assert "--oracle contradicts --durations predicted" in line
 
 
 def test_progress_bar_counts_the_measured_window(capsys: pytest.CaptureFixture[str]) -> None:

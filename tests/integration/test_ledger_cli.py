@@ -138,3 +138,35 @@ def test_url_after_the_action_and_cordon_hint(tmp_path: Path, capsys: pytest.Cap
     assert _run("status", "--url", url) == 0
     with pytest.raises(LedgerError, match="gpusched inventory"):
         _run("--url", url, "cordon", "nowhere", "--reason", "x")
+
+
+def test_durations_reports_how_well_finished_runs_were_predicted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import time
+
+    from gpusched.airflow.keys import ti_key
+
+    url = next(database_url("sqlite", tmp_path))
+    assert _run("--url", url, "migrate") == 0
+    now = time.time()
+    with Ledger(url) as led:
+        led.sync_inventory(fleet(1, 2), "test")
+        d = list(led.snapshot().devices())
+        # d/train ran 100, 100, 100, 200 s; a failed try and a run outside the window do not count.
+        for i, (run, reason, ago) in enumerate([(100, "task succeeded", 9000), (100, "task succeeded", 8000),
+                                                (100, "task succeeded", 7000), (500, "task failed", 6000),
+                                                (200, "task process ended (task success)", 5000),
+                                                (100, "task succeeded", 40 * 86400)]):
+            key = ti_key("d", "train", f"scheduled__{i}", 1)
+            led.allocate(key, GPURequest.build(gpus=1), [share(d[0])], holder="s", now=now - ago)
+            led.release(key, reason=reason, now=now - ago + run)
+    capsys.readouterr()
+    assert _run("--url", url, "durations", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    # The 4th run is the first with three before it: predicted 100 s, ran 200 s (50 % off).
+    assert report["finished_runs"] == 4 and report["without_prediction"] == 3
+    assert report["predicted"] == 1 and report["median_ape_pct"] == 50.0
+    assert report["by_basis"] == {"task": {"count": 1, "median_ape_pct": 50.0}}
+    assert _run("--url", url, "durations", "--days", "60") == 0
+    assert "5 finished run(s) in 60 days; 3 had too little history" in capsys.readouterr().out

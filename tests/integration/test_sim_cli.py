@@ -83,6 +83,11 @@ def test_bench_gavel_and_philly_json(tiny: dict[str, Path], tmp_path: Path) -> N
     )
     assert gavel["jobs_finished"] == 3 and gavel["jct_mean_h"] >= 1.0
     assert json.loads((tmp_path / "g.json").read_text()) == gavel
+    moved = _cli("bench", "gavel", "--jobs", tiny["gavel"], "--throughputs", tiny["throughputs"], "--measure",
+                 "0-5", "--policy", "gpusched", "--per-type", "1", "--gpus-per-server", "1",
+                 "--preemption", "migrate", "--restart-seconds", "30")
+    assert moved["jobs_finished"] == 6 and moved["gpus_per_type"] == 1 and moved["cpu_s"] >= 0
+    assert moved["preemption"]["mode"] == "migrate" and moved["preemption"]["restart_s"] == 30.0
     philly = _cli(
         "bench",
         "philly",
@@ -100,6 +105,26 @@ def test_bench_gavel_and_philly_json(tiny: dict[str, Path], tmp_path: Path) -> N
     assert philly["jobs_finished"] == 3
     assert {"queue_delay_mean_s", "queue_delay_p95_s", "utilisation_pct", "fragmentation_pct"} <= set(philly)
     assert philly["queue_delay_mean_s"] > 0  # the 8-GPU job waits for the 1-GPU one on one node
+    # Issue 12's interface: the FIFO first-fit baseline of the same run, and the ratios against it.
+    assert philly["fifo_mean_delay_s"] == philly["mean_delay_s"] == philly["queue_delay_mean_s"]
+    assert philly["delay_ratio_vs_fifo"] == philly["utilisation_ratio_vs_fifo"] == 1.0
+    assert philly["durations"] == "none" and philly["prediction"] is None
+    assert philly["cpu_s"] >= 0 and philly["fifo_cpu_s"] >= 0 and philly["wall_s"] >= 0
+    for mode in ("predicted", "oracle"):
+        run = _cli("bench", "philly", "--jobs", tiny["philly"], "--nodes", "1", "--start", "2017-10-09",
+                   "--end", "2017-10-10", "--durations", mode, "--preemption", "off")
+        assert run["durations"] == mode and run["jobs_finished"] == 3
+        assert run["fifo_mean_delay_s"] == philly["fifo_mean_delay_s"]
+        assert run["delay_ratio_vs_fifo"] == round(run["mean_delay_s"] / run["fifo_mean_delay_s"], 3)
+        assert run["preemption"] == "off" and run["preemption_report"] is None
+        if mode == "predicted":  # nothing finished before the window: learnt during the replay only
+            assert run["prediction"]["warm_up_runs"] == 0 and run["prediction"]["learned_runs"] == 3
+            assert run["prediction"]["jobs_without_estimate"] == 3  # none had finished when they started
+    # --preemption on passes through to the simulator (equal priorities here: nothing to preempt).
+    pre = _cli("bench", "philly", "--jobs", tiny["philly"], "--nodes", "1", "--start", "2017-10-09",
+               "--end", "2017-10-10", "--durations", "predicted", "--preemption", "on")
+    assert pre["preemption"] == "on" and pre["preemption_report"]["mode"] == "priority"
+    assert pre["preemption_report"]["preemptions"] == 0 and pre["jobs_finished"] == 3
 
 
 def test_bench_latency_and_simulate_json(tiny: dict[str, Path]) -> None:
@@ -115,5 +140,12 @@ def test_bench_latency_and_simulate_json(tiny: dict[str, Path]) -> None:
     assert 0 < row["cold_cpu_p50_ms"] <= row["cold_cpu_p99_ms"] <= row["cold_cpu_max_ms"]
     sim = _cli("simulate", "--trace", tiny["gavel"], "--fleet", "uniform:1x2:V100", "--policy", "best-fit")
     assert sim["jobs_finished"] == 6 and sim["capacity_gpus"] == 2
+    learnt = _cli("simulate", "--trace", tiny["gavel"], "--fleet", "uniform:1x2:V100",
+                  "--durations", "predicted")
+    made = learnt["prediction"]
+    assert learnt["durations"] == "predicted" and made["learned_runs"] == 6
+    # Two GPUs, six hour-long jobs 100 s apart: the last two start after three have finished.
+    assert made["jobs_predicted"] == 2 and made["jobs_without_estimate"] == 4
+    assert made["errors"]["by_basis"]["task"]["count"] == 2
     pods = _cli("simulate", "--trace", tiny["pods"], "--fleet", tiny["nodes"], "--policy", "gpusched")
     assert pods["jobs_finished"] == 3

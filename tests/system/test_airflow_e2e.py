@@ -11,28 +11,24 @@ Airflow cleanly; the API server listens on 127.0.0.1 only.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import signal
-import subprocess
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
+from _run_sh_support import REPO, Airflow, run_sh_airflow
+from _run_sh_support import healthy as _healthy
+from _run_sh_support import log_text as _log_text
+from _run_sh_support import login as _login
+from _run_sh_support import stop_run_sh as _stop
+from _run_sh_support import wait_for as _wait
 
 from gpusched.airflow.keys import parse_ti_key, ti_key
-from gpusched.deploy.airflow_instance import free_port, login_token, scheduler_healthy, wait_until
-from gpusched.errors import AirflowBootError
 from gpusched.model import MILLI
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 DAGS = ("example_multi_gpu_nvlink_training", "example_fractional_finetune", "example_dev_smoke_test")
 WAIT_DAG = "e2e_gpu_wait"
 WAIT_DAG_SOURCE = """
@@ -114,64 +110,6 @@ GPU_TASKS = {
 }
 
 
-@dataclass
-class Airflow:
-    home: Path
-    url: str
-    proc: subprocess.Popen[bytes]
-    output: Path
-    started_at: float
-    token: str = ""
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
-
-    def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        import httpx
-
-        response = httpx.request(method, f"{self.url}/api/v2{path}", headers=self.headers(), timeout=30,
-                                 **kwargs)
-        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text}"
-        return response.json()
-
-    def tail(self) -> str:
-        return self.output.read_text(errors="replace")[-6000:]
-
-
-def _wait(what: str, check: Any, timeout: float, airflow: Airflow, interval: float = 1.0) -> Any:
-    try:
-        return wait_until(what, check, timeout, proc=airflow.proc, log=airflow.output, interval=interval)
-    except AirflowBootError as exc:
-        pytest.fail(str(exc))
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> tuple[int | None, list[int]]:
-    """SIGINT to run.sh (it forwards SIGINT to standalone's parent); kill the process groups as a
-    fallback. Returns run.sh's exit code (None if it had to be killed) and the pids still alive."""
-    import psutil
-
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    proc.send_signal(signal.SIGINT)
-    try:
-        code: int | None = proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        code = None
-        for child in family:
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                child.kill()
-        proc.kill()
-        proc.wait(timeout=30)
-    _gone, alive = psutil.wait_procs(family, timeout=10)
-    for child in alive:
-        child.kill()
-    return code, [p.pid for p in alive]
-
-
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     home = tmp_path_factory.mktemp("airflow_home")
@@ -181,52 +119,16 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     (dags / f"{WAIT_DAG}.py").write_text(WAIT_DAG_SOURCE)
     (dags / f"{NEVER_DAG}.py").write_text(NEVER_DAG_SOURCE)
     (dags / f"{ISOLATED_DAG}.py").write_text(ISOLATED_DAG_SOURCE)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
-    env.update({
-        "GPUSCHED_AIRFLOW_HOME": str(home),
-        "GPUSCHED_DAGS_FOLDER": str(dags),
-        "GPUSCHED_PORT": str(port),
-        "GPUSCHED_BACKEND": "simulated",
+    yield from run_sh_airflow(home, dags, {
         "GPUSCHED_EXAMPLE_STEPS": "6",
         "GPUSCHED_EXAMPLE_STEP_SECONDS": "0.5",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         "AIRFLOW__CORE__PARALLELISM": "8",
     })
-    output = home / "run.log"
-    started = time.time()
-    with output.open("wb") as sink:
-        proc = subprocess.Popen(
-            [str(REPO / "scripts" / "run.sh")], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    instance = Airflow(home, f"http://localhost:{port}", proc, output, started)
-    try:
-        yield instance
-    finally:
-        _stop(proc)
-
-
-def _login(airflow: Airflow) -> str:
-    return login_token(airflow.home, airflow.url)
-
-
-def _healthy(airflow: Airflow) -> bool:
-    return scheduler_healthy(airflow.url)
 
 
 def _dags_loaded(airflow: Airflow) -> bool:
     found = {d["dag_id"] for d in airflow.api("GET", "/dags", params={"limit": 100})["dags"]}
     return {*DAGS, WAIT_DAG, NEVER_DAG, ISOLATED_DAG} <= found
-
-
-def _log_text(airflow: Airflow, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
-    body = airflow.api(
-        "GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
-        params={"full_content": "true"},
-    )
-    return json.dumps(body)
 
 
 def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:

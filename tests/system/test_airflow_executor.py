@@ -335,3 +335,47 @@ def test_running_work_over_its_hard_budget_finishes_or_stops(
         assert "stopping this task ([gpusched] over_budget = stop)" in shown
         assert ex.ledger.get(_key(run)).released_at is not None and run.key not in ex.gpu_running
         assert str(ex.event_buffer[run.key][0]) == "failed"
+
+
+# ---- durations learnt from history (issue 12) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("history_days", [30.0, 0.0])
+def test_durations_predicted_from_finished_runs_change_the_order(
+    history_days: float, small_fleet: Any, executor: Any
+) -> None:
+    from gpusched.airflow.api_views import queue_view
+    from gpusched.airflow.fault_listener import read_log_tail
+    from gpusched.airflow.gpu_durations import DurationHistory
+
+    ex = executor
+    ex.gpu.durations = DurationHistory(history_days, 60.0)  # [gpusched] duration_history_days
+    now = time.time()
+    one = GPURequest.build(gpus=1)
+    device = [DeviceShare("GPU-sim-n1-0", "n1", 0, 1000, 0)]
+    # Past days: d/short ran 1 minute, d/long 10 hours, three times each (and one failed try
+    # of d/short that hung for two days, which says nothing of its run time).
+    runs = [("short", 60.0, "task succeeded"), ("long", 36000.0, "task process ended (task success)")] * 3
+    for i, (task, run, reason) in enumerate([*runs, ("short", 172800.0, "task failed")]):
+        key, start = ti_key("d", task, f"scheduled__{i}", 1, -1), now - 86400.0 * (i + 3)
+        ex.ledger.allocate(key, one, device, holder="old", now=start)
+        ex.ledger.release(key, reason=reason, now=start + run)
+    busy = _workload("busy", {"gpus": 7})
+    _submit(ex, busy)
+    assert len(_drain(ex)) == 1
+    # One A100 left; the long task was queued first.
+    long, short = _workload("long", {"gpus": 1}), _workload("short", {"gpus": 1})
+    _submit(ex, long, short)
+    (sent,) = _drain(ex)
+    if history_days == 0:  # no prediction: FIFO
+        assert sent[0].key == long.key and short.key in ex.queued_tasks
+        assert "predicted" not in ex.ledger.queue()[0].reason
+        return
+    assert sent[0].key == short.key and long.key in ex.queued_tasks  # shortest predicted first
+    (entry,) = queue_view(ex.ledger.queue(), time.time())
+    assert entry["key"] == _key(long)
+    assert entry["reason"].endswith("(expected 10.0 h, predicted from 3 past runs of d/long)")
+    assert "expected 10.0 h, predicted from 3 past runs of d/long" in read_log_tail(long.key)
+    assert "gpusched: expected 60 s, predicted from 3 past runs of d/short" in read_log_tail(short.key)
+    # The ledger keeps the author's request (no estimate); the prediction is made each cycle.
+    assert ex.ledger.get(_key(short)).request.expected_duration_s == 0

@@ -12,17 +12,18 @@ fleet page's ``/preemptions`` view.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_airflow_e2e import REPO, Airflow, _healthy, _log_text, _login, _stop, _wait
+from _run_sh_support import Airflow, run_sh_airflow
+from _run_sh_support import healthy as _healthy
+from _run_sh_support import log_text as _log_text
+from _run_sh_support import login as _login
+from _run_sh_support import wait_for as _wait
 
 from gpusched.airflow.keys import ti_key
-from gpusched.deploy.airflow_instance import free_port
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
@@ -99,27 +100,13 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     fleet.write_text(FLEET)
     out = home / "task-files"
     out.mkdir()
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
-    env.update({
-        "GPUSCHED_AIRFLOW_HOME": str(home), "GPUSCHED_DAGS_FOLDER": str(dags), "GPUSCHED_PORT": str(port),
-        "GPUSCHED_BACKEND": "simulated", "GPUSCHED_FLEET": str(fleet), "GPUSCHED_AGENT": "0",
-        "E2E_PREEMPT_DIR": str(out),
+    yield from run_sh_airflow(home, dags, {
+        "GPUSCHED_FLEET": str(fleet), "GPUSCHED_AGENT": "0", "E2E_PREEMPT_DIR": str(out),
         "AIRFLOW__GPUSCHED__PREEMPTION": "priority",
         "AIRFLOW__GPUSCHED__PREEMPTION_GRACE_SECONDS": "30",
         "AIRFLOW__GPUSCHED__PREEMPTION_MIN_RUNTIME_SECONDS": "2",
         "AIRFLOW__GPUSCHED__REPLAN_BUDGET_MS": "0",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
     })
-    output = home / "run.log"
-    with output.open("wb") as sink:
-        proc = subprocess.Popen([str(REPO / "scripts" / "run.sh")], cwd=REPO, env=env, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield Airflow(home, f"http://localhost:{port}", proc, output, time.time())
-    finally:
-        _stop(proc)
 
 
 def test_a_critical_task_preempts_a_low_priority_one_which_resumes_without_a_failed_try(

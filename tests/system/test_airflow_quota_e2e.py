@@ -3,16 +3,17 @@ task log and the queue view, while another tenant's task runs (``scripts/run.sh`
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
-from test_airflow_e2e import REPO, Airflow, _healthy, _log_text, _login, _stop, _wait
+from _run_sh_support import Airflow, run_sh_airflow
+from _run_sh_support import healthy as _healthy
+from _run_sh_support import log_text as _log_text
+from _run_sh_support import login as _login
+from _run_sh_support import wait_for as _wait
 
 from gpusched.airflow.keys import ti_key
-from gpusched.deploy.airflow_instance import free_port
 from gpusched.model import DeviceShare
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
@@ -50,22 +51,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     quota = home / "quota.yaml"
     # vision may spend 1 A100-hour a week; a task is charged 60 s unless it says otherwise.
     quota.write_text("budgets: {vision: 1}\nperiod_s: 604800\ndefault_duration_s: 60\n")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
-    env.update({
-        "GPUSCHED_AIRFLOW_HOME": str(home), "GPUSCHED_DAGS_FOLDER": str(dags), "GPUSCHED_PORT": str(port),
-        "GPUSCHED_BACKEND": "simulated", "GPUSCHED_QUOTA_FILE": str(quota),
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-    })
-    output = home / "run.log"
-    with output.open("wb") as sink:
-        proc = subprocess.Popen([str(REPO / "scripts" / "run.sh")], cwd=REPO, env=env, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield Airflow(home, f"http://localhost:{port}", proc, output, time.time())
-    finally:
-        _stop(proc)
+    yield from run_sh_airflow(home, dags, {"GPUSCHED_QUOTA_FILE": str(quota)})
 
 
 def test_tenant_over_budget_waits_with_the_reason_while_another_tenant_runs(airflow: Airflow) -> None:

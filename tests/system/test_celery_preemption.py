@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _airflow_support import wait_on_cluster
 from test_airflow_preemption_e2e import CRITICAL, DAGS_SOURCE, VICTIM
 
 from gpusched.airflow.keys import ti_key
@@ -49,11 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         local.stop()
 
 
-def _wait(cluster: LocalCluster, what: str, check: Any, timeout: float, interval: float = 1.0) -> Any:
-    try:
-        return cluster.wait(what, check, timeout, interval)
-    except (TimeoutError, RuntimeError) as exc:
-        pytest.fail(str(exc))
+_wait = wait_on_cluster
 
 
 def test_celery_preemption_requeues_the_victim_without_a_failed_try(cluster: LocalCluster) -> None:

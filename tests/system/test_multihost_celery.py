@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _airflow_support import wait_on_cluster
 
 from gpusched.airflow.keys import ti_key
 from gpusched.deploy.multihost_cluster import LocalCluster
-from gpusched.errors import AirflowBootError
 
 pytestmark = [pytest.mark.multihost, pytest.mark.airflow, pytest.mark.slow]
 
@@ -124,11 +124,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         local.stop()
 
 
-def _wait(cluster: LocalCluster, what: str, check: Any, timeout: float, interval: float = 1.0) -> Any:
-    try:
-        return cluster.wait(what, check, timeout, interval)
-    except AirflowBootError as exc:
-        pytest.fail(str(exc))
+_wait = wait_on_cluster
 
 
 def _finished(cluster: LocalCluster, dag_id: str, run_id: str) -> bool:

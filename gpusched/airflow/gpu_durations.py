@@ -1,0 +1,136 @@
+"""Predicted durations in the GPU executors: the predictor, fed from the ledger's finished allocations.
+
+A task whose author gave no ``expected_duration`` is placed with the run time
+:mod:`gpusched.durations` predicts from the finished runs of similar tasks (same DAG task, then
+tenant and GPU count, tenant, fleet). :class:`DurationHistory` keeps the predictor between cycles:
+it reads ``[gpusched] duration_history_days`` of finished allocations once, then every
+``[gpusched] duration_refresh_seconds`` only those released since the last read — never the
+whole history each heartbeat. :func:`predict_pending` and :func:`predict_running` rewrite the
+cycle's requests (pending work and the tasks holding devices) before ``decide``. The ledger keeps
+the author's request; the executor says in the queue reason and the try's log when an estimate
+was predicted.
+
+A finished run is an allocation released because its task succeeded (the listener's ``task
+succeeded`` or the executor's ``task process ended (task success)``): a failed or stopped try says
+little about how long the task takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from gpusched.airflow.gpu_cycle import PendingWork
+from gpusched.airflow.keys import parse_ti_key
+from gpusched.durations import DurationModel, DurationPredictor, FinishedRun, Prediction, with_prediction
+from gpusched.placement import RunningTask
+
+__all__ = ["DurationHistory", "finished_runs", "predict_pending", "predict_running", "task_of"]
+
+_SUCCEEDED = ("task succeeded", "task process ended (task success)")
+# A release committed a little after it was stamped must not be missed by the next read.
+_OVERLAP_S = 120.0
+
+
+def task_of(key: str) -> str:
+    """``dag_id/task_id`` of a ledger key (the task part of :func:`~gpusched.airflow.keys.ti_key`), or ""."""
+    parts = parse_ti_key(key)
+    return f"{parts.dag_id}/{parts.task_id}" if parts else ""
+
+
+def succeeded(reason: str | None) -> bool:
+    """True for the release reasons of a task that succeeded."""
+    return bool(reason) and any(str(reason).startswith(s) for s in _SUCCEEDED)
+
+
+def finished_runs(allocations: Iterable[Any]) -> list[FinishedRun]:
+    """The succeeded runs among ledger ``allocations``, oldest release first."""
+    done = [a for a in allocations if a.released_at is not None and succeeded(a.release_reason)]
+    done.sort(key=lambda a: a.released_at)
+    return [FinishedRun.of(a.request, task_of(a.key), max(0.0, a.released_at - a.created_at)) for a in done]
+
+
+class DurationHistory:
+    """The executor's predictor, refreshed from the ledger at most every ``refresh_s`` seconds.
+
+    ``days`` ≤ 0 turns prediction off (:meth:`predictor` returns None).
+    """
+
+    def __init__(self, days: float, refresh_s: float, model: DurationModel | None = None) -> None:
+        self.days = days
+        self.refresh_s = refresh_s
+        self.model = model or DurationModel()
+        self._predictor: DurationPredictor | None = None
+        self._read_at = 0.0
+        self._seen: dict[tuple[str, float], float] = {}  # (key, created_at) -> released_at
+
+    @classmethod
+    def from_settings(cls, conf: Any) -> DurationHistory:
+        """``[gpusched] duration_history_days`` and ``duration_refresh_seconds`` of ``conf`` (the
+        executor's team-scoped config)."""
+        from gpusched import settings
+
+        days = settings.get_float("duration_history_days", conf)
+        return cls(days, settings.get_float("duration_refresh_seconds", conf))
+
+    def apply(
+        self, ledger: Any, now: float, pending: Sequence[PendingWork], running: Sequence[RunningTask]
+    ) -> tuple[tuple[PendingWork, ...], tuple[RunningTask, ...], dict[str, Prediction]]:
+        """A cycle's pending work and running tasks with predicted durations, and the predictions
+        of the pending work by key (see :func:`predict_pending`, :func:`predict_running`)."""
+        predictor = self.predictor(ledger, now)
+        work, made = predict_pending(pending, predictor)
+        return work, predict_running(running, predictor), made
+
+    def predictor(self, ledger: Any, now: float) -> DurationPredictor | None:
+        """The predictor at ``now`` (reads the ledger only when due)."""
+        if self.days <= 0:
+            return None
+        if self._predictor is not None and now - self._read_at < self.refresh_s:
+            return self._predictor
+        first = self._predictor is None
+        since = now - self.days * 86400.0 if first else self._read_at - _OVERLAP_S
+        fresh = []
+        for alloc in ledger.history(since, now):
+            mark = (alloc.key, float(alloc.created_at))
+            if alloc.released_at is None or alloc.released_at > now or mark in self._seen:
+                continue
+            self._seen[mark] = float(alloc.released_at)
+            fresh.append(alloc)
+        # Forget what the next read cannot return again.
+        self._seen = {m: at for m, at in self._seen.items() if at > since}
+        base = self._predictor or DurationPredictor(self.model)
+        self._predictor = base.with_runs(finished_runs(fresh))
+        self._read_at = now
+        return self._predictor
+
+
+def predict_pending(
+    pending: Sequence[PendingWork], predictor: DurationPredictor | None
+) -> tuple[tuple[PendingWork, ...], dict[str, Prediction]]:
+    """``pending`` with predicted durations where the request has none, and the predictions by key."""
+    out, made = [], {}
+    for work in pending:
+        request, prediction = with_prediction(work.request, task_of(work.key), predictor)
+        if prediction is None:
+            out.append(work)
+        else:
+            out.append(replace(work, request=request))
+            made[work.key] = prediction
+    return tuple(out), made
+
+
+def predict_running(
+    running: Sequence[RunningTask], predictor: DurationPredictor | None
+) -> tuple[RunningTask, ...]:
+    """The running tasks with an ``expected_end`` from the predicted duration where they had none."""
+    out = []
+    for task in running:
+        request, prediction = with_prediction(task.request, task_of(task.key), predictor)
+        if prediction is None:
+            out.append(task)
+        else:
+            out.append(replace(task, request=request,
+                               expected_end=task.started_at + request.expected_duration_s))
+    return tuple(out)

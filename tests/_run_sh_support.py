@@ -1,0 +1,124 @@
+"""Shared by the system tests that boot the main job (``scripts/run.sh`` → ``airflow standalone``
+on SQLite, the simulated fleet): start and stop it, wait on it, read its API and task logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpusched.deploy.airflow_instance import free_port, login_token, scheduler_healthy, wait_until
+from gpusched.errors import AirflowBootError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Airflow:
+    """One running main job: its home, API base URL, the run.sh process and its output file."""
+
+    home: Path
+    url: str
+    proc: subprocess.Popen[bytes]
+    output: Path
+    started_at: float
+    token: str = ""
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        """``/api/v2{path}`` with the token; asserts a 2xx answer and returns its JSON."""
+        import httpx
+
+        response = httpx.request(method, f"{self.url}/api/v2{path}", headers=self.headers(), timeout=30,
+                                 **kwargs)
+        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text}"
+        return response.json()
+
+    def tail(self) -> str:
+        return self.output.read_text(errors="replace")[-6000:]
+
+
+def run_sh_airflow(home: Path, dags: Path, env_extra: Mapping[str, str]) -> Iterator[Airflow]:
+    """Boot ``scripts/run.sh`` on a free port with ``dags`` as the DAG folder, the simulated
+    backend and ``env_extra`` on top of a clean environment (no inherited AIRFLOW*/GPUSCHED*);
+    stop it afterwards. Use as the body of a fixture (``yield from``)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
+    env.update({
+        "GPUSCHED_AIRFLOW_HOME": str(home), "GPUSCHED_DAGS_FOLDER": str(dags), "GPUSCHED_PORT": str(port),
+        "GPUSCHED_BACKEND": "simulated",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+    })
+    env.update(env_extra)
+    output = home / "run.log"
+    started = time.time()
+    with output.open("wb") as sink:
+        proc = subprocess.Popen([str(REPO / "scripts" / "run.sh")], cwd=REPO, env=env, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield Airflow(home, f"http://localhost:{port}", proc, output, started)
+    finally:
+        stop_run_sh(proc)
+
+
+def wait_for(what: str, check: Any, timeout: float, airflow: Airflow, interval: float = 1.0) -> Any:
+    """``check()``'s first truthy value; fails the test (with run.sh's log) on timeout or exit."""
+    try:
+        return wait_until(what, check, timeout, proc=airflow.proc, log=airflow.output, interval=interval)
+    except AirflowBootError as exc:
+        pytest.fail(str(exc))
+
+
+def stop_run_sh(proc: subprocess.Popen[bytes]) -> tuple[int | None, list[int]]:
+    """SIGINT to run.sh (it forwards SIGINT to standalone's parent); kill the process groups as a
+    fallback. Returns run.sh's exit code (None if it had to be killed) and the pids still alive."""
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    proc.send_signal(signal.SIGINT)
+    try:
+        code: int | None = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        code = None
+        for child in family:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                child.kill()
+        proc.kill()
+        proc.wait(timeout=30)
+    _gone, alive = psutil.wait_procs(family, timeout=10)
+    for child in alive:
+        child.kill()
+    return code, [p.pid for p in alive]
+
+
+def login(airflow: Airflow) -> str:
+    return login_token(airflow.home, airflow.url)
+
+
+def healthy(airflow: Airflow) -> bool:
+    return scheduler_healthy(airflow.url)
+
+
+def log_text(airflow: Airflow, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+    """The whole log of one try, as the log API returns it (JSON text)."""
+    body = airflow.api(
+        "GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
+        params={"full_content": "true"},
+    )
+    return json.dumps(body)
