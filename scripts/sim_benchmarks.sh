@@ -34,6 +34,30 @@ for part in "${parts[@]}"; do
           echo "gavel $r $p" >&2
           $G bench gavel --rate "$r" --policy "$p" --quiet --out "results/gavel/rate${r}__${p}.json"
         done
+        $G bench gavel --rate "$r" --policy gpusched --preemption migrate --quiet \
+          --out "results/gavel/rate${r}__gpusched-migrate.json"
+      done
+      # checks on data nothing was tuned on: other seeds of Gavel's generator, smaller clusters,
+      # other server sizes, other restart costs (results/gavel/checks, a table in the report)
+      mkdir -p results/gavel/checks
+      check() { name=$1; shift
+        for p in first-fit gpusched; do
+          $G bench gavel --policy "$p" --quiet --out "results/gavel/checks/${name}__${p}.json" "$@"
+        done
+        $G bench gavel --policy gpusched --preemption migrate --quiet \
+          --out "results/gavel/checks/${name}__gpusched-migrate.json" "$@"; }
+      for s in 1 2 3; do check "seed${s}_rate4.0" --rate 4.0 --stream-seed "$s"; done
+      check pt24_rate2.0 --rate 2.0 --per-type 24
+      check pt28_rate2.0 --rate 2.0 --per-type 28
+      for g in 2 6; do
+        $G bench gavel --rate 4.0 --gpus-per-server "$g" --policy gpusched --preemption migrate --quiet \
+          --out "results/gavel/checks/gps${g}_rate4.0__gpusched-migrate.json"
+      done
+      for c in 0 60 300 1800; do
+        for h in round age; do
+          $G bench gavel --rate 4.0 --policy gpusched --preemption migrate --restart-seconds "$c" \
+            --horizon "$h" --quiet --out "results/gavel/checks/restart${c}_${h}_rate4.0__gpusched-migrate.json"
+        done
       done ;;
     philly)
       for p in first-fit gpusched best-fit; do

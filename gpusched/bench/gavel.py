@@ -7,15 +7,19 @@ turns it into tables and plots.
 from __future__ import annotations
 
 import ast
+import time
 from pathlib import Path
 from typing import Any
 
-from gpusched.errors import TraceError
+from gpusched.bench.gavel_stream import gavel_stream
+from gpusched.errors import ConfigurationError, TraceError
 from gpusched.placement import Policy
+from gpusched.placement.migration import DEFAULT_RESTART_S, MIGRATE
 from gpusched.sim.engine import simulate
 from gpusched.sim.fleets import gavel_fleet
 from gpusched.sim.jobs import trace_jobs
 from gpusched.sim.metrics import summarize
+from gpusched.sim.preempt import SimPreemption
 from gpusched.sim.traces import GAVEL_MODELS, load_gavel_jobs, load_gavel_throughputs
 
 __all__ = ["gavel_policy", "run_gavel"]
@@ -51,14 +55,33 @@ def run_gavel(
     round_s: float = 360.0,
     replan_ms: float = 0.0,
     progress: bool = False,
+    per_type: int = 36,
+    preemption: str = "off",
+    restart_s: float = DEFAULT_RESTART_S,
+    stream: tuple[float, int] | None = None,
+    horizon: str = "round",
 ) -> dict[str, Any]:
-    """Gavel's continuous-single experiment, non-preemptive.
+    """Gavel's continuous-single experiment on ``per_type`` GPUs of each type.
 
-    Returns the metrics with JCT averaged over job ids ``measure[0]`` … ``measure[1] - 1``.
-    ``replan_ms`` > 0 re-plans every pass with the genetic optimiser (see
-    :func:`~gpusched.sim.engine.simulate`).
+    Returns the metrics with JCT averaged over job ids ``measure[0]`` … ``measure[1] - 1``, and
+    ``cpu_s`` (process CPU time of the replay). ``replan_ms`` > 0 re-plans every pass with the
+    genetic optimiser (see :func:`~gpusched.sim.engine.simulate`). ``preemption="migrate"`` runs
+    the migration rule (:mod:`gpusched.placement.migration`) after every pass with restart cost
+    ``restart_s`` and one round as its horizon (``horizon="age"``: at least each job's attained run
+    time); otherwise the replay is non-preemptive.
+    ``stream=(rate, seed)`` replays Gavel's generator for that seed (15,000 jobs,
+    :mod:`gpusched.bench.gavel_stream`, run times from ``throughputs``) instead of ``jobs_csv``.
     """
-    trace = load_gavel_jobs(jobs_csv)
+    if preemption not in ("off", MIGRATE):
+        raise ConfigurationError(f"gavel preemption {preemption!r} is not off or {MIGRATE}; "
+                                 "trace jobs share one priority, so only migration applies")
+    if stream is not None:
+        if throughputs is None:
+            raise ConfigurationError("a generated Gavel stream needs the throughput table; "
+                                     "pass --throughputs")
+        trace = gavel_stream(stream[0], stream[1], 15_000, throughputs)
+    else:
+        trace = load_gavel_jobs(jobs_csv)
     jobs = trace_jobs(trace)
     keys = {str(k) for k in range(*measure)} & {j.key for j in jobs}
     if not keys:
@@ -66,28 +89,36 @@ def run_gavel(
             jobs_csv, f"has no job ids {measure[0]}–{measure[1] - 1} to measure",
             "pick a --measure range of job ids inside the trace",
         )
+    fleet = gavel_fleet(per_type=per_type, gpus_per_server=gpus_per_server)
+    moves = None if preemption == "off" else SimPreemption(
+        MIGRATE, restart_s=restart_s, horizon_s=round_s or 360.0, min_runtime_s=0.0, by_age=horizon == "age")
+    cpu = time.process_time()
     result = simulate(
         jobs,
-        gavel_fleet(gpus_per_server=gpus_per_server),
+        fleet,
         gavel_policy(policy_name, throughputs),
         policy_name=policy_name,
         round_s=round_s,
-        max_pending=gavel_fleet().total_devices(),
+        max_pending=fleet.total_devices(),
         stop_after=keys,
         replan_budget_ms=replan_ms,
         progress=progress,
+        preemption=moves,
     )
+    cpu = time.process_time() - cpu
     summary = summarize(result, measure=keys)
     by_model: dict[str, int] = {}
     for rec in result.records:
         if rec.key in keys:
             by_model[rec.models[0]] = by_model.get(rec.models[0], 0) + 1
     summary.update(
-        trace=jobs_csv.name,
+        trace=jobs_csv.name if stream is None else f"gavel stream rate {stream[0]} seed {stream[1]}",
         measured_jobs=f"{measure[0]}-{measure[1] - 1}",
         round_s=round_s,
         gpus_per_server=gpus_per_server,
+        gpus_per_type=per_type,
         measured_by_model=by_model,
         replan_ms=replan_ms,
+        cpu_s=round(cpu, 1),
     )
     return summary

@@ -152,65 +152,39 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
 
 
 def gavel_report(folder: Path, published_tsv: Path) -> str:
-    """Mean JCT of jobs 4000–4999 per rate and policy beside Gavel's published figures."""
+    """Mean JCT of jobs 4000–4999 per rate and policy beside Gavel's published figures (FIFO,
+    heterogeneity-aware FIFO and LAS), and the checks on other streams and clusters in
+    ``folder/checks`` (``<check>__<policy>.json``: one row per check, first-fit ratios)."""
     runs = _load(folder)
-    published: dict[float, dict[str, float]] = {}
-    header: list[str] = []
-    for line in published_tsv.read_text(encoding="utf-8").splitlines():
-        cells = line.split("\t")
-        if cells[0] == "metric":
-            header = cells
-        elif cells[0] == "JCT" and "fifo" in header and "fifo_perf" in header:
-            try:
-                published[float(cells[1])] = {
-                    "fifo": float(cells[header.index("fifo")]),
-                    "fifo_perf": float(cells[header.index("fifo_perf")]),
-                }
-            except (ValueError, IndexError):
-                continue
+    published = _gavel_published(published_tsv)
     rates: dict[float, dict[str, dict[str, Any]]] = {}
     for stem, data in runs.items():
         if stem.startswith("rate") and "__" in stem:
             rate_s, policy = stem[4:].split("__", 1)
             rates.setdefault(float(rate_s), {})[policy] = data
     policies = sorted({p for r in rates.values() for p in r})
+    labels = {p: _gavel_label(p, [r[p] for r in rates.values() if p in r]) for p in policies}
     lines = [
-        "| jobs/h | Gavel FIFO (pub.) | Gavel het.-aware FIFO (pub., moves jobs between types) | "
-        + " | ".join(f"{p} (ours, non-preemptive)" for p in policies)
-        + " |",
-        "|---|---|---|" + "---|" * len(policies),
+        "| jobs/h | Gavel FIFO (pub.) | Gavel het.-aware FIFO (pub.) | Gavel het.-aware LAS (pub.) | "
+        + " | ".join(labels[p] for p in policies) + " |",
+        "|---|---|---|---|" + "---|" * len(policies),
     ]
     for rate in sorted(rates):
         pub = published.get(rate, {})
         cells = [_fmt(rates[rate].get(p, {}).get("jct_mean_h")) for p in policies]
-        lines.append(
-            f"| {rate:.1f} | {_fmt(pub.get('fifo'))} | {_fmt(pub.get('fifo_perf'))} | "
-            + " | ".join(cells)
-            + " |"
-        )
+        lines.append(f"| {rate:.1f} | {_fmt(pub.get('fifo'))} | {_fmt(pub.get('fifo_perf'))} | "
+                     f"{_fmt(pub.get('max_min_fairness_perf'))} | " + " | ".join(cells) + " |")
     if rates:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(7, 4))
         xs = sorted(rates)
-        ax.plot(
-            xs,
-            [published.get(x, {}).get("fifo", float("nan")) for x in xs],
-            "k--o",
-            label="Gavel FIFO (pub.)",
-        )
-        ax.plot(
-            xs,
-            [published.get(x, {}).get("fifo_perf", float("nan")) for x in xs],
-            "k:s",
-            label="Gavel het.-aware FIFO (pub.)",
-        )
+        for column, style, label in (("fifo", "k--o", "Gavel FIFO (pub.)"),
+                                     ("fifo_perf", "k:s", "Gavel het.-aware FIFO (pub.)"),
+                                     ("max_min_fairness_perf", "k-.^", "Gavel het.-aware LAS (pub.)")):
+            ax.plot(xs, [published.get(x, {}).get(column, float("nan")) for x in xs], style, label=label)
         for p in policies:
-            ax.plot(
-                xs,
-                [rates[x].get(p, {}).get("jct_mean_h", float("nan")) for x in xs],
-                "-o",
-                label=f"{p} (ours)",
-            )
+            ax.plot(xs, [rates[x].get(p, {}).get("jct_mean_h", float("nan")) for x in xs], "-o",
+                    label=f"{p} (ours)")
         ax.set_xlabel("input job rate (jobs/h)")
         ax.set_ylabel("mean JCT of jobs 4000–4999 (h)")
         ax.set_title("Gavel continuous-single, 36 V100 + 36 P100 + 36 K80")
@@ -218,9 +192,65 @@ def gavel_report(folder: Path, published_tsv: Path) -> str:
         fig.tight_layout()
         fig.savefig(folder / "gavel_jct.png", dpi=110)
         plt.close(fig)
-    text = "\n".join(lines) + "\n\n![gavel](gavel_jct.png)\n"
+    text = "\n".join(lines) + "\n\n![gavel](gavel_jct.png)\n" + _gavel_checks(folder / "checks")
     (folder / "report.md").write_text("# Gavel heterogeneous JCT\n\n" + text, encoding="utf-8")
     return text
+
+
+def _gavel_published(tsv: Path) -> dict[float, dict[str, float]]:
+    """rate → column → mean JCT (h), the first section that has a column winning."""
+    published: dict[float, dict[str, float]] = {}
+    header: list[str] = []
+    for line in tsv.read_text(encoding="utf-8").splitlines():
+        cells = line.split("\t")
+        if cells[0] == "metric":
+            header = cells
+        elif cells[0] == "JCT" and len(cells) > 1:
+            try:
+                rate = float(cells[1])
+            except ValueError:
+                continue
+            for column in ("fifo", "fifo_perf", "max_min_fairness_perf"):
+                if column in header and header.index(column) < len(cells):
+                    try:
+                        published.setdefault(rate, {}).setdefault(column, float(cells[header.index(column)]))
+                    except ValueError:
+                        continue
+    return published
+
+
+def _gavel_label(policy: str, runs: list[dict[str, Any]]) -> str:
+    moves: list[dict[str, Any]] = [r["preemption"] for r in runs if isinstance(r.get("preemption"), dict)]
+    if moves and moves[0].get("mode") == "migrate":
+        return f"{policy} (ours, migrates between types, restart {moves[0].get('restart_s', 0):.0f} s)"
+    return f"{policy} (ours, non-preemptive)"
+
+
+def _gavel_checks(folder: Path) -> str:
+    if not folder.is_dir():
+        return ""
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    for stem, data in _load(folder).items():
+        if "__" in stem:
+            check, policy = stem.split("__", 1)
+            rows.setdefault(check, {})[policy] = data
+    policies = sorted({p for r in rows.values() for p in r})
+    lines = ["", "## Checks on other streams and clusters (mean JCT in h; × first-fit of the same check)", "",
+             "| check | trace | GPUs per type / per server | " + " | ".join(policies) + " | CPU s |",
+             "|---|---|---|" + "---|" * len(policies) + "---|"]
+    for check in sorted(rows):
+        row = rows[check]
+        base = row.get("first-fit", {}).get("jct_mean_h")
+        cells = []
+        for p in policies:
+            value = row.get(p, {}).get("jct_mean_h")
+            ratio = f" ({value / base:.2f}×)" if value is not None and base and p != "first-fit" else ""
+            cells.append(_fmt(value) + ratio)
+        any_run = next(iter(row.values()))
+        cpu = " / ".join(_fmt(row[p].get("cpu_s"), 0) for p in policies if p in row)
+        lines.append(f"| {check} | {any_run.get('trace', '—')} | {any_run.get('gpus_per_type', 36)} / "
+                     f"{any_run.get('gpus_per_server', 4)} | " + " | ".join(cells) + f" | {cpu} |")
+    return "\n".join(lines) + "\n"
 
 
 def philly_report(folder: Path, baseline: str = "first-fit") -> str:

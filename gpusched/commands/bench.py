@@ -61,6 +61,21 @@ def register(subparsers: Any) -> None:
     gv.add_argument("--replan-ms", type=finite_float(0.0), default=0.0,
                     help="re-plan each scheduling pass with the genetic optimiser within this "
                          "budget in ms, as the executor's [gpusched] replan_budget_ms (default 0 = greedy)")
+    gv.add_argument("--horizon", choices=("round", "age"), default="round",
+                    help="with --preemption migrate: over what time a move must pay its restart: one "
+                         "round (default), or at least the job's attained run time (age)")
+    gv.add_argument("--stream-seed", type=int_range(0), default=None,
+                    help="replay Gavel's generator for this seed at --rate instead of a file "
+                         "(seed 0 = the shared streams; others: data nothing was tuned on)")
+    gv.add_argument("--per-type", type=int_range(1, 1000), default=36,
+                    help="GPUs of each type, a multiple of --gpus-per-server (default 36, Gavel's)")
+    gv.add_argument("--preemption", choices=("off", "migrate"), default="off",
+                    help="migrate: at each round a running job may be checkpointed and restarted on "
+                         "another GPU type when that gains more than the restart cost "
+                         "(gpusched.placement.migration); default off (non-preemptive)")
+    gv.add_argument("--restart-seconds", type=finite_float(0.0), default=60.0, dest="restart_s",
+                    help="with --preemption migrate: seconds one move costs (checkpoint + restore; "
+                         "default 60; Gavel's simulator charges 0)")
     _common(gv)
     gv.set_defaults(func=_gavel, traces=traces)
 
@@ -214,6 +229,11 @@ def _gavel(args: argparse.Namespace) -> int:
         round_s=args.round_s,
         replan_ms=args.replan_ms,
         progress=not args.quiet,
+        per_type=args.per_type,
+        preemption=args.preemption,
+        restart_s=args.restart_s,
+        horizon=args.horizon,
+        stream=None if args.stream_seed is None else (args.rate, args.stream_seed),
     )
     result["rate_jobs_per_h"] = args.rate
     return emit(args, result, f"gavel {args.rate} jobs/h {args.policy}: mean JCT {result['jct_mean_h']} h")

@@ -48,10 +48,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--durations", choices=("none", "predicted", "oracle"), default="none",
                         help="run times the scheduler knows: none (default), predicted (the executor's "
                              "predictor, learnt online from the jobs finished so far) or oracle")
-    parser.add_argument("--preemption", choices=("off", "priority", "partitions"), default="off",
+    parser.add_argument("--preemption", choices=("off", "priority", "partitions", "migrate"), default="off",
                         help="stop running jobs for more urgent waiting ones with the executor's victim "
                              "selection: priority (strictly lower priority), partitions (also capacity "
-                             "borrowed from a reclaiming partition); default off")
+                             "borrowed from a reclaiming partition); or migrate (move running jobs to "
+                             "faster GPU types when that gains more than --restart-seconds); default off")
+    parser.add_argument("--restart-seconds", type=finite_float(0.0), default=60.0, dest="restart_s",
+                        help="with --preemption migrate: seconds one move costs (checkpoint + restore; "
+                             "default 60)")
     parser.add_argument("--checkpoint-minutes", type=finite_float(0.0), default=30.0,
                         help="with --preemption: jobs checkpoint every N minutes of run time and a "
                              "preempted job loses the work since its last one (0 = no checkpoints; "
@@ -90,7 +94,8 @@ def _run(args: argparse.Namespace) -> int:
     from gpusched.sim.preempt import SimPreemption
 
     preemption = None if args.preemption == "off" else SimPreemption(
-        args.preemption, checkpoint_s=args.checkpoint_minutes * 60, min_runtime_s=args.min_runtime_s)
+        args.preemption, checkpoint_s=args.checkpoint_minutes * 60, min_runtime_s=args.min_runtime_s,
+        restart_s=args.restart_s, horizon_s=args.round_s or 360.0)
     result = simulate(
         jobs,
         fleet_from_spec(args.fleet),

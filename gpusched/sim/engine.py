@@ -6,8 +6,8 @@ Events are arrivals, completions and scheduling passes. A scheduling pass calls
 running jobs and the quota state the executor would have (``sim/quota.py``); every assignment starts
 at once and finishes after the job's run time *on the model it got* (the slowest device's model
 for a multi-device job). Without ``preemption`` a started job keeps its devices until it ends;
-with it, the executor's victim selection may stop lower-priority jobs (:mod:`gpusched.sim.preempt`:
-they lose the work since their last checkpoint and wait again).
+with it, the executor's victim selection may stop lower-priority jobs, or the migration rule move
+jobs between GPU types (:mod:`gpusched.sim.preempt`).
 
 Two timing modes: ``round_s == 0`` schedules after every batch of simultaneous events;
 ``round_s > 0`` schedules only at round boundaries (Gavel's 360 s rounds) when something changed.
@@ -166,7 +166,8 @@ def simulate(
             break
         na = ordered[nxt].arrival_s if nxt < len(ordered) else _INF
         nc = completions[0][0] if completions else _INF
-        ns = sched_at if dirty and pending and (used < capacity or preempt.enabled) else _INF
+        wanted = (len(pending) > 0 and (used < capacity or preempt.enabled)) or (preempt.migrates and running)
+        ns = sched_at if dirty and wanted else _INF
         t = min(na, nc, ns)
         if t == _INF:
             break
@@ -203,15 +204,8 @@ def simulate(
             if online is not None:  # the executor's rewrite: predicted durations where none given
                 offered = online.offer(offered)
             as_offered = {o.key: o for o in offered}
-            request = PlacementRequest(
-                pending=offered,
-                snapshot=snapshot,
-                policy=policy,
-                now=t,
-                quota=state,
-                running=tuple(running.values()),
-                seed=seed + calls,
-            )
+            request = PlacementRequest(pending=offered, snapshot=snapshot, policy=policy, now=t, quota=state,
+                                       running=tuple(running.values()), seed=seed + calls)
             plan = place(request)
             if replan_budget_ms > 0 and len(offered) >= 2 and not state.enforced:
                 from gpusched.placement.genetic import optimise_with_report
@@ -238,7 +232,7 @@ def simulate(
                 del pending[key]
                 models = tuple(sorted({models_of.device(s.uuid).model for s in shares}))
                 full_run[key] = job.duration_on(models)
-                end = t + full_run[key] * preempt.remaining(key)
+                end = t + preempt.restart_delay(key) + full_run[key] * preempt.remaining(key)
                 records[key] = JobRecord(key, job.arrival_s, first_start.get(key, t), end, shares, models,
                                          preempt.times.get(key, 0))
                 tracker.started(records[key])
@@ -261,7 +255,8 @@ def simulate(
                 waiting = [as_offered[r.key] for r in plan.rejections if not r.permanent and r.key in pending]
                 after = snapshot.with_usage(taken)
                 fresh = frozenset(a.key for a in assignments)
-                for task_, pplan in preempt.plans(waiting, after, running, policy, t, state, fresh):
+                types = {k: by_key[k].job_type for k in running} if preempt.migrates else None
+                for pplan in preempt.plans(waiting, after, running, policy, t, state, fresh, types):
                     for victim in pplan.victims:
                         stopped = running.pop(victim.key)
                         preempt.evict(stopped, full_run[victim.key], t, fleet)
@@ -272,7 +267,8 @@ def simulate(
                                                           job_type=job.job_type)
                         snapshot = snapshot.with_usage(stopped.shares, release=True)
                         used -= physical_milli(stopped.shares, fleet)
-                    start(task_.key, tuple(pplan.placement[task_.key]))
+                    for key, shares in pplan.placement.items():
+                        start(key, tuple(shares))
             for r in plan.rejections:
                 if r.permanent:
                     rejected[r.key] = r.reason

@@ -10,6 +10,12 @@ Checkpoint model: a running job checkpoints every ``checkpoint_s`` seconds of it
 A preempted job keeps the work up to its last checkpoint and loses the rest; it goes back to
 the queue (keeping its arrival time) and later runs only its remaining work, scaled to the model
 it lands on. Eviction is instant (the executor's notice and grace are not modelled).
+
+Mode ``migrate`` (simulator only so far): instead of victims, after each pass the migration rule
+(:func:`gpusched.placement.migration.plan_migrations`) may move running single-device jobs between
+GPU types. A moved job checkpoints on notice (it keeps all its work), its old device is free at
+once, and it restarts on the new one after ``restart_s`` seconds (the restore; the new device is
+held meanwhile), then runs its remaining work at the new model's speed.
 """
 
 from __future__ import annotations
@@ -20,13 +26,22 @@ from dataclasses import dataclass, field
 
 from gpusched.model import MILLI, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask
-from gpusched.placement.preemption import PreemptionPlan, PreemptionRequest, check_mode, select_victims
+from gpusched.placement.migration import DEFAULT_RESTART_S, MIGRATE, MigrationRequest, plan_migrations
+from gpusched.placement.preemption import (
+    PreemptionPlan,
+    PreemptionRequest,
+    Victim,
+    check_mode,
+    select_victims,
+)
 from gpusched.quota.policy import QuotaState, physical_milli
 
-__all__ = ["DEFAULT_CHECKPOINT_S", "SimPreemption"]
+__all__ = ["DEFAULT_CHECKPOINT_S", "SIM_MODES", "SimPreemption"]
 
 DEFAULT_CHECKPOINT_S = 1800.0
 """Default checkpoint interval of simulated jobs: every 30 minutes of run time."""
+SIM_MODES = ("off", "priority", "partitions", MIGRATE)
+"""The executor's preemption modes and the simulator's ``migrate``."""
 
 
 @dataclass
@@ -37,19 +52,38 @@ class SimPreemption:
     checkpoint_s: float = DEFAULT_CHECKPOINT_S
     min_runtime_s: float = 300.0
     max_per_pass: int = 4
+    restart_s: float = DEFAULT_RESTART_S
+    horizon_s: float = 360.0
+    by_age: bool = False
     count: int = 0
     lost_gpu_s: float = 0.0
     done: dict[str, float] = field(default_factory=dict)  # key -> fraction of its work saved
     times: dict[str, int] = field(default_factory=dict)  # key -> times preempted
+    restarting: dict[str, float] = field(default_factory=dict)  # key -> restore time of its next start
+    delay: dict[str, float] = field(default_factory=dict)  # key -> restore time of its current run
+    ran: dict[str, float] = field(default_factory=dict)  # key -> seconds of work in its earlier runs
 
     def __post_init__(self) -> None:
-        self.mode = check_mode(self.mode, "simulate preemption")
+        mode = str(self.mode).strip().lower()
+        self.mode = mode if mode == MIGRATE else check_mode(self.mode, "simulate preemption")
+        if not math.isfinite(self.restart_s) or self.restart_s < 0:
+            raise ValueError(f"restart cost {self.restart_s!r} s must be a number >= 0")
         if not math.isfinite(self.checkpoint_s) or self.checkpoint_s < 0:
             raise ValueError(f"checkpoint interval {self.checkpoint_s!r} s must be a number >= 0")
 
     @property
     def enabled(self) -> bool:
         return self.mode != "off"
+
+    @property
+    def migrates(self) -> bool:
+        """True in ``migrate`` mode: the rule runs after every pass, even with nobody waiting."""
+        return self.mode == MIGRATE
+
+    def restart_delay(self, key: str) -> float:
+        """Seconds before ``key``'s run that starts now does work (its restore after a move)."""
+        self.delay[key] = self.restarting.pop(key, 0.0)
+        return self.delay[key]
 
     def remaining(self, key: str) -> float:
         """Fraction of ``key``'s work still to run (1.0 = all of it)."""
@@ -70,14 +104,27 @@ class SimPreemption:
         now: float,
         quota: QuotaState,
         fresh: frozenset[str] = frozenset(),
-    ) -> list[tuple[PendingTask, PreemptionPlan]]:
+        job_types: Mapping[str, str | None] | None = None,
+    ) -> list[PreemptionPlan]:
         """Victims for the most urgent of ``waiting``; each plan assumes the earlier ones done.
-        ``fresh``: jobs started in this pass (never victims)."""
+        ``fresh``: jobs started in this pass (never victims). A plan's ``placement`` holds the
+        shares of every job to start; in ``migrate`` mode its victims are the movers themselves
+        (``job_types``: key → job type for the throughput table)."""
+        if self.migrates and running:
+            asked = MigrationRequest(snapshot, tuple(running.values()), policy, now, quota,
+                                       job_types=job_types or {}, restart_s=self.restart_s,
+                                       horizon_s=self.horizon_s, min_runtime_s=self.min_runtime_s,
+                                       by_age=self.by_age, attained=self._attained(running, now))
+            moved = plan_migrations(asked)
+            victims = tuple(Victim(m.key, m.shares, f"{m.from_model} -> {m.to_model}", 0.0, now)
+                            for m in moved.moves)
+            return [PreemptionPlan(victims, {m.key: m.placement for m in moved.moves}, moved.reason)] \
+                if victims else []
         if not self.enabled or not waiting or not running:
             return []
         rest = dict(running)
         started: set[str] = set(fresh)
-        out: list[tuple[PendingTask, PreemptionPlan]] = []
+        out: list[PreemptionPlan] = []
         lowest = min(r.request.priority for r in rest.values())
         order = sorted(waiting, key=lambda t: (-t.request.priority, t.submitted_at, t.key))
         for task in order:
@@ -93,7 +140,7 @@ class SimPreemption:
             plan = select_victims(request)
             if not isinstance(plan, PreemptionPlan):
                 continue
-            out.append((task, plan))
+            out.append(plan)
             for victim in plan.victims:
                 del rest[victim.key]
             shares = plan.placement[task.key]
@@ -103,18 +150,39 @@ class SimPreemption:
             started.add(task.key)
         return out
 
+    def _attained(self, running: Mapping[str, RunningTask], now: float) -> dict[str, float]:
+        if not self.by_age:
+            return {}
+        return {k: self.ran.get(k, 0.0) + max(0.0, now - r.started_at - self.delay.get(k, 0.0))
+                for k, r in running.items()}
+
     def evict(self, task: RunningTask, full_run_s: float, now: float, fleet: FleetSnapshot) -> None:
-        """Record that ``task`` (a run of ``full_run_s`` for all its work) is stopped at ``now``."""
-        saved = self.last_checkpoint(task.started_at, now)
+        """Record that ``task`` (a run of ``full_run_s`` for all its work) is stopped at ``now``.
+
+        A migrated job saves all its work (checkpoint on notice) and pays ``restart_s`` when it
+        starts again; a victim keeps the work up to its last periodic checkpoint."""
+        began = task.started_at + self.delay.pop(task.key, 0.0)  # its work began after the restore
+        saved = now if self.migrates else self.last_checkpoint(task.started_at, now)
+        self.ran[task.key] = self.ran.get(task.key, 0.0) + max(0.0, saved - began)
         if full_run_s > 0 and math.isfinite(full_run_s):
-            gained = (saved - task.started_at) / full_run_s
+            gained = max(0.0, saved - began) / full_run_s
             self.done[task.key] = min(1.0, self.done.get(task.key, 0.0) + gained)
-        self.lost_gpu_s += (now - saved) * physical_milli(task.shares, fleet) / MILLI
+        gpus = physical_milli(task.shares, fleet) / MILLI
+        if self.migrates:
+            self.restarting[task.key] = self.restart_s
+            self.lost_gpu_s += self.restart_s * gpus
+        else:
+            self.lost_gpu_s += (now - saved) * gpus
         self.count += 1
         self.times[task.key] = self.times.get(task.key, 0) + 1
 
     def report(self) -> dict[str, object]:
         """JSON-safe figures of what preemption did in this replay."""
-        return {"mode": self.mode, "checkpoint_s": self.checkpoint_s, "min_runtime_s": self.min_runtime_s,
-                "preemptions": self.count, "jobs_preempted": len(self.times),
+        out: dict[str, object] = {"mode": self.mode, "min_runtime_s": self.min_runtime_s}
+        if self.migrates:
+            out.update(restart_s=self.restart_s, horizon_s=self.horizon_s,
+                       horizon="age" if self.by_age else "round")
+        else:
+            out.update(checkpoint_s=self.checkpoint_s)
+        return {**out, "preemptions": self.count, "jobs_preempted": len(self.times),
                 "lost_gpu_hours": round(self.lost_gpu_s / 3600, 3)}

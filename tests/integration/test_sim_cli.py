@@ -83,6 +83,11 @@ def test_bench_gavel_and_philly_json(tiny: dict[str, Path], tmp_path: Path) -> N
     )
     assert gavel["jobs_finished"] == 3 and gavel["jct_mean_h"] >= 1.0
     assert json.loads((tmp_path / "g.json").read_text()) == gavel
+    moved = _cli("bench", "gavel", "--jobs", tiny["gavel"], "--throughputs", tiny["throughputs"], "--measure",
+                 "0-5", "--policy", "gpusched", "--per-type", "1", "--gpus-per-server", "1",
+                 "--preemption", "migrate", "--restart-seconds", "30")
+    assert moved["jobs_finished"] == 6 and moved["gpus_per_type"] == 1 and moved["cpu_s"] >= 0
+    assert moved["preemption"]["mode"] == "migrate" and moved["preemption"]["restart_s"] == 30.0
     philly = _cli(
         "bench",
         "philly",

@@ -14,7 +14,8 @@ PUBLISHED = (
 )
 GAVEL = (
     "# comment\nmetric\tinput_job_rate\tfifo\tfifo_perf\tfifo_packed\nJCT\t2.0\t18.32\t15.45\t15.45\n"
-    "metric\tinput_job_rate\tmax_min_fairness\tgandiva\nJCT\t2.0\t99\t98\n"
+    "metric\tinput_job_rate\tmax_min_fairness\tgandiva\tmax_min_fairness_perf\nJCT\t2.0\t99\t98\t16.95\n"
+    "metric\tinput_job_rate\tmax_min_fairness_perf\nJCT\t2.0\t11.0\n"
 )
 
 
@@ -42,7 +43,20 @@ def test_openb_and_gavel_reports(tmp_path: Path) -> None:
     (gv / "rate2.0__first-fit.json").write_text(json.dumps({"jct_mean_h": 17.8}))
     (tmp_path / "g.tsv").write_text(GAVEL)
     text = gavel_report(gv, tmp_path / "g.tsv")
-    assert "| 2.0 | 18.32 | 15.45 | 17.80 |" in text  # the later section does not overwrite fifo
+    (gv / "rate2.0__gpusched-migrate.json").write_text(json.dumps(
+        {"jct_mean_h": 15.2, "preemption": {"mode": "migrate", "restart_s": 60.0}}))
+    checks = gv / "checks"
+    checks.mkdir()
+    for policy, jct in (("first-fit", 20.0), ("gpusched-migrate", 15.0)):
+        (checks / f"seed1_rate4.0__{policy}.json").write_text(json.dumps(
+            {"jct_mean_h": jct, "trace": "gavel stream rate 4.0 seed 1", "gpus_per_type": 36, "cpu_s": 60.0}))
+    (tmp_path / "g.tsv").write_text(GAVEL)
+    text = gavel_report(gv, tmp_path / "g.tsv")
+    # the later sections overwrite neither fifo nor LAS
+    assert "| 2.0 | 18.32 | 15.45 | 16.95 | 17.80 | 15.20 |" in text
+    assert "gpusched-migrate (ours, migrates between types, restart 60 s)" in text
+    row = "| seed1_rate4.0 | gavel stream rate 4.0 seed 1 | 36 / 4 | 20.00 | 15.00 (0.75×) | 60 / 60 |"
+    assert row in text
 
 
 def test_philly_ratios(tmp_path: Path) -> None:
