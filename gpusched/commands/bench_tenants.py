@@ -48,8 +48,8 @@ def register_bench(bench_subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from gpusched.bench.report import tenants_png, tenants_table
     from gpusched.bench.tenants import run_tenants
+    from gpusched.bench.tenants_report import tenants_png, tenants_table
     from gpusched.commands.bench import emit
 
     result = run_tenants(args.jobs, window=(args.start, args.end), nodes=args.nodes,
