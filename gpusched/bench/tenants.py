@@ -306,12 +306,15 @@ def replay_tenants(
     """Replay ``window`` of ``jobs_csv`` with and without the derived quota file (written to ``out_dir``).
 
     ``durations``: ``oracle`` gives each request its true run time (budgets are charged what the
-    task will use), ``none`` leaves it unset (a task is charged the quota's 1 h default).
+    task will use), ``predicted`` lets the executor's duration predictor (:mod:`gpusched.durations`)
+    estimate it from the jobs finished so far in the replay, ``none`` leaves it unset (a task is
+    charged the quota's 1 h default).
     ``preemption`` (``off``, ``priority``, ``partitions``) is the executor's victim selection in both
     runs (:class:`~gpusched.sim.preempt.SimPreemption`); a preempted job's record spans its first
     start to its end, so its use is counted as if it had run throughout.
     """
     from gpusched.airflow.quota_file import read_quota_policy
+    from gpusched.durations import DurationModel
     from gpusched.placement import Policy
     from gpusched.sim.engine import simulate, with_expected_durations
     from gpusched.sim.fleets import uniform_fleet
@@ -355,9 +358,10 @@ def replay_tenants(
     replay = Replay(config, {j.key: j for j in jobs}, policy, demand, largest, parts,
                     (lo, lo + (end - start).total_seconds()))
     for name, quota in (("quota", policy), ("baseline", None)):
+        predictor = DurationModel() if durations == "predicted" else None
         replay.results[name] = simulate(jobs, fleet, Policy.named(policy_name), policy_name=policy_name,
                                         max_pending=max_pending, progress=progress, quota=quota,
-                                        preemption=SimPreemption(preemption))
+                                        preemption=SimPreemption(preemption), predict_durations=predictor)
     return replay
 
 

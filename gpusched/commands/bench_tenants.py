@@ -1,7 +1,7 @@
 """``gpusched bench tenants``: argument parsing; the benchmark is :mod:`gpusched.bench.tenants`.
 
     gpusched bench tenants [--start 2017-10-09 --end 2017-10-16] [--nodes 50] [--budget-fraction 0.5]
-                           [--durations oracle|none] [--preemption off|priority|partitions]
+                           [--durations oracle|predicted|none] [--preemption off|priority|partitions]
                            [--json] [--out FILE] [--out-dir results/tenants]
 """
 
@@ -30,8 +30,9 @@ def register_bench(bench_subparsers: Any) -> None:
                         help="GPUs per node (default 8)")
     parser.add_argument("--budget-fraction", type=finite_float(0.0, 10.0, strict_min=True), default=0.5,
                         help="each VC's weekly budget = this × its submitted A100-h (default 0.5)")
-    parser.add_argument("--durations", choices=("oracle", "none"), default="oracle",
-                        help="oracle: requests carry their true run time; none: budgets charge the "
+    parser.add_argument("--durations", choices=("oracle", "predicted", "none"), default="oracle",
+                        help="oracle: requests carry their true run time; predicted: the executor's "
+                             "predictor learns them from the jobs finished so far; none: budgets charge the "
                              "quota's 1 h default per task (default oracle)")
     parser.add_argument("--preemption", choices=("off", "priority", "partitions"), default="off",
                         help="the executor's preemption in both runs; partitions = reclaim lent "
