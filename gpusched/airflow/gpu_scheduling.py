@@ -10,7 +10,8 @@ gives the launch to the executor's :class:`Dispatcher` (a local worker with the 
 environment, or the Celery queue of the host that owns them).
 
 Also here: release when a task process ends or is revoked, leases, reconcile after a restart,
-lost GPU hosts (:mod:`.gpu_faults`) and preemption (:mod:`.gpu_preemption`).
+lost GPU hosts (:mod:`.gpu_faults`), preemption (:mod:`.gpu_preemption`) and migration between
+GPU types (:mod:`.gpu_migration`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.gang import gang_member
 from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
+from gpusched.airflow.gpu_migration import Migrator, throughput_table
 from gpusched.airflow.gpu_preemption import Preemptor
 from gpusched.airflow.keys import ti_key_of
 from gpusched.airflow.ledger_guard import LedgerGuard
@@ -107,6 +109,8 @@ class GPUScheduling:
         self._last_renew = self._last_host_check = self._last_gang_check = 0.0
         self.gangs: dict[str, set[Any]] = {}  # launched multi-node gangs: gang id -> Airflow keys
         self.preemption = Preemptor(self)  # [gpusched] preemption: stops lower-priority work
+        self.migration = Migrator(self, lease_s=self.lease_s)  # preemption = migrate: between GPU types
+        self.throughputs = throughput_table(conf)  # [gpusched] throughput_file: job type -> model -> speed
 
     @property
     def log(self) -> Any:
@@ -127,7 +131,7 @@ class GPUScheduling:
         if self._policy is None:
             from gpusched.placement import Policy
 
-            self._policy = Policy.named(settings.get_str("policy", self.conf))
+            self._policy = Policy.named(settings.get_str("policy", self.conf), throughput=self.throughputs)
         return self._policy
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -143,6 +147,7 @@ class GPUScheduling:
         (:func:`gpusched.airflow.orphans.reconcile_holder`: superseded or finished tries and dead
         holder processes are released); return the released keys."""
         waiting = {ti_key_of(w.ti) for w in self.executor.queued_tasks.values() if is_gpu_task(w)}
+        waiting |= self.migration.held_keys()  # devices held for a moved task's next try
         return reconcile_holder(
             self.ledger, self.holder, dispatched=set(self.gpu_running.values()), waiting=waiting,
             lease_s=self.lease_s, log=self.log,
@@ -217,6 +222,7 @@ class GPUScheduling:
         # The fault chain may have replaced a task's request (more memory, another model) or
         # refused its retry (code errors fail the same way on any GPU): both live in the ledger.
         overrides = load_overrides(ledger)
+        self.migration.claim(now)  # a moved task's target, freed by another mover, before anyone else
         self._cycle_requests.clear()
         for workload in workloads:
             ti = workload.ti
@@ -226,9 +232,9 @@ class GPUScheduling:
                 self.reject(workload, key, f"gpusched fault chain refused this retry: {refusal}")
                 continue
             try:
-                request = overrides.lookup(ti.dag_id, ti.task_id, ti.run_id) or (
-                    request_from_executor_config(ti.executor_config)
-                )
+                request = (overrides.pinned(ti.dag_id, ti.task_id, ti.run_id, ti.try_number)
+                           or overrides.lookup(ti.dag_id, ti.task_id, ti.run_id)
+                           or request_from_executor_config(ti.executor_config))
                 member = gang_member(ti.executor_config, dag_id=ti.dag_id, run_id=ti.run_id,
                                      map_index=ti.map_index if ti.map_index is not None else -1)
             except GPURequestError as exc:
@@ -237,8 +243,9 @@ class GPUScheduling:
             assert request is not None
             self._cycle_requests[key] = request
             shares: tuple[Any, ...] = ()
-            if workload.key not in self._seen:
-                # Only a workload queued again (scheduler restart) can already own an allocation.
+            if workload.key not in self._seen or self.migration.holds(key):
+                # Only a workload queued again (scheduler restart) or a moved task's next try
+                # (devices held for it) can already own an allocation.
                 self._seen.add(workload.key)
                 existing = ledger.get(key)
                 shares = tuple(existing.shares) if existing and existing.released_at is None else ()
@@ -366,6 +373,9 @@ class GPUScheduling:
                 self.log.warning("gpusched: lease of %s expired; devices released", alloc.key)
         if self.preemption.evictions:
             self._safe(lambda: self.preemption.advance(now))
+        if self.migration.enabled:
+            self._safe(lambda: self.migration.claim(now))
+            self._safe(lambda: self.migration.consider(self.policy, now))
         if self.gangs and now - self._last_gang_check >= 2.0:
             self._last_gang_check = now
             self._safe(self.stop_broken_gangs)
