@@ -127,7 +127,12 @@ class Migrator:
         """Ledger keys of the held allocations (reconcile must leave them alone)."""
         return {k for k, m in self.moving.items() if m.held}
 
-    # ---- every cycle -------------------------------------------------------------------------
+    # ---- every heartbeat ---------------------------------------------------------------------
+
+    def tick(self, policy: Any, now: float) -> list[Moving]:
+        """Claim freed targets and finish or give up moves; run the rule when its interval is over."""
+        self.claim(now)
+        return self.consider(policy, now)
 
     def consider(self, policy: Any, now: float | None = None) -> list[Moving]:
         """Run the rule if ``migration_interval_seconds`` have passed; start the moves it proves."""
@@ -201,8 +206,6 @@ class Migrator:
             return False
         moving.held = True
         return True
-
-    # ---- every heartbeat ---------------------------------------------------------------------
 
     def claim(self, now: float | None = None) -> None:
         """Hold the targets that movers' old tries have freed; finish or give up moves."""

@@ -11,6 +11,7 @@ No device is ever held by two allocations at once.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Iterator
@@ -64,8 +65,8 @@ def _workload(task_id: str, request: dict[str, Any], try_number: int = 1) -> Any
         dag_version_id=uuid.uuid4(), pool_slots=1, priority_weight=1,
         executor_config={"gpusched": GPURequest.build(**request).to_dict()},
     )
-    return ExecuteTask(ti=ti, token="minted", dag_rel_path="d.py", bundle_info=BundleInfo(name="dags-folder"),
-                       log_path=None)
+    return ExecuteTask(ti=ti, token="minted", dag_rel_path=Path("d.py"),
+                       bundle_info=BundleInfo(name="dags-folder"), log_path=None)
 
 
 def _sent(ex: Any) -> list[tuple[Any, dict[str, str]]]:
@@ -89,7 +90,7 @@ def _never_double_booked(ex: Any) -> None:
             spans.setdefault(share.uuid, []).append((alloc.created_at, alloc.released_at or 4e9, alloc.key))
     for device, rows in spans.items():
         rows.sort()
-        for (_, end, key), (start, _, other) in zip(rows, rows[1:], strict=False):
+        for (_, end, key), (start, _, other) in itertools.pairwise(rows):
             assert start >= end, f"{device} held by {key} and {other} at once"
 
 
@@ -102,7 +103,12 @@ def test_a_task_on_a_slow_model_moves_to_the_freed_fast_one_and_its_next_try_run
 
     ex = executor
     cleared: list[Any] = []
-    monkeypatch.setattr(gpu_preemption, "requeue", lambda key, reason: cleared.append((key, reason)) or "cleared")
+
+    def requeue(key: Any, reason: str) -> str:
+        cleared.append((key, reason))
+        return "cleared"
+
+    monkeypatch.setattr(gpu_preemption, "requeue", requeue)
     blocker = _workload("blocker", {"gpus": 1, "models": ["A100-SXM-80GB"]})
     train = _workload("train", {"gpus": 1, "job_type": "resnet"})
     for w in (blocker, train):
@@ -127,7 +133,8 @@ def test_a_task_on_a_slow_model_moves_to_the_freed_fast_one_and_its_next_try_run
     assert held is not None and held.active and _model(ex, next_key) == "A100-SXM-80GB"
     # ... try 2 is pinned to the A100 model, try 1 got its notice (checkpoint.preempted() reads it)
     pinned = load_overrides(ex.ledger).pinned("d", "train", RUN, 2)
-    assert pinned is not None and pinned.models == frozenset({"A100-SXM-80GB"}) and pinned.job_type == "resnet"
+    assert pinned is not None and pinned.models == frozenset({"A100-SXM-80GB"})
+    assert pinned.job_type == "resnet"
     assert load_overrides(ex.ledger).pinned("d", "train", RUN, 3) is None  # only that try
     notice = ex.ledger.checkpoint(old_key)
     assert notice is not None and "moving to A100-SXM-80GB" in str(notice.notice_reason)
