@@ -11,7 +11,6 @@ No device is ever held by two allocations at once.
 
 from __future__ import annotations
 
-import itertools
 import json
 import uuid
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 from _airflow_support import queue_reading_executor
+from _ledger_support import assert_whole_devices_never_shared
 
 from gpusched.airflow import gpu_preemption
 from gpusched.airflow.keys import ti_key
@@ -80,18 +80,6 @@ def _model(ex: Any, key: str) -> str:
     alloc = ex.ledger.get(key)
     assert alloc is not None and len(alloc.shares) == 1
     return str(ex.ledger.snapshot().device(alloc.shares[0].uuid).model)
-
-
-def _never_double_booked(ex: Any) -> None:
-    """Allocation spans of one device never overlap (released_at is exclusive)."""
-    spans: dict[str, list[tuple[float, float, str]]] = {}
-    for alloc in ex.ledger.history(0, 4e9):
-        for share in alloc.shares:
-            spans.setdefault(share.uuid, []).append((alloc.created_at, alloc.released_at or 4e9, alloc.key))
-    for device, rows in spans.items():
-        rows.sort()
-        for (_, end, key), (start, _, other) in itertools.pairwise(rows):
-            assert start >= end, f"{device} held by {key} and {other} at once"
 
 
 def test_a_task_on_a_slow_model_moves_to_the_freed_fast_one_and_its_next_try_runs_there(
@@ -165,4 +153,4 @@ def test_a_task_on_a_slow_model_moves_to_the_freed_fast_one_and_its_next_try_run
     assert ex.gpu.migration.moving == {}  # done; the spent pin is removed
     assert load_overrides(ex.ledger).pinned("d", "train", RUN, 2) is None
     assert other.key in ex.queued_tasks  # still waiting: the A100 went to the mover
-    _never_double_booked(ex)
+    assert_whole_devices_never_shared(ex.ledger.history(0, 4e9))
