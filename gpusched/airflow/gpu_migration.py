@@ -92,7 +92,8 @@ class Moving:
     next_key: str
     airflow_key: Any
     move: Move
-    request: GPURequest
+    request: GPURequest  # pinned to the target model (steers a placement if the hold is lost)
+    author: GPURequest  # what the ledger records, so the task may move again later
     at: float
     held: bool = False
     ended_at: float | None = None
@@ -173,7 +174,7 @@ class Migrator:
             return None
         next_key = ti_key(parts.dag_id, parts.task_id, parts.run_id, parts.try_number + 1, parts.map_index)
         pinned = replace(request, models=frozenset({move.to_model}))
-        moving = Moving(move.key, next_key, airflow_key, move, pinned, now)
+        moving = Moving(move.key, next_key, airflow_key, move, pinned, request, now)
         if not self._hold(moving, now) and not all(s.uuid in leaving for s in move.placement):
             return None  # the target was taken meanwhile and no mover frees it: drop the move
         ledger = self.core.ledger
@@ -199,7 +200,7 @@ class Migrator:
 
     def _hold(self, moving: Moving, now: float) -> bool:
         try:
-            self.core.ledger.allocate(moving.next_key, moving.request, moving.move.placement,
+            self.core.ledger.allocate(moving.next_key, moving.author, moving.move.placement,
                                       holder=self.core.holder, lease_s=self.lease_s, now=now,
                                       process=self.core.process)
         except AllocationConflictError:

@@ -225,16 +225,16 @@ class GPUScheduling:
                 self.reject(workload, key, f"gpusched fault chain refused this retry: {refusal}")
                 continue
             try:
-                request = (overrides.pinned(ti.dag_id, ti.task_id, ti.run_id, ti.try_number)
-                           or overrides.lookup(ti.dag_id, ti.task_id, ti.run_id)
-                           or request_from_executor_config(ti.executor_config))
+                author = (overrides.lookup(ti.dag_id, ti.task_id, ti.run_id)
+                          or request_from_executor_config(ti.executor_config))
                 member = gang_member(ti.executor_config, dag_id=ti.dag_id, run_id=ti.run_id,
                                      map_index=ti.map_index if ti.map_index is not None else -1)
             except GPURequestError as exc:
                 self.reject(workload, key, f"invalid GPU request in executor_config: {exc}")
                 continue
-            assert request is not None
-            self._cycle_requests[key] = request
+            assert author is not None
+            self._cycle_requests[key] = author  # the ledger's record; a pin only steers placement
+            request = overrides.pinned(ti.dag_id, ti.task_id, ti.run_id, ti.try_number) or author
             shares: tuple[Any, ...] = ()
             if workload.key not in self._seen or self.migration.holds(key):
                 # Only a workload queued again (restart) or a moved task's next try owns an allocation.

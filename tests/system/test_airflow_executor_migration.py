@@ -119,6 +119,7 @@ def test_a_task_on_a_slow_model_moves_to_the_freed_fast_one_and_its_next_try_run
     # The A100 is held for try 2 (the snapshot counts it: nothing else can be placed there) ...
     held = ex.ledger.get(next_key)
     assert held is not None and held.active and _model(ex, next_key) == "A100-SXM-80GB"
+    assert held.request.models == frozenset()  # the ledger keeps the author's request: it may move again
     # ... try 2 is pinned to the A100 model, try 1 got its notice (checkpoint.preempted() reads it)
     pinned = load_overrides(ex.ledger).pinned("d", "train", RUN, 2)
     assert pinned is not None and pinned.models == frozenset({"A100-SXM-80GB"})
