@@ -17,7 +17,6 @@ Same-instant order: completions, then arrivals, then the pass.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 import sys
 import time
@@ -153,6 +152,7 @@ def simulate(
     t = ordered[0].arrival_s if ordered else 0.0
     bar = _bar(len(watch) if watch is not None else len(ordered), progress)
     online = OnlineDurations(predict_durations, duration_history) if predict_durations else None
+    tracker = sim_quota.QuotaTracker(quota, by_key, fleet)
 
     def mark(now: float) -> None:
         point = TimelinePoint(now, used, len(pending))
@@ -198,11 +198,12 @@ def simulate(
             dirty = True
         else:
             started = time.perf_counter()
-            offered = list(itertools.islice(pending.values(), max_pending))
+            state = tracker.state_at(t)
+            offered = tracker.offer(pending.values(), state, snapshot, tuple(running.values()), t,
+                                    max_pending, predicted=online is not None)
             if online is not None:  # the executor's rewrite: predicted durations where none given
                 offered = online.offer(offered)
             as_offered = {o.key: o for o in offered}
-            state = sim_quota.quota_state_at(quota, records, by_key, fleet, t)
             request = PlacementRequest(pending=offered, snapshot=snapshot, policy=policy, now=t, quota=state,
                                        running=tuple(running.values()), seed=seed + calls)
             plan = place(request)
@@ -234,6 +235,7 @@ def simulate(
                 end = t + preempt.restart_delay(key) + full_run[key] * preempt.remaining(key)
                 records[key] = JobRecord(key, job.arrival_s, first_start.get(key, t), end, shares, models,
                                          preempt.times.get(key, 0))
+                tracker.started(records[key])
                 asked = as_offered[key].request if key in as_offered else job.request  # + prediction
                 if online is not None and key not in first_start:
                     online.started(key, asked, full_run[key])
@@ -259,6 +261,7 @@ def simulate(
                         stopped = running.pop(victim.key)
                         preempt.evict(stopped, full_run[victim.key], t, fleet)
                         del run_seq[victim.key], records[victim.key]
+                        tracker.dropped(victim.key)
                         job = by_key[victim.key]
                         pending[victim.key] = PendingTask(victim.key, job.request, job.arrival_s,
                                                           job_type=job.job_type)
