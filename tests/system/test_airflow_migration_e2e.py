@@ -167,6 +167,9 @@ def test_a_task_on_the_slow_model_moves_to_the_freed_fast_one_without_a_failed_t
         new = next(a for a in history if a.key == second)
         assert [s.node for s in new.shares] == ["fast"]
         assert_whole_devices_never_shared(history)
+        started = (out / "start-try2").stat().st_mtime
+        print(f"\nmigration: notice -> old try released {old.released_at - event.at:.1f} s, "
+              f"-> try 2 running on the A100 {started - event.at:.1f} s")
     finally:
         ledger.close()
     rows = airflow.api("GET", "/eventLogs", params={"event": "gpusched.migrated", "dag_id": MOVER})
