@@ -29,6 +29,7 @@ from gpusched.request_parse import (
     parse_enum,
     parse_gpus,
     parse_isolation,
+    parse_job_type,
     parse_labels,
     parse_min_arch,
     parse_models,
@@ -72,6 +73,9 @@ class GPURequest:
             handed out whole), ``soft`` (a share of a whole device under MPS limits) or ``any``.
         profile: the slice profile a ``hard`` fraction needs (``"3g.40gb"``, ``"CPX"``), or None
             for the smallest free slice that holds it.
+        job_type: what kind of work runs (a row of the executor's ``[gpusched] throughput_file``:
+            its speed per GPU model), or None. It steers the placement's speed term and the
+            ``migrate`` preemption mode; devices are matched without it.
     """
 
     count: int = 1
@@ -89,6 +93,7 @@ class GPURequest:
     expected_duration_s: int = 0
     isolation: str = "any"
     profile: str | None = None
+    job_type: str | None = None
 
     # ---- construction -------------------------------------------------------------------
 
@@ -103,7 +108,8 @@ class GPURequest:
         ``min_compute_capability`` '8.0'), ``interconnect``, ``gang``, ``tenant``, ``priority``
         (0–100 or low/normal/high/critical), ``partition``, ``expected_duration`` (seconds or
         '2h'; sub-second values round up to 1 s, at most 366 days), ``isolation`` (any, hard,
-        soft) and ``profile`` (a slice profile of an allowed model, e.g. '3g.40gb' or 'CPX').
+        soft), ``profile`` (a slice profile of an allowed model, e.g. '3g.40gb' or 'CPX') and
+        ``job_type`` (1–128 printable characters: a row of the executor's throughput table).
         Non-finite numbers are rejected.
         """
         cat = catalog or default_catalog()
@@ -177,6 +183,7 @@ class GPURequest:
             expected_duration_s=duration,
             isolation=isolation,
             profile=profile,
+            job_type=parse_job_type(kwargs.get("job_type")),
         )
         request._check_feasible_memory(cat)
         return request
@@ -209,8 +216,9 @@ class GPURequest:
         return cls.from_dict(data, catalog=catalog)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict that :meth:`from_dict` turns back into an equal request."""
-        return {
+        """A JSON-safe dict that :meth:`from_dict` turns back into an equal request
+        (``job_type`` only when set)."""
+        data = {
             "count": self.count,
             "milli": self.milli_per_gpu,
             "memory": self.memory_per_gpu or None,
@@ -227,6 +235,9 @@ class GPURequest:
             "isolation": self.isolation,
             "profile": self.profile,
         }
+        if self.job_type is not None:
+            data["job_type"] = self.job_type
+        return data
 
     # ---- derived --------------------------------------------------------------------------
 
@@ -318,7 +329,7 @@ class GPURequest:
 _ACCEPTED_KEYS = frozenset({
     "gpus", "count", "milli", "memory", "vendor", "vendors", "model", "models", "labels",
     "min_arch", "min_compute_capability", "interconnect", "gang", "tenant", "priority",
-    "partition", "expected_duration", "isolation", "profile",
+    "partition", "expected_duration", "isolation", "profile", "job_type",
 })
 REQUEST_KEYS: frozenset[str] = _ACCEPTED_KEYS
 """Every keyword :meth:`GPURequest.build` accepts (for helpers that split request from other kwargs)."""

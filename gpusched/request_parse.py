@@ -32,6 +32,7 @@ __all__ = [
     "parse_enum",
     "parse_gpus",
     "parse_isolation",
+    "parse_job_type",
     "parse_labels",
     "parse_min_arch",
     "parse_models",
@@ -273,6 +274,24 @@ def parse_tenant(value: object) -> str:
         return value
     raise GPURequestError(
         "tenant", value, "1–63 lower-case letters, digits, '_', '.', '-', starting with a letter or digit"
+    )
+
+
+MAX_JOB_TYPE = 128
+"""Longest job type (a key of the executor's throughput table)."""
+
+
+def parse_job_type(value: object) -> str | None:
+    """A job type (a row of the throughput table, e.g. ``"ResNet-50 (batch size 64)"``): 1–128
+    printable characters without leading or trailing spaces; None or '' = none."""
+    if value is None or value == "":
+        return None
+    if (isinstance(value, str) and len(value) <= MAX_JOB_TYPE and value == value.strip()
+            and value.isprintable()):
+        return value
+    raise GPURequestError(
+        "job_type", value, f"1–{MAX_JOB_TYPE} printable characters without leading or trailing spaces, "
+        "a job type of the executor's [gpusched] throughput_file (e.g. 'ResNet-50 (batch size 64)')",
     )
 
 

@@ -74,7 +74,9 @@ OPTIONS: tuple[Option, ...] = (
            "partition borrowed beyond its share); service (Tiresias-style: also running tasks of "
            "the same priority whose Gittins index, from the run-time distribution of similar "
            "finished tasks and the GPU-time they have had, is less than half the waiting task's; "
-           "the queue is ordered by the same index). Victims get a notice, then SIGTERM, and are "
+           "the queue is ordered by the same index); migrate (move running single-GPU tasks to a "
+           "faster GPU model when the gain beats the restart cost: the simulator's migration rule, "
+           "with the throughput_file). Victims and movers get a notice, then SIGTERM, and are "
            "requeued without losing a try.", "priority"),
     Option("preemption_grace_seconds", "float", "30",
            "Seconds a preempted task has, after its notice (gpusched.airflow.checkpoint.preempted()), to "
@@ -83,6 +85,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("preemption_min_runtime_seconds", "float", "300",
            "A GPU task that has run for less than this is never preempted (no thrashing of fresh "
            "work).", "600"),
+    Option("throughput_file", "string", "",
+           "JSON table of each job type's speed per GPU model (job type -> model -> steps/s, or "
+           "Gavel's simulation_throughputs.json). A task names its row with gpu(job_type=...); "
+           "placement prefers its fastest models and preemption = migrate moves it. Empty: the "
+           "catalog's A100-equivalent speed for every task.", "/etc/gpusched/throughputs.json"),
+    Option("migration_interval_seconds", "float", "360",
+           "preemption = migrate: how often the executor runs the migration rule over its running "
+           "single-GPU tasks; also the horizon over which a move must pay back its restart.", "600"),
+    Option("migration_restart_seconds", "float", "60",
+           "preemption = migrate: what one move costs (checkpoint, stop, restart and restore on the "
+           "new device); a move is taken only when its throughput gain over the horizon exceeds "
+           "it.", "120"),
+    Option("migration_horizon", "string", "round",
+           "preemption = migrate: round (a move must pay back within migration_interval_seconds) "
+           "or age (a task that has run longer is credited its run time: for slow restarts).", "age"),
     Option("visible_devices_by_uuid", "boolean", "False",
            "Hand devices to tasks by UUID (CUDA_VISIBLE_DEVICES=GPU-...) instead of by index.", "True"),
     Option("replan_budget_ms", "float", "0",

@@ -173,3 +173,18 @@ def migrate_worker(url: str, barrier: Any, results: Any) -> None:
         results.put("ok")
     except Exception as exc:
         results.put(f"{type(exc).__name__}: {exc}")
+
+
+def assert_whole_devices_never_shared(history: Any) -> None:
+    """No two allocations of whole devices in ``history`` (``Ledger.history``) overlap in time on
+    one device (``released_at`` exclusive; still active = open)."""
+    import itertools
+
+    spans: dict[str, list[tuple[float, float, str]]] = {}
+    for alloc in history:
+        for s in alloc.shares:
+            end = alloc.released_at or float("inf")
+            spans.setdefault(s.uuid, []).append((alloc.created_at, end, alloc.key))
+    for device, rows in spans.items():
+        for (_, end, key), (start, _, other) in itertools.pairwise(sorted(rows)):
+            assert start >= end, f"{device} held by {key} and {other} at once"

@@ -128,7 +128,8 @@ def decide(request: CycleRequest) -> CycleReply:
         elif work.gang is not None:
             gangs.setdefault(work.gang.gang, []).append(work)
         else:
-            to_place.append(PendingTask(work.key, work.request, work.submitted_at, rank=work.rank))
+            to_place.append(PendingTask(work.key, work.request, work.submitted_at,
+                                        job_type=work.request.job_type, rank=work.rank))
     snapshot = _place_gangs(request, gangs, snapshot, launches, holds)
     if to_place:
         placement = PlacementRequest(

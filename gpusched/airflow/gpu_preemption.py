@@ -42,6 +42,7 @@ from gpusched.airflow.keys import task_of
 from gpusched.airflow.task_log import append_task_log
 from gpusched.durations.service import aged_index, gpu_seconds, queue_rank
 from gpusched.placement import PendingTask
+from gpusched.placement.migration import MIGRATE
 from gpusched.placement.policy import QueueOrder
 from gpusched.placement.preemption import (
     NoPreemption,
@@ -91,14 +92,15 @@ class Preemptor:
 
     def __init__(self, core: PreemptionCore) -> None:
         self.core = core
-        self.mode = check_mode(settings.get_str("preemption", core.conf))
+        # ``migrate`` is run by :mod:`gpusched.airflow.gpu_migration` (no victims for waiting work).
+        self.mode = check_mode(settings.get_str("preemption", core.conf), extra=(MIGRATE,))
         self.grace_s = settings.get_float("preemption_grace_seconds", core.conf)
         self.min_runtime_s = settings.get_float("preemption_min_runtime_seconds", core.conf)
         self.evictions: dict[str, Eviction] = {}  # victim ledger key -> eviction
 
     @property
     def enabled(self) -> bool:
-        return self.mode != "off"
+        return self.mode not in ("off", MIGRATE)
 
     # ---- before a cycle (mode service) -----------------------------------------------------------
 

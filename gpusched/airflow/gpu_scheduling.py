@@ -9,8 +9,8 @@ durations predicted where none was given: :mod:`gpusched.airflow.gpu_durations`)
 gives the launch to the executor's :class:`Dispatcher` (a local worker with the devices'
 environment, or the Celery queue of the host that owns them).
 
-Also here: release when a task process ends or is revoked, leases, reconcile after a restart,
-lost GPU hosts (:mod:`.gpu_faults`) and preemption (:mod:`.gpu_preemption`).
+Also here: release when a task process ends or is revoked, leases, reconcile after a restart, lost
+GPU hosts (:mod:`.gpu_faults`), preemption (:mod:`.gpu_preemption`), migration (:mod:`.gpu_migration`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.gang import gang_member
 from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
+from gpusched.airflow.gpu_migration import Migrator, throughput_table
 from gpusched.airflow.gpu_preemption import Preemptor
 from gpusched.airflow.keys import ti_key_of
 from gpusched.airflow.ledger_guard import LedgerGuard
@@ -66,18 +67,16 @@ class GPUScheduling:
     """GPU placement and allocation lifecycle for one executor (see the module docstring).
 
     ``executor`` is the Airflow executor composing this (its ``log``, ``queued_tasks``,
-    ``jwt_generator`` and ``fail`` are used; event-log rows are written directly);
-    ``dispatcher`` starts launches.
-    Settings: every ``[gpusched]`` option of :mod:`gpusched.settings` the executor uses, read
-    from its team-scoped config (``policy``, leases, quotas, re-planning, hosts, preemption …).
+    ``jwt_generator`` and ``fail`` are used; event-log rows are written directly); ``dispatcher``
+    starts launches. Settings: every ``[gpusched]`` option of :mod:`gpusched.settings` the executor
+    uses, read from its team-scoped config (``policy``, leases, quotas, re-planning, hosts, preemption …).
     """
 
     def __init__(self, executor: Any, dispatcher: Dispatcher, *, holder: str) -> None:
         self.executor = executor
-        self.dispatcher = dispatcher
-        self.holder = holder
+        self.dispatcher, self.holder = dispatcher, holder
         conf = executor.conf  # the executor's team-scoped config (BaseExecutor's ExecutorConf)
-        self.conf = conf
+        self.conf, self.throughputs = conf, throughput_table(conf)  # job type -> model -> speed
         self.lease_s = settings.get_int("lease_seconds", conf)
         self.fail_unschedulable = settings.get_bool("fail_unschedulable", conf)
         self.use_uuids = settings.get_bool("visible_devices_by_uuid", conf)
@@ -95,7 +94,6 @@ class GPUScheduling:
         self._guard = LedgerGuard(self.ledger_wait_s, lambda: self.log)
         self._safe = self._guard.run
         self.process: Any = None  # this executor as a HolderProcess (set by start_process)
-        self._last_reconcile = 0.0
         self._ledger: Ledger | None = None
         self._policy: Policy | None = None
         # Airflow key -> ledger key of dispatched GPU work (the executors' ``running`` is not enough).
@@ -104,9 +102,10 @@ class GPUScheduling:
         self._seen: set[Any] = set()
         self._cycle_requests: dict[str, GPURequest] = {}
         self._queue_reason: dict[str, str] = {}
-        self._last_renew = self._last_host_check = self._last_gang_check = 0.0
+        self._last_renew = self._last_host_check = self._last_gang_check = self._last_reconcile = 0.0
         self.gangs: dict[str, set[Any]] = {}  # launched multi-node gangs: gang id -> Airflow keys
         self.preemption = Preemptor(self)  # [gpusched] preemption: stops lower-priority work
+        self.migration = Migrator(self, lease_s=self.lease_s)  # preemption = migrate: between GPU types
 
     @property
     def log(self) -> Any:
@@ -127,7 +126,7 @@ class GPUScheduling:
         if self._policy is None:
             from gpusched.placement import Policy
 
-            self._policy = Policy.named(settings.get_str("policy", self.conf))
+            self._policy = Policy.named(settings.get_str("policy", self.conf), throughput=self.throughputs)
         return self._policy
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -143,10 +142,9 @@ class GPUScheduling:
         (:func:`gpusched.airflow.orphans.reconcile_holder`: superseded or finished tries and dead
         holder processes are released); return the released keys."""
         waiting = {ti_key_of(w.ti) for w in self.executor.queued_tasks.values() if is_gpu_task(w)}
-        return reconcile_holder(
-            self.ledger, self.holder, dispatched=set(self.gpu_running.values()), waiting=waiting,
-            lease_s=self.lease_s, log=self.log,
-        )
+        waiting |= self.migration.held_keys()  # devices held for a moved task's next try
+        return reconcile_holder(self.ledger, self.holder, dispatched=set(self.gpu_running.values()),
+                                waiting=waiting, lease_s=self.lease_s, log=self.log)
 
     def end(self, queued: Sequence[Any]) -> None:
         """Release what is still held and forget the waiting records of ``queued`` workloads."""
@@ -217,6 +215,7 @@ class GPUScheduling:
         # The fault chain may have replaced a task's request (more memory, another model) or
         # refused its retry (code errors fail the same way on any GPU): both live in the ledger.
         overrides = load_overrides(ledger)
+        self.migration.claim(now)  # a moved task's target, freed by another mover, before anyone else
         self._cycle_requests.clear()
         for workload in workloads:
             ti = workload.ti
@@ -226,19 +225,19 @@ class GPUScheduling:
                 self.reject(workload, key, f"gpusched fault chain refused this retry: {refusal}")
                 continue
             try:
-                request = overrides.lookup(ti.dag_id, ti.task_id, ti.run_id) or (
-                    request_from_executor_config(ti.executor_config)
-                )
+                author = (overrides.lookup(ti.dag_id, ti.task_id, ti.run_id)
+                          or request_from_executor_config(ti.executor_config))
                 member = gang_member(ti.executor_config, dag_id=ti.dag_id, run_id=ti.run_id,
                                      map_index=ti.map_index if ti.map_index is not None else -1)
             except GPURequestError as exc:
                 self.reject(workload, key, f"invalid GPU request in executor_config: {exc}")
                 continue
-            assert request is not None
-            self._cycle_requests[key] = request
+            assert author is not None
+            self._cycle_requests[key] = author  # the ledger's record; a pin only steers placement
+            request = overrides.pinned(ti.dag_id, ti.task_id, ti.run_id, ti.try_number) or author
             shares: tuple[Any, ...] = ()
-            if workload.key not in self._seen:
-                # Only a workload queued again (scheduler restart) can already own an allocation.
+            if workload.key not in self._seen or self.migration.holds(key):
+                # Only a workload queued again (restart) or a moved task's next try owns an allocation.
                 self._seen.add(workload.key)
                 existing = ledger.get(key)
                 shares = tuple(existing.shares) if existing and existing.released_at is None else ()
@@ -288,9 +287,8 @@ class GPUScheduling:
 
         # The token minted at queue time expires after task_queued_timeout; a task that waited
         # for devices needs a fresh one or its start is refused (HTTP 403).
-        fresh = workload.model_copy(
-            update={"token": ExecuteTask.generate_token(str(workload.ti.id), self.executor.jwt_generator)}
-        )
+        token = ExecuteTask.generate_token(str(workload.ti.id), self.executor.jwt_generator)
+        fresh = workload.model_copy(update={"token": token})
         self._submitted.pop(workload.key, None)
         self._seen.discard(workload.key)
         self.gpu_running[workload.key] = launch.key
@@ -324,9 +322,8 @@ class GPUScheduling:
         if self._queue_reason.get(hold.key) == hold.reason:
             return  # already recorded; the ledger keeps the first time it started waiting
         self._queue_reason[hold.key] = hold.reason
-        request = self._cycle_requests.get(hold.key) or request_from_executor_config(
-            workload.ti.executor_config
-        )
+        request = (self._cycle_requests.get(hold.key)
+                   or request_from_executor_config(workload.ti.executor_config))
         assert request is not None
         self.ledger.record_queue(hold.key, request, hold.reason, now)
         self.log.info("gpusched: %s waits: %s", hold.key, hold.reason)
@@ -366,6 +363,8 @@ class GPUScheduling:
                 self.log.warning("gpusched: lease of %s expired; devices released", alloc.key)
         if self.preemption.evictions:
             self._safe(lambda: self.preemption.advance(now))
+        if self.migration.enabled:  # claim freed targets, then (every interval) the migration rule
+            self._safe(lambda: self.migration.tick(self.policy, now))
         if self.gangs and now - self._last_gang_check >= 2.0:
             self._last_gang_check = now
             self._safe(self.stop_broken_gangs)

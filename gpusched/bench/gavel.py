@@ -6,7 +6,6 @@ turns it into tables and plots.
 
 from __future__ import annotations
 
-import ast
 import time
 from pathlib import Path
 from typing import Any
@@ -20,29 +19,18 @@ from gpusched.sim.fleets import gavel_fleet
 from gpusched.sim.jobs import trace_jobs
 from gpusched.sim.metrics import summarize
 from gpusched.sim.preempt import SimPreemption
-from gpusched.sim.traces import GAVEL_MODELS, load_gavel_jobs, load_gavel_throughputs
+from gpusched.sim.traces import load_gavel_jobs
+from gpusched.throughputs import load_throughputs
 
 __all__ = ["gavel_policy", "run_gavel"]
 
 
 def gavel_policy(name: str, throughputs: Path | None) -> Policy:
-    """The preset; ``gpusched`` also gets Gavel's measured throughput table (job type → model → steps/s)."""
+    """The preset; ``gpusched`` also gets Gavel's measured throughput table (job type → model → steps/s),
+    read by the executor's reader of ``[gpusched] throughput_file`` (:mod:`gpusched.throughputs`)."""
     if name != "gpusched" or throughputs is None:
         return Policy.named(name)
-    table: dict[str, dict[str, float]] = {}
-    for short, jobs in load_gavel_throughputs(throughputs).items():
-        model = GAVEL_MODELS.get(short)
-        if model is None:
-            continue
-        for key, speed in jobs.items():
-            try:
-                job_type, scale = ast.literal_eval(key)
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                raise TraceError(throughputs, f"job key {key[:60]!r} is not a (job type, scale) pair",
-                                 "use Gavel's simulation_throughputs.json") from None
-            if scale == 1:
-                table.setdefault(job_type, {})[model] = speed
-    return Policy.named(name, throughput=table)
+    return Policy.named(name, throughput=load_throughputs(throughputs))
 
 
 def run_gavel(

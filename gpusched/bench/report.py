@@ -346,3 +346,4 @@ def latency_report(folder: Path) -> str:
     text = "\n".join(lines) + "\n\n![latency](latency.png)\n"
     (folder / "report.md").write_text("# Decision latency\n\n" + text, encoding="utf-8")
     return text
+

@@ -20,9 +20,13 @@ log of the UI:
     The chain judged a retry pointless (code error, a leak, no larger device) while Airflow still
     has retries left: the executor may fail try ``try_number`` of that run at once instead of
     spending GPU time on it. Only that one try: a later manual clear runs normally.
+``request_pinned`` / ``pin_cleared`` (subject: ``<dag_id>/<task_id>``)
+    Not the fault chain's: the executor's ``migrate`` mode pins the next try of a task it moves
+    to the target model (:meth:`OverrideTable.pinned`, exactly that try), and removes the pin
+    when the move is given up.
 
 The GPU executor calls :func:`load_overrides` once per scheduling cycle, then
-:meth:`OverrideTable.lookup` and :meth:`OverrideTable.refusal` per workload (see
+:meth:`OverrideTable.pinned`, :meth:`OverrideTable.lookup` and :meth:`OverrideTable.refusal` per workload (see
 docs/fault-recovery.md).
 """
 
@@ -213,6 +217,13 @@ class OverrideTable:
     entries: Mapping[tuple[str, str], tuple[tuple[str | None, GPURequest, str], ...]]
     # (dag_id, task_id, run_id, try_number) -> reason
     refused: Mapping[tuple[str, str, str, int], str] = field(default_factory=dict)
+    # (dag_id, task_id, run_id, try_number) -> (request, reason, created_at): one try's pinned request
+    pins: Mapping[tuple[str, str, str, int], tuple[GPURequest, str, float]] = field(default_factory=dict)
+
+    def pinned(self, dag_id: str, task_id: str, run_id: str, try_number: int) -> GPURequest | None:
+        """The request pinned for exactly this try (it wins over every override), or None."""
+        pin = self.pins.get((dag_id, task_id, run_id, int(try_number)))
+        return None if pin is None else pin[0]
 
     def refusal(self, dag_id: str, task_id: str, run_id: str, try_number: int) -> str | None:
         """Why this try should fail without running (the chain refused the retry), or None."""
@@ -245,10 +256,14 @@ def load_overrides(
     """
     entries: dict[tuple[str, str], list[tuple[str | None, GPURequest, str]]] = {}
     refused: dict[tuple[str, str, str, int], str] = {}
+    pins: dict[tuple[str, str, str, int], tuple[GPURequest, str, float]] = {}
     for row in ledger.request_overrides(tasks):  # newest first
         task = (row.dag_id, row.task_id)
-        if row.request is None:
+        if row.pinned and row.request is not None:
+            pins.setdefault((*task, str(row.run_id), row.try_number),
+                            (row.request, row.reason, row.created_at))
+        elif row.request is None:
             refused.setdefault((*task, str(row.run_id), row.try_number), row.reason)
         else:
             entries.setdefault(task, []).append((row.run_id, row.request, row.reason))
-    return OverrideTable({k: tuple(v) for k, v in entries.items()}, refused)
+    return OverrideTable({k: tuple(v) for k, v in entries.items()}, refused, pins)

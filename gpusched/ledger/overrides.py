@@ -1,9 +1,12 @@
-"""The fault chain's request overrides and refused retries: standing instructions to the executor.
+"""The fault chain's request overrides and refused retries, and the executor's pinned tries:
+standing instructions to the executor.
 
 One row per scope in ``gpusched_request_overrides`` (the latest write for a scope wins), read by
 the executor once per cycle in one query, however old the row. Each write also appends the audit
 event the event log and the UI show (``request_override``, ``override_cleared``,
-``retry_refused``), in the same transaction. The meaning of the rows is the fault chain's (see
+``retry_refused``, ``request_pinned``, ``pin_cleared``), in the same transaction. A *pin* replaces
+the request of exactly one try (the ``migrate`` preemption mode pins a moved task's next try to
+its target model). The meaning of the rows is the fault chain's (see
 :mod:`gpusched.faults.failures`); this module only stores them.
 """
 
@@ -24,6 +27,8 @@ from gpusched.request import GPURequest
 __all__ = [
     "OVERRIDE",
     "OVERRIDE_CLEARED",
+    "PINNED",
+    "PIN_CLEARED",
     "REFUSED",
     "LedgerOverrides",
     "RequestOverride",
@@ -36,7 +41,13 @@ OVERRIDE_CLEARED = "override_cleared"
 REFUSED = "retry_refused"
 """Event kind (and row kind ``refusal``) of a refused try."""
 
+PINNED = "request_pinned"
+"""Event kind (and row kind ``pin``) of one try's pinned request."""
+PIN_CLEARED = "pin_cleared"
+"""Event kind of a pin removed before its try used it."""
+
 _KIND_OVERRIDE = "override"
+_KIND_PIN = "pin"
 _KIND_REFUSAL = "refusal"
 _T = REQUEST_OVERRIDES
 
@@ -46,7 +57,7 @@ class RequestOverride:
     """One stored instruction.
 
     ``request`` is set for an override (``run_id`` None: every run), ``try_number`` for a refusal
-    (``request`` None); ``reason`` says why.
+    (``request`` None); a pin (``pinned``) has both: the request of that one try. ``reason`` says why.
     """
 
     dag_id: str
@@ -56,6 +67,7 @@ class RequestOverride:
     request: GPURequest | None
     reason: str
     created_at: float
+    pinned: bool = False
 
     @property
     def is_refusal(self) -> bool:
@@ -88,6 +100,30 @@ class LedgerOverrides:
         at = time.time() if now is None else now
         self._put(_KIND_REFUSAL, dag_id, task_id, run_id, int(try_number), None, reason, at)
 
+    def pin_try(
+        self, dag_id: str, task_id: str, run_id: str, try_number: int, request: GPURequest, *,
+        reason: str, now: float | None = None,
+    ) -> None:
+        """Try ``try_number`` of ``dag_id.task_id`` in ``run_id`` (only that one) uses ``request``."""
+        at = time.time() if now is None else now
+        self._put(_KIND_PIN, dag_id, task_id, run_id, int(try_number), request.to_dict(), reason, at)
+
+    def unpin_try(
+        self, dag_id: str, task_id: str, run_id: str, try_number: int, *, reason: str,
+        now: float | None = None,
+    ) -> bool:
+        """Remove the pin of that try (if any); returns whether there was one."""
+        at = time.time() if now is None else now
+        with write_tx(self.engine) as conn:
+            gone = conn.execute(sa.delete(_T).where(
+                _T.c.dag_id == dag_id, _T.c.task_id == task_id, _T.c.run_id == run_id,
+                _T.c.try_number == int(try_number), _T.c.kind == _KIND_PIN,
+            )).rowcount
+            if gone:
+                write_event(conn, at, PIN_CLEARED, _subject(dag_id, task_id), dag_id=dag_id, task_id=task_id,
+                            run_id=run_id, try_number=int(try_number), reason=reason)
+        return bool(gone)
+
     def clear_request_overrides(self, dag_id: str, task_id: str, *, now: float | None = None) -> None:
         """Delete every override of ``dag_id.task_id`` (refused tries stay refused)."""
         at = time.time() if now is None else now
@@ -109,14 +145,14 @@ class LedgerOverrides:
         result: list[RequestOverride] = []
         for r in rows:
             request = None
-            if r.kind == _KIND_OVERRIDE:
+            if r.kind in (_KIND_OVERRIDE, _KIND_PIN):
                 try:
                     request = GPURequest.from_dict(r.request)
                 except (GPURequestError, KeyError, TypeError):  # stored by an older, incompatible version
                     continue
             run_id = (r.run_id or None) if r.kind == _KIND_OVERRIDE else r.run_id
             result.append(RequestOverride(r.dag_id, r.task_id, run_id, r.try_number, request, r.reason,
-                                          r.created_at))
+                                          r.created_at, pinned=r.kind == _KIND_PIN))
         return result
 
     def _put(
@@ -136,6 +172,9 @@ class LedgerOverrides:
             if kind == _KIND_OVERRIDE:
                 write_event(conn, at, OVERRIDE, subject, dag_id=dag_id, task_id=task_id,
                             run_id=run_id or None, request=request, reason=reason)
+            elif kind == _KIND_PIN:
+                write_event(conn, at, PINNED, subject, dag_id=dag_id, task_id=task_id, run_id=run_id,
+                            try_number=try_number, request=request, reason=reason)
             else:
                 write_event(conn, at, REFUSED, subject, dag_id=dag_id, task_id=task_id,
                             run_id=run_id, try_number=try_number, reason=reason)

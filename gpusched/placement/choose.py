@@ -267,7 +267,8 @@ def _fraction(
         s = s + _speed_terms(placer, task, idx.dev_model[cand], idx.dev_model[cand])
         s = s + policy.degraded_penalty * (idx.dev_health[cand] == 1)
         if policy.score_levels:
-            best = levels_best(s, policy.score_levels)
+            tie_left = placer.stats.total[idx.dev_node[cand]] if use_stats and policy.packing else None
+            best = levels_best(s, policy.score_levels, tie_left)
         else:
             best = _tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
         d, score = int(cand[best]), float(s[best])
@@ -316,7 +317,8 @@ def _whole(
                 n_healthy = np.bincount(idx.dev_node[mask & elig.healthy], minlength=len(idx.nodes))[nodes]
                 s += policy.degraded_penalty * np.maximum(0, k - n_healthy)
             if policy.score_levels:
-                best = levels_best(s, policy.score_levels)
+                tie_left = placer.stats.total[nodes] if use_stats and policy.packing else None
+                best = levels_best(s, policy.score_levels, tie_left)
             elif use_stats and policy.packing:
                 best = _tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
             else:
@@ -345,10 +347,17 @@ def _whole(
     return Choice(chosen, MILLI, [int(idx.dev_mem[d]) for d in chosen], score)
 
 
-def levels_best(score: np.ndarray, levels: int) -> int:
-    """FGD's integer node score: ``int(levels × sigmoid(−score))``; the first of the highest."""
-    q = np.floor(levels / (1.0 + np.exp(np.clip(score, -50.0, 50.0))))
-    return int(np.argmax(q))
+def levels_best(score: np.ndarray, levels: int, left: np.ndarray | None = None) -> int:
+    """FGD's integer node score: ``int(levels × sigmoid(−score))``; the first of the highest, or
+    with ``left``, the one of the highest with the least ``left`` (then the first)."""
+    # Scores are fragment differences of float sums: a change below 1e-9 is rounding noise of
+    # the summation order (batch vs single-node), not a change, and must not break a tie of
+    # the integer score (FGD sums in one fixed order, so its "no change" is an exact 0).
+    q = np.floor(levels / (1.0 + np.exp(np.clip(np.round(score, 9), -50.0, 50.0))))
+    if left is None:
+        return int(np.argmax(q))
+    top = np.flatnonzero(q == q.max())
+    return int(top[np.argmin(left[top])])
 
 
 def _tie_break(score: np.ndarray, left: np.ndarray) -> int:

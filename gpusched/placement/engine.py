@@ -183,7 +183,8 @@ class Placer:
         else:
             delta = self.stats.delta_host(ok, cpu_milli, host_memory_bytes)
             if self.policy.score_levels:
-                best = levels_best(self.policy.fragmentation * delta / MILLI, self.policy.score_levels)
+                left = self.stats.total[ok] if self.policy.packing else None
+                best = levels_best(self.policy.fragmentation * delta / MILLI, self.policy.score_levels, left)
                 return self.index.nodes[int(ok[best])].name
             # Among equal fragmentation, the node with the least free GPU capacity, then CPU.
             order = np.lexsort((st.host_cpu[ok], self.stats.total[ok], delta))

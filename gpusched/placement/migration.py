@@ -1,8 +1,9 @@
 """Migration between GPU types (pure): which running tasks to checkpoint and restart on another model.
 
 ``plan_migrations(MigrationRequest) -> MigrationPlan``. The simulator calls it after each pass
-(``gpusched simulate --preemption migrate``, :mod:`gpusched.sim.preempt`); it is the rule a
-``migrate`` preemption mode of the executor would call each cycle.
+(``gpusched simulate --preemption migrate``, :mod:`gpusched.sim.preempt`) and the executors call
+it every ``migration_interval_seconds`` with ``[gpusched] preemption = migrate``
+(:mod:`gpusched.airflow.gpu_migration`).
 
 The rule is Gavel's heterogeneity-aware objective (OSDI'20: maximise the sum of normalised
 throughputs) made incremental and charged for the move. A task's *normalised speed* on a model is

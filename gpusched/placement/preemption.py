@@ -59,11 +59,13 @@ Prover = Callable[[FleetSnapshot, Sequence[RunningTask]], Proof]
 """Places the waiting work on a snapshot (without victims) beside the remaining running tasks."""
 
 
-def check_mode(value: str, where: str = "[gpusched] preemption") -> str:
-    """``value`` normalised to one of :data:`PREEMPTION_MODES`, or a one-line ConfigurationError."""
+def check_mode(value: str, where: str = "[gpusched] preemption", extra: tuple[str, ...] = ()) -> str:
+    """``value`` normalised to one of :data:`PREEMPTION_MODES` (or ``extra``: modes the caller
+    handles itself, e.g. ``migrate``), or a one-line ConfigurationError."""
     mode = str(value).strip().lower()
-    if mode not in PREEMPTION_MODES:
-        raise ConfigurationError(f"{where} = {value!r} is not one of {', '.join(PREEMPTION_MODES)}; "
+    modes = (*PREEMPTION_MODES, *extra)
+    if mode not in modes:
+        raise ConfigurationError(f"{where} = {value!r} is not one of {', '.join(modes)}; "
                                  f"e.g. {where.split()[-1]} = priority")
     return mode
 

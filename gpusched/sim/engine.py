@@ -17,7 +17,6 @@ Same-instant order: completions, then arrivals, then the pass.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 import sys
 import time
@@ -161,6 +160,7 @@ def simulate(
     service = OnlineService(duration_history) if preempt.mode == "service" else None
     pass_policy = service.policy(policy) if service is not None else policy
     job_types = {j.key: j.job_type for j in ordered} if service is not None else {}
+    tracker = sim_quota.QuotaTracker(quota, by_key, fleet)
 
     def mark(now: float) -> None:
         point = TimelinePoint(now, used, len(pending))
@@ -208,13 +208,14 @@ def simulate(
             dirty = True
         else:
             started = time.perf_counter()
-            offered = list(itertools.islice(pending.values(), max_pending))
+            state = tracker.state_at(t)
+            offered = tracker.offer(pending.values(), state, snapshot, tuple(running.values()), t,
+                                    max_pending, predicted=online is not None)
             if online is not None:  # the executor's rewrite: predicted durations where none given
                 offered = online.offer(offered)
             if service is not None:
                 offered = service.rank(offered, preempt.served_s)
             as_offered = {o.key: o for o in offered}
-            state = sim_quota.quota_state_at(quota, records, by_key, fleet, t)
             request = PlacementRequest(pending=offered, snapshot=snapshot, policy=pass_policy, now=t,
                                        quota=state, running=tuple(running.values()), seed=seed + calls)
             plan = place(request)
@@ -246,6 +247,7 @@ def simulate(
                 end = t + preempt.restart_delay(key) + full_run[key] * preempt.remaining(key)
                 records[key] = JobRecord(key, job.arrival_s, first_start.get(key, t), end, shares, models,
                                          preempt.times.get(key, 0))
+                tracker.started(records[key])
                 asked = as_offered[key].request if key in as_offered else job.request  # + prediction
                 if online is not None and key not in first_start:
                     online.started(key, asked, full_run[key])
@@ -276,6 +278,7 @@ def simulate(
                         stopped = running.pop(victim.key)
                         preempt.evict(stopped, full_run[victim.key], t, fleet)
                         del run_seq[victim.key], records[victim.key]
+                        tracker.dropped(victim.key)
                         job = by_key[victim.key]
                         pending[victim.key] = PendingTask(victim.key, job.request, job.arrival_s,
                                                           job_type=job.job_type)

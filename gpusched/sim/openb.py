@@ -116,14 +116,16 @@ def typical_shapes(pods: Sequence[OpenbPod], popularity: float = 0.95) -> tuple[
     (CPU-only pods included: for them every free GPU counts as fragment). Host memory is left
     out, as in the FGD simulator's fragment measure."""
     cat = default_catalog()
-    counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+    # A class is (CPU, milli-GPU, count, the pod's GPU-type string as written in the trace).
+    counts: Counter[tuple[int, int, int, str]] = Counter()
     for p in pods:
-        models = frozenset(cat.get(m).name for m in p.gpu_spec) if p.num_gpu else frozenset()
-        counts[(p.cpu_milli, p.gpu_milli if p.num_gpu else 0, p.num_gpu, models)] += 1
+        spec = "|".join(p.gpu_spec) if p.num_gpu else ""
+        counts[(p.cpu_milli, p.gpu_milli if p.num_gpu else 0, p.num_gpu, spec)] += 1
     total = sum(counts.values())
-    # Ties in frequency: FGD orders classes by (CPU, milli, count, models); any fixed order does.
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1], kv[0][2], sorted(kv[0][3])))
-    chosen: list[tuple[tuple[int, int, int, frozenset[str]], int]] = []
+    # Equal frequencies: the FGD simulator sorts its classes in decreasing order of (frequency,
+    # CPU, milli-GPU, count, type string), so at the popularity cut the larger class comes first.
+    ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+    chosen: list[tuple[tuple[int, int, int, str], int]] = []
     covered = 0
     for key, n in ranked:
         if covered >= popularity * total:
@@ -131,8 +133,14 @@ def typical_shapes(pods: Sequence[OpenbPod], popularity: float = 0.95) -> tuple[
         chosen.append((key, n))
         covered += n
     return tuple(
-        WorkloadShape(count, milli if count else 0, n / covered, cpu_milli=cpu, models=models)
-        for (cpu, milli, count, models), n in chosen
+        WorkloadShape(
+            count,
+            milli if count else 0,
+            n / covered,
+            cpu_milli=cpu,
+            models=frozenset(cat.get(m).name for m in spec.split("|")) if spec else frozenset(),
+        )
+        for (cpu, milli, count, spec), n in chosen
     )
 
 

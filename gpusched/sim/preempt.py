@@ -14,7 +14,8 @@ A preempted job keeps the work up to its last checkpoint and loses the rest; it 
 the queue (keeping its arrival time) and later runs only its remaining work, scaled to the model
 it lands on. Eviction is instant (the executor's notice and grace are not modelled).
 
-Mode ``migrate`` (simulator only so far): instead of victims, after each pass the migration rule
+Mode ``migrate`` (the executors' ``[gpusched] preemption = migrate`` calls the same rule,
+:mod:`gpusched.airflow.gpu_migration`): instead of victims, after each pass the migration rule
 (:func:`gpusched.placement.migration.plan_migrations`) may move running single-device jobs between
 GPU types. A moved job checkpoints on notice (it keeps all its work), its old device is free at
 once, and it restarts on the new one after ``restart_s`` seconds (the restore; the new device is

@@ -4,18 +4,25 @@ The jobs started so far are usage spans (:class:`gpusched.quota.usage.UsageSpan`
 simulator places with exactly the state the executors build from the ledger. ``records`` and
 ``jobs`` are the engine's started :class:`~gpusched.sim.engine.JobRecord` and
 :class:`~gpusched.sim.engine.SimJob` by key.
+
+:class:`QuotaTracker` gives the same state as :func:`gpusched.quota.usage.quota_state` over every
+started job, incrementally: a job that has ended adds a fixed amount to its tenant's use of the
+period, so only running jobs are visited per pass (a week of Philly has ~12k jobs and ~25k
+passes; recounting every span per pass was quadratic). :meth:`QuotaTracker.offer` picks the
+waiting jobs one pass is offered, skipping those the budget gate would refuse anyway.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gpusched.model import FleetSnapshot
-from gpusched.quota.policy import QuotaPolicy, QuotaState
+from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.placement.types import PendingTask, RunningTask
+from gpusched.quota.policy import QuotaPolicy, QuotaState, normalised_rate
 from gpusched.quota.usage import UsageSpan
 
-__all__ = ["quota_state_at", "report"]
+__all__ = ["QuotaTracker", "quota_state_at", "report"]
 
 
 def _spans(records: Mapping[str, Any], jobs: Mapping[str, Any]) -> list[UsageSpan]:
@@ -31,6 +38,108 @@ def quota_state_at(
     from gpusched.quota.usage import quota_state
 
     return quota_state(policy, _spans(records, jobs) if policy is not None else (), fleet, now)
+
+
+class QuotaTracker:
+    """The quota state at non-decreasing simulated instants, equal to :func:`quota_state_at`.
+
+    Call :meth:`started` for every job the engine starts (its record holds its end), then
+    :meth:`state_at` before each pass. Each span is counted as ``tenant_usage`` counts it
+    (``int(rate × overlap)``), so the totals match exactly.
+    """
+
+    def __init__(self, policy: QuotaPolicy | None, jobs: Mapping[str, Any], fleet: FleetSnapshot) -> None:
+        self.policy = policy
+        self.jobs = jobs
+        self.fleet = fleet
+        # key -> (tenant, rate, start, end); open = spans not ended at the last state
+        self.spans: dict[str, tuple[str, int, float, float]] = {}
+        self.open: dict[str, tuple[str, int, float, float]] = {}
+        self.closed: dict[str, int] = {}  # use of spans ended within the current period
+        self.period = float("nan")
+        # Cheapest normalised rate of one whole device: a lower bound of any placement's cost.
+        rates = [normalised_rate([DeviceShare(d.uuid, d.node, d.index, MILLI, 0)], fleet)
+                 for d in fleet.devices() if d.takes_work] if policy is not None else []
+        self.cheapest = min(rates, default=0)
+
+    def started(self, record: Any) -> None:
+        """Count ``record`` (an engine ``JobRecord``; a restarted job's replaces its old one)."""
+        if self.policy is None:
+            return
+        span = (self.jobs[record.key].request.tenant, normalised_rate(record.shares, self.fleet),
+                record.start_s, record.end_s)
+        self.spans[record.key] = self.open[record.key] = span
+
+    def dropped(self, key: str) -> None:
+        """Forget a running job's record (a preempted job's, deleted by the engine until it restarts)."""
+        self.spans.pop(key, None)
+        self.open.pop(key, None)
+
+    def state_at(self, now: float) -> QuotaState:
+        """The quota state at ``now`` (never earlier than the previous call's)."""
+        if self.policy is None:
+            return QuotaState.unlimited()
+        from gpusched.quota.usage import period_start
+
+        start = period_start(now, self.policy.period_s)
+        if start != self.period:  # a new period: recount every span once
+            self.period = start
+            self.closed = {}
+            self.open = {k: s for k, s in self.spans.items() if s[3] > start}
+        used = dict(self.closed)
+        still = {}
+        for key, (tenant, rate, begin, end) in self.open.items():
+            seconds = max(0.0, min(end, now) - max(begin, start))
+            if seconds > 0:
+                used[tenant] = used.get(tenant, 0) + int(rate * seconds)
+            if end <= now:
+                if seconds > 0:
+                    self.closed[tenant] = self.closed.get(tenant, 0) + int(rate * seconds)
+            else:
+                still[key] = (tenant, rate, begin, end)
+        self.open = still
+        return QuotaState(self.policy, used, start)
+
+
+    def offer(self, pending: Iterable[PendingTask], state: QuotaState, snapshot: FleetSnapshot,
+              running: Sequence[RunningTask], now: float, limit: int, *,
+              predicted: bool = False) -> list[PendingTask]:
+        """The oldest ``limit`` waiting jobs, less those their tenant's budget holds this pass.
+
+        The executor offers every queued task each cycle; the simulator offers at most ``limit``
+        (its backfill depth). A job whose cheapest possible cost (:attr:`cheapest` per device),
+        on top of its tenant's use and its running tasks' committed cost (the gate's own
+        :class:`~gpusched.placement.admission.QuotaGate` bookkeeping), is over the budget would be
+        refused by the gate anyway, so it does not take a place in the window: otherwise
+        budget-held jobs at the head of the queue hide the other tenants' work from every pass.
+        A job that could exceed the whole budget is still offered (the gate rejects it for good).
+        With ``predicted`` (durations predicted for the offered jobs afterwards) a job without an
+        estimate is costed at 0 s, so only tenants already over budget are skipped.
+        """
+        out: list[PendingTask] = []
+        if not state.enforced:
+            for task in pending:
+                out.append(task)
+                if len(out) >= limit:
+                    break
+            return out
+        from gpusched.placement.admission import QuotaGate
+
+        committed = QuotaGate(snapshot, state, running, (), now).committed
+        for task in pending:
+            req = task.request
+            budget = state.policy.budget(req.tenant)
+            if budget is not None:
+                duration = req.expected_duration_s or (0 if predicted else state.policy.default_duration_s)
+                # Σ over shares of floored rates ≥ the floored total less one unit per device.
+                cost = max(0, req.total_milli * self.cheapest // MILLI - req.count) * duration
+                spent = state.used.get(req.tenant, 0) + committed.get(req.tenant, 0)
+                if cost <= budget < spent + cost:
+                    continue
+            out.append(task)
+            if len(out) >= limit:
+                break
+        return out
 
 
 def report(

@@ -115,3 +115,24 @@ def test_cycle_view_is_the_snapshot_and_the_running_tasks_of_one_read(ledger: Le
     assert active == ledger.active()
     assert [a.key for a in active] == ["b"]
     assert snapshot.taken_at == 3.0
+
+
+def test_a_pin_applies_to_exactly_one_try_beside_the_chains_overrides(ledger: Ledger) -> None:
+    from gpusched.ledger.overrides import PIN_CLEARED, PINNED
+
+    big = GPURequest.build(gpus=1, memory="60GiB")
+    pinned = GPURequest.build(gpus=1, models=["A100-SXM-80GB"], job_type="resnet")
+    set_override(ledger, "train", "fit", big, reason="oom", run_id="r1", now=1.0)
+    ledger.pin_try("train", "fit", "r1", 2, pinned, reason="moved from K80", now=2.0)
+    table = load_overrides(ledger)
+    assert table.pinned("train", "fit", "r1", 2) == pinned
+    assert table.pinned("train", "fit", "r1", 3) is None and table.pinned("train", "fit", "r2", 2) is None
+    assert table.lookup("train", "fit", "r1") == big  # the chain's override stays for the other tries
+    assert table.refusal("train", "fit", "r1", 2) is None  # a pin is no refusal
+    assert [e.kind for e in ledger.events(10, kinds=[PINNED])] == [PINNED]
+    assert ledger.unpin_try("train", "fit", "r1", 2, reason="given up", now=3.0) is True
+    assert ledger.unpin_try("train", "fit", "r1", 2, reason="again", now=4.0) is False
+    after = load_overrides(ledger)
+    assert after.pinned("train", "fit", "r1", 2) is None and after.lookup("train", "fit", "r1") == big
+    (cleared,) = ledger.events(10, kinds=[PIN_CLEARED])
+    assert cleared.detail["reason"] == "given up" and cleared.detail["try_number"] == 2

@@ -27,6 +27,20 @@ def test_integer_node_score_ties_go_to_the_earliest_candidate() -> None:
     assert levels_best(np.array([0.015, 0.02]), 100) == 0
 
 
+def test_integer_node_score_ignores_float_summation_noise() -> None:
+    # A fragment difference of 1e-17 is rounding noise, not a change: it must tie with 0 (50),
+    # not drop to 49 (FGD's own sums give an exact 0 there).
+    assert levels_best(np.array([1e-17, 0.0]), 100) == 0
+    assert levels_best(np.array([1e-3, 0.0]), 100) == 1  # a real change still counts
+
+
+def test_integer_node_score_with_a_packing_tie_break() -> None:
+    # Among the highest integer level, the least "left" wins; lower levels never do.
+    left = np.array([5.0, 1.0, 0.0])
+    assert levels_best(np.array([0.0, 0.0, 0.5]), 100, left) == 1
+    assert levels_best(np.array([0.0, 0.0, 0.5]), 100) == 0
+
+
 def test_fgd_preset_packs_equal_nodes_in_inventory_order() -> None:
     fleet = uniform_fleet(4, 8, "T4")
     policy = Policy.named("fgd", fractions_need_partitioning=False)

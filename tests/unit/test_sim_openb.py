@@ -81,6 +81,21 @@ def test_fgd_typical_pods_are_exact_classes_up_to_95_percent() -> None:
     assert openb_policy("fgd", pods).workload == shapes and openb_policy("fgd").score_levels == 100
 
 
+def test_fgd_typical_pods_order_ties_and_type_strings_as_fgd() -> None:
+    # Equal frequencies: FGD sorts classes in decreasing (frequency, CPU, milli, count, type
+    # string) order, so at the 95 % cut the class with more CPU is kept.
+    pods = [OpenbPod(f"p{i}", 1000, 1, 1, 500) for i in range(90)]
+    pods += [OpenbPod(f"a{i}", 2000, 1, 1, 1000) for i in range(5)]
+    pods += [OpenbPod(f"b{i}", 4000, 1, 1, 1000) for i in range(5)]
+    shapes = typical_shapes(pods)
+    assert [s.cpu_milli for s in shapes] == [1000, 4000]
+    # The trace's type string is the class: a repeated model is another class, as in FGD.
+    pinned = [OpenbPod(f"v{i}", 1000, 1, 1, 1000, ("V100M16", "V100M32")) for i in range(50)]
+    pinned += [OpenbPod(f"w{i}", 1000, 1, 1, 1000, ("V100M16", "V100M32", "V100M32")) for i in range(50)]
+    assert len(typical_shapes(pinned)) == 2
+    assert len({s.models for s in typical_shapes(pinned)}) == 1  # both allow the same models
+
+
 def test_measurement_window_around_full_arrival(tmp_path: Path) -> None:
     nodes = _nodes(tmp_path)
     rng = random.Random(3)
