@@ -64,5 +64,5 @@ def test_job_type_is_validated_at_parse_time_and_travels_in_the_request() -> Non
 
 def test_migrate_is_a_mode_only_where_the_caller_handles_it() -> None:
     assert check_mode("Migrate", extra=("migrate",)) == "migrate"
-    with pytest.raises(ConfigurationError, match="not one of off, priority, partitions;"):
+    with pytest.raises(ConfigurationError, match="not one of off, priority, partitions, service;"):
         check_mode("migrate")
