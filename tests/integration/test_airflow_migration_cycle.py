@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _core_support import StubCore
 
 from gpusched.airflow import gpu_migration, gpu_preemption
 from gpusched.airflow.gpu_migration import MIGRATION_REQUEUE_WAIT_S, Migrator
@@ -30,32 +31,16 @@ from gpusched.request import GPURequest
 NOW = 50_000.0
 RUN = "manual__r"
 TABLE = {"big": {"A100-SXM-80GB": 10.0, "T4": 1.0}, "small": {"A100-SXM-80GB": 2.0, "T4": 1.8}}
+SETTINGS = {"preemption": "migrate", "preemption_grace_seconds": "20",
+            "preemption_min_runtime_seconds": "60", "migration_interval_seconds": "360",
+            "migration_restart_seconds": "60"}
 
 
-class _Log:
-    def __getattr__(self, name: str) -> Any:
-        return lambda *a, **k: None
-
-
-class _Conf:
-    def get(self, section: str, key: str, fallback: str | None = None) -> str | None:
-        assert section == "gpusched"
-        values = {"preemption": "migrate", "preemption_grace_seconds": "20",
-                  "preemption_min_runtime_seconds": "60", "migration_interval_seconds": "360",
-                  "migration_restart_seconds": "60"}
-        return values.get(key, fallback)
-
-
-class _Core:
+class _Core(StubCore):
     def __init__(self, ledger: Ledger) -> None:
-        self.executor = object()
-        self.conf = _Conf()
+        super().__init__(ledger, SETTINGS)
         self.holder = "sched-1"
         self.process = None
-        self.gpu_running: dict[Any, str] = {}
-        self.gangs: dict[str, set[Any]] = {}
-        self.log = _Log()
-        self.ledger = ledger
         self.preemption = Preemptor(self)
 
 

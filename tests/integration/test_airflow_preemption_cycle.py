@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _core_support import StubCore
 
 from gpusched.airflow import gpu_preemption
 from gpusched.airflow.gang import GangMember
@@ -28,31 +29,8 @@ from gpusched.request import GPURequest
 
 NOW = 50_000.0
 RUN = "manual__r"
-
-
-class _Log:
-    def __getattr__(self, name: str) -> Any:
-        return lambda *a, **k: None
-
-
-class _Conf:
-    """The executor's team-scoped config, as far as the preemptor reads it."""
-
-    def get(self, section: str, key: str, fallback: str | None = None) -> str | None:
-        assert section == "gpusched"
-        values = {"preemption": "priority", "preemption_grace_seconds": "20",
-                  "preemption_min_runtime_seconds": "60"}
-        return values.get(key, fallback)
-
-
-class _Core:
-    def __init__(self, ledger: Ledger) -> None:
-        self.executor = object()
-        self.conf = _Conf()
-        self.gpu_running: dict[Any, str] = {}
-        self.gangs: dict[str, set[Any]] = {}
-        self.log = _Log()
-        self.ledger = ledger
+SETTINGS = {"preemption": "priority", "preemption_grace_seconds": "20",
+            "preemption_min_runtime_seconds": "60"}
 
 
 def _key(task: str) -> str:
@@ -77,7 +55,7 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     ledger.close()
 
 
-def _cycle(core: _Core, running: list[RunningTask]) -> tuple[Any, Any]:
+def _cycle(core: StubCore, running: list[RunningTask]) -> tuple[Any, Any]:
     from airflow.models.taskinstancekey import TaskInstanceKey
 
     fleet = FleetSnapshot(tuple(make_node(n, "A100-SXM-80GB", 4) for n in ("n0", "n1")))
@@ -96,7 +74,7 @@ def _cycle(core: _Core, running: list[RunningTask]) -> tuple[Any, Any]:
 
 def test_a_gang_preempts_only_when_the_whole_gang_fits_on_distinct_nodes(setup: Any) -> None:
     ledger, calls = setup
-    core = _Core(ledger)
+    core = StubCore(ledger, SETTINGS)
     preemptor = Preemptor(core)
     # n0 is full of low-priority work, n1 runs a critical task: evicting n0 would free 4 GPUs on
     # ONE node; placement alone would fit both members there, the gang needs two nodes.
@@ -109,7 +87,7 @@ def test_a_gang_preempts_only_when_the_whole_gang_fits_on_distinct_nodes(setup: 
     assert calls["log"] == [] and calls["event"] == []
 
     # With low-priority work on n1 too, the gang preempts: one victim per node, fewest victims.
-    core = _Core(ledger)
+    core = StubCore(ledger, SETTINGS)
     preemptor = Preemptor(core)
     running[2] = _running("low1", "n1", [0, 1, 2, 3], "low")
     ledger.report_checkpoint(_key("low0b"), task_of(_key("low0b")), step=7, now=NOW - 30)

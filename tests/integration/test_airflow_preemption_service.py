@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _core_support import StubCore
 
 from gpusched.airflow import gpu_preemption
 from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide
@@ -30,29 +31,13 @@ NOW = 5_000_000.0
 ONE = GPURequest.build(gpus=1)
 FLEET = FleetSnapshot((make_node("n0", "A100-SXM-80GB", 1),))
 DEVICE = DeviceShare("n0-gpu0", "n0", 0, 1000, 0)
+SETTINGS = {"preemption": "service", "preemption_grace_seconds": "20",
+            "preemption_min_runtime_seconds": "60"}
 
 
-class _Log:
-    def __getattr__(self, name: str) -> Any:
-        return lambda *a, **k: None
-
-
-class _Conf:
-    def get(self, section: str, key: str, fallback: str | None = None) -> str | None:
-        assert section == "gpusched"
-        values = {"preemption": "service", "preemption_grace_seconds": "20",
-                  "preemption_min_runtime_seconds": "60"}
-        return values.get(key, fallback)
-
-
-class _Core:
+class _Core(StubCore):
     def __init__(self, ledger: Ledger) -> None:
-        self.executor = object()
-        self.conf = _Conf()
-        self.gpu_running: dict[Any, str] = {}
-        self.gangs: dict[str, set[Any]] = {}
-        self.log = _Log()
-        self.ledger = ledger
+        super().__init__(ledger, SETTINGS)
         self.durations = DurationHistory(30.0, 60.0)
 
 
