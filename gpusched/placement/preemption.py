@@ -22,12 +22,20 @@ thrashing of fresh work).
 
 Choice: candidates are ordered by the work they would lose — GPU-seconds since their last
 checkpoint (``checkpoints``; else since they started) — then by lower priority and later start.
-The shortest prefix of that order after which the waiting work fits is found by bisection, then
+The shortest prefix of that order after which the waiting work fits is found (bisection), then
 every victim the fit does not need is dropped again (most work lost first): the least work lost
 with the fewest victims this greedy finds. The fit is always PROVEN by running placement on the
 snapshot without the victims (``prover``; default: :func:`gpusched.placement.place` of every
 waiting task with the remaining running tasks and the quota) before a plan is returned; the plan
 carries the placement that justified it.
+
+Cost: a proof is a placement call, so the search asks as few as it can without changing the
+outcome for a prover whose fit is monotone (more victims never hurt a fit — true of placement):
+a cheap necessary check (:class:`_NodeRoom`: enough devices with the milli-GPU free, on one node
+unless the task may span nodes) rules victim sets out without a proof; the shortest prefix that
+check lets through is proven first (usually it fits: one proof); and no victim set is proven
+twice. ``tests/unit/test_placement_preemption_fast.py`` checks on random fleets that the plans
+equal those of the plain search (bisection with a proof at every step).
 """
 
 from __future__ import annotations
@@ -134,35 +142,113 @@ def select_victims(request: PreemptionRequest, prover: Prover | None = None) -> 
     mode = check_mode(request.mode, "preemption mode")
     if mode == "off" or not request.waiting:
         return NoPreemption("preemption is off")
-    prove = prover or _default_prover(request)
     candidates = _candidates(request, mode)
     if not candidates:
         return NoPreemption(_nobody(request, mode))
     candidates = candidates[:MAX_CANDIDATES]
-    running = request.running
-    fits_all, why = _proof(request, prove, running, candidates)
-    if fits_all is None:
+    room = _NodeRoom(request)
+    prove = prover or _default_prover(request)
+    proofs: dict[frozenset[str], Proof] = {}
+
+    def proof(victims: Sequence[Victim]) -> Proof:
+        """The prover's answer without ``victims``, each victim set asked at most once."""
+        gone = frozenset(v.key for v in victims)
+        if gone not in proofs:
+            proofs[gone] = _proof(request, prove, request.running, victims)
+        return proofs[gone]
+
+    def fits(victims: Sequence[Victim]) -> bool:  # the cheap necessary check first
+        return room.may_fit(victims) and proof(victims)[0] is not None
+
+    if not room.may_fit(candidates):
         return NoPreemption(f"stopping all {len(candidates)} task(s) it may preempt would still not make "
-                            f"room: {why}")
-    lo, hi = 1, len(candidates)  # the shortest prefix that fits (more victims never hurt a fit)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _proof(request, prove, running, candidates[:mid])[0] is not None:
-            hi = mid
-        else:
-            lo = mid + 1
+                            f"room: {room.why()}")
+    # The shortest prefix after which the waiting work fits (more victims never hurt a fit):
+    # the first prefix the cheap check lets through, proven at once if it fits (the usual case);
+    # else the whole list must fit, and the prefix is bisected in between.
+    n_all = len(candidates)
+    lo = _first(lambda n: room.may_fit(candidates[:n]), 1, n_all)
+    if not fits(candidates[:lo]):
+        if lo == n_all or proof(candidates)[0] is None:
+            return NoPreemption(f"stopping all {n_all} task(s) it may preempt would still not make "
+                                f"room: {proof(candidates)[1]}")
+        lo = _first(lambda n: fits(candidates[:n]), lo + 1, n_all)
     chosen = list(candidates[:lo])
     for victim in sorted(chosen, key=lambda v: -v.lost_gpu_s):  # drop victims the fit does not need
         rest = [v for v in chosen if v.key != victim.key]
-        if rest and _proof(request, prove, running, rest)[0] is not None:
+        if rest and fits(rest):
             chosen = rest
-    placement, why = _proof(request, prove, running, chosen)
-    if placement is None:  # cannot happen for a monotone prover; never stop anything unproven
+    placement, why = proof(chosen)
+    if placement is None:  # cannot happen: the chosen set was proven above; never stop anything unproven
         return NoPreemption(f"no proven placement after preemption: {why}")
     names = ", ".join(v.key for v in chosen)
     return PreemptionPlan(tuple(chosen), MappingProxyType(dict(placement)),
                           f"preempting {names} ({sum(v.lost_gpu_s for v in chosen):.0f} GPU-s of work "
                           f"since their checkpoints lost)")
+
+
+def _first(ok: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The least n in [lo, hi] with ``ok(n)``, by bisection (``ok`` monotone, ``ok(hi)`` true)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+class _NodeRoom:
+    """A necessary condition for the waiting work to fit without some victims, checked before any
+    placement proof: every waiting task needs ``count`` devices that each have at least its
+    milli-GPU free (counting all devices, eligible or not) — on one node unless it may span nodes.
+    It over-approximates placement (no memory, model, host or quota conditions), so it only ever
+    rules out victim sets that the proof would reject too; decisions are the proof's."""
+
+    def __init__(self, request: PreemptionRequest) -> None:
+        snapshot = request.snapshot
+        self.snapshot = snapshot
+        self.tasks = [(t.request.count, t.request.milli_per_gpu, t.request.may_span_nodes)
+                      for t in request.waiting]
+        self.free = {d.uuid: snapshot.free_milli(d.uuid) for d in snapshot.devices()}
+        self.node = {d.uuid: d.node for d in snapshot.devices()}
+        self.base: dict[int, tuple[dict[str, int], int]] = {}
+        for _, milli, _span in self.tasks:
+            if milli not in self.base:
+                per_node: dict[str, int] = {}
+                for uuid, free in self.free.items():
+                    if free >= milli:
+                        per_node[self.node[uuid]] = per_node.get(self.node[uuid], 0) + 1
+                self.base[milli] = (per_node, sum(per_node.values()))
+        self.short = ""
+
+    def may_fit(self, victims: Sequence[Victim]) -> bool:
+        """False when the waiting work cannot fit even after stopping ``victims``."""
+        released: dict[str, int] = {}
+        for victim in victims:
+            for share in victim.shares:
+                released[share.uuid] = released.get(share.uuid, 0) + share.milli
+        for count, milli, span in self.tasks:
+            per_node, total = self.base[milli]
+            gained: dict[str, int] = {}
+            for uuid, milli_back in released.items():
+                free = self.free.get(uuid)
+                if free is not None and free < milli <= free + milli_back:
+                    gained[self.node[uuid]] = gained.get(self.node[uuid], 0) + 1
+            if span:
+                ok = total + sum(gained.values()) >= count
+            else:
+                ok = any(n + gained.get(node, 0) >= count for node, n in per_node.items()) or any(
+                    per_node.get(node, 0) + n >= count for node, n in gained.items())
+            if not ok:
+                where = "in the fleet" if span else "on any one node"
+                self.short = f"fewer than {count} device(s) with {milli} milli-GPU free {where}"
+                return False
+        return True
+
+    def why(self) -> str:
+        """Why the last check failed."""
+        return self.short
 
 
 def _proof(
