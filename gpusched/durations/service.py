@@ -58,8 +58,8 @@ from gpusched.model import MILLI
 from gpusched.request import GPURequest
 
 __all__ = [
-    "ServiceHistory", "ServiceIndex", "ServiceModel", "aged_index", "gittins_index", "gittins_indices",
-    "gpu_seconds",
+    "IndexCache", "ServiceHistory", "ServiceIndex", "ServiceModel", "aged_index", "gittins_index",
+    "gittins_indices", "gpu_seconds",
     "las_index", "outranks", "queue_rank",
 ]
 
@@ -183,6 +183,36 @@ class _Distribution:
 _EMPTY: Mapping[GroupKey, _Distribution] = MappingProxyType({})
 
 
+class IndexCache:
+    """Index values found before, each with the groups it was read from (mutable; one per caller).
+
+    A value is reused only while every group of its chain up to the one that gave it is the same
+    object in the history asked (a history shares unchanged groups with the one it was made from,
+    :meth:`ServiceHistory.with_runs`), so a reused value is the one a fresh computation gives."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self._values: dict[tuple[tuple[GroupKey, ...], float], tuple[float, tuple[object, ...]]] = {}
+
+    def get(self, history: ServiceHistory, chain: tuple[GroupKey, ...], attained: float) -> float | None:
+        """The value for ``chain`` at ``attained`` if it still holds in ``history``."""
+        hit = self._values.get((chain, attained))
+        if hit is None:
+            return None
+        value, deps = hit
+        groups = history.groups
+        if all(groups.get(k) is d for k, d in zip(chain, deps, strict=False)):
+            return value
+        return None
+
+    def put(self, history: ServiceHistory, chain: tuple[GroupKey, ...], attained: float, value: float,
+            depth: int) -> None:
+        """Remember ``value``, read from the first ``depth`` groups of ``chain`` in ``history``."""
+        if len(self._values) >= self.limit:
+            self._values.clear()
+        self._values[(chain, attained)] = (value, tuple(history.groups.get(k) for k in chain[:depth]))
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceHistory:
     """Per prediction group, the GPU-seconds of its most recent finished runs; immutable
@@ -235,35 +265,57 @@ class ServiceHistory:
                 return ServiceIndex(value, str(key[0]), len(dist.recent), group_phrase(key))
         return ServiceIndex(las_index(attained_gpu_s, model.las_bounds_s), "las", 0, "")
 
-    def index_values(self, items: Sequence[tuple[GPURequest, str, float]]) -> list[float]:
+    def index_values(
+        self,
+        items: Sequence[tuple[GPURequest, str, float]],
+        keys: Sequence[tuple[GroupKey, ...]] | None = None,
+        cache: IndexCache | None = None,
+    ) -> list[float]:
         """The index values of many ``(request, task, attained GPU-s)`` at once, as
-        :meth:`index` would give them (vectorised per group: a cycle's running tasks)."""
+        :meth:`index` would give them (vectorised per group: a cycle's running tasks).
+
+        ``keys``: each item's :func:`~gpusched.durations.group_keys` if the caller has them;
+        ``cache``: values found before, reused while every group they were read from is unchanged
+        (a new run in any of them invalidates the value), so a waiting job's index is computed
+        once per change of its groups, not once per cycle."""
         model = self.model
         out = [math.nan] * len(items)
-        todo: list[tuple[int, tuple[GroupKey, ...]]] = [
-            (n, group_keys(FinishedRun.of(r, t, 0.0))) for n, (r, t, _) in enumerate(items)]
+        chains = list(keys) if keys is not None else [
+            group_keys(FinishedRun.of(r, t, 0.0)) for r, t, _ in items]
+        todo: list[int] = []
+        for n, chain in enumerate(chains):
+            hit = cache.get(self, chain, items[n][2]) if cache is not None else None
+            if hit is None:
+                todo.append(n)
+            else:
+                out[n] = hit
         level = 0
         while todo:
             by_group: dict[GroupKey, list[int]] = {}
-            later: list[tuple[int, tuple[GroupKey, ...]]] = []
-            for n, keys in todo:
-                if level >= len(keys):
+            later: list[int] = []
+            for n in todo:
+                chain = chains[n]
+                if level >= len(chain):
                     out[n] = las_index(items[n][2], model.las_bounds_s)
+                    if cache is not None:
+                        cache.put(self, chain, items[n][2], out[n], len(chain))
                     continue
-                dist = self.groups.get(keys[level])
+                dist = self.groups.get(chain[level])
                 if dist is None or len(dist.recent) < model.min_runs:
-                    later.append((n, keys))
+                    later.append(n)
                 else:
-                    by_group.setdefault(keys[level], []).append(n)
+                    by_group.setdefault(chain[level], []).append(n)
             for key, members in by_group.items():
                 dist = self.groups[key]
                 values = gittins_indices(dist.samples, dist.prefix,
                                          np.array([max(0.0, items[n][2]) for n in members]), model.min_tail)
                 for n, value in zip(members, values, strict=True):
                     if math.isnan(value):
-                        later.append((n, group_keys(FinishedRun.of(items[n][0], items[n][1], 0.0))))
+                        later.append(n)
                     else:
                         out[n] = float(value)
+                        if cache is not None:
+                            cache.put(self, chains[n], items[n][2], out[n], level + 1)
             todo = later
             level += 1
         return out

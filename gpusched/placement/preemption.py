@@ -206,20 +206,9 @@ class _NodeRoom:
     rules out victim sets that the proof would reject too; decisions are the proof's."""
 
     def __init__(self, request: PreemptionRequest) -> None:
-        snapshot = request.snapshot
-        self.snapshot = snapshot
         self.tasks = [(t.request.count, t.request.milli_per_gpu, t.request.may_span_nodes)
                       for t in request.waiting]
-        self.free = {d.uuid: snapshot.free_milli(d.uuid) for d in snapshot.devices()}
-        self.node = {d.uuid: d.node for d in snapshot.devices()}
-        self.base: dict[int, tuple[dict[str, int], int]] = {}
-        for _, milli, _span in self.tasks:
-            if milli not in self.base:
-                per_node: dict[str, int] = {}
-                for uuid, free in self.free.items():
-                    if free >= milli:
-                        per_node[self.node[uuid]] = per_node.get(self.node[uuid], 0) + 1
-                self.base[milli] = (per_node, sum(per_node.values()))
+        self.free, self.node, self.base = _free_devices(request.snapshot, {m for _, m, _ in self.tasks})
         self.short = ""
 
     def may_fit(self, victims: Sequence[Victim]) -> bool:
@@ -249,6 +238,31 @@ class _NodeRoom:
     def why(self) -> str:
         """Why the last check failed."""
         return self.short
+
+
+_FreeDevices = tuple[dict[str, int], dict[str, str], dict[int, tuple[dict[str, int], int]]]
+_LAST_FREE: list[tuple[object, object, _FreeDevices]] = []  # the last snapshot's (a cache by identity)
+
+
+def _free_devices(snapshot: FleetSnapshot, millis: set[int]) -> _FreeDevices:
+    """Free milli-GPU and node of every device, and per milli-GPU asked: how many devices per node
+    (and in all) have that much free. Kept for the last snapshot asked (selections of one cycle
+    share it); the cache holds the snapshot's usage and nodes, so their identity cannot be reused."""
+    hit = _LAST_FREE[0] if _LAST_FREE else None
+    if hit is not None and hit[0] is snapshot.usage and hit[1] is snapshot.nodes:
+        free, node, base = hit[2]
+    else:
+        free = {d.uuid: snapshot.free_milli(d.uuid) for d in snapshot.devices()}
+        node = {d.uuid: d.node for d in snapshot.devices()}
+        base = {}
+        _LAST_FREE[:] = [(snapshot.usage, snapshot.nodes, (free, node, base))]
+    for milli in millis - base.keys():
+        per_node: dict[str, int] = {}
+        for uuid, left in free.items():
+            if left >= milli:
+                per_node[node[uuid]] = per_node.get(node[uuid], 0) + 1
+        base[milli] = (per_node, sum(per_node.values()))
+    return free, node, base
 
 
 def _proof(

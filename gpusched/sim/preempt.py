@@ -138,6 +138,10 @@ class SimPreemption:
         lowest = min(r.request.priority for r in rest.values())
         index = indices or {}
         room: _Room | None = None  # service mode's quick check, rebuilt after each plan
+        free = None  # milli-GPU free on devices that take work, kept up to date plan by plan
+        if self.mode == "service":
+            free = sum(snapshot.free_milli(d.uuid) for d in snapshot.devices() if d.takes_work)
+        held = {k: physical_milli(r.shares, snapshot) for k, r in rest.items()}
         order = sorted(waiting, key=lambda t: (-t.request.priority, -index.get(t.key, 0.0),
                                                t.submitted_at, t.key))
         for task in order:
@@ -147,7 +151,8 @@ class SimPreemption:
                 break  # sorted: nobody after it outranks any running job either
             if self.mode == "service":
                 if room is None:
-                    room = _Room(rest, index, order[0].request.priority, now - self.min_runtime_s, snapshot)
+                    assert free is not None
+                    room = _Room(rest, index, order[0].request.priority, now - self.min_runtime_s, free, held)
                 if not room.may_gain(task, index, self.margin):
                     continue
             checkpoints = {k: self.last_checkpoint(r.started_at, now) for k, r in rest.items()}
@@ -163,8 +168,13 @@ class SimPreemption:
             for victim in plan.victims:
                 del rest[victim.key]
             shares = plan.placement[task.key]
-            snapshot = snapshot.with_usage([s for v in plan.victims for s in v.shares], release=True)
+            released = [s for v in plan.victims for s in v.shares]
+            if free is not None:
+                free += sum(s.milli for s in released if snapshot.device(s.uuid).takes_work)
+                free -= sum(s.milli for s in shares if snapshot.device(s.uuid).takes_work)
+            snapshot = snapshot.with_usage(released, release=True)
             snapshot = snapshot.with_usage(shares)
+            held[task.key] = physical_milli(tuple(shares), snapshot)
             rest[task.key] = RunningTask(task.key, task.request, tuple(shares), now, None)
             started.add(task.key)
             room = None
@@ -218,11 +228,10 @@ class _Room:
     candidates, so it only skips selections that could not succeed."""
 
     def __init__(self, running: Mapping[str, RunningTask], index: Mapping[str, float], top_priority: int,
-                 started_by: float, snapshot: FleetSnapshot) -> None:
-        self.free = sum(snapshot.free_milli(d.uuid) for d in snapshot.devices() if d.takes_work)
+                 started_by: float, free: int, held: Mapping[str, int]) -> None:
+        self.free = free  # milli-GPU free on the devices that take work
         ranked = sorted(
-            (0.0 if r.request.priority < top_priority else index.get(r.key, math.inf),
-             physical_milli(r.shares, snapshot))
+            (0.0 if r.request.priority < top_priority else index.get(r.key, math.inf), held[r.key])
             for r in running.values() if r.started_at <= started_by and r.request.priority <= top_priority)
         self.bounds = [v for v, _ in ranked]
         self.prefix = list(itertools.accumulate((m for _, m in ranked), initial=0))

@@ -19,10 +19,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpusched.durations import FinishedRun, ServiceHistory, ServiceModel
-from gpusched.durations.service import aged_index, gpu_seconds, queue_rank
+from gpusched.durations import FinishedRun, ServiceHistory, ServiceModel, group_keys
+from gpusched.durations.predictor import GroupKey
+from gpusched.durations.service import IndexCache, aged_index, gpu_seconds, queue_rank
 from gpusched.placement import PendingTask, Policy, RunningTask
 from gpusched.placement.policy import QueueOrder
+from gpusched.request import GPURequest
 from gpusched.sim.durations import TraceJob
 
 __all__ = ["OnlineService"]
@@ -37,6 +39,8 @@ class OnlineService:
         self.warm_runs = self.history.learned
         self._version = 0
         self._ranked: dict[str, tuple[int, float, PendingTask, PendingTask]] = {}
+        self._cache = IndexCache()  # waiting jobs' values (their attained service stands still)
+        self._chains: dict[str, tuple[GroupKey, ...]] = {}  # job key -> its prediction groups
 
     @staticmethod
     def policy(policy: Policy) -> Policy:
@@ -51,16 +55,22 @@ class OnlineService:
 
     def rank(self, tasks: Sequence[PendingTask], served_s: Mapping[str, float]) -> list[PendingTask]:
         """``tasks`` with ``rank`` = −log2 of their Gittins index at their attained service."""
-        out = []
+        out: list[PendingTask | None] = []
+        missing: list[tuple[int, PendingTask, float]] = []
         for task in tasks:
             attained = gpu_seconds(task.request, served_s.get(task.key, 0.0))
             cached = self._ranked.get(task.key)
             if cached is None or cached[0] != self._version or cached[1] != attained or cached[2] is not task:
-                value = self.history.index(task.request, task.job_type or "", attained).value
-                cached = (self._version, attained, task, replace(task, rank=queue_rank(value)))
-                self._ranked[task.key] = cached
-            out.append(cached[3])
-        return out
+                missing.append((len(out), task, attained))
+                out.append(None)
+            else:
+                out.append(cached[3])
+        values = self._values([(t, a) for _, t, a in missing])
+        for (n, task, attained), value in zip(missing, values, strict=True):
+            ranked = replace(task, rank=queue_rank(value))
+            self._ranked[task.key] = (self._version, attained, task, ranked)
+            out[n] = ranked
+        return [t for t in out if t is not None]
 
     def forget(self, key: str) -> None:
         """``key`` started: drop its cached offer."""
@@ -71,15 +81,28 @@ class OnlineService:
         served_s: Mapping[str, float], now: float, halving_s: float,
     ) -> dict[str, float]:
         """Key → index of ``waiting`` (aged by their wait) and ``running`` jobs at ``now``."""
-        items = [(t.request, types.get(t.key) or "", gpu_seconds(t.request, served_s.get(t.key, 0.0)))
-                 for t in waiting]
-        items += [(r.request, types.get(r.key) or "",
-                   gpu_seconds(r.request, served_s.get(r.key, 0.0) + now - r.started_at)) for r in running]
-        values = self.history.index_values(items)
+        values = self._values([(t, gpu_seconds(t.request, served_s.get(t.key, 0.0))) for t in waiting])
         out = {t.key: aged_index(v, now - t.submitted_at, halving_s)
-               for t, v in zip(waiting, values, strict=False)}
-        out.update({r.key: v for r, v in zip(running, values[len(waiting):], strict=True)})
+               for t, v in zip(waiting, values, strict=True)}
+        items = [(r.request, types.get(r.key) or "",
+                  gpu_seconds(r.request, served_s.get(r.key, 0.0) + now - r.started_at)) for r in running]
+        ran = self.history.index_values(items, [self._chain(r.key, r.request, i[1])
+                                                for r, i in zip(running, items, strict=True)])
+        out.update({r.key: v for r, v in zip(running, ran, strict=True)})
         return out
+
+    def _values(self, tasks: Sequence[tuple[PendingTask, float]]) -> list[float]:
+        """Index values of waiting ``(task, attained GPU-s)`` (cached while their groups stand)."""
+        items = [(t.request, t.job_type or "", a) for t, a in tasks]
+        chains = [self._chain(t.key, t.request, t.job_type or "") for t, _ in tasks]
+        return self.history.index_values(items, chains, self._cache)
+
+    def _chain(self, key: str, request: GPURequest, task: str) -> tuple[GroupKey, ...]:
+        """The prediction groups of job ``key`` (a job's tenant, GPUs and model never change)."""
+        chain = self._chains.get(key)
+        if chain is None:
+            chain = self._chains[key] = group_keys(FinishedRun.of(request, task, 0.0))
+        return chain
 
     def report(self) -> dict[str, Any]:
         """JSON-safe: the model's constants and the history learnt."""

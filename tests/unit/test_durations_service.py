@@ -110,3 +110,35 @@ def test_margin_aging_and_rank() -> None:
 def test_bad_constants_say_what_to_do(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigurationError, match=r"service model: .* e\.g\. the defaults"):
         ServiceModel(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cached_index_values_equal_fresh_ones_as_the_history_grows(seed: int) -> None:
+    """IndexCache reuses a value only while its groups are unchanged: over a growing history, the
+    cached answers equal the uncached ones and :meth:`ServiceHistory.index` exactly."""
+    from gpusched.durations.service import IndexCache
+
+    rng = random.Random(seed)
+    tenants = ["a", "b", "c"]
+    history = ServiceHistory.learn(
+        _runs([rng.lognormvariate(7, 2) for _ in range(30)], tenant="a"), ServiceModel(min_runs=5))
+    cache = IndexCache()
+    jobs = [(GPURequest.build(gpus=rng.choice([1, 2, 4]), tenant=rng.choice(tenants)), rng.choice(["", "t1"]),
+             rng.choice([0.0, 0.0, 500.0, 5000.0, 50_000.0])) for _ in range(40)]
+    reused = 0
+    for _ in range(60):
+        reused += sum(cache.get(history, _chain(r, t), a) is not None for r, t, a in jobs)  # type: ignore[arg-type]
+        cached = history.index_values(jobs, cache=cache)
+        fresh = history.index_values(jobs)
+        assert cached == fresh
+        assert cached == [history.index(r, t, a).value for r, t, a in jobs]
+        gpus = rng.choice([1, 2, 4])
+        history = history.with_runs([FinishedRun("t1" if rng.random() < 0.3 else "", rng.choice(tenants),
+                                                 gpus * 1000, "any", rng.lognormvariate(7, 2))])
+    assert reused > 0  # values outlived runs added to other groups
+
+
+def _chain(request: GPURequest, task: str) -> tuple[object, ...]:
+    from gpusched.durations import group_keys
+
+    return group_keys(FinishedRun.of(request, task, 0.0))
