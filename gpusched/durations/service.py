@@ -184,33 +184,37 @@ _EMPTY: Mapping[GroupKey, _Distribution] = MappingProxyType({})
 
 
 class IndexCache:
-    """Index values found before, each with the groups it was read from (mutable; one per caller).
+    """Index values found before, per job, each with the groups it was read from (mutable; one per
+    caller).
 
-    A value is reused only while every group of its chain up to the one that gave it is the same
-    object in the history asked (a history shares unchanged groups with the one it was made from,
-    :meth:`ServiceHistory.with_runs`), so a reused value is the one a fresh computation gives."""
+    A value is reused only for the same job at the same attained service while every group of its
+    chain up to the one that gave it is the same object in the history asked (a history shares
+    unchanged groups with the one it was made from, :meth:`ServiceHistory.with_runs`), so a reused
+    value is the one a fresh computation gives."""
 
     def __init__(self, limit: int = 100_000) -> None:
         self.limit = limit
-        self._values: dict[tuple[tuple[GroupKey, ...], float], tuple[float, tuple[object, ...]]] = {}
+        self._values: dict[str, tuple[float, float, tuple[GroupKey, ...], tuple[object, ...]]] = {}
 
-    def get(self, history: ServiceHistory, chain: tuple[GroupKey, ...], attained: float) -> float | None:
-        """The value for ``chain`` at ``attained`` if it still holds in ``history``."""
-        hit = self._values.get((chain, attained))
-        if hit is None:
+    def get(
+        self, history: ServiceHistory, job: str, chain: tuple[GroupKey, ...], attained: float
+    ) -> float | None:
+        """Job ``job``'s value for ``chain`` at ``attained`` if it still holds in ``history``."""
+        hit = self._values.get(job)
+        if hit is None or hit[1] != attained or hit[2] is not chain:
             return None
-        value, deps = hit
         groups = history.groups
-        if all(groups.get(k) is d for k, d in zip(chain, deps, strict=False)):
-            return value
-        return None
+        for key, dist in zip(chain, hit[3], strict=False):
+            if groups.get(key) is not dist:
+                return None
+        return hit[0]
 
-    def put(self, history: ServiceHistory, chain: tuple[GroupKey, ...], attained: float, value: float,
-            depth: int) -> None:
+    def put(self, history: ServiceHistory, job: str, chain: tuple[GroupKey, ...], attained: float,
+            value: float, depth: int) -> None:
         """Remember ``value``, read from the first ``depth`` groups of ``chain`` in ``history``."""
         if len(self._values) >= self.limit:
             self._values.clear()
-        self._values[(chain, attained)] = (value, tuple(history.groups.get(k) for k in chain[:depth]))
+        self._values[job] = (value, attained, chain, tuple(history.groups.get(k) for k in chain[:depth]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,13 +273,14 @@ class ServiceHistory:
         self,
         items: Sequence[tuple[GPURequest, str, float]],
         keys: Sequence[tuple[GroupKey, ...]] | None = None,
-        cache: IndexCache | None = None,
+        cache: tuple[IndexCache, Sequence[str]] | None = None,
     ) -> list[float]:
         """The index values of many ``(request, task, attained GPU-s)`` at once, as
         :meth:`index` would give them (vectorised per group: a cycle's running tasks).
 
         ``keys``: each item's :func:`~gpusched.durations.group_keys` if the caller has them;
-        ``cache``: values found before, reused while every group they were read from is unchanged
+        ``cache``: an :class:`IndexCache` and each item's job name: values found before for the
+        same job and attained service, reused while every group they were read from is unchanged
         (a new run in any of them invalidates the value), so a waiting job's index is computed
         once per change of its groups, not once per cycle."""
         model = self.model
@@ -284,7 +289,7 @@ class ServiceHistory:
             group_keys(FinishedRun.of(r, t, 0.0)) for r, t, _ in items]
         todo: list[int] = []
         for n, chain in enumerate(chains):
-            hit = cache.get(self, chain, items[n][2]) if cache is not None else None
+            hit = cache[0].get(self, cache[1][n], chain, items[n][2]) if cache is not None else None
             if hit is None:
                 todo.append(n)
             else:
@@ -298,7 +303,7 @@ class ServiceHistory:
                 if level >= len(chain):
                     out[n] = las_index(items[n][2], model.las_bounds_s)
                     if cache is not None:
-                        cache.put(self, chain, items[n][2], out[n], len(chain))
+                        cache[0].put(self, cache[1][n], chain, items[n][2], out[n], len(chain))
                     continue
                 dist = self.groups.get(chain[level])
                 if dist is None or len(dist.recent) < model.min_runs:
@@ -315,7 +320,7 @@ class ServiceHistory:
                     else:
                         out[n] = float(value)
                         if cache is not None:
-                            cache.put(self, chains[n], items[n][2], out[n], level + 1)
+                            cache[0].put(self, cache[1][n], chains[n], items[n][2], out[n], level + 1)
             todo = later
             level += 1
         return out

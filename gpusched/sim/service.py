@@ -95,7 +95,7 @@ class OnlineService:
         """Index values of waiting ``(task, attained GPU-s)`` (cached while their groups stand)."""
         items = [(t.request, t.job_type or "", a) for t, a in tasks]
         chains = [self._chain(t.key, t.request, t.job_type or "") for t, _ in tasks]
-        return self.history.index_values(items, chains, self._cache)
+        return self.history.index_values(items, chains, (self._cache, [t.key for t, _ in tasks]))
 
     def _chain(self, key: str, request: GPURequest, task: str) -> tuple[GroupKey, ...]:
         """The prediction groups of job ``key`` (a job's tenant, GPUs and model never change)."""

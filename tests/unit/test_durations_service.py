@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gpusched.durations import FinishedRun, ServiceHistory, ServiceModel
+from gpusched.durations.predictor import GroupKey
 from gpusched.durations.service import (
     aged_index,
     gittins_index,
@@ -126,9 +127,12 @@ def test_cached_index_values_equal_fresh_ones_as_the_history_grows(seed: int) ->
     jobs = [(GPURequest.build(gpus=rng.choice([1, 2, 4]), tenant=rng.choice(tenants)), rng.choice(["", "t1"]),
              rng.choice([0.0, 0.0, 500.0, 5000.0, 50_000.0])) for _ in range(40)]
     reused = 0
+    chains = [_chain(r, t) for r, t, _ in jobs]
+    names = [f"j{n}" for n in range(len(jobs))]
     for _ in range(60):
-        reused += sum(cache.get(history, _chain(r, t), a) is not None for r, t, a in jobs)  # type: ignore[arg-type]
-        cached = history.index_values(jobs, cache=cache)
+        reused += sum(cache.get(history, names[n], chains[n], a) is not None
+                      for n, (_, _, a) in enumerate(jobs))
+        cached = history.index_values(jobs, chains, (cache, names))
         fresh = history.index_values(jobs)
         assert cached == fresh
         assert cached == [history.index(r, t, a).value for r, t, a in jobs]
@@ -138,7 +142,7 @@ def test_cached_index_values_equal_fresh_ones_as_the_history_grows(seed: int) ->
     assert reused > 0  # values outlived runs added to other groups
 
 
-def _chain(request: GPURequest, task: str) -> tuple[object, ...]:
+def _chain(request: GPURequest, task: str) -> tuple[GroupKey, ...]:
     from gpusched.durations import group_keys
 
     return group_keys(FinishedRun.of(request, task, 0.0))
