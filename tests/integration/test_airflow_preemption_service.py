@@ -38,7 +38,7 @@ SETTINGS = {"preemption": "service", "preemption_grace_seconds": "20",
 class _Core(StubCore):
     def __init__(self, ledger: Ledger) -> None:
         super().__init__(ledger, SETTINGS)
-        self.durations = DurationHistory(30.0, 60.0)
+        self.durations = DurationHistory(30.0, 60.0, service_history=True)
 
 
 @pytest.fixture
