@@ -107,14 +107,14 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
     ``attained_gpu_s`` only with ``preemption = service``)."""
     ledger = core.ledger
     snapshot, active = ledger.cycle_view(now)  # one read transaction: both agree
-    pending, busy, core.predicted = core.durations.apply(ledger, now, pending, running_tasks(active))
+    work, busy, core.predicted = core.durations.apply(ledger, now, pending, running_tasks(active))
     attained = {}
     if core.preemption.mode == "service":
-        attained = core.attained.earlier_tries(ledger, [w.key for w in pending] + [r.key for r in busy], now)
+        attained = core.attained.earlier_tries(ledger, [w.key for w in work] + [r.key for r in busy], now)
     return CycleRequest(
-        pending, snapshot, core.policy, busy, now,
+        work, snapshot, core.policy, busy, now,
         gpu_quota.cycle_quota(ledger, snapshot, now), use_uuids=core.use_uuids,
         replan_budget_ms=core.replan_budget_ms, replan_weights=core.replan_weights,
-        addresses=ledger.node_addresses() if any(p.gang for p in pending) else {},
+        addresses=ledger.node_addresses() if any(w.gang for w in work) else {},
         attained_gpu_s=attained,
     )
