@@ -188,6 +188,7 @@ class Migrator:
         self.core.preemption.evictions[move.key] = Eviction(airflow_key, next_key, now, now + grace, reason)
         ledger.notify_preemption(move.key, task_of(move.key), reason, now=now)
         ledger.record_event("migrated", move.key, now=now, next_try=next_key, from_model=move.from_model,
+                            from_devices=[f"{s.node}:{s.index}" for s in move.shares],
                             to_model=move.to_model, devices=[f"{s.node}:{s.index}" for s in move.placement],
                             gain_gpu_s=round(move.gain, 1), held=moving.held, grace_s=grace, reason=reason)
         self.core.log.warning("gpusched: %s %s", move.key, reason)
