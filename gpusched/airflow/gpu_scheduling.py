@@ -140,7 +140,9 @@ class GPUScheduling:
         (:func:`gpusched.airflow.orphans.reconcile_holder`: superseded or finished tries and dead
         holder processes are released); return the released keys."""
         waiting = {ti_key_of(w.ti) for w in self.executor.queued_tasks.values() if is_gpu_task(w)}
-        waiting |= self.migration.held_keys()  # devices held for a moved task's next try
+        # Devices held for a moved task's next try (the moves in flight before a restart are read
+        # back from the ledger first, so their holds are kept).
+        waiting |= self.migration.held_keys()
         return reconcile_holder(self.ledger, self.holder, dispatched=set(self.gpu_running.values()),
                                 waiting=waiting, lease_s=self.lease_s, log=self.log)
 
@@ -311,7 +313,8 @@ class GPUScheduling:
             self._safe(lambda: gpu_quota.check_running(self, now))
         if now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
             self._last_renew = now
-            for ledger_key in list(self.gpu_running.values()):
+            held = self._safe(self.migration.held_keys) or set()  # devices held for moved tries
+            for ledger_key in [*self.gpu_running.values(), *sorted(held)]:
                 self._safe(lambda k=ledger_key: self._renew(k))
             # Leases of a crashed executor (any holder) run out here.
             for alloc in self._safe(lambda: self.ledger.expire_leases(now)) or ():
