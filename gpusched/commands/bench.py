@@ -51,7 +51,9 @@ def register(subparsers: Any) -> None:
     gv.add_argument("--jobs", type=Path, default=None, help="job CSV (default: the rate's n15000 stream)")
     gv.add_argument("--throughputs", type=Path, default=traces / "gavel" / "simulation_throughputs.json",
                     help="Gavel's measured throughput table (default gavel/simulation_throughputs.json)")
-    gv.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help())
+    gv.add_argument("--policy", type=_gavel_policy, default="gpusched",
+                    help=policy_help() + "; or gavel-fifo: a replay of Gavel's own FIFO baseline's "
+                         "round mechanics, to calibrate against its published figures (not a policy)")
     gv.add_argument("--gpus-per-server", type=int_range(1, 36), default=4,
                     help="GPUs per server, a divisor of 36 (default 4)")
     gv.add_argument("--round", type=finite_float(0.0), default=360.0, dest="round_s",
@@ -213,6 +215,13 @@ def _openb(args: argparse.Namespace) -> int:
         f"{args.pods.stem} {args.policy}: unallocated GPU "
         f"{result['unallocated_gpu_pct_median']} % (median of {len(seeds)} seeds)",
     )
+
+
+def _gavel_policy(text: str) -> str:
+    """A policy preset, or ``gavel-fifo`` (the calibration replay of Gavel's FIFO)."""
+    from gpusched.commands.args import policy_name
+
+    return "gavel-fifo" if text.strip().lower() == "gavel-fifo" else policy_name(text)
 
 
 def _gavel(args: argparse.Namespace) -> int:
