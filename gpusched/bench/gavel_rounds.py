@@ -87,11 +87,16 @@ def gavel_fifo_replay(
     round_s: float = 360.0,
     reset_s: float = RESET_S,
     seed: int = 0,
+    oversubscribe: bool = True,
     progress: Callable[[float, int], None] | None = None,
 ) -> GavelFifoResult:
     """Replay ``jobs`` (in arrival order) on ``workers`` (type → GPUs) until every key in
     ``stop_after`` has finished. Raises ConfigurationError for an empty fleet, a job with no
-    positive speed, or a ``stop_after`` key that is not a job."""
+    positive speed, or a ``stop_after`` key that is not a job.
+
+    For ablations: ``oversubscribe=False`` removes the exhausted type from the list (what the
+    random draw's code meant) instead of the drawn entry; ``reset_s=0`` updates the allocation at
+    every round where a job arrived or finished."""
     types = sorted(workers)
     if not types or any(workers[t] <= 0 for t in types):
         raise ConfigurationError("gavel-fifo needs at least one GPU of every listed type; "
@@ -157,7 +162,7 @@ def gavel_fifo_replay(
         if need_update and (now - last_reset >= reset_s or last_reset == 0):
             _reset_accounting(active, allocation, deficit, worker_time, types, now - last_reset, half)
             last_reset = now
-            allocation = _fifo_allocate(active, bound, workers, order, rng)
+            allocation = _fifo_allocate(active, bound, workers, order, rng, oversubscribe)
             need_update = False
             out.updates += 1
             counts = {t: sum(1 for b in allocation.values() if b == t) for t in types}
@@ -213,6 +218,7 @@ def _fifo_allocate(
     workers: Mapping[str, int],
     order: Mapping[str, int],
     rng: random.Random,
+    oversubscribe: bool,
 ) -> dict[str, str]:
     """Base-mode FIFO's allocation update (see the module docstring); mutates ``bound``."""
     free = dict(workers)
@@ -237,5 +243,5 @@ def _fifo_allocate(
         bound[key] = t
         free[t] -= 1
         if free[t] == 0:
-            listed.pop(with_room[drawn])
+            listed.pop(with_room[drawn] if oversubscribe else len(listed) - 1)
     return {k: bound[k] for k in active if k in bound}

@@ -73,3 +73,12 @@ def test_bad_input_is_a_clear_error() -> None:
         gavel_fifo_replay([job("0", 0.0, 1)], ONE_EACH, stop_after={"9"})
     with pytest.raises(ConfigurationError, match="positive speed"):
         gavel_fifo_replay([RoundJob("0", 0.0, 10.0, {"v100": 1.0})], ONE_EACH, stop_after={"0"})
+
+
+def test_without_oversubscription_each_type_takes_only_its_workers() -> None:
+    seed = next(s for s in range(100) if random.Random(s).randrange(3) != 2)
+    jobs = [job(str(i), 0.0, 1) for i in range(4)]
+    out = gavel_fifo_replay(jobs, ONE_EACH, stop_after={j.key for j in jobs}, seed=seed, oversubscribe=False)
+    assert [out.bound_type[str(i)] for i in range(3)] == ["v100", "p100", "k80"]
+    assert out.oversubscribed_updates == 0
+    assert out.finished["3"] == 720.0  # waited one round for a freed worker
