@@ -78,8 +78,8 @@ def test_bench_gavel_fifo_calibration_replay(tiny: dict[str, Path], tmp_path: Pa
     assert out["jct_mean_h"] >= 1.0
     # A table without every GPU type is a one-line error naming the file.
     proc = subprocess.run(
-        [sys.executable, "-m", "gpusched.cli", "bench", "gavel", "--jobs", str(tiny["gavel"]), "--throughputs",
-         str(tiny["throughputs"]), "--measure", "0-5", "--policy", "gavel-fifo", "--quiet"],
+        [sys.executable, "-m", "gpusched.cli", "bench", "gavel", "--jobs", str(tiny["gavel"]),
+         "--throughputs", str(tiny["throughputs"]), "--measure", "0-5", "--policy", "gavel-fifo", "--quiet"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode != 0 and "throughput" in proc.stderr and str(tiny["throughputs"]) in proc.stderr
