@@ -62,6 +62,12 @@ for part in "${parts[@]}"; do
             --out "results/gavel/checks/seed${s}_rate${r}__gpusched-replan.json"
         done
       done
+      for a in no-oversubscription update-every-round both; do  # what each of Gavel's FIFO mechanics costs
+        for r in 2.0 4.0; do
+          $G bench gavel --rate "$r" --policy gavel-fifo --fifo-ablation "$a" --quiet \
+            --out "results/gavel/checks/ablation-${a}_rate${r}__gavel-fifo.json"
+        done
+      done
       check pt24_rate2.0 --rate 2.0 --per-type 24
       check pt28_rate2.0 --rate 2.0 --per-type 28
       for g in 2 6; do

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpusched.bench.gavel_rounds import RoundJob, gavel_fifo_replay
+from gpusched.bench.gavel_rounds import RESET_S, RoundJob, gavel_fifo_replay
 from gpusched.bench.gavel_stream import gavel_stream
 from gpusched.errors import ConfigurationError, TraceError
 from gpusched.placement import Policy
@@ -23,10 +23,13 @@ from gpusched.sim.preempt import SimPreemption
 from gpusched.sim.traces import GAVEL_MODELS, TraceJob, load_gavel_jobs, load_gavel_throughputs
 from gpusched.throughputs import load_throughputs
 
-__all__ = ["GAVEL_FIFO", "gavel_policy", "run_gavel"]
+__all__ = ["FIFO_ABLATIONS", "GAVEL_FIFO", "gavel_policy", "run_gavel"]
 
 GAVEL_FIFO = "gavel-fifo"
 """Calibration replay of Gavel's own FIFO baseline (:mod:`gpusched.bench.gavel_rounds`), not a policy."""
+
+FIFO_ABLATIONS = ("none", "no-oversubscription", "update-every-round", "both")
+"""Which of the replay's mechanics to switch off, to show what each contributes."""
 
 
 def gavel_policy(name: str, throughputs: Path | None) -> Policy:
@@ -52,6 +55,7 @@ def run_gavel(
     restart_s: float = DEFAULT_RESTART_S,
     stream: tuple[float, int] | None = None,
     horizon: str = "round",
+    fifo_ablation: str = "none",
 ) -> dict[str, Any]:
     """Gavel's continuous-single experiment on ``per_type`` GPUs of each type.
 
@@ -61,8 +65,11 @@ def run_gavel(
     the migration rule (:mod:`gpusched.placement.migration`) after every pass with restart cost
     ``restart_s`` and one round as its horizon (``horizon="age"``: at least each job's attained run
     time); otherwise the replay is non-preemptive.
-    ``stream=(rate, seed)`` replays Gavel's generator for that seed (15,000 jobs,
-    :mod:`gpusched.bench.gavel_stream`, run times from ``throughputs``) instead of ``jobs_csv``.
+    ``policy_name="gavel-fifo"`` replays Gavel's own FIFO baseline instead
+    (:mod:`gpusched.bench.gavel_rounds`; ``fifo_ablation`` switches off one of its mechanics:
+    one of :data:`FIFO_ABLATIONS`). ``stream=(rate, seed)`` replays Gavel's generator for that
+    seed (15,000 jobs, :mod:`gpusched.bench.gavel_stream`, run times from ``throughputs``)
+    instead of ``jobs_csv``.
     """
     if preemption not in ("off", MIGRATE):
         raise ConfigurationError(f"gavel preemption {preemption!r} is not off or {MIGRATE}; "
@@ -83,8 +90,11 @@ def run_gavel(
     if policy_name == GAVEL_FIFO:
         if throughputs is None:
             raise ConfigurationError("gavel-fifo needs the throughput table; pass --throughputs")
+        if fifo_ablation not in FIFO_ABLATIONS:
+            raise ConfigurationError(f"gavel-fifo ablation {fifo_ablation!r} is not one of "
+                                     f"{', '.join(FIFO_ABLATIONS)}")
         summary = _gavel_fifo(trace, keys, throughputs, per_type, round_s or 360.0,
-                              0 if stream is None else stream[1], progress)
+                              0 if stream is None else stream[1], progress, fifo_ablation)
         name = jobs_csv.name if stream is None else f"gavel stream rate {stream[0]} seed {stream[1]}"
         summary.update(trace=name, measured_jobs=f"{measure[0]}-{measure[1] - 1}", round_s=round_s or 360.0,
                        gpus_per_type=per_type)
@@ -126,7 +136,7 @@ def run_gavel(
 
 
 def _gavel_fifo(trace: list[TraceJob], keys: set[str], throughputs: Path, per_type: int, round_s: float,
-                seed: int, progress: bool) -> dict[str, Any]:
+                seed: int, progress: bool, ablation: str) -> dict[str, Any]:
     """Gavel's base-mode FIFO on ``trace`` (its RNG seeded with the stream seed, as Gavel's sweeps do)."""
     table = load_gavel_throughputs(throughputs)
     jobs = []
@@ -148,7 +158,9 @@ def _gavel_fifo(trace: list[TraceJob], keys: set[str], throughputs: Path, per_ty
 
     cpu = time.process_time()
     out = gavel_fifo_replay(jobs, dict.fromkeys(GAVEL_MODELS, per_type), stop_after=keys, round_s=round_s,
-                            seed=seed, progress=show if progress else None)
+                            seed=seed, progress=show if progress else None,
+                            oversubscribe=ablation not in ("no-oversubscription", "both"),
+                            reset_s=0.0 if ablation in ("update-every-round", "both") else RESET_S)
     cpu = time.process_time() - cpu
     arrival = {j.key: j.arrival_s for j in jobs}
     jct = [out.finished[k] - arrival[k] for k in keys]
@@ -164,6 +176,7 @@ def _gavel_fifo(trace: list[TraceJob], keys: set[str], throughputs: Path, per_ty
         "jct_mean_h": round(mean / 3600.0, 4),
         "measured_by_model": by_type,
         "fifo_seed": seed,
+        "fifo_ablation": ablation,
         "rounds": out.rounds,
         "allocation_updates": out.updates,
         "oversubscribed_updates": out.oversubscribed_updates,

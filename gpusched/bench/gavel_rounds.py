@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from gpusched.errors import ConfigurationError
 
-__all__ = ["GavelFifoResult", "RoundJob", "gavel_fifo_replay"]
+__all__ = ["RESET_S", "GavelFifoResult", "RoundJob", "gavel_fifo_replay"]
 
 RESET_S = 1920.0
 """Gavel's ``minimum_time_between_allocation_resets`` default (its continuous-job sweeps keep it)."""

@@ -69,6 +69,11 @@ def register(subparsers: Any) -> None:
     gv.add_argument("--stream-seed", type=int_range(0), default=None,
                     help="replay Gavel's generator for this seed at --rate instead of a file "
                          "(seed 0 = the shared streams; others: data nothing was tuned on)")
+    gv.add_argument("--fifo-ablation", choices=("none", "no-oversubscription", "update-every-round", "both"),
+                    default="none",
+                    help="with --policy gavel-fifo: switch off one of the replayed mechanics of Gavel's "
+                         "FIFO (over-subscription of the last type; allocation updates at most every "
+                         "1,920 s) to see what it contributes (default none)")
     gv.add_argument("--per-type", type=int_range(1, 1000), default=36,
                     help="GPUs of each type, a multiple of --gpus-per-server (default 36, Gavel's)")
     gv.add_argument("--preemption", choices=("off", "migrate"), default="off",
@@ -244,6 +249,7 @@ def _gavel(args: argparse.Namespace) -> int:
         preemption=args.preemption,
         restart_s=args.restart_s,
         horizon=args.horizon,
+        fifo_ablation=args.fifo_ablation,
         stream=None if args.stream_seed is None else (args.rate, args.stream_seed),
     )
     result["rate_jobs_per_h"] = args.rate

@@ -75,7 +75,10 @@ def test_bench_gavel_fifo_calibration_replay(tiny: dict[str, Path], tmp_path: Pa
     assert out["policy"] == "gavel-fifo" and out["jobs_finished"] == 6
     assert sum(out["measured_by_model"].values()) == 6 and out["allocation_updates"] >= 1
     # Steps are the V100 duration × its speed; no job can finish faster than on a V100 alone.
-    assert out["jct_mean_h"] >= 1.0
+    assert out["jct_mean_h"] >= 1.0 and out["fifo_ablation"] == "none"
+    plain = _cli("bench", "gavel", "--jobs", tiny["gavel"], "--throughputs", three, "--measure", "0-5",
+                 "--policy", "gavel-fifo", "--per-type", "1", "--fifo-ablation", "both")
+    assert plain["fifo_ablation"] == "both" and plain["oversubscribed_updates"] == 0
     # A table without every GPU type is a one-line error naming the file.
     proc = subprocess.run(
         [sys.executable, "-m", "gpusched.cli", "bench", "gavel", "--jobs", str(tiny["gavel"]),
