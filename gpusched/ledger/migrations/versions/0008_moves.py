@@ -1,6 +1,6 @@
 """Moves in flight of the migrate preemption mode, one row per move.
 
-Revision ID: 0008_s19c_moves
+Revision ID: 0008_moves
 Revises: 0007_checkpoints
 Create Date: 2026-12-03
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008_s19c_moves"
+revision = "0008_moves"
 down_revision = "0007_checkpoints"
 branch_labels = None
 depends_on = None
