@@ -118,7 +118,9 @@ def simulate(
             ``duration_history`` and the jobs finished so far) and orders the queue by their
             Gittins index (:mod:`gpusched.sim.service`).
         progress: a tqdm bar on stderr, counting arrivals — or, with ``stop_after``, the
-            watched jobs that have finished (so it reaches 100 % when the run stops).
+            watched jobs that have finished (so it reaches 100 % when the run stops); every few
+            seconds it also shows the replay's day and the jobs waiting and running, so the
+            drain after the last arrival shows progress too.
 
     Returns:
         A :class:`SimResult`; invariants (tested): no device is ever over-committed, a job
@@ -155,6 +157,7 @@ def simulate(
     sched_at = _INF
     t = ordered[0].arrival_s if ordered else 0.0
     bar = _bar(len(watch) if watch is not None else len(ordered), progress)
+    shown = time.monotonic()
     online = OnlineDurations(predict_durations, duration_history) if predict_durations else None
     # preemption "service": queue order and victims by the Gittins index of attained service
     service = OnlineService(duration_history) if preempt.mode == "service" else None
@@ -296,6 +299,9 @@ def simulate(
                             bar.update(1)
             snapshot = snapshot.with_usage(taken)
             dirty = False
+            if bar is not None and time.monotonic() - shown > 5.0:  # alive also after the last arrival
+                shown = time.monotonic()
+                bar.set_postfix(day=f"{t / 86400:.2f}", waiting=len(pending), running=len(running))
         mark(t)
         sched_at = math.ceil(t / round_s) * round_s if round_s > 0 else t
     if bar is not None:
