@@ -89,10 +89,9 @@ def _case(rng: random.Random) -> PreemptionRequest:
         running.append(RunningTask(f"r{k}", request, shares, started, None))
     span = rng.random() < 0.2
     want = rng.choice([0.5, 1, 1, 2, 4, 8]) if not span else rng.choice([4, 8, 12])
-    extra = {"memory": "8GiB"} if want < 1 else {}
-    waiting = PendingTask("w", GPURequest.build(gpus=want, priority="critical",
-                                                interconnect="any" if span else "same_node", **extra),
-                          NOW - 30)
+    asked = GPURequest.build(gpus=want, priority="critical", memory="8GiB" if want < 1 else None,
+                             interconnect="any" if span else "same_node")
+    waiting = PendingTask("w", asked, NOW - 30)
     checkpoints = {r.key: r.started_at + rng.uniform(0, NOW - r.started_at) for r in running
                    if rng.random() < 0.5}
     used = fleet.with_usage(s for r in running for s in r.shares)
