@@ -90,3 +90,27 @@ def test_simulate_quotas_json(tmp_path: Path) -> None:
     shares = data["quota"]["partitions"]
     assert {p: shares[p]["share_pct"] for p in shares} == {"training": 70, "burst": 20, "dev": 10}
     assert sum(shares[p]["gpu_hours_pct"] for p in shares) == 100.0
+
+
+def test_simulate_over_budget_stop_from_the_command_line(tmp_path: Path) -> None:
+    trace = tmp_path / "philly.csv"
+    # One 3-h job of vision on Monday 2017-10-09; the quota charges it 10 min, its budget is 1 A100-h.
+    trace.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n"
+                     "2017-10-09 00:00:00,10800,1,10800,vision\n", encoding="utf-8")
+    quotas = tmp_path / "quota.yaml"
+    quotas.write_text("budgets: {vision: 1}\ndefault_duration_s: 600\nperiod_s: 604800\n", encoding="utf-8")
+    runs = {}
+    for mode in ("finish", "stop"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpusched.cli", "simulate", "--trace", str(trace), "--fleet",
+             "uniform:1x8:A100", "--quotas", str(quotas), "--over-budget", mode, "--json", "--quiet"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        runs[mode] = json.loads(proc.stdout)
+    assert runs["finish"]["quota"]["over_budget"]["stops"] == 0 and runs["finish"]["jct_mean_s"] == 10800
+    stop = runs["stop"]["quota"]["over_budget"]
+    # Stopped at 1 h each week (Mondays), it finishes in the third week's period.
+    assert (stop["mode"], stop["stops"], stop["jobs_stopped"]) == ("stop", 2, 1)
+    assert runs["stop"]["jct_mean_s"] == 2 * 7 * 86400 + 3600
+    assert runs["stop"]["quota"]["tenants"]["vision"]["used_gpu_hours"] == 1.0
