@@ -331,9 +331,10 @@ def simulate(
         mark(t)
         sched_at = math.ceil(t / round_s) * round_s if round_s > 0 else t
         if quota is not None:
-            state = tracker.state_at(t)
-            quota_at = min(budget_rule.next_check(state, tracker.rates(running), t),
-                           budget_rule.next_reset(state) if pending else _INF)
+            quota_at = budget_rule.next_reset(quota, t) if pending else _INF
+            if budget_rule.stops_work and running:
+                crossing = budget_rule.next_check(tracker.state_at(t), tracker.rates(running), t)
+                quota_at = min(quota_at, crossing)
     if bar is not None:
         bar.close()
     end_time = t if t != _INF else timeline[-1].t

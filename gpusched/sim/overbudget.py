@@ -24,7 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpusched import settings
-from gpusched.quota.policy import QuotaState, over_budget, over_budget_mode
+from gpusched.quota.policy import QuotaPolicy, QuotaState, over_budget, over_budget_mode
+from gpusched.quota.usage import period_start
 
 __all__ = ["SimOverBudget"]
 
@@ -84,9 +85,9 @@ class SimOverBudget:
         self.lost_gpu_s += lost_gpu_s
 
     @staticmethod
-    def next_reset(state: QuotaState) -> float:
-        """When the budget period of ``state`` ends (inf without quotas)."""
-        return state.period_start + state.policy.period_s if state.enforced else _INF
+    def next_reset(policy: QuotaPolicy, now: float) -> float:
+        """When the budget period holding ``now`` ends (the next one starts)."""
+        return period_start(now, policy.period_s) + policy.period_s
 
     def report(self) -> dict[str, object]:
         """JSON-safe figures: the mode, the check interval and the stops."""
