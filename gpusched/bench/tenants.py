@@ -289,6 +289,7 @@ def _measure(result: SimResult, jobs: Mapping[str, SimJob], policy: QuotaPolicy,
         "jobs_waiting_at_end": len(result.unstarted),
         "jobs_rejected": len(result.rejected),
         "preempted": result.preemption,
+        "over_budget": (result.quota or {}).get("over_budget"),  # stops at the budget (quota run)
     }
 
 
