@@ -188,3 +188,20 @@ def assert_whole_devices_never_shared(history: Any) -> None:
     for device, rows in spans.items():
         for (_, end, key), (start, _, other) in itertools.pairwise(sorted(rows)):
             assert start >= end, f"{device} held by {key} and {other} at once"
+
+
+def record_finished_runs(
+    ledger: Any, dag_id: str, task_id: str, request: Any, device: DeviceShare, run_seconds: list[float],
+    *, end: float,
+) -> None:
+    """Write succeeded past runs of task ``dag_id.task_id`` into ``ledger`` — what the duration
+    predictor and the service index (``preemption = service``) learn from: one run per entry of
+    ``run_seconds`` (that long), one after another on ``device``, the last released at ``end``."""
+    from gpusched.airflow.keys import ti_key
+
+    at = end - sum(run_seconds) - len(run_seconds)
+    for n, run_s in enumerate(run_seconds):
+        key = ti_key(dag_id, task_id, f"scheduled__history{n}", 1)
+        ledger.allocate(key, request, [device], holder="history", now=at)
+        ledger.release(key, reason="task succeeded", now=at + run_s)
+        at += run_s + 1

@@ -44,6 +44,7 @@ class LocalCluster:
         executor: ``[core] executor``.
         env: extra environment for every process (``AIRFLOW__…`` settings).
         worker_concurrency: Celery worker slots per host.
+        scheduler_env: extra environment for the scheduler only (see :meth:`restart_scheduler`).
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class LocalCluster:
         executor: str = "gpusched.airflow.celery_executor.GPUCeleryExecutor",
         env: Mapping[str, str] | None = None,
         worker_concurrency: int = 2,
+        scheduler_env: Mapping[str, str] | None = None,
     ) -> None:
         self.base = base
         self.hosts = tuple(hosts)
@@ -77,6 +79,7 @@ class LocalCluster:
         self._executor = executor
         self._fleet = fleet or include_dir() / "fleets" / "multihost.yaml"
         self._extra = dict(env or {})
+        self.scheduler_env: dict[str, str] = dict(scheduler_env or {})
         self.env: dict[str, str] = {}
 
     # ---- start / stop ----------------------------------------------------------------------
@@ -132,7 +135,7 @@ class LocalCluster:
         self._spawn("dag-processor", [*self._airflow, "dag-processor"])
         for host in self.hosts:
             self.start_host(host)
-        self._spawn("scheduler", [*self._airflow, "scheduler"])
+        self._spawn("scheduler", [*self._airflow, "scheduler"], self.scheduler_env)
         return self
 
     def start_host(self, host: str) -> None:
@@ -145,6 +148,26 @@ class LocalCluster:
                                        f"gpusched@{host},default", "--celery-hostname", f"{host}@%h",
                                        "--concurrency", str(self.worker_concurrency), "--without-mingle",
                                        "--without-gossip"], host_env)
+
+    def restart_scheduler(self, env: Mapping[str, str] | None = None) -> None:
+        """Stop the scheduler (SIGTERM, SIGKILL of its group after 30 s) and start it again with
+        ``env`` (it becomes :attr:`scheduler_env`) on top of the cluster's environment, e.g. another
+        ``[gpusched] preemption``; the other processes keep running. Call it with no GPU task in
+        flight: the executor forgets what it was doing (its allocations are reconciled at start)."""
+        proc = self.procs["scheduler"]
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # children left in its group
+        self.scheduler_env = dict(env or {})
+        self._spawn("scheduler", [*self._airflow, "scheduler"], self.scheduler_env)
 
     def kill_host(self, host: str) -> None:
         """SIGKILL every process of GPU host ``host`` (worker, its pool and task processes, agent)."""
@@ -196,9 +219,12 @@ class LocalCluster:
         return bool(health["scheduler"]["status"] == "healthy"
                     and health["dag_processor"]["status"] == "healthy")
 
-    def trigger(self, dag_id: str) -> str:
-        """Start a run of ``dag_id``; its run id."""
-        return str(self.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None})["dag_run_id"])
+    def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None) -> str:
+        """Start a run of ``dag_id`` (with ``conf`` as its run configuration); its run id."""
+        body: dict[str, Any] = {"logical_date": None}
+        if conf is not None:
+            body["conf"] = dict(conf)
+        return str(self.api("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"])
 
     def run_state(self, dag_id: str, run_id: str) -> str:
         """The state of one DAG run."""
