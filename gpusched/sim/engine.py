@@ -7,7 +7,11 @@ running jobs and the quota state the executor would have (``sim/quota.py``); eve
 at once and finishes after the job's run time *on the model it got* (the slowest device's model
 for a multi-device job). Without ``preemption`` a started job keeps its devices until it ends;
 with it, the executor's victim selection may stop lower-priority jobs, or the migration rule move
-jobs between GPU types (:mod:`gpusched.sim.preempt`).
+jobs between GPU types (:mod:`gpusched.sim.preempt`). With a quota, the executor's over-budget
+check (:mod:`gpusched.sim.overbudget`) is an event too: ``over_budget = stop`` stops a tenant's
+running jobs at the first check after its use reaches its budget; held jobs are reconsidered when a
+budget period begins. A stopped job (preempted or at its budget) goes back to the queue; its
+record's ``segments`` are its runs.
 
 Two timing modes: ``round_s == 0`` schedules after every batch of simultaneous events;
 ``round_s > 0`` schedules only at round boundaries (Gavel's 360 s rounds) when something changed.
