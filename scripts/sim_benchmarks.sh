@@ -30,12 +30,15 @@ for part in "${parts[@]}"; do
       done ;;
     gavel)
       for r in 2.0 4.0; do
-        for p in first-fit gpusched best-fit random; do
+        # gavel-fifo: the calibration replay of Gavel's own FIFO baseline (not a policy)
+        for p in first-fit gpusched best-fit random gavel-fifo; do
           echo "gavel $r $p" >&2
           $G bench gavel --rate "$r" --policy "$p" --quiet --out "results/gavel/rate${r}__${p}.json"
         done
         $G bench gavel --rate "$r" --policy gpusched --preemption migrate --quiet \
           --out "results/gavel/rate${r}__gpusched-migrate.json"
+        $G bench gavel --rate "$r" --policy gpusched --replan-ms 20 --quiet \
+          --out "results/gavel/rate${r}__gpusched-replan.json"
       done
       # checks on data nothing was tuned on: other seeds of Gavel's generator, smaller clusters,
       # other server sizes, other restart costs (results/gavel/checks, a table in the report)
@@ -47,6 +50,24 @@ for part in "${parts[@]}"; do
         $G bench gavel --policy gpusched --preemption migrate --quiet \
           --out "results/gavel/checks/${name}__gpusched-migrate.json" "$@"; }
       for s in 1 2 3; do check "seed${s}_rate4.0" --rate 4.0 --stream-seed "$s"; done
+      for s in 1 2 3; do
+        for p in first-fit gpusched; do
+          $G bench gavel --rate 2.0 --stream-seed "$s" --policy "$p" --quiet \
+            --out "results/gavel/checks/seed${s}_rate2.0__${p}.json"
+        done
+        for r in 2.0 4.0; do
+          $G bench gavel --rate "$r" --stream-seed "$s" --policy gavel-fifo --quiet \
+            --out "results/gavel/checks/seed${s}_rate${r}__gavel-fifo.json"
+          $G bench gavel --rate "$r" --stream-seed "$s" --policy gpusched --replan-ms 20 --quiet \
+            --out "results/gavel/checks/seed${s}_rate${r}__gpusched-replan.json"
+        done
+      done
+      for a in no-oversubscription update-every-round both; do  # what each of Gavel's FIFO mechanics costs
+        for r in 2.0 4.0; do
+          $G bench gavel --rate "$r" --policy gavel-fifo --fifo-ablation "$a" --quiet \
+            --out "results/gavel/checks/ablation-${a}_rate${r}__gavel-fifo.json"
+        done
+      done
       check pt24_rate2.0 --rate 2.0 --per-type 24
       check pt28_rate2.0 --rate 2.0 --per-type 28
       for g in 2 6; do
@@ -66,6 +87,8 @@ for part in "${parts[@]}"; do
       done
       $G bench philly --policy gpusched --oracle --nodes "$PHILLY_NODES" --quiet \
         --out "results/philly/gpusched-oracle.json"
+      $G bench philly --policy gpusched --oracle --replan-ms 20 --nodes "$PHILLY_NODES" --quiet \
+        --out "results/philly/gpusched-oracle-replan.json"
       $G bench philly --policy gpusched --durations predicted --nodes "$PHILLY_NODES" --quiet \
         --out "results/philly/gpusched-predicted.json"
       $G bench philly --policy gpusched --oracle --max-pending 1024 --nodes "$PHILLY_NODES" --quiet \

@@ -7,7 +7,7 @@ Every route requires an authenticated Airflow user (``requires_authenticated`` f
 authenticates its own ``fetch`` calls. Without either: 401.
 
 JSON routes (all read-only): ``/fleet``, ``/allocations``, ``/queue``, ``/quotas``,
-``/forecast``, ``/events``, ``/preemptions``. The page: ``/ui``, served with a
+``/forecast``, ``/events``, ``/preemptions`` (preemptions and moves). The page: ``/ui``, served with a
 Content-Security-Policy (its own script only, framed only by the same origin) and the usual
 hardening headers. There is no ``/docs``, ``/redoc`` or ``/openapi.json``: the routes are
 documented here and in docs/airflow.md, and nothing is served without authentication except
@@ -163,8 +163,10 @@ def create_app(ledger_url: str | None = None) -> FastAPI:
 
     @router.get("/preemptions")
     def preemptions(limit: int = 20) -> list[dict[str, Any]]:
-        """Recent preemptions (victim, for whom, work lost, why), newest first."""
-        return api_views.preemptions_view(holder.get().events(max(1, min(limit, 200)), kinds=["preempted"]))
+        """Recent preemptions (victim, for whom, work lost, why) and moves between GPU types
+        (``preemption = migrate``: from model/devices -> to), newest first."""
+        rows = holder.get().events(max(1, min(limit, 200)), kinds=["preempted", "migrated"])
+        return api_views.preemptions_view(rows)
 
     @router.get("/ui", response_class=HTMLResponse)
     def ui() -> HTMLResponse:

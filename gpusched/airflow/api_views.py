@@ -241,16 +241,36 @@ def queue_view(entries: Sequence[QueueEntry], now: float) -> list[dict[str, Any]
 
 
 def preemptions_view(events: Sequence[Any]) -> list[dict[str, Any]]:
-    """Recent ``preempted`` ledger events, newest first: the victim (with its task link), for whom,
-    the work it lost (GPU-seconds since its last checkpoint) and why."""
-    return [
-        {
-            "at": e.at, "key": e.subject, "task": task_link(e.subject), "by": e.detail.get("by"),
-            "by_task": task_link(str(e.detail.get("by") or "")), "reason": e.detail.get("reason"),
-            "lost_gpu_s": e.detail.get("lost_gpu_s"), "grace_s": e.detail.get("grace_s"),
-        }
-        for e in events if e.kind == "preempted"
-    ]
+    """Recent ``preempted`` and ``migrated`` ledger events, newest first, as the *Preemptions*
+    table shows them: ``kind`` ``preemption`` (the victim with its task link, for whom, the work
+    it lost since its last checkpoint, why) or ``move`` (the moved try, from which model and
+    devices to which, its next try, the gain, why)."""
+    rows: list[dict[str, Any]] = []
+    for e in events:
+        detail = e.detail
+        row: dict[str, Any] = {"at": e.at, "key": e.subject, "task": task_link(e.subject),
+                               "reason": detail.get("reason"), "grace_s": detail.get("grace_s")}
+        if e.kind == "preempted":
+            by = str(detail.get("by") or "")
+            row.update(kind="preemption", by=detail.get("by"), by_task=task_link(by),
+                       lost_gpu_s=detail.get("lost_gpu_s"))
+        elif e.kind == "migrated":
+            source = _where(detail.get("from_model"), detail.get("from_devices"))
+            target = _where(detail.get("to_model"), detail.get("devices"))
+            next_try = str(detail.get("next_try") or "")
+            row.update(kind="move", by=None, by_task=None, lost_gpu_s=None, source=source, target=target,
+                       move=f"{source} -> {target}", next_try=next_try or None,
+                       next_task=task_link(next_try), gain_gpu_s=detail.get("gain_gpu_s"))
+        else:
+            continue
+        rows.append(row)
+    return rows
+
+
+def _where(model: Any, devices: Any) -> str:
+    """``model (node:index, …)`` of one side of a move (the devices when the event has them)."""
+    place = ", ".join(str(d) for d in devices) if isinstance(devices, list) and devices else ""
+    return f"{model or '?'} ({place})" if place else str(model or "?")
 
 
 def tenant_usage(

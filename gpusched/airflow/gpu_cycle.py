@@ -87,7 +87,9 @@ class CycleRequest:
     ``replan_weights``: the genetic re-planning budget (0 = greedy only) and its objective weights
     (latency, fragmentation, energy); ``quota``: partition and budget state, required
     (:meth:`QuotaState.unlimited` when no quota is configured);
-    ``addresses``: node -> address of its GPU host (rendezvous of multi-node gangs).
+    ``addresses``: node -> address of its GPU host (rendezvous of multi-node gangs);
+    ``attained_gpu_s``: key -> GPU-seconds the earlier tries of its task instance held devices
+    (``preemption = service``: a requeued try keeps the service it attained; absent: none).
     """
 
     pending: tuple[PendingWork, ...]
@@ -101,6 +103,7 @@ class CycleRequest:
     replan_budget_ms: float = 0.0
     replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1)
     addresses: Mapping[str, str] = field(default_factory=dict)
+    attained_gpu_s: Mapping[str, float] = field(default_factory=dict)
 
 
 def decide(request: CycleRequest) -> CycleReply:

@@ -5,9 +5,10 @@ A task whose author gave no ``expected_duration`` is placed with the run time
 tenant and GPU count, tenant, fleet). :class:`DurationHistory` keeps the predictor between cycles:
 it reads ``[gpusched] duration_history_days`` of finished allocations once, then every
 ``[gpusched] duration_refresh_seconds`` only those released since the last read — never the
-whole history each heartbeat. The same runs feed :attr:`DurationHistory.service`, their
-run-time distributions per group, from which ``preemption = service`` computes each task's
-Gittins index (:mod:`gpusched.durations.service`). :func:`predict_pending` and
+whole history each heartbeat. With ``preemption = service`` only, the same runs also feed
+:attr:`DurationHistory.service`, their run-time distributions per group, from which that mode
+computes each task's Gittins index (:mod:`gpusched.durations.service`); in every other mode it
+stays empty and costs nothing. :func:`predict_pending` and
 :func:`predict_running` rewrite the cycle's requests (pending work and the tasks holding
 devices) before ``decide``. The ledger keeps the author's request; the executor says in the queue
 reason and the try's log when an estimate was predicted.
@@ -63,11 +64,14 @@ def finished_runs(allocations: Iterable[Any]) -> list[FinishedRun]:
 class DurationHistory:
     """The executor's predictor, refreshed from the ledger at most every ``refresh_s`` seconds.
 
-    ``days`` ≤ 0 turns prediction off (:meth:`predictor` returns None).
+    ``days`` ≤ 0 turns prediction off (:meth:`predictor` returns None). ``service_history``:
+    also keep :attr:`service` (only ``preemption = service`` reads it).
     """
 
-    def __init__(self, days: float, refresh_s: float, model: DurationModel | None = None) -> None:
+    def __init__(self, days: float, refresh_s: float, model: DurationModel | None = None, *,
+                 service_history: bool = False) -> None:
         self.days = days
+        self.service_history = service_history
         self.refresh_s = refresh_s
         self.model = model or DurationModel()
         self._predictor: DurationPredictor | None = None
@@ -78,11 +82,13 @@ class DurationHistory:
     @classmethod
     def from_settings(cls, conf: Any) -> DurationHistory:
         """``[gpusched] duration_history_days`` and ``duration_refresh_seconds`` of ``conf`` (the
-        executor's team-scoped config)."""
+        executor's team-scoped config); the service history only when ``preemption = service``."""
         from gpusched import settings
 
         days = settings.get_float("duration_history_days", conf)
-        return cls(days, settings.get_float("duration_refresh_seconds", conf))
+        mode = settings.get_str("preemption", conf).strip().lower()
+        refresh_s = settings.get_float("duration_refresh_seconds", conf)
+        return cls(days, refresh_s, service_history=mode == "service")
 
     def apply(
         self, ledger: Any, now: float, pending: Sequence[PendingWork], running: Sequence[RunningTask]
@@ -113,7 +119,8 @@ class DurationHistory:
         base = self._predictor or DurationPredictor(self.model)
         runs = finished_runs(fresh)
         self._predictor = base.with_runs(runs)
-        self.service = self.service.with_runs(runs)
+        if self.service_history:
+            self.service = self.service.with_runs(runs)
         self._read_at = now
         return self._predictor
 

@@ -28,9 +28,18 @@ Each move of try ``N`` (from model ``a`` to devices of model ``b``):
 
 A move is given up (hold released, pin removed, event ``migration_abandoned``) when try
 ``N+1`` has not started ``MIGRATION_REQUEUE_WAIT_S`` after try ``N`` ended (it finished before
-being stopped, or was failed): its next try, if any, is placed as usual. An executor restart
-forgets moves in flight: the held devices of the dead executor are released by reconcile (its
-processes are gone) and the pin still sends the next try to model ``b``.
+being stopped, or was failed): its next try, if any, is placed as usual.
+
+Each move in flight is also written to the ledger (:meth:`gpusched.ledger.Ledger.record_move`,
+after its hold and before its pin) and forgotten when it is done or given up, so a restarted
+executor (a new object over the same ledger, same holder) picks it up (:meth:`Migrator.restore`,
+before its first reconcile, which then leaves the held devices alone): the hold is kept for try
+``N+1`` (or held again when it was lost), the pin is written again if it was missing, an old try
+still running under this executor is stopped after its grace as before, and the next try is
+launched on the held devices; a move whose next try does not come within
+``MIGRATION_REQUEUE_WAIT_S`` of the restart (or of the old try's end), or every move when
+``preemption`` is no longer ``migrate``, is given up with its hold released and its pin removed.
+A move whose next try had already started is just forgotten (its pin removed).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from gpusched.airflow.gpu_preemption import Eviction, Preemptor
 from gpusched.airflow.keys import parse_ti_key, task_of, ti_key
 from gpusched.airflow.task_log import append_task_log
 from gpusched.errors import AllocationConflictError, ConfigurationError
+from gpusched.ledger.moves import MoveIntent
 from gpusched.placement.migration import MIGRATE, MigrationRequest, Move, plan_migrations
 from gpusched.request import GPURequest
 
@@ -97,6 +107,15 @@ class Moving:
     at: float
     held: bool = False
     ended_at: float | None = None
+    reason: str = ""
+    deadline: float = 0.0
+    restored: bool = False  # read back after a restart: the old try's end is read from the ledger
+
+    def intent(self, holder: str) -> MoveIntent:
+        """What the ledger keeps of this move (:class:`gpusched.ledger.moves.MoveIntent`)."""
+        m = self.move
+        return MoveIntent(self.next_key, self.old_key, holder, m.from_model, m.to_model, m.shares,
+                          m.placement, m.gain, self.request, self.author, self.reason, self.at, self.deadline)
 
 
 class Migrator:
@@ -119,13 +138,16 @@ class Migrator:
                                      "migration_restart_seconds >= 0; e.g. 360 and 60")
         self.moving: dict[str, Moving] = {}  # next try's ledger key -> move in flight
         self._last = 0.0
+        self._restored = False
 
     def holds(self, ledger_key: str) -> bool:
         """Whether ``ledger_key`` is the next try of a move in flight (its devices held or to be)."""
+        self.restore()
         return ledger_key in self.moving
 
     def held_keys(self) -> set[str]:
         """Ledger keys of the held allocations (reconcile must leave them alone)."""
+        self.restore()
         return {k for k, m in self.moving.items() if m.held}
 
     # ---- every heartbeat ---------------------------------------------------------------------
@@ -138,6 +160,7 @@ class Migrator:
     def consider(self, policy: Any, now: float | None = None) -> list[Moving]:
         """Run the rule if ``migration_interval_seconds`` have passed; start the moves it proves."""
         now = time.time() if now is None else now
+        self.restore(now)
         if not self.enabled or now - self._last < self.interval_s:
             return []
         self._last = now
@@ -182,12 +205,14 @@ class Migrator:
         reason = (f"moving to {move.to_model} ({devices}) from {move.from_model}: gains "
                   f"{move.gain:.0f} best-GPU-s over {self.interval_s:.0f} s net of a "
                   f"{self.restart_s:.0f} s restart")
-        ledger.pin_try(parts.dag_id, parts.task_id, parts.run_id, parts.try_number + 1, pinned,
-                       reason=f"moved from {move.from_model} by the migrate preemption mode", now=now)
         grace = self.core.preemption.grace_s
+        moving.reason, moving.deadline = reason, now + grace
+        ledger.record_move(moving.intent(self.core.holder))  # a restarted executor completes it
+        self._pin(moving, now)
         self.core.preemption.evictions[move.key] = Eviction(airflow_key, next_key, now, now + grace, reason)
         ledger.notify_preemption(move.key, task_of(move.key), reason, now=now)
         ledger.record_event("migrated", move.key, now=now, next_try=next_key, from_model=move.from_model,
+                            from_devices=[f"{s.node}:{s.index}" for s in move.shares],
                             to_model=move.to_model, devices=[f"{s.node}:{s.index}" for s in move.placement],
                             gain_gpu_s=round(move.gain, 1), held=moving.held, grace_s=grace, reason=reason)
         self.core.log.warning("gpusched: %s %s", move.key, reason)
@@ -210,6 +235,7 @@ class Migrator:
 
     def claim(self, now: float | None = None) -> None:
         """Hold the targets that movers' old tries have freed; finish or give up moves."""
+        self.restore(now)
         if not self.moving:
             return
         now = time.time() if now is None else now
@@ -217,20 +243,24 @@ class Migrator:
         for next_key, moving in list(self.moving.items()):
             if next_key in running:  # the next try started: the move is done
                 del self.moving[next_key]
+                self.core.ledger.forget_move(next_key)
                 self._unpin(moving, "the moved try started", now)
                 continue
-            if moving.ended_at is None and moving.old_key not in running:
+            if moving.restored and moving.ended_at is None:
+                self._resume(moving, running, now)
+            elif moving.ended_at is None and moving.old_key not in running:
                 moving.ended_at = now
             if not moving.held:
                 self._hold(moving, now)
             if moving.ended_at is not None and now - moving.ended_at > MIGRATION_REQUEUE_WAIT_S:
                 self._abandon(moving, now)
 
-    def _abandon(self, moving: Moving, now: float) -> None:
-        del self.moving[moving.next_key]
-        why = f"try {moving.next_key} did not start within {MIGRATION_REQUEUE_WAIT_S:.0f} s"
+    def _abandon(self, moving: Moving, now: float, why: str = "") -> None:
+        self.moving.pop(moving.next_key, None)
+        why = why or f"try {moving.next_key} did not start within {MIGRATION_REQUEUE_WAIT_S:.0f} s"
         if moving.held:
             self.core.ledger.release(moving.next_key, reason=f"migration abandoned: {why}", now=now)
+        self.core.ledger.forget_move(moving.next_key)
         self._unpin(moving, why, now)
         self.core.ledger.record_event("migration_abandoned", moving.old_key, now=now, reason=why)
         self.core.log.warning("gpusched: migration of %s abandoned: %s", moving.old_key, why)
@@ -240,3 +270,83 @@ class Migrator:
         if parts is not None:
             self.core.ledger.unpin_try(parts.dag_id, parts.task_id, parts.run_id, parts.try_number,
                                        reason=why, now=now)
+
+    def _pin(self, moving: Moving, now: float) -> None:
+        parts = parse_ti_key(moving.next_key)
+        if parts is not None:
+            why = f"moved from {moving.move.from_model} by the migrate preemption mode"
+            self.core.ledger.pin_try(parts.dag_id, parts.task_id, parts.run_id, parts.try_number,
+                                     moving.request, reason=why, now=now)
+
+    # ---- after a restart -------------------------------------------------------------------------
+
+    def restore(self, now: float | None = None) -> list[Moving]:
+        """Pick up this holder's moves in flight from the ledger (once; see the module docstring).
+
+        Returns the moves resumed. A move whose next try already started is forgotten; with
+        ``preemption`` no longer ``migrate`` every move is given up.
+        """
+        if self._restored:
+            return []
+        now = time.time() if now is None else now
+        ledger = self.core.ledger
+        resumed: list[Moving] = []
+        for intent in ledger.moves(self.core.holder):
+            if intent.next_key in self.moving:
+                continue
+            moving = _moving_of(intent)
+            if moving is None:
+                ledger.forget_move(intent.next_key)
+                continue
+            alloc = ledger.get(intent.next_key)
+            if alloc is not None and alloc.released_at is None:
+                targets = sorted(s.uuid for s in intent.placement)
+                if any(p.role != "executor" for p in alloc.processes) or sorted(alloc.devices) != targets:
+                    ledger.forget_move(intent.next_key)  # its next try had started: the move is done
+                    self._unpin(moving, "the moved try started", now)
+                    continue
+                moving.held = True
+            if not self.enabled:
+                self._abandon(moving, now, "[gpusched] preemption is no longer migrate")
+                continue
+            parts = parse_ti_key(moving.next_key)
+            pins = ledger.request_overrides([(parts.dag_id, parts.task_id)]) if parts else []
+            if parts and not any(o.pinned and o.run_id == parts.run_id and o.try_number == parts.try_number
+                                 for o in pins):
+                self._pin(moving, now)  # the executor stopped between recording the move and its pin
+            self.moving[moving.next_key] = moving
+            resumed.append(moving)
+            ledger.record_event("migration_resumed", moving.old_key, now=now, next_try=moving.next_key,
+                                held=moving.held, to_model=moving.move.to_model)
+            self.core.log.warning("gpusched: resumed the move of %s to %s after a restart (target %s)",
+                                  moving.old_key, moving.move.to_model, "held" if moving.held else "to hold")
+        self._restored = True
+        return resumed
+
+    def _resume(self, moving: Moving, running: set[str], now: float) -> None:
+        """A restored move: stop its old try as before if this executor runs it (adopted), or
+        start the wait for the next try once the ledger says the old try ended."""
+        if moving.old_key in running:
+            evictions = self.core.preemption.evictions
+            if moving.old_key not in evictions:
+                evictions[moving.old_key] = Eviction(moving.airflow_key, moving.next_key, moving.at,
+                                                     moving.deadline, moving.reason)
+            return
+        old = self.core.ledger.get(moving.old_key)
+        if old is None or old.released_at is not None:
+            moving.ended_at = now  # the next try gets the whole wait from here
+
+
+def _moving_of(intent: MoveIntent) -> Moving | None:
+    """The move in flight the ledger kept (None when its old key is not a task try)."""
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    parts = parse_ti_key(intent.old_key)
+    if parts is None:
+        return None
+    move = Move(intent.old_key, intent.from_model, intent.to_model, intent.shares, intent.placement,
+                intent.gain)
+    airflow_key = TaskInstanceKey(parts.dag_id, parts.task_id, parts.run_id, parts.try_number,
+                                  parts.map_index)
+    return Moving(intent.old_key, intent.next_key, airflow_key, move, intent.request, intent.author,
+                  intent.notice_at, reason=intent.reason, deadline=intent.deadline, restored=True)

@@ -6,9 +6,10 @@ One implementation for both executors (it lives beside :class:`GPUScheduling`, t
 
 With ``service`` (Tiresias-style, :mod:`gpusched.durations.service`), :meth:`Preemptor.rank`
 orders every cycle's queue by each task's Gittins index (from the run-time distribution of its
-prediction group in the ledger's finished runs, :attr:`DurationHistory.service`), and a held
-task may also preempt running tasks of its own priority whose index, at the GPU-time they have
-attained since their allocation started, is lower than its own by the model's margin.
+prediction group in the ledger's finished runs, :attr:`DurationHistory.service`), at the GPU-time
+its task instance has attained, earlier tries included (:mod:`gpusched.airflow.gpu_attained`), and
+a held task may also preempt running tasks of its own priority whose index, at the GPU-time
+they have attained, is lower than its own by the model's margin.
 
 After a cycle (:meth:`Preemptor.consider`), the highest-priority task held for capacity (or the
 whole multi-node gang) gets a victim selection (:func:`gpusched.placement.preemption.select_victims`,
@@ -105,15 +106,19 @@ class Preemptor:
     # ---- before a cycle (mode service) -----------------------------------------------------------
 
     def indices(self, request: CycleRequest) -> dict[str, float]:
-        """Ledger key → Gittins index of the pending work (aged by its wait, attained service 0:
-        a new try starts over) and of the running tasks (GPU-time since their allocation
-        started); empty unless the mode is ``service``."""
+        """Ledger key → Gittins index of the pending work (aged by its wait) and of the running
+        tasks, each at its attained service: the GPU-time of its task instance's earlier tries
+        (``request.attained_gpu_s``, as the simulator keeps it: a requeued try does not start over)
+        plus, for a running task, the GPU-time since its allocation started; empty unless the
+        mode is ``service``."""
         if self.mode != "service":
             return {}
         history = self.core.durations.service
         halving = request.policy.service_halving_s
-        items = [(w.request, task_name(w.key), 0.0) for w in request.pending]
-        items += [(r.request, task_name(r.key), gpu_seconds(r.request, request.now - r.started_at))
+        before = request.attained_gpu_s
+        items = [(w.request, task_name(w.key), before.get(w.key, 0.0)) for w in request.pending]
+        items += [(r.request, task_name(r.key),
+                   before.get(r.key, 0.0) + gpu_seconds(r.request, request.now - r.started_at))
                   for r in request.running]
         values = history.index_values(items)
         out = {w.key: aged_index(v, request.now - w.submitted_at, halving)
@@ -123,11 +128,14 @@ class Preemptor:
 
     def rank(self, request: CycleRequest) -> CycleRequest:
         """``request`` with its queue ordered by the tasks' Gittins indices (mode ``service``:
-        ``QueueOrder.RANKED``, ranks −log2 of the unaged index; the engine ages them)."""
+        ``QueueOrder.RANKED``, ranks −log2 of the unaged index at the attained service of the
+        task instance's earlier tries; the engine ages them)."""
         if self.mode != "service" or not request.pending:
             return request
         history = self.core.durations.service
-        values = history.index_values([(w.request, task_name(w.key), 0.0) for w in request.pending])
+        before = request.attained_gpu_s
+        values = history.index_values([(w.request, task_name(w.key), before.get(w.key, 0.0))
+                                       for w in request.pending])
         pending = tuple(replace(w, rank=queue_rank(v)) for w, v in zip(request.pending, values, strict=True))
         ranked = replace(request.policy, queue_order=QueueOrder.RANKED)
         return replace(request, pending=pending, policy=ranked)

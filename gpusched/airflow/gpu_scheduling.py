@@ -3,8 +3,8 @@
 One implementation serves :class:`gpusched.airflow.executor.GPUExecutor` (LocalExecutor) and
 :class:`gpusched.airflow.celery_executor.GPUCeleryExecutor` (CeleryExecutor). The executor owns
 Airflow's bookkeeping and hands its GPU workloads here; :class:`GPUScheduling` builds one
-:class:`~gpusched.airflow.gpu_cycle.CycleRequest` per cycle (fault-chain overrides applied,
-durations predicted where none was given: :mod:`gpusched.airflow.gpu_durations`), calls
+:class:`~gpusched.airflow.gpu_cycle.CycleRequest` per cycle (:mod:`gpusched.airflow.gpu_inputs`:
+fault-chain overrides applied, durations predicted where none was given, attained service), calls
 :func:`~gpusched.airflow.gpu_cycle.decide`, writes each launch's allocation to the ledger and
 gives the launch to the executor's :class:`Dispatcher` (a local worker with the devices'
 environment, or the Celery queue of the host that owns them).
@@ -21,11 +21,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched import settings
-from gpusched.airflow import gpu_durations, gpu_faults, gpu_quota
+from gpusched.airflow import gpu_attained, gpu_durations, gpu_faults, gpu_inputs, gpu_quota
 from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
-from gpusched.airflow.gang import gang_member
-from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide, running_tasks
+from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide
 from gpusched.airflow.gpu_migration import Migrator, throughput_table
 from gpusched.airflow.gpu_preemption import Preemptor
 from gpusched.airflow.keys import ti_key_of
@@ -34,11 +33,9 @@ from gpusched.airflow.orphans import reconcile_holder, task_state
 from gpusched.airflow.task_log import append_task_log
 from gpusched.errors import (
     AllocationConflictError,
-    GPURequestError,
     LedgerUnavailableError,
     UnknownAllocationError,
 )
-from gpusched.faults.failures import load_overrides
 from gpusched.placement.genetic import parse_weights
 from gpusched.request import GPURequest
 
@@ -88,6 +85,7 @@ class GPUScheduling:
         self.ledger_wait_s = settings.get_float("ledger_wait_seconds", conf)
         self.reconcile_s = settings.get_float("reconcile_seconds", conf)
         self.durations = gpu_durations.DurationHistory.from_settings(conf)  # run times learnt from history
+        self.attained = gpu_attained.AttainedService()  # GPU-time of earlier tries (preemption = service)
         self.predicted: dict[str, Any] = {}  # ledger key -> this cycle's Prediction
         # Running work over its tenant's hard budget: finish|stop, acted on once per allocation.
         self.over_budget, self.over_budget_seen = gpu_quota.over_budget_action(conf), set[str]()
@@ -142,7 +140,9 @@ class GPUScheduling:
         (:func:`gpusched.airflow.orphans.reconcile_holder`: superseded or finished tries and dead
         holder processes are released); return the released keys."""
         waiting = {ti_key_of(w.ti) for w in self.executor.queued_tasks.values() if is_gpu_task(w)}
-        waiting |= self.migration.held_keys()  # devices held for a moved task's next try
+        # Devices held for a moved task's next try (the moves in flight before a restart are read
+        # back from the ledger first, so their holds are kept).
+        waiting |= self.migration.held_keys()
         return reconcile_holder(self.ledger, self.holder, dispatched=set(self.gpu_running.values()),
                                 waiting=waiting, lease_s=self.lease_s, log=self.log)
 
@@ -196,56 +196,13 @@ class GPUScheduling:
             self.log.exception("gpusched: GPU scheduling cycle failed; retrying next heartbeat")
 
     def cycle_request(self, pending: Sequence[PendingWork], now: float) -> CycleRequest:
-        """Every input of one cycle, read from the ledger now (quota: the quota file and usage;
-        requests without ``expected_duration`` carry the predicted one, noted in ``predicted``)."""
-        snapshot, active = self.ledger.cycle_view(now)  # one read transaction: both agree
-        pending, busy, self.predicted = self.durations.apply(self.ledger, now, pending, running_tasks(active))
-        return CycleRequest(
-            pending, snapshot, self.policy, busy, now,
-            gpu_quota.cycle_quota(self.ledger, snapshot, now), use_uuids=self.use_uuids,
-            replan_budget_ms=self.replan_budget_ms, replan_weights=self.replan_weights,
-            addresses=self.ledger.node_addresses() if any(p.gang for p in pending) else {},
-        )
+        """Every input of one cycle, read from the ledger now (:func:`.gpu_inputs.read_cycle_request`)."""
+        return gpu_inputs.read_cycle_request(self, pending, now)
 
     def _schedule(self, workloads: Sequence[Any]) -> None:
         now = time.time()
-        ledger = self.ledger
-        pending: list[PendingWork] = []
-        by_key: dict[str, Any] = {}
-        # The fault chain may have replaced a task's request (more memory, another model) or
-        # refused its retry (code errors fail the same way on any GPU): both live in the ledger.
-        overrides = load_overrides(ledger)
         self.migration.claim(now)  # a moved task's target, freed by another mover, before anyone else
-        self._cycle_requests.clear()
-        for workload in workloads:
-            ti = workload.ti
-            key = ti_key_of(ti)
-            refusal = overrides.refusal(ti.dag_id, ti.task_id, ti.run_id, ti.try_number)
-            if refusal:
-                self.reject(workload, key, f"gpusched fault chain refused this retry: {refusal}")
-                continue
-            try:
-                author = (overrides.lookup(ti.dag_id, ti.task_id, ti.run_id)
-                          or request_from_executor_config(ti.executor_config))
-                member = gang_member(ti.executor_config, dag_id=ti.dag_id, run_id=ti.run_id,
-                                     map_index=ti.map_index if ti.map_index is not None else -1)
-            except GPURequestError as exc:
-                self.reject(workload, key, f"invalid GPU request in executor_config: {exc}")
-                continue
-            assert author is not None
-            self._cycle_requests[key] = author  # the ledger's record; a pin only steers placement
-            request = overrides.pinned(ti.dag_id, ti.task_id, ti.run_id, ti.try_number) or author
-            shares: tuple[Any, ...] = ()
-            if workload.key not in self._seen or self.migration.holds(key):
-                # Only a workload queued again (restart) or a moved task's next try owns an allocation.
-                self._seen.add(workload.key)
-                existing = ledger.get(key)
-                shares = tuple(existing.shares) if existing and existing.released_at is None else ()
-            by_key[key] = workload
-            pending.append(PendingWork(key, request, self._submitted.get(workload.key, now), shares,
-                                       None if shares else member))
-            if member is not None and shares:
-                self.gangs.setdefault(member.gang, set()).add(workload.key)
+        pending, by_key = gpu_inputs.pending_work(self, workloads, now)
         if not pending:
             return
         cycle = self.preemption.rank(self.cycle_request(pending, now))  # service: queue by index
@@ -356,7 +313,8 @@ class GPUScheduling:
             self._safe(lambda: gpu_quota.check_running(self, now))
         if now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
             self._last_renew = now
-            for ledger_key in list(self.gpu_running.values()):
+            held = self._safe(self.migration.held_keys) or set()  # devices held for moved tries
+            for ledger_key in [*self.gpu_running.values(), *sorted(held)]:
                 self._safe(lambda k=ledger_key: self._renew(k))
             # Leases of a crashed executor (any holder) run out here.
             for alloc in self._safe(lambda: self.ledger.expire_leases(now)) or ():

@@ -4,7 +4,8 @@
 It draws the fleet as a picture — racks → nodes → link islands → device tiles coloured by state
 (allocated / shared / free / faulty / cordoned / standby, degraded outlined; MIG instances and AMD
 partitions as segments inside their device's tile) — with the queue
-(and why each task waits), active allocations, recent preemptions, partitions, tenant budgets and
+(and why each task waits), active allocations, recent preemptions and moves between GPU types
+(``preemption = migrate``, labelled "move": from model/devices -> to), partitions, tenant budgets and
 the demand forecast below, refreshed every few seconds. Its ``fetch`` calls go to the sibling JSON routes on the
 same origin with the browser's Airflow session cookie (``credentials: "same-origin"``).
 """
@@ -86,7 +87,7 @@ code { font-size: 12px; }
 <h2>Running allocations <span class="muted" id="acount"></span></h2>
 <table id="allocs"><thead><tr><th>Task</th><th>Devices</th><th>Request</th><th>Running</th></tr></thead><tbody></tbody></table>
 <h2>Preemptions <span class="muted" id="pcount"></span></h2>
-<table id="preempt"><thead><tr><th>Stopped</th><th>For</th><th>Work lost</th><th>When</th><th>Why</th></tr></thead><tbody></tbody></table>
+<table id="preempt"><thead><tr><th>Stopped</th><th>For / moved</th><th>Work lost</th><th>When</th><th>Why</th></tr></thead><tbody></tbody></table>
 <div class="cols">
  <div><h2>Partitions <span class="muted" id="cap"></span></h2>
  <table id="parts"><thead><tr><th>Partition</th><th>Share</th><th>Used / share (GPUs)</th><th></th><th>GPUs waiting</th></tr></thead><tbody></tbody></table></div>
@@ -177,11 +178,14 @@ function drawAllocs(a) {
     <td>${esc(x.summary)}</td><td class="num">${dur(x.running_s)}</td></tr>`, "no active allocation");
 }
 
+// Preemptions and (preemption = migrate) moves between GPU types: "move" badge, from -> to.
 function drawPreemptions(p) {
-  $("pcount").textContent = `(${p.length} recent)`;
+  const moves = p.filter((e) => e.kind === "move").length;
+  $("pcount").textContent = `(${p.length - moves} preempted, ${moves} moved, recent)`;
   const link = (t, k) => t ? `<a href="${esc(t.url)}" title="${esc(k)}">${esc(t.label)}</a>` : `<code>${esc(k)}</code>`;
-  rows("preempt", p, (e) => `<tr><td>${link(e.task, e.key)}</td><td>${link(e.by_task, e.by)}</td><td class="num">${e.lost_gpu_s == null ? "" : dur(e.lost_gpu_s) + " GPU"}</td>
-    <td>${esc(new Date(e.at * 1000).toLocaleString())}</td><td>${esc(e.reason)}</td></tr>`, "no preemption");
+  const target = (e) => e.kind === "move" ? `<span class="badge">move</span> ${esc(e.source)} &rarr; ${esc(e.target)}` : link(e.by_task, e.by);
+  rows("preempt", p, (e) => `<tr class="${esc(e.kind)}"><td>${link(e.task, e.key)}</td><td>${target(e)}</td><td class="num">${e.lost_gpu_s == null ? "" : dur(e.lost_gpu_s) + " GPU"}</td>
+    <td>${esc(new Date(e.at * 1000).toLocaleString())}</td><td>${esc(e.reason)}</td></tr>`, "no preemption or move");
 }
 
 const gpus = (x) => String(Math.round(x * 10) / 10);  // MIG slices and fractions: one decimal is enough

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpusched.bench.gavel_rounds import RESET_S, RoundJob, gavel_fifo_replay
 from gpusched.bench.gavel_stream import gavel_stream
 from gpusched.errors import ConfigurationError, TraceError
 from gpusched.placement import Policy
@@ -19,10 +20,16 @@ from gpusched.sim.fleets import gavel_fleet
 from gpusched.sim.jobs import trace_jobs
 from gpusched.sim.metrics import summarize
 from gpusched.sim.preempt import SimPreemption
-from gpusched.sim.traces import load_gavel_jobs
+from gpusched.sim.traces import GAVEL_MODELS, TraceJob, load_gavel_jobs, load_gavel_throughputs
 from gpusched.throughputs import load_throughputs
 
-__all__ = ["gavel_policy", "run_gavel"]
+__all__ = ["FIFO_ABLATIONS", "GAVEL_FIFO", "gavel_policy", "run_gavel"]
+
+GAVEL_FIFO = "gavel-fifo"
+"""Calibration replay of Gavel's own FIFO baseline (:mod:`gpusched.bench.gavel_rounds`), not a policy."""
+
+FIFO_ABLATIONS = ("none", "no-oversubscription", "update-every-round", "both")
+"""Which of the replay's mechanics to switch off, to show what each contributes."""
 
 
 def gavel_policy(name: str, throughputs: Path | None) -> Policy:
@@ -48,6 +55,7 @@ def run_gavel(
     restart_s: float = DEFAULT_RESTART_S,
     stream: tuple[float, int] | None = None,
     horizon: str = "round",
+    fifo_ablation: str = "none",
 ) -> dict[str, Any]:
     """Gavel's continuous-single experiment on ``per_type`` GPUs of each type.
 
@@ -57,8 +65,11 @@ def run_gavel(
     the migration rule (:mod:`gpusched.placement.migration`) after every pass with restart cost
     ``restart_s`` and one round as its horizon (``horizon="age"``: at least each job's attained run
     time); otherwise the replay is non-preemptive.
-    ``stream=(rate, seed)`` replays Gavel's generator for that seed (15,000 jobs,
-    :mod:`gpusched.bench.gavel_stream`, run times from ``throughputs``) instead of ``jobs_csv``.
+    ``policy_name="gavel-fifo"`` replays Gavel's own FIFO baseline instead
+    (:mod:`gpusched.bench.gavel_rounds`; ``fifo_ablation`` switches off one of its mechanics:
+    one of :data:`FIFO_ABLATIONS`). ``stream=(rate, seed)`` replays Gavel's generator for that
+    seed (15,000 jobs, :mod:`gpusched.bench.gavel_stream`, run times from ``throughputs``)
+    instead of ``jobs_csv``.
     """
     if preemption not in ("off", MIGRATE):
         raise ConfigurationError(f"gavel preemption {preemption!r} is not off or {MIGRATE}; "
@@ -70,13 +81,25 @@ def run_gavel(
         trace = gavel_stream(stream[0], stream[1], 15_000, throughputs)
     else:
         trace = load_gavel_jobs(jobs_csv)
-    jobs = trace_jobs(trace)
-    keys = {str(k) for k in range(*measure)} & {j.key for j in jobs}
+    keys = {str(k) for k in range(*measure)} & {j.key for j in trace}
     if not keys:
         raise TraceError(
             jobs_csv, f"has no job ids {measure[0]}–{measure[1] - 1} to measure",
             "pick a --measure range of job ids inside the trace",
         )
+    if policy_name == GAVEL_FIFO:
+        if throughputs is None:
+            raise ConfigurationError("gavel-fifo needs the throughput table; pass --throughputs")
+        if fifo_ablation not in FIFO_ABLATIONS:
+            raise ConfigurationError(f"gavel-fifo ablation {fifo_ablation!r} is not one of "
+                                     f"{', '.join(FIFO_ABLATIONS)}")
+        summary = _gavel_fifo(trace, keys, throughputs, per_type, round_s or 360.0,
+                              0 if stream is None else stream[1], progress, fifo_ablation)
+        name = jobs_csv.name if stream is None else f"gavel stream rate {stream[0]} seed {stream[1]}"
+        summary.update(trace=name, measured_jobs=f"{measure[0]}-{measure[1] - 1}", round_s=round_s or 360.0,
+                       gpus_per_type=per_type)
+        return summary
+    jobs = trace_jobs(trace)
     fleet = gavel_fleet(per_type=per_type, gpus_per_server=gpus_per_server)
     moves = None if preemption == "off" else SimPreemption(
         MIGRATE, restart_s=restart_s, horizon_s=round_s or 360.0, min_runtime_s=0.0, by_age=horizon == "age")
@@ -110,3 +133,54 @@ def run_gavel(
         cpu_s=round(cpu, 1),
     )
     return summary
+
+
+def _gavel_fifo(trace: list[TraceJob], keys: set[str], throughputs: Path, per_type: int, round_s: float,
+                seed: int, progress: bool, ablation: str) -> dict[str, Any]:
+    """Gavel's base-mode FIFO on ``trace`` (its RNG seeded with the stream seed, as Gavel's sweeps do)."""
+    table = load_gavel_throughputs(throughputs)
+    jobs = []
+    for j in trace:
+        name = str((j.job_type, j.num_gpus))
+        try:
+            speed = {short: table[short][name] for short in GAVEL_MODELS}
+        except KeyError:
+            raise TraceError(throughputs, f"has no single-GPU throughput of {j.job_type!r} on every type",
+                             "use Gavel's simulation_throughputs.json") from None
+        if j.num_gpus != 1:
+            raise ConfigurationError(f"gavel-fifo replays single-GPU streams; job {j.key} asks for "
+                                     f"{j.num_gpus} GPUs")
+        steps = j.durations[GAVEL_MODELS["v100"]] * speed["v100"]
+        jobs.append(RoundJob(j.key, j.arrival_s, steps, speed))
+
+    def show(now: float, left: int) -> None:
+        print(f"  gavel-fifo t={now / 3600:.0f} h, {left} measured jobs left", flush=True)
+
+    cpu = time.process_time()
+    out = gavel_fifo_replay(jobs, dict.fromkeys(GAVEL_MODELS, per_type), stop_after=keys, round_s=round_s,
+                            seed=seed, progress=show if progress else None,
+                            oversubscribe=ablation not in ("no-oversubscription", "both"),
+                            reset_s=0.0 if ablation in ("update-every-round", "both") else RESET_S)
+    cpu = time.process_time() - cpu
+    arrival = {j.key: j.arrival_s for j in jobs}
+    jct = [out.finished[k] - arrival[k] for k in keys]
+    by_type: dict[str, int] = {}
+    for k in keys:
+        model = GAVEL_MODELS[out.bound_type[k]]
+        by_type[model] = by_type.get(model, 0) + 1
+    mean = sum(jct) / len(jct)
+    return {
+        "policy": GAVEL_FIFO,
+        "jobs_finished": len(jct),
+        "jct_mean_s": round(mean, 3),
+        "jct_mean_h": round(mean / 3600.0, 4),
+        "measured_by_model": by_type,
+        "fifo_seed": seed,
+        "fifo_ablation": ablation,
+        "rounds": out.rounds,
+        "allocation_updates": out.updates,
+        "oversubscribed_updates": out.oversubscribed_updates,
+        "idle_gpu_rounds_while_waiting": out.idle_worker_rounds,
+        "makespan_s": round(out.end_s, 1),
+        "cpu_s": round(cpu, 1),
+    }

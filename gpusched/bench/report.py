@@ -219,6 +219,8 @@ def _gavel_published(tsv: Path) -> dict[float, dict[str, float]]:
 
 
 def _gavel_label(policy: str, runs: list[dict[str, Any]]) -> str:
+    if policy == "gavel-fifo":
+        return "gavel-fifo (ours: replay of Gavel's FIFO mechanics, calibration only)"
     moves: list[dict[str, Any]] = [r["preemption"] for r in runs if isinstance(r.get("preemption"), dict)]
     if moves and moves[0].get("mode") == "migrate":
         return f"{policy} (ours, migrates between types, restart {moves[0].get('restart_s', 0):.0f} s)"

@@ -51,7 +51,9 @@ def register(subparsers: Any) -> None:
     gv.add_argument("--jobs", type=Path, default=None, help="job CSV (default: the rate's n15000 stream)")
     gv.add_argument("--throughputs", type=Path, default=traces / "gavel" / "simulation_throughputs.json",
                     help="Gavel's measured throughput table (default gavel/simulation_throughputs.json)")
-    gv.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help())
+    gv.add_argument("--policy", type=_gavel_policy, default="gpusched",
+                    help=policy_help() + "; or gavel-fifo: a replay of Gavel's own FIFO baseline's "
+                         "round mechanics, to calibrate against its published figures (not a policy)")
     gv.add_argument("--gpus-per-server", type=int_range(1, 36), default=4,
                     help="GPUs per server, a divisor of 36 (default 4)")
     gv.add_argument("--round", type=finite_float(0.0), default=360.0, dest="round_s",
@@ -67,6 +69,11 @@ def register(subparsers: Any) -> None:
     gv.add_argument("--stream-seed", type=int_range(0), default=None,
                     help="replay Gavel's generator for this seed at --rate instead of a file "
                          "(seed 0 = the shared streams; others: data nothing was tuned on)")
+    gv.add_argument("--fifo-ablation", choices=("none", "no-oversubscription", "update-every-round", "both"),
+                    default="none",
+                    help="with --policy gavel-fifo: switch off one of the replayed mechanics of Gavel's "
+                         "FIFO (over-subscription of the last type; allocation updates at most every "
+                         "1,920 s) to see what it contributes (default none)")
     gv.add_argument("--per-type", type=int_range(1, 1000), default=36,
                     help="GPUs of each type, a multiple of --gpus-per-server (default 36, Gavel's)")
     gv.add_argument("--preemption", choices=("off", "migrate"), default="off",
@@ -215,6 +222,13 @@ def _openb(args: argparse.Namespace) -> int:
     )
 
 
+def _gavel_policy(text: str) -> str:
+    """A policy preset, or ``gavel-fifo`` (the calibration replay of Gavel's FIFO)."""
+    from gpusched.commands.args import policy_name
+
+    return "gavel-fifo" if text.strip().lower() == "gavel-fifo" else policy_name(text)
+
+
 def _gavel(args: argparse.Namespace) -> int:
     from gpusched.bench.gavel import run_gavel
 
@@ -235,6 +249,7 @@ def _gavel(args: argparse.Namespace) -> int:
         preemption=args.preemption,
         restart_s=args.restart_s,
         horizon=args.horizon,
+        fifo_ablation=args.fifo_ablation,
         stream=None if args.stream_seed is None else (args.rate, args.stream_seed),
     )
     result["rate_jobs_per_h"] = args.rate

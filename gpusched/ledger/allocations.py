@@ -239,6 +239,21 @@ class LedgerAllocations:
         with read_tx(self.engine) as conn:
             return self._to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all())
 
+    def history_of(self, patterns: Collection[tuple[str, str]]) -> list[Allocation]:
+        """Every allocation (released ones included) whose key starts with ``prefix`` and ends
+        with ``suffix`` for one ``(prefix, suffix)`` of ``patterns``, oldest first (e.g. every try
+        of one task instance)."""
+        wanted = sorted(set(patterns))
+        rows: list[Any] = []
+        with read_tx(self.engine) as conn:
+            for start in range(0, len(wanted), 100):
+                match = sa.or_(*(sa.and_(ALLOCATIONS.c.key.startswith(p, autoescape=True),
+                                         ALLOCATIONS.c.key.endswith(s, autoescape=True))
+                                 for p, s in wanted[start:start + 100]))
+                rows += conn.execute(sa.select(ALLOCATIONS).where(match)).all()
+            rows.sort(key=lambda r: r.id)
+            return self._to_allocations(conn, rows)
+
     def expire_leases(self, now: float | None = None) -> list[Allocation]:
         """Release every active allocation whose lease ended before ``now``; return them."""
         at = _now(now)

@@ -17,6 +17,7 @@ __all__ = [
     "EVENTS",
     "HOSTS",
     "METADATA",
+    "MOVES",
     "NODES",
     "QUEUE",
     "REQUEST_OVERRIDES",
@@ -213,4 +214,26 @@ CHECKPOINTS = sa.Table(
     sa.Column("notice_at", sa.Double, nullable=True),
     sa.Column("notice_reason", sa.Text, nullable=True),
     sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+MOVES = sa.Table(
+    "gpusched_moves",
+    METADATA,
+    # One move in flight of ``preemption = migrate`` (migration 0008): try ``old_key`` stops and
+    # its next try ``next_key`` runs on ``placement`` (``to_model``), held by ``holder``. Written
+    # when the move starts, deleted when the next try started or the move was given up, so an
+    # executor restarted meanwhile completes it (or abandons it cleanly) instead of forgetting it.
+    sa.Column("next_key", sa.String(1024), primary_key=True),
+    sa.Column("old_key", sa.String(1024), nullable=False),
+    sa.Column("holder", sa.String(255), nullable=False, index=True),
+    sa.Column("from_model", sa.String(255), nullable=False),
+    sa.Column("to_model", sa.String(255), nullable=False),
+    sa.Column("shares", sa.JSON, nullable=False),
+    sa.Column("placement", sa.JSON, nullable=False),
+    sa.Column("gain", sa.Double, nullable=False),
+    sa.Column("request", sa.JSON, nullable=False),
+    sa.Column("author", sa.JSON, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("notice_at", sa.Double, nullable=False),
+    sa.Column("deadline", sa.Double, nullable=False),
 )

@@ -3,10 +3,11 @@
 Each concept's SQL lives in its own module, mixed in here so callers see one ``Ledger``:
 allocations (:mod:`gpusched.ledger.allocations`), the pending queue (:mod:`.queue`), telemetry
 samples (:mod:`.samples`), the event log (:mod:`.events`), the fault chain's request overrides
-(:mod:`.overrides`), GPU hosts (:mod:`.hosts`) and checkpoints with preemption notices
-(:mod:`.checkpoints`). This module keeps the lifecycle, inventory,
-health and cordons, and the reads that combine concepts (:meth:`Ledger.snapshot`,
-:meth:`Ledger.cycle_view`). Every method is one database transaction (see ``docs/ledger.md``).
+(:mod:`.overrides`), GPU hosts (:mod:`.hosts`), checkpoints with preemption notices
+(:mod:`.checkpoints`) and the migrate mode's moves in flight (:mod:`.moves`). This module keeps
+the lifecycle, inventory, health and cordons, and the reads that combine concepts
+(:meth:`Ledger.snapshot`, :meth:`Ledger.cycle_view`). Every method is one database transaction
+(see ``docs/ledger.md``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gpusched.ledger.engine import default_url, make_engine, read_tx, write_tx
 from gpusched.ledger.events import LedgerEvents, write_event
 from gpusched.ledger.hosts import LedgerHosts
 from gpusched.ledger.migrate import upgrade
+from gpusched.ledger.moves import LedgerMoves
 from gpusched.ledger.overrides import LedgerOverrides
 from gpusched.ledger.queue import LedgerQueue
 from gpusched.ledger.records import Allocation
@@ -42,7 +44,7 @@ def _now(now: float | None) -> float:
 
 
 class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, LedgerOverrides, LedgerHosts,
-             LedgerCheckpoints):
+             LedgerCheckpoints, LedgerMoves):
     """Allocations, leases, inventory, health, cordons, queue, samples, events and overrides in one database.
 
     ``Ledger(url)``: ``url`` None means ``$GPUSCHED_DB_URL``, else SQLite (WAL) at

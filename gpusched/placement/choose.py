@@ -20,6 +20,7 @@ from gpusched.placement.index import FleetIndex, FreeState
 from gpusched.placement.policy import Chooser, Policy
 from gpusched.placement.reasons import busy_reason, gang_reason, host_reason, never_fits
 from gpusched.placement.score import FragStats
+from gpusched.placement.speeds import typed
 from gpusched.placement.topology import NodeCounts, node_counts, pick_in_node, pick_nodes
 from gpusched.placement.types import PendingTask, Rejection
 from gpusched.request import Interconnect
@@ -179,7 +180,7 @@ def _fraction_cached(
     present = inc.models_present(fits)
     if not len(present):
         return None
-    known = task.job_type is not None and task.job_type in policy.throughput
+    known = typed(policy, task.job_type)
     speed = inc.per_device(
         (task.job_type, known or task.request.expected_duration_s > 0, tuple(present.tolist())),
         lambda: _speed_terms(placer, task, np.arange(len(idx.model_names)), present),
@@ -197,7 +198,7 @@ def _speed_terms(
     policy = placer.policy
     speed, energy = placer.model_speed(task.job_type)
     out = np.zeros(len(models))
-    known = task.job_type is not None and task.job_type in policy.throughput
+    known = typed(policy, task.job_type)
     if not (known or task.request.expected_duration_s > 0) or not len(eligible_models):
         return out  # speed and energy matter for work that runs a known while
     if policy.speed:

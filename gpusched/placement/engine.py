@@ -27,6 +27,7 @@ from gpusched.placement.incremental import Incremental
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
 from gpusched.placement.policy import Chooser, Policy, QueueOrder
 from gpusched.placement.score import FragStats, Workload, cached_stats, estimate_workload
+from gpusched.placement.speeds import model_speeds
 from gpusched.placement.types import (
     Assignment,
     PendingTask,
@@ -357,14 +358,9 @@ class Placer:
         """Per-model (speed, energy per unit of work) for ``job_type``."""
         hit = self._speed_cache.get(job_type)
         if hit is None:
-            speed = np.empty(len(self.index.model_names))
-            energy = np.empty(len(self.index.model_names))
-            for m, name in enumerate(self.index.model_names):
-                info = self.index.model_info[m]
-                s = self.policy.speed_of(job_type, name, info.a100_equiv_milli if info else MILLI)
-                speed[m] = max(s, 1e-9)
-                energy[m] = (info.tdp_milliwatts if info else 300_000) / speed[m]
-            hit = (speed, energy)
+            speed = model_speeds(self.policy, self.index, job_type)
+            tdp = np.array([info.tdp_milliwatts if info else 300_000 for info in self.index.model_info])
+            hit = (speed, tdp / speed)
             self._speed_cache[job_type] = hit
         return hit
 

@@ -19,6 +19,7 @@ from gpusched.placement import filter as flt
 from gpusched.placement.ga_ranking import FractionRanking, Lookup, smallest_k
 from gpusched.placement.index import FleetIndex, fleet_index, usage_arrays
 from gpusched.placement.policy import Policy
+from gpusched.placement.speeds import relative_speeds, typed
 from gpusched.placement.topology import node_counts, pick_in_node, pick_nodes
 from gpusched.placement.types import PendingTask, PlacementPlan
 from gpusched.request import Interconnect
@@ -73,18 +74,23 @@ class Problem:
         # their ids key on so the ids stay theirs.
         self._fits: dict[tuple[Any, ...], Any] = {}
         self.dev_node: dict[int, int] = Lookup(index.dev_node)
-        info = index.model_info
-        self.speed = np.array(
-            [
-                max(policy.speed_of(None, n, i.a100_equiv_milli if i else MILLI), 1e-3)
-                for n, i in zip(index.model_names, info, strict=True)
-            ]
-        )
-        self.tdp_kw = np.array([(i.tdp_milliwatts if i else 300_000) / 1e6 for i in info])
+        self._speeds: dict[str | None, np.ndarray] = {}
+        self.tdp_kw = np.array([(i.tdp_milliwatts if i else 300_000) / 1e6 for i in index.model_info])
+
+    def speed(self, task: PendingTask) -> np.ndarray:
+        """Run-time divisor per model for ``task``: the greedy chooser's speeds
+        (:func:`~gpusched.placement.speeds.relative_speeds`, per job type)."""
+        job_type = task.job_type if typed(self.policy, task.job_type) else None
+        hit = self._speeds.get(job_type)
+        if hit is None:
+            hit = self._speeds[job_type] = relative_speeds(self.policy, self.index, job_type)
+        return hit
 
     def runtime_s(self, task: PendingTask, models: np.ndarray) -> np.ndarray:
+        """Expected run time on each of ``models``: the task's expected duration (else
+        :data:`DEFAULT_DURATION_S`) over its relative speed there."""
         ref = task.request.expected_duration_s or DEFAULT_DURATION_S
-        return ref / self.speed[models]
+        return ref / self.speed(task)[models]
 
     def _weight(self, task: PendingTask) -> float:
         return max(task.request.priority, 1) / 50.0
@@ -219,7 +225,7 @@ class Problem:
 
     def _whole(self, task: PendingTask, devices: Sequence[int]) -> Candidate:
         models = self.index.dev_model[list(devices)]
-        slowest = models[[int(np.argmin(self.speed[models]))]]
+        slowest = models[[int(np.argmin(self.speed(task)[models]))]]
         lat, en = self.costs(task, slowest, float(len(devices)))
         energy = float(np.sum(self.tdp_kw[models]) / self.tdp_kw[slowest[0]] * en[0]) / len(devices)
         mem = tuple(int(self.index.dev_mem[d]) for d in devices)
@@ -239,7 +245,7 @@ class Problem:
         if slowest is None:
             ref = task.request.expected_duration_s or DEFAULT_DURATION_S
             wait = max(0.0, self.now - task.submitted_at)
-            slowest = self._weight(task) * (wait + ref / float(self.speed.min())) / 3600.0
+            slowest = self._weight(task) * (wait + ref / float(self.speed(task).min())) / 3600.0
         return slowest + self._weight(task) * self.defer_s / 3600.0
 
 

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _core_support import StubCore
+from _core_support import GpuschedConf, StubCore
 
 from gpusched.airflow import gpu_preemption
+from gpusched.airflow.gpu_attained import AttainedService
 from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide
 from gpusched.airflow.gpu_durations import DurationHistory
+from gpusched.airflow.gpu_inputs import read_cycle_request
 from gpusched.airflow.gpu_preemption import Preemptor
 from gpusched.airflow.keys import parse_ti_key, ti_key
 from gpusched.ledger import Ledger
@@ -38,7 +40,7 @@ SETTINGS = {"preemption": "service", "preemption_grace_seconds": "20",
 class _Core(StubCore):
     def __init__(self, ledger: Ledger) -> None:
         super().__init__(ledger, SETTINGS)
-        self.durations = DurationHistory(30.0, 60.0)
+        self.durations = DurationHistory(30.0, 60.0, service_history=True)
 
 
 @pytest.fixture
@@ -100,3 +102,89 @@ def test_never_for_an_index_that_is_not_higher_by_the_margin(ledger: Ledger) -> 
     # A running task younger than the minimum run time is never a victim either.
     cycle, reply, preemptor = _cycle(_Core(ledger), 30.0, "train")
     assert preemptor.consider(cycle, reply) == reply and preemptor.evictions == {}
+
+
+class _CycleCore(_Core):
+    """The stand-in core plus what the executor's cycle inputs read (``gpu_inputs``)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__(ledger)
+        self.policy = Policy.named("gpusched")
+        self.attained = AttainedService()
+        self.preemption = Preemptor(self)
+        self.predicted: dict[str, Any] = {}
+        self.use_uuids, self.replan_budget_ms, self.replan_weights = False, 0.0, (1.0, 1.0, 0.1)
+
+
+def _executor_cycle(core: _CycleCore, *waiting: tuple[str, int]) -> tuple[CycleRequest, Any]:
+    """One cycle as ``GPUScheduling._schedule`` runs it: inputs read from the ledger, ranked,
+    decided, then the preemption step; ``waiting``: (run id, try number) of d/train tries."""
+    pending = [PendingWork(ti_key("d", "train", run, try_number, -1), ONE, NOW - 10 + n)
+               for n, (run, try_number) in enumerate(waiting)]
+    cycle = core.preemption.rank(read_cycle_request(core, pending, NOW))
+    return cycle, core.preemption.consider(cycle, decide(cycle))
+
+
+def _preempted_earlier(ledger: Ledger, run: str, ran_s: float) -> None:
+    """Try 1 of d/train in ``run`` ran ``ran_s`` on the device and was preempted (requeued)."""
+    key = ti_key("d", "train", run, 1, -1)
+    ledger.allocate(key, ONE, [DEVICE], holder="old", now=NOW - ran_s - 300)
+    ledger.release(key, reason="preempted for someone; requeued", now=NOW - 300)
+
+
+def test_a_requeued_try_keeps_the_service_its_earlier_tries_attained(ledger: Ledger) -> None:
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    core = _CycleCore(ledger)
+    _preempted_earlier(ledger, "manual__p", 7200.0)
+    running = ti_key("d", "train", "manual__now", 1, -1)
+    ledger.allocate(running, ONE, [DEVICE], holder="sched", now=NOW - 7200.0)
+    core.gpu_running[TaskInstanceKey("d", "train", "manual__now", 1, -1)] = running
+    # Try 2 of manual__p has had two hours already: it is no fresher than the running task and
+    # does not take its device (a fresh try 2 would, and the two would thrash).
+    cycle, reply = _executor_cycle(core, ("manual__p", 2))
+    again = ti_key("d", "train", "manual__p", 2, -1)
+    assert cycle.attained_gpu_s[again] == pytest.approx(7200.0)
+    assert cycle.attained_gpu_s[running] == 0.0  # its first try
+    assert core.preemption.evictions == {} and ledger.events(10, kinds=["preempted"]) == []
+    assert [h.key for h in reply.holds] == [again]
+    # A fresh d/train does preempt it; in the queue it goes before the requeued try.
+    cycle, _ = _executor_cycle(core, ("manual__p", 2), ("manual__w", 1))
+    assert [w.key.split("/")[-1] for w in sorted(cycle.pending, key=lambda w: w.rank)] == [
+        "manual__w", "manual__p"]
+    assert list(core.preemption.evictions) == [running]
+    assert core.preemption.evictions[running].beneficiary == ti_key("d", "train", "manual__w", 1, -1)
+
+
+def test_other_modes_read_no_attained_service_and_keep_no_service_history(ledger: Ledger) -> None:
+    _preempted_earlier(ledger, "manual__p", 7200.0)
+    history = {"duration_history_days": "30", "duration_refresh_seconds": "60"}
+    for mode, learned in (("priority", 0), ("partitions", 0), ("migrate", 0), ("off", 0), ("service", 50)):
+        durations = DurationHistory.from_settings(GpuschedConf({**history, "preemption": mode}))
+        assert durations.predictor(ledger, NOW) is not None  # predicted durations in every mode
+        assert durations.service.learned == learned, mode
+    core = _CycleCore(ledger)
+    core.preemption.mode = "priority"
+    cycle, _ = _executor_cycle(core, ("manual__p", 2))
+    assert cycle.attained_gpu_s == {}
+
+
+def test_attained_service_is_read_once_per_try_when_final(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _preempted_earlier(ledger, "manual__p", 600.0)
+    _preempted_earlier(ledger, "weird%_run/x", 60.0)  # LIKE wildcards and '/' in a run id
+    live = ti_key("d", "train", "manual__q", 1, -1)
+    ledger.allocate(live, ONE, [DEVICE], holder="sched", now=NOW - 100.0)
+    reads: list[int] = []
+    real = ledger.history_of
+    monkeypatch.setattr(ledger, "history_of", lambda patterns: reads.append(len(patterns)) or real(patterns))
+    attained = AttainedService()
+    keys = [ti_key("d", "train", r, 2, -1) for r in ("manual__p", "weird%_run/x", "manual__q", "x")]
+    keys.append(ti_key("d", "train", "manual__p", 1, -1))
+    got = attained.earlier_tries(ledger, keys, NOW)
+    assert got == {keys[0]: pytest.approx(600.0), keys[1]: pytest.approx(60.0), keys[2]: pytest.approx(100.0),
+                   keys[3]: 0.0, keys[4]: 0.0}
+    assert reads == [4]  # one read for the tries after the first
+    assert attained.earlier_tries(ledger, keys, NOW + 50)[keys[2]] == pytest.approx(150.0)
+    assert reads == [4, 1]  # try 1 of manual__q still holds devices: read again; the others are final

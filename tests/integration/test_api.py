@@ -63,7 +63,7 @@ def client(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield c
 
 
-ROUTES = ["/fleet", "/allocations", "/queue", "/quotas", "/forecast", "/events", "/ui"]
+ROUTES = ["/fleet", "/allocations", "/queue", "/quotas", "/forecast", "/events", "/preemptions", "/ui"]
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -265,3 +265,57 @@ def test_no_schema_or_docs_pages_are_served(ledger: Ledger) -> None:
             answer = anonymous.get(route)
             assert answer.status_code in (401, 404), (route, answer.status_code)
             assert answer.status_code != 500
+
+
+def test_preemptions_table_shows_moves_from_model_and_host_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a move of ``preemption = migrate`` was not in the fleet page's Preemptions table."""
+    from _core_support import StubCore
+    from airflow.api_fastapi.core_api.security import get_user
+    from airflow.models.taskinstancekey import TaskInstanceKey
+    from fastapi.testclient import TestClient
+
+    from gpusched.airflow import gpu_migration
+    from gpusched.airflow.api import create_app
+    from gpusched.airflow.gpu_migration import Migrator
+    from gpusched.airflow.gpu_preemption import Preemptor
+    from gpusched.airflow.keys import ti_key
+    from gpusched.node_builder import make_node
+    from gpusched.placement import Policy
+
+    monkeypatch.setattr(gpu_migration, "append_task_log", lambda k, m, **kw: None)
+    monkeypatch.setattr(gpu_migration, "save_task_event", lambda ex, **kw: None)
+    led = Ledger(f"sqlite:///{tmp_path / 'moves.db'}")
+    led.migrate()
+    led.sync_inventory([make_node("fast", "A100-SXM-80GB", 1), make_node("slow", "T4", 1)], "test", now=NOW)
+    core = StubCore(led, {"preemption": "migrate", "preemption_min_runtime_seconds": "0",
+                          "migration_interval_seconds": "360", "migration_restart_seconds": "60"})
+    core.holder, core.process = "sched", None  # type: ignore[attr-defined]
+    core.preemption = Preemptor(core)  # type: ignore[attr-defined]
+    moved, victim = ti_key("d", "train", "r", 1), ti_key("d", "etl", "r", 1)
+    slow = led.snapshot(NOW).node("slow").devices[0]
+    led.allocate(moved, GPURequest.build(gpus=1, job_type="resnet"),
+                 [DeviceShare(slow.uuid, "slow", 0, 1000, 0)], holder="sched", now=NOW - 3600)
+    core.gpu_running[TaskInstanceKey("d", "train", "r", 1, -1)] = moved
+    led.record_event("preempted", victim, now=NOW - 60, by=ti_key("d", "urgent", "r", 1), reason="for urgent",
+                     lost_gpu_s=12.0, grace_s=20.0)
+    policy = Policy.named("gpusched", throughput={"resnet": {"A100-SXM-80GB": 10.0, "T4": 1.0}})
+    assert len(Migrator(core).consider(policy, NOW)) == 1  # type: ignore[arg-type]
+
+    monkeypatch.setattr("time.time", lambda: NOW)
+    app = create_app(led.url)
+    app.dependency_overrides[get_user] = lambda: object()
+    with TestClient(app) as c:
+        move, preemption = c.get("/preemptions").json()
+        page = c.get("/ui").text
+    led.close()
+    assert (move["kind"], move["key"]) == ("move", moved)
+    assert move["move"] == "T4 (slow:0) -> A100-SXM-80GB (fast:0)"
+    assert (move["source"], move["target"]) == ("T4 (slow:0)", "A100-SXM-80GB (fast:0)")
+    assert move["next_try"] == ti_key("d", "train", "r", 2) and move["next_task"]["try_number"] == 2
+    assert move["gain_gpu_s"] > 0 and "moving to A100-SXM-80GB" in move["reason"]
+    assert move["task"]["label"].startswith("d › train") and move["lost_gpu_s"] is None
+    assert (preemption["kind"], preemption["key"], preemption["lost_gpu_s"]) == ("preemption", victim, 12.0)
+    assert preemption["by_task"]["task_id"] == "urgent"
+    assert '"preemptions"' in page and 'e.kind === "move"' in page and "moved" in page

@@ -332,3 +332,20 @@ def test_in_memory_ledger_keeps_one_database() -> None:
         d = next(led.snapshot().devices())
         led.allocate("k", GPURequest.build(gpus=1), [share(d)], holder="s")
         assert [a.key for a in led.active()] == ["k"]
+
+
+def test_history_of_matches_prefix_and_suffix_literally(ledger: Ledger) -> None:
+    d = _devices(ledger)
+    keys = ["a/t/-1/1/run_%x", "a/t/-1/2/run_%x", "a/t/-1/1/runA%x", "a/t/-1/1/other", "a/u/-1/1/run_%x",
+            "a\\t/-1/1/run_%x"]
+    for n, key in enumerate(keys):
+        ledger.allocate(key, GPURequest.build(gpus=1), [share(d[n % len(d)])], holder="h", now=100.0 + n)
+        ledger.release(key, reason="done", now=101.0 + n)
+    # '%' and '_' are not wildcards; '\\' is not an escape; released allocations are included.
+    found = ledger.history_of([("a/t/", "/run_%x")])
+    assert [a.key for a in found] == ["a/t/-1/1/run_%x", "a/t/-1/2/run_%x"]
+    assert all(not a.active for a in found)
+    both = ledger.history_of([("a/t/", "/run_%x"), ("a/u/", "/run_%x"), ("a\\t/", "/run_%x")])
+    assert [a.key for a in both] == [
+        "a/t/-1/1/run_%x", "a/t/-1/2/run_%x", "a/u/-1/1/run_%x", "a\\t/-1/1/run_%x"]
+    assert ledger.history_of([]) == []

@@ -66,6 +66,29 @@ def test_bench_openb_json(tiny: dict[str, Path]) -> None:
     assert len(data["unallocated_gpu_pct"]) == 2 and data["capacity_milli"] == 4000
 
 
+def test_bench_gavel_fifo_calibration_replay(tiny: dict[str, Path], tmp_path: Path) -> None:
+    three = tmp_path / "three.json"
+    three.write_text(json.dumps({t: {"('A3C', 1)": {"null": v}} for t, v in (("v100", 3.0), ("p100", 2.0),
+                                                                                ("k80", 1.0))}))
+    out = _cli("bench", "gavel", "--jobs", tiny["gavel"], "--throughputs", three, "--measure", "0-5",
+               "--policy", "gavel-fifo", "--per-type", "1")
+    assert out["policy"] == "gavel-fifo" and out["jobs_finished"] == 6
+    assert sum(out["measured_by_model"].values()) == 6 and out["allocation_updates"] >= 1
+    # Steps are the V100 duration × its speed; no job can finish faster than on a V100 alone.
+    assert out["jct_mean_h"] >= 1.0 and out["fifo_ablation"] == "none"
+    plain = _cli("bench", "gavel", "--jobs", tiny["gavel"], "--throughputs", three, "--measure", "0-5",
+                 "--policy", "gavel-fifo", "--per-type", "1", "--fifo-ablation", "both")
+    assert plain["fifo_ablation"] == "both" and plain["oversubscribed_updates"] == 0
+    # A table without every GPU type is a one-line error naming the file.
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpusched.cli", "bench", "gavel", "--jobs", str(tiny["gavel"]),
+         "--throughputs", str(tiny["throughputs"]), "--measure", "0-5", "--policy", "gavel-fifo", "--quiet"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode != 0 and "throughput" in proc.stderr and str(tiny["throughputs"]) in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
 def test_bench_gavel_and_philly_json(tiny: dict[str, Path], tmp_path: Path) -> None:
     gavel = _cli(
         "bench",

@@ -12,6 +12,7 @@ No device is ever held by two allocations at once.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,3 +156,80 @@ def test_a_task_on_a_slow_model_moves_to_the_freed_fast_one_and_its_next_try_run
     assert load_overrides(ex.ledger).pinned("d", "train", RUN, 2) is None
     assert other.key in ex.queued_tasks  # still waiting: the A100 went to the mover
     assert_whole_devices_never_shared(ex.ledger.history(0, 4e9))
+
+
+def _restart(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A new GPUExecutor over the same ledger, as the scheduler starts one after a crash: its
+    process recorded, then the first reconcile (``GPUExecutor.start`` does both)."""
+    ex = next(queue_reading_executor(monkeypatch))
+    ex.gpu.start_process()
+    ex.reconcile()
+    return ex
+
+
+@pytest.mark.parametrize("next_try_comes", [True, False])
+def test_a_move_in_flight_survives_a_scheduler_restart(
+    executor: Any, monkeypatch: pytest.MonkeyPatch, next_try_comes: bool
+) -> None:
+    from airflow.utils.state import TaskInstanceState
+
+    from gpusched.airflow.api_views import preemptions_view
+    from gpusched.faults.failures import load_overrides
+
+    monkeypatch.setattr(gpu_preemption, "requeue", lambda key, reason: "cleared")
+    ex = executor
+    blocker = _workload("blocker", {"gpus": 1, "models": ["A100-SXM-80GB"]})
+    train = _workload("train", {"gpus": 1, "job_type": "resnet"})
+    for w in (blocker, train):
+        ex.queue_workload(w, session=None)
+    ex.trigger_tasks(ex.parallelism)
+    ex.gpu.periodic()  # a migration round with the A100 busy: nothing moves
+    ex.change_state(blocker.key, TaskInstanceState.SUCCESS)
+    ex.gpu.migration._last -= 361  # the next round is due (on the real clock: the history is checked)
+    ex.gpu.periodic()  # the move: the A100 held for try 2, try 2 pinned, try 1 told
+    next_key = ti_key("d", "train", RUN, 2, -1)
+    held = ex.ledger.get(next_key)
+    assert held is not None and held.active
+    (row,) = preemptions_view(ex.ledger.events(10, kinds=["preempted", "migrated"]))  # the fleet page's row
+    assert row["kind"] == "move" and row["move"].startswith("K80 (") and "-> A100-SXM-80GB (" in row["move"]
+
+    # The scheduler dies (no end(): nothing is released) and a new executor starts over the ledger.
+    # Its first reconcile releases the old try (its task instance and process are gone) but not
+    # the A100 held for try 2: the move is read back first.
+    again = _restart(monkeypatch)
+    assert again.gpu.migration.held_keys() == {next_key}
+    assert ex.ledger.get(next_key).active  # type: ignore[union-attr]
+    assert not ex.ledger.get(ti_key("d", "train", RUN, 1, -1)).active  # type: ignore[union-attr]
+    pinned = load_overrides(ex.ledger).pinned("d", "train", RUN, 2)
+    assert pinned is not None and pinned.models == frozenset({"A100-SXM-80GB"})
+    other = _workload("other", {"gpus": 1, "models": ["A100-SXM-80GB"]})  # cannot take the held A100
+    again.queue_workload(other, session=None)
+    again.trigger_tasks(again.parallelism)
+    assert _sent(again) == [] and other.key in again.queued_tasks
+    # From here the clock is the real one: the old try ended, the next try may come for a while.
+    again.gpu.periodic()
+    if next_try_comes:
+        retry = _workload("train", {"gpus": 1, "job_type": "resnet"}, try_number=2)
+        again.queue_workload(retry, session=None)
+        again.trigger_tasks(again.parallelism)
+        (pair,) = _sent(again)
+        assert pair[0].key == retry.key and again.gpu_running[retry.key] == next_key
+        assert again.ledger.get(next_key).created_at == held.created_at  # type: ignore[union-attr]
+        again.gpu.periodic()
+        assert again.gpu.migration.moving == {} and again.ledger.moves() == []
+        assert load_overrides(again.ledger).pinned("d", "train", RUN, 2) is None
+        assert other.key in again.queued_tasks
+    else:
+        from gpusched.airflow import gpu_migration
+
+        monkeypatch.setattr(gpu_migration, "MIGRATION_REQUEUE_WAIT_S", 0.0)  # not three minutes
+        time.sleep(0.01)
+        again.gpu.periodic()  # the next try did not come in time: given up, hold and pin gone
+        assert again.gpu.migration.moving == {} and again.ledger.moves() == []
+        assert not again.ledger.get(next_key).active  # type: ignore[union-attr]
+        assert load_overrides(again.ledger).pinned("d", "train", RUN, 2) is None
+        again.trigger_tasks(again.parallelism)  # the A100 is free again: the waiting task gets it
+        (pair,) = _sent(again)
+        assert pair[0].key == other.key and _model(again, ti_key("d", "other", RUN, 1, -1)) == "A100-SXM-80GB"
+    assert_whole_devices_never_shared(again.ledger.history(0, 4e9))
+    again.ledger.close()

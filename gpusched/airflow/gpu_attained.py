@@ -1,0 +1,86 @@
+"""The GPU-time a task instance's earlier tries attained, read from the ledger (``preemption = service``).
+
+Tiresias ranks a job by all the GPU-time it has received, not only its current run: a try
+requeued after a preemption must not look like a fresh job, or it would win the devices straight
+back (thrashing). The simulator keeps each job's served time across its runs
+(:mod:`gpusched.sim.service`); the executor reads the same from the ledger: every allocation of
+an earlier try of the same task instance (dag, task, run and map index; try number lower), each
+counted as GPU-seconds of its own request (:func:`~gpusched.durations.service.gpu_seconds` of
+``released_at - created_at``; a still-active one until now). A move's hold that was abandoned
+never ran and counts nothing.
+
+:class:`AttainedService` caches the sum per try once every earlier try's allocation is released
+(it cannot change after that), so a waiting task costs one ledger read when it is first seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gpusched.airflow.keys import KEY_PREFIX, TaskKeyParts, parse_ti_key
+from gpusched.durations.service import gpu_seconds
+
+__all__ = ["AttainedService", "attained_before"]
+
+_NEVER_RAN = "migration abandoned"  # a move's hold whose try never started (gpu_migration)
+
+
+def _identity(parts: TaskKeyParts) -> tuple[str, str, str, int]:
+    return parts.dag_id, parts.task_id, parts.run_id, parts.map_index
+
+
+def attained_before(key: str, allocations: Iterable[Any], now: float) -> tuple[float, bool]:
+    """GPU-seconds that the tries of ``key``'s task instance before ``key``'s try held devices,
+    among ``allocations``, and whether all of those allocations are released (the sum is final)."""
+    parts = parse_ti_key(key)
+    if parts is None:
+        return 0.0, True
+    total, final = 0.0, True
+    for alloc in allocations:
+        other = parse_ti_key(alloc.key)
+        if other is None or _identity(other) != _identity(parts) or other.try_number >= parts.try_number:
+            continue
+        if alloc.released_at is None:
+            final = False
+        elif str(alloc.release_reason or "").startswith(_NEVER_RAN):
+            continue
+        end = now if alloc.released_at is None else float(alloc.released_at)
+        total += gpu_seconds(alloc.request, end - float(alloc.created_at))
+    return total, final
+
+
+class AttainedService:
+    """Per-try cache of :func:`attained_before` over the ledger (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._final: dict[str, float] = {}
+
+    def earlier_tries(self, ledger: Any, keys: Sequence[str], now: float) -> dict[str, float]:
+        """Key -> GPU-seconds attained by the earlier tries of its task instance (keys that are
+        not Airflow tries, or first tries, map to 0). Keeps in its cache only ``keys``."""
+        out: dict[str, float] = {}
+        wanted: dict[str, TaskKeyParts] = {}
+        for key in keys:
+            parts = parse_ti_key(key)
+            if parts is None or parts.try_number <= 1:
+                out[key] = 0.0
+            elif key in self._final:
+                out[key] = self._final[key]
+            else:
+                wanted[key] = parts
+        self._final = {k: v for k, v in self._final.items() if k in out}
+        if wanted:
+            patterns = {(f"{KEY_PREFIX}{p.dag_id}/{p.task_id}/{p.map_index}/", f"/{p.run_id}")
+                        for p in wanted.values()}
+            by_instance: dict[tuple[str, str, str, int], list[Any]] = {}
+            for alloc in ledger.history_of(patterns):
+                parts = parse_ti_key(alloc.key)
+                if parts is not None:
+                    by_instance.setdefault(_identity(parts), []).append(alloc)
+            for key, parts in wanted.items():
+                total, final = attained_before(key, by_instance.get(_identity(parts), ()), now)
+                out[key] = total
+                if final:
+                    self._final[key] = total
+        return out

@@ -1,0 +1,120 @@
+"""What one cycle of the GPU executors reads: the waiting workloads as pending work, and the request.
+
+:func:`pending_work` turns the executor's GPU workloads into the cycle's
+:class:`~gpusched.airflow.gpu_cycle.PendingWork`: the fault chain's overrides applied (a replaced
+request, a refused retry, a moved try's pin), the multi-node gang a task belongs to, and the
+allocation a workload already owns (queued again after a restart, or the next try of a move).
+:func:`read_cycle_request` reads the rest of the cycle's inputs from the ledger in one
+:class:`~gpusched.airflow.gpu_cycle.CycleRequest`: the fleet and the running tasks (one read
+transaction), predicted durations (:mod:`gpusched.airflow.gpu_durations`), the quota and, with
+``preemption = service``, the GPU-time the earlier tries of each task instance attained
+(:mod:`gpusched.airflow.gpu_attained`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from gpusched.airflow import gpu_quota
+from gpusched.airflow.authoring import request_from_executor_config
+from gpusched.airflow.gang import gang_member
+from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, running_tasks
+from gpusched.airflow.keys import ti_key_of
+from gpusched.errors import GPURequestError
+from gpusched.faults.failures import load_overrides
+from gpusched.request import GPURequest
+
+__all__ = ["InputsCore", "pending_work", "read_cycle_request"]
+
+
+class InputsCore(Protocol):
+    """What the cycle's inputs use of :class:`~gpusched.airflow.gpu_scheduling.GPUScheduling`."""
+
+    durations: Any  # gpu_durations.DurationHistory
+    attained: Any  # gpu_attained.AttainedService
+    preemption: Any  # gpu_preemption.Preemptor: its mode
+    migration: Any  # gpu_migration.Migrator: moved tries own their held devices
+    predicted: dict[str, Any]
+    gangs: dict[str, set[Any]]
+    use_uuids: bool
+    replan_budget_ms: float
+    replan_weights: tuple[float, float, float]
+    _submitted: dict[Any, float]
+    _seen: set[Any]
+    _cycle_requests: dict[str, GPURequest]
+
+    @property
+    def ledger(self) -> Any: ...
+
+    @property
+    def policy(self) -> Any: ...
+
+    def reject(self, workload: Any, key: str, reason: str) -> None: ...
+
+
+def pending_work(
+    core: InputsCore, workloads: Sequence[Any], now: float
+) -> tuple[list[PendingWork], dict[str, Any]]:
+    """The cycle's pending work for ``workloads`` and the workload of each ledger key.
+
+    Workloads the fault chain refuses, or whose request is invalid, are failed here
+    (``core.reject``); each kept key's author request is noted in ``core._cycle_requests`` (what
+    the ledger records: a pin only steers the placement).
+    """
+    ledger = core.ledger
+    pending: list[PendingWork] = []
+    by_key: dict[str, Any] = {}
+    # The fault chain may have replaced a task's request (more memory, another model) or
+    # refused its retry (code errors fail the same way on any GPU): both live in the ledger.
+    overrides = load_overrides(ledger)
+    core._cycle_requests.clear()
+    for workload in workloads:
+        ti = workload.ti
+        key = ti_key_of(ti)
+        refusal = overrides.refusal(ti.dag_id, ti.task_id, ti.run_id, ti.try_number)
+        if refusal:
+            core.reject(workload, key, f"gpusched fault chain refused this retry: {refusal}")
+            continue
+        try:
+            author = (overrides.lookup(ti.dag_id, ti.task_id, ti.run_id)
+                      or request_from_executor_config(ti.executor_config))
+            member = gang_member(ti.executor_config, dag_id=ti.dag_id, run_id=ti.run_id,
+                                 map_index=ti.map_index if ti.map_index is not None else -1)
+        except GPURequestError as exc:
+            core.reject(workload, key, f"invalid GPU request in executor_config: {exc}")
+            continue
+        assert author is not None
+        core._cycle_requests[key] = author
+        request = overrides.pinned(ti.dag_id, ti.task_id, ti.run_id, ti.try_number) or author
+        shares: tuple[Any, ...] = ()
+        if workload.key not in core._seen or core.migration.holds(key):
+            # Only a workload queued again (restart) or a moved task's next try owns an allocation.
+            core._seen.add(workload.key)
+            existing = ledger.get(key)
+            shares = tuple(existing.shares) if existing and existing.released_at is None else ()
+        by_key[key] = workload
+        pending.append(PendingWork(key, request, core._submitted.get(workload.key, now), shares,
+                                   None if shares else member))
+        if member is not None and shares:
+            core.gangs.setdefault(member.gang, set()).add(workload.key)
+    return pending, by_key
+
+
+def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: float) -> CycleRequest:
+    """Every input of one cycle, read from the ledger now (quota: the quota file and usage;
+    requests without ``expected_duration`` carry the predicted one, noted in ``core.predicted``;
+    ``attained_gpu_s`` only with ``preemption = service``)."""
+    ledger = core.ledger
+    snapshot, active = ledger.cycle_view(now)  # one read transaction: both agree
+    work, busy, core.predicted = core.durations.apply(ledger, now, pending, running_tasks(active))
+    attained = {}
+    if core.preemption.mode == "service":
+        attained = core.attained.earlier_tries(ledger, [w.key for w in work] + [r.key for r in busy], now)
+    return CycleRequest(
+        work, snapshot, core.policy, busy, now,
+        gpu_quota.cycle_quota(ledger, snapshot, now), use_uuids=core.use_uuids,
+        replan_budget_ms=core.replan_budget_ms, replan_weights=core.replan_weights,
+        addresses=ledger.node_addresses() if any(w.gang for w in work) else {},
+        attained_gpu_s=attained,
+    )
