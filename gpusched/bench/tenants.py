@@ -104,9 +104,12 @@ def _events(result: SimResult, jobs: Mapping[str, SimJob]) -> dict[Partition, li
     """Per partition, sorted step events of milli-GPU held (use) and arrived but unfinished (demand)."""
     out: dict[Partition, list[tuple[float, int, int]]] = {p: [] for p in Partition}
     for r in result.records:
-        milli = physical_milli(r.shares, result.fleet)
-        out[jobs[r.key].request.partition] += [(r.arrival_s, 0, milli), (r.start_s, milli, 0),
-                                                (r.end_s, -milli, -milli)]
+        part = jobs[r.key].request.partition
+        milli = jobs[r.key].request.total_milli
+        out[part] += [(r.arrival_s, 0, milli), (r.end_s, 0, -milli)]
+        for start, end, shares in r.segments:  # held only while running, not while requeued
+            held = physical_milli(shares, result.fleet)
+            out[part] += [(start, held, 0), (end, -held, 0)]
     for key in result.unstarted:  # waiting until the run stopped
         job = jobs[key]
         milli = job.request.total_milli
@@ -138,20 +141,34 @@ def _shortfall_grid(result: SimResult, jobs: Mapping[str, SimJob], policy: Quota
     def hint(key: str) -> float:
         return float(jobs[key].request.expected_duration_s or default)
 
-    r_start = np.array([r.start_s for r in recs])
-    r_end = np.array([r.end_s for r in recs])
-    r_exp = r_start + np.array([hint(r.key) for r in recs])
-    r_milli = np.array([physical_milli(r.shares, result.fleet) for r in recs], dtype=float)
+    # One row per run (a restarted job's runs are separate; it held nothing in between), its
+    # expected end = run start + the estimate less the run time before it; one waiting row per
+    # stretch in the queue (arrival to first start, and between runs).
+    runs: list[tuple[str, float, float, Any, float]] = []
+    waits: list[tuple[SimJob, float, float, float]] = []
+    for r in recs:
+        job, ran, since = jobs[r.key], 0.0, r.arrival_s
+        for start, end, held in r.segments:
+            # the engine charges a restart what is left of a given estimate, a default afresh
+            left = max(0.0, hint(r.key) - ran) if job.request.expected_duration_s else hint(r.key)
+            waits.append((job, since, start, left))
+            runs.append((r.key, start, end, held, left))
+            ran += end - start
+            since = end
+    waits += [(jobs[k], jobs[k].arrival_s, inf, hint(k)) for k in result.unstarted]
+    r_start = np.array([run[1] for run in runs])
+    r_end = np.array([run[2] for run in runs])
+    r_exp = r_start + np.array([run[4] for run in runs])
+    r_milli = np.array([physical_milli(run[3], result.fleet) for run in runs], dtype=float)
     r_rate = r_milli * equiv / 1000
-    r_tid = np.array([tid[jobs[r.key].request.tenant] for r in recs], dtype=int)
-    r_part = np.array([parts.index(jobs[r.key].request.partition) for r in recs], dtype=int)
-    waiting = [(jobs[r.key], r.start_s) for r in recs] + [(jobs[k], inf) for k in result.unstarted]
-    w_arr = np.array([j.arrival_s for j, _ in waiting])
-    w_start = np.array([s for _, s in waiting])
-    w_milli = np.array([j.request.total_milli for j, _ in waiting], dtype=float)
-    w_cost = w_milli * equiv / 1000 * np.array([hint(j.key) for j, _ in waiting])
-    w_tid = np.array([tid[j.request.tenant] for j, _ in waiting], dtype=int)
-    w_part = np.array([parts.index(j.request.partition) for j, _ in waiting], dtype=int)
+    r_tid = np.array([tid[jobs[run[0]].request.tenant] for run in runs], dtype=int)
+    r_part = np.array([parts.index(jobs[run[0]].request.partition) for run in runs], dtype=int)
+    w_arr = np.array([since for _, since, _, _ in waits])
+    w_start = np.array([until for _, _, until, _ in waits])
+    w_milli = np.array([j.request.total_milli for j, _, _, _ in waits], dtype=float)
+    w_cost = w_milli * equiv / 1000 * np.array([left for _, _, _, left in waits])
+    w_tid = np.array([tid[j.request.tenant] for j, _, _, _ in waits], dtype=int)
+    w_part = np.array([parts.index(j.request.partition) for j, _, _, _ in waits], dtype=int)
     shares = np.array([result.capacity_milli * policy.shares_pct[p] / 100 for p in parts])
     out = np.zeros((len(grid), len(parts)))
     n_t, n_p = len(tenants), len(parts)
@@ -221,8 +238,8 @@ def tenant_rows(result: SimResult, jobs: Mapping[str, SimJob], policy: QuotaPoli
     from gpusched.quota.policy import UNITS_PER_A100_HOUR
     from gpusched.quota.usage import UsageSpan, period_start, tenant_usage
 
-    spans = [UsageSpan(jobs[r.key].request.tenant, jobs[r.key].request.partition, r.shares,
-                       r.start_s, r.end_s) for r in result.records]
+    spans = [UsageSpan(jobs[r.key].request.tenant, jobs[r.key].request.partition, shares, start, end)
+             for r in result.records for start, end, shares in r.segments]
     first = period_start(week_start, policy.period_s)
     periods = range(max(1, math.ceil((result.end_time - first) / policy.period_s)))
     by_period = [tenant_usage(spans, result.fleet, first + k * policy.period_s,
@@ -272,6 +289,7 @@ def _measure(result: SimResult, jobs: Mapping[str, SimJob], policy: QuotaPolicy,
         "jobs_waiting_at_end": len(result.unstarted),
         "jobs_rejected": len(result.rejected),
         "preempted": result.preemption,
+        "over_budget": (result.quota or {}).get("over_budget"),  # stops at the budget (quota run)
     }
 
 
@@ -300,6 +318,7 @@ def replay_tenants(
     policy_name: str = "gpusched",
     max_pending: int = 256,
     preemption: str = "off",
+    over_budget: str = "finish",
     out_dir: Path | None = None,
     progress: bool = False,
 ) -> Replay:
@@ -310,8 +329,11 @@ def replay_tenants(
     estimate it from the jobs finished so far in the replay, ``none`` leaves it unset (a task is
     charged the quota's 1 h default).
     ``preemption`` (``off``, ``priority``, ``partitions``) is the executor's victim selection in both
-    runs (:class:`~gpusched.sim.preempt.SimPreemption`); a preempted job's record spans its first
-    start to its end, so its use is counted as if it had run throughout.
+    runs (:class:`~gpusched.sim.preempt.SimPreemption`); a preempted job's use is counted over its
+    runs only (``JobRecord.segments``), not while it waited to restart.
+    ``over_budget`` (``finish`` or ``stop``, the executor's ``[gpusched] over_budget``) is what the
+    quota run does with running work whose tenant crosses its budget
+    (:class:`~gpusched.sim.overbudget.SimOverBudget`).
     """
     from gpusched.airflow.quota_file import read_quota_policy
     from gpusched.durations import DurationModel
@@ -319,6 +341,7 @@ def replay_tenants(
     from gpusched.sim.engine import simulate, with_expected_durations
     from gpusched.sim.fleets import uniform_fleet
     from gpusched.sim.jobs import trace_jobs
+    from gpusched.sim.overbudget import SimOverBudget
     from gpusched.sim.preempt import SimPreemption
     from gpusched.sim.traces import load_philly_jobs
 
@@ -342,7 +365,8 @@ def replay_tenants(
         jobs = with_expected_durations(jobs)
     tag = f"{window[0]}_{nodes}x{gpus_per_node}_{durations}" + (
         f"_budget{budget_fraction:g}" if budget_fraction != 0.5 else "") + (
-        f"_preempt-{preemption}" if preemption != "off" else "")
+        f"_preempt-{preemption}" if preemption != "off" else "") + (
+        f"_{over_budget}" if over_budget != "finish" else "")
     folder = out_dir or Path("results/tenants")
     folder.mkdir(parents=True, exist_ok=True)
     quota_path = folder / f"quota-{tag}.yaml"
@@ -352,7 +376,8 @@ def replay_tenants(
     config = {
         "trace": jobs_csv.name, "window": list(window), "nodes": nodes, "gpus_per_node": gpus_per_node,
         "model": "P100", "jobs": len(jobs), "policy": policy_name, "durations": durations,
-        "budget_fraction": budget_fraction, "preemption": preemption, "quota_file": quota_path.name,
+        "budget_fraction": budget_fraction, "preemption": preemption, "over_budget": over_budget,
+        "quota_file": quota_path.name,
         "tag": tag,
     }
     replay = Replay(config, {j.key: j for j in jobs}, policy, demand, largest, parts,
@@ -361,7 +386,8 @@ def replay_tenants(
         predictor = DurationModel() if durations == "predicted" else None
         replay.results[name] = simulate(jobs, fleet, Policy.named(policy_name), policy_name=policy_name,
                                         max_pending=max_pending, progress=progress, quota=quota,
-                                        preemption=SimPreemption(preemption), predict_durations=predictor)
+                                        preemption=SimPreemption(preemption), predict_durations=predictor,
+                                        over_budget=SimOverBudget(over_budget))
     return replay
 
 
