@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpusched.bench.tenants import partition_rows, tenant_rows
+from gpusched.bench.tenants_measure import partition_rows, tenant_rows
 from gpusched.model import DeviceShare
 from gpusched.quota.policy import QuotaPolicy
 from gpusched.request import GPURequest, Partition
