@@ -22,7 +22,7 @@ from typing import Any, Literal
 from gpusched.errors import ConfigurationError
 
 __all__ = [
-    "ENV_VARS", "OPTIONS", "SECTION", "EnvVar", "Option", "env_bool", "get_bool", "get_float",
+    "ENV_VARS", "OPTIONS", "SECTION", "EnvVar", "Option", "default", "env_bool", "get_bool", "get_float",
     "get_int", "get_str", "parse_bool", "provider_config",
 ]
 
@@ -238,6 +238,12 @@ def _option(name: str) -> Option:
         raise ConfigurationError(
             f"[{SECTION}] {name} is not a gpusched option; options: {', '.join(_BY_NAME)}"
         ) from None
+
+
+def default(name: str) -> str:
+    """The declared default of ``[gpusched] name`` (as Airflow stores it: a string); code outside
+    ``gpusched/airflow`` (the simulator) starts from it."""
+    return _option(name).default
 
 
 def get_str(name: str, conf: Any) -> str:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpusched.errors import ConfigurationError
-from gpusched.quota.policy import QuotaState
+from gpusched.quota.policy import OVER_BUDGET_ACTIONS, QuotaState, over_budget_mode
 
 if TYPE_CHECKING:
     from gpusched.model import FleetSnapshot
@@ -37,18 +36,11 @@ class QuotaCore(Protocol):
 
 __all__ = ["OVER_BUDGET_ACTIONS", "QuotaCore", "check_running", "cycle_quota", "over_budget_action"]
 
-OVER_BUDGET_ACTIONS = ("finish", "stop")
-
-
 def over_budget_action(conf: Any) -> str:
-    """``[gpusched] over_budget``, checked (``finish`` or ``stop``)."""
+    """``[gpusched] over_budget``, checked (``finish`` or ``stop``; the simulator reads the same values)."""
     from gpusched import settings
 
-    value = settings.get_str("over_budget", conf).strip().lower()
-    if value not in OVER_BUDGET_ACTIONS:
-        raise ConfigurationError(f"[gpusched] over_budget = {value!r} is not finish or stop; "
-                                 "e.g. over_budget = finish")
-    return value
+    return over_budget_mode(settings.get_str("over_budget", conf))
 
 
 def cycle_quota(ledger: Any, snapshot: FleetSnapshot, now: float) -> QuotaState:

@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["gavel_report", "latency_report", "openb_report", "philly_report", "read_published_openb"]
 
-_OPENB_COLUMNS = ("random", "best-fit", "gpusched", "fgd")
+_OPENB_COLUMNS = ("random", "best-fit", "gpusched", "fgd", "fgd-full")
 
 
 def _load(folder: Path) -> dict[str, dict[str, Any]]:
@@ -63,11 +63,12 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
             ours.setdefault(workload, {})[policy] = data
     lines = [
         "| pod list | Random (pub.) | Random (ours) | Δ | BestFit (pub.) | BestFit (ours) | Δ "
-        "| FGD (pub.) | fgd preset (ours) | Δ | gpusched (ours) | gpusched − FGD (pub.) | seeds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| FGD (pub.) | fgd preset (ours) | Δ | gpusched (ours) | gpusched − FGD (pub.) "
+        "| fgd-full (ours) | fgd-full − FGD (pub.) | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     names = sorted(ours)
-    deltas: dict[str, list[float]] = {"random": [], "best-fit": [], "fgd": [], "gpusched": []}
+    deltas: dict[str, list[float]] = {p: [] for p in _OPENB_COLUMNS}
     for workload in names:
         pub = published.get(workload, {})
         mine = ours[workload]
@@ -96,7 +97,8 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
             f"| {_fmt(pub.get('Random'))} | {med('random')} | {diff('random', 'Random')} "
             f"| {_fmt(pub.get('BestFit'))} | {med('best-fit')} | {diff('best-fit', 'BestFit')} "
             f"| {_fmt(pub.get('FGD'))} | {med('fgd')} | {diff('fgd', 'FGD')} "
-            f"| {med('gpusched')} | {diff('gpusched', 'FGD')} | {seeds} |"
+            f"| {med('gpusched')} | {diff('gpusched', 'FGD')} "
+            f"| {med('fgd-full')} | {diff('fgd-full', 'FGD')} | {seeds} |"
         )
 
     def mean(policy: str) -> str:
@@ -105,14 +107,14 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
 
     lines.append(
         f"| **mean Δ** | | | {mean('random')} | | | {mean('best-fit')} | | | {mean('fgd')} | | "
-        f"{mean('gpusched')} | |"
+        f"{mean('gpusched')} | | {mean('fgd-full')} | |"
     )
     lines.append("")
     lines.append("`*` = a run of the earlier harness (one reading at the crossing arrival): not comparable.")
     if names:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(12, 4.5))
-        width = 0.12
+        width = 0.11
         series = [
             ("Random pub.", "Random", None),
             ("Random ours", None, "random"),
@@ -121,6 +123,7 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
             ("FGD pub.", "FGD", None),
             ("fgd preset ours", None, "fgd"),
             ("gpusched ours", None, "gpusched"),
+            ("fgd-full ours", None, "fgd-full"),
         ]
         for k, (label, pub_key, our_key) in enumerate(series):
             values = []
@@ -131,7 +134,7 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
                     v = ours[workload].get(our_key or "", {}).get("unallocated_gpu_pct_median")
                     values.append(float("nan") if v is None else v)
             ax.bar(
-                [i + (k - 3) * width for i in range(len(names))],
+                [i + (k - 3.5) * width for i in range(len(names))],
                 values,
                 width,
                 label=label,

@@ -13,7 +13,7 @@ model), none picked by hand:
 * **budget** per weekly period = ``budget_fraction`` × the cluster's demand (rounded down, at least
   1 A100-h), so every tenant that tries to run its whole demand within the week is constrained.
 
-Measures (:func:`tenant_rows`, :func:`partition_rows`): per tenant and budget period, use against
+Measures (:mod:`gpusched.bench.tenants_measure`): per tenant and budget period, use against
 budget, the worst overshoot in units of that tenant's largest single task (its A100-h); per
 partition, over the week and per day, its GPU-hours as a share of the fleet, the *shortfall*
 (points of fleet capacity by which it held less than ``min(its share, its demand)``: arrived,
@@ -31,24 +31,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from gpusched.catalog import default_catalog
+from gpusched.bench.tenants_measure import a100_equiv_per_device, measure_run
 from gpusched.errors import TraceError
-from gpusched.model import FleetSnapshot
-from gpusched.quota.policy import DEFAULT_SHARES, QuotaPolicy, physical_milli
+from gpusched.quota.policy import DEFAULT_SHARES, QuotaPolicy
 from gpusched.request import Partition
 from gpusched.sim.engine import SimJob, SimResult
 
 __all__ = ["WEEK_S", "Replay", "assign_partitions", "budgets_for", "demand_hours", "measure_tenants",
-           "partition_rows", "replay_tenants", "run_tenants", "tenant_rows"]
+           "replay_tenants", "run_tenants"]
 
 WEEK_S = 7 * 86400
 _MONDAY = 4 * 86400  # 1970-01-05 00:00 UTC; the sim clock's Monday (as in gpusched.quota.usage)
-
-
-def _equiv(fleet: FleetSnapshot) -> float:
-    """A100-equivalent GPUs of one whole device of the (uniform) fleet."""
-    model = default_catalog().find(next(iter(fleet.devices())).model)
-    return (model.a100_equiv_milli if model is not None else 1000) / 1000
 
 
 def demand_hours(jobs: Sequence[SimJob], equiv: float) -> tuple[dict[str, float], dict[str, float]]:
@@ -85,196 +78,6 @@ def budgets_for(demand: Mapping[str, float], fraction: float) -> dict[str, int]:
     return {t: max(1, math.floor(fraction * h)) for t, h in sorted(demand.items())}
 
 
-def _integral(events: Sequence[tuple[float, int, int]], lo: float, hi: float, fn: Any) -> float:
-    """∫ fn(use, demand) dt over [lo, hi) of the step functions of sorted (t, Δuse, Δdemand) events."""
-    use = demand = 0
-    total, prev = 0.0, lo
-    for t, du, dd in events:
-        if t >= hi:
-            break
-        if t > prev:
-            total += fn(use, demand) * (t - prev)
-            prev = t
-        use += du
-        demand += dd
-    return total + fn(use, demand) * (hi - prev)
-
-
-def _events(result: SimResult, jobs: Mapping[str, SimJob]) -> dict[Partition, list[tuple[float, int, int]]]:
-    """Per partition, sorted step events of milli-GPU held (use) and arrived but unfinished (demand)."""
-    out: dict[Partition, list[tuple[float, int, int]]] = {p: [] for p in Partition}
-    for r in result.records:
-        milli = physical_milli(r.shares, result.fleet)
-        out[jobs[r.key].request.partition] += [(r.arrival_s, 0, milli), (r.start_s, milli, 0),
-                                                (r.end_s, -milli, -milli)]
-    for key in result.unstarted:  # waiting until the run stopped
-        job = jobs[key]
-        milli = job.request.total_milli
-        out[job.request.partition] += [(job.arrival_s, 0, milli), (result.end_time, 0, -milli)]
-    for events in out.values():
-        events.sort(key=lambda e: e[0])
-    return out
-
-
-def _shortfall_grid(result: SimResult, jobs: Mapping[str, SimJob], policy: QuotaPolicy,
-                    enforced: bool, grid: Sequence[float]) -> dict[Partition, Any]:
-    """Per partition, at each instant of ``grid``: milli-GPU by which it held less than
-    ``min(its share, its eligible demand)``; eligible = running + waiting work that its tenant's
-    budget would let start then (the executor's ``check_budget`` over use + committed + cost)."""
-    import numpy as np
-
-    from gpusched.quota.usage import period_start
-
-    equiv = _equiv(result.fleet) * 1000  # normalised milli per whole device
-    tenants = sorted({j.request.tenant for j in jobs.values()})
-    tid = {t: i for i, t in enumerate(tenants)}
-    parts = list(Partition)
-    inf = float("inf")
-    budget = np.array([inf if policy.budget(t) is None or not enforced else float(policy.budget(t) or 0)
-                       for t in tenants])
-    recs = result.records
-    default = policy.default_duration_s
-
-    def hint(key: str) -> float:
-        return float(jobs[key].request.expected_duration_s or default)
-
-    r_start = np.array([r.start_s for r in recs])
-    r_end = np.array([r.end_s for r in recs])
-    r_exp = r_start + np.array([hint(r.key) for r in recs])
-    r_milli = np.array([physical_milli(r.shares, result.fleet) for r in recs], dtype=float)
-    r_rate = r_milli * equiv / 1000
-    r_tid = np.array([tid[jobs[r.key].request.tenant] for r in recs], dtype=int)
-    r_part = np.array([parts.index(jobs[r.key].request.partition) for r in recs], dtype=int)
-    waiting = [(jobs[r.key], r.start_s) for r in recs] + [(jobs[k], inf) for k in result.unstarted]
-    w_arr = np.array([j.arrival_s for j, _ in waiting])
-    w_start = np.array([s for _, s in waiting])
-    w_milli = np.array([j.request.total_milli for j, _ in waiting], dtype=float)
-    w_cost = w_milli * equiv / 1000 * np.array([hint(j.key) for j, _ in waiting])
-    w_tid = np.array([tid[j.request.tenant] for j, _ in waiting], dtype=int)
-    w_part = np.array([parts.index(j.request.partition) for j, _ in waiting], dtype=int)
-    shares = np.array([result.capacity_milli * policy.shares_pct[p] / 100 for p in parts])
-    out = np.zeros((len(grid), len(parts)))
-    n_t, n_p = len(tenants), len(parts)
-    for i, t in enumerate(grid):
-        since = period_start(t, policy.period_s)
-        held_s = np.clip(np.minimum(r_end, t) - np.maximum(r_start, since), 0, None)
-        used = np.bincount(r_tid, r_rate * held_s, minlength=n_t)
-        run = (r_start <= t) & (r_end > t)
-        committed = np.bincount(r_tid, r_rate * np.clip(r_exp - t, 0, None) * run, minlength=n_t)
-        use = np.bincount(r_part, r_milli * run, minlength=n_p)
-        wait = (w_arr <= t) & (w_start > t)
-        held = used[w_tid] + committed[w_tid] + w_cost > budget[w_tid]
-        eligible = use + np.bincount(w_part, w_milli * (wait & ~held), minlength=n_p)
-        out[i] = np.clip(np.minimum(shares, eligible) - use, 0, None)
-    return {p: out[:, k] for k, p in enumerate(parts)}
-
-
-def partition_rows(result: SimResult, jobs: Mapping[str, SimJob], policy: QuotaPolicy,
-                   lo: float, hi: float, *, enforced: bool = True, step_s: float = 900.0) -> dict[str, Any]:
-    """Per partition over [lo, hi) and per day: share of the fleet's GPU-hours, shortfall, borrowing."""
-    cap = result.capacity_milli
-    per = _events(result, jobs)
-    days = [(lo + d * 86400, min(hi, lo + (d + 1) * 86400)) for d in range(math.ceil((hi - lo) / 86400))]
-    grid = [lo + step_s * (k + 0.5) for k in range(math.ceil((hi - lo) / step_s))]
-    short_at = _shortfall_grid(result, jobs, policy, enforced, grid)
-    rows: dict[str, Any] = {}
-    for p in Partition:
-        share = cap * policy.shares_pct[p] / 100
-        events = per[p]
-
-        def pct(a: float, b: float, fn: Any, events: list = events) -> float:
-            """``fn``'s time-average over [a, b) in % of the fleet."""
-            return 100 * _integral(events, a, b, fn) / (cap * (b - a))
-
-        def held(u: int, d: int) -> float:
-            return u
-
-        def short(a: float, b: float, p: Partition = p) -> float:
-            """Mean shortfall over the grid instants in [a, b), in % of the fleet."""
-            vals = [v for t, v in zip(grid, short_at[p], strict=True) if a <= t < b]
-            return float(100 * sum(vals) / (len(vals) * cap)) if vals else 0.0
-
-        def lent(u: int, d: int, share: float = share) -> float:
-            return max(0.0, u - share)
-
-        fleet_h = cap * (hi - lo) / 3.6e6
-        rows[p.value] = {
-            "target_pct": policy.shares_pct[p],
-            "gpu_hours": round(pct(lo, hi, held) * fleet_h / 100, 1),
-            "share_of_fleet_pct": round(pct(lo, hi, held), 2),
-            "demand_pct": round(pct(lo, hi, lambda u, d: min(d, cap)), 2),
-            "shortfall_pts": round(short(lo, hi), 2),
-            "borrowed_gpu_hours": round(pct(lo, hi, lent) * fleet_h / 100, 1),
-            "daily_share_of_fleet_pct": [round(pct(a, b, held), 2) for a, b in days],
-            "daily_shortfall_pts": [round(short(a, b), 2) for a, b in days],
-        }
-    used = sum(r["gpu_hours"] for r in rows.values()) or 1.0
-    for r in rows.values():
-        r["share_of_used_pct"] = round(100 * r["gpu_hours"] / used, 2)
-    return rows
-
-
-def tenant_rows(result: SimResult, jobs: Mapping[str, SimJob], policy: QuotaPolicy,
-                largest: Mapping[str, float], demand: Mapping[str, float],
-                week_start: float) -> dict[str, Any]:
-    """Per tenant: budget, use in the replay week's period and in the worst period, overshoot."""
-    from gpusched.quota.policy import UNITS_PER_A100_HOUR
-    from gpusched.quota.usage import UsageSpan, period_start, tenant_usage
-
-    spans = [UsageSpan(jobs[r.key].request.tenant, jobs[r.key].request.partition, r.shares,
-                       r.start_s, r.end_s) for r in result.records]
-    first = period_start(week_start, policy.period_s)
-    periods = range(max(1, math.ceil((result.end_time - first) / policy.period_s)))
-    by_period = [tenant_usage(spans, result.fleet, first + k * policy.period_s,
-                              min(result.end_time, first + (k + 1) * policy.period_s)) for k in periods]
-    rows: dict[str, Any] = {}
-    for tenant in sorted(demand):
-        budget = policy.budgets_hours.get(tenant)
-        used = [u.get(tenant, 0) / UNITS_PER_A100_HOUR for u in by_period]
-        worst = max(used, default=0.0)
-        over = max(0.0, worst - budget) if budget is not None else 0.0
-        mine = [j for j in jobs.values() if j.request.tenant == tenant]
-        rows[tenant] = {
-            "partition": mine[0].request.partition.value if mine else None,
-            "demand_gpu_hours": round(demand[tenant], 1),
-            "budget_gpu_hours": budget,
-            "used_gpu_hours": round(used[0] if used else 0.0, 1),
-            "worst_period_gpu_hours": round(worst, 1),
-            "largest_task_gpu_hours": round(largest[tenant], 2),
-            "overshoot_gpu_hours": round(over, 2),
-            "overshoot_tasks": round(over / largest[tenant], 3) if largest[tenant] else 0.0,
-            "jobs": len(mine),
-            "jobs_waiting_at_end": sum(1 for k in result.unstarted if jobs[k].request.tenant == tenant),
-            "jobs_rejected": sum(1 for k in result.rejected if jobs[k].request.tenant == tenant),
-        }
-    return rows
-
-
-def _measure(result: SimResult, jobs: Mapping[str, SimJob], policy: QuotaPolicy,
-             largest: Mapping[str, float], demand: Mapping[str, float],
-             lo: float, hi: float, enforced: bool) -> dict[str, Any]:
-    from gpusched.sim.metrics import summarize
-
-    tenants = tenant_rows(result, jobs, policy, largest, demand, lo)
-    parts = partition_rows(result, jobs, policy, lo, hi, enforced=enforced)
-    summary = summarize(result)
-    return {
-        "tenants": tenants,
-        "partitions": parts,
-        "max_overshoot_tasks": max((t["overshoot_tasks"] for t in tenants.values()), default=0.0),
-        "tenants_at_budget": sum(1 for t in tenants.values()
-                                 if t["worst_period_gpu_hours"] >= 0.9 * (t["budget_gpu_hours"] or math.inf)),
-        "max_shortfall_pts": max(p["shortfall_pts"] for p in parts.values()),
-        "borrowed_gpu_hours": round(sum(p["borrowed_gpu_hours"] for p in parts.values()), 1),
-        "utilisation_pct": summary["utilisation_pct"],
-        "queue_delay_mean_s": summary["queue_delay_mean_s"],
-        "jobs_finished": summary["jobs_finished"],
-        "jobs_waiting_at_end": len(result.unstarted),
-        "jobs_rejected": len(result.rejected),
-        "preempted": result.preemption,
-    }
-
-
 @dataclass
 class Replay:
     """One window replayed with the quota file (``results["quota"]``) and without (``"baseline"``)."""
@@ -300,6 +103,7 @@ def replay_tenants(
     policy_name: str = "gpusched",
     max_pending: int = 256,
     preemption: str = "off",
+    over_budget: str = "finish",
     out_dir: Path | None = None,
     progress: bool = False,
 ) -> Replay:
@@ -310,8 +114,11 @@ def replay_tenants(
     estimate it from the jobs finished so far in the replay, ``none`` leaves it unset (a task is
     charged the quota's 1 h default).
     ``preemption`` (``off``, ``priority``, ``partitions``) is the executor's victim selection in both
-    runs (:class:`~gpusched.sim.preempt.SimPreemption`); a preempted job's record spans its first
-    start to its end, so its use is counted as if it had run throughout.
+    runs (:class:`~gpusched.sim.preempt.SimPreemption`); a preempted job's use is counted over its
+    runs only (``JobRecord.segments``), not while it waited to restart.
+    ``over_budget`` (``finish`` or ``stop``, the executor's ``[gpusched] over_budget``) is what the
+    quota run does with running work whose tenant crosses its budget
+    (:class:`~gpusched.sim.overbudget.SimOverBudget`).
     """
     from gpusched.airflow.quota_file import read_quota_policy
     from gpusched.durations import DurationModel
@@ -319,6 +126,7 @@ def replay_tenants(
     from gpusched.sim.engine import simulate, with_expected_durations
     from gpusched.sim.fleets import uniform_fleet
     from gpusched.sim.jobs import trace_jobs
+    from gpusched.sim.overbudget import SimOverBudget
     from gpusched.sim.preempt import SimPreemption
     from gpusched.sim.traces import load_philly_jobs
 
@@ -332,7 +140,7 @@ def replay_tenants(
                          "pick --start/--end inside the trace's time span (2017-10 to 2017-12)")
     fleet = uniform_fleet(nodes, gpus_per_node, "P100")
     raw = trace_jobs(trace, span_over=gpus_per_node)
-    demand, largest = demand_hours(raw, _equiv(fleet))
+    demand, largest = demand_hours(raw, a100_equiv_per_device(fleet))
     parts = assign_partitions(demand)
     budgets = budgets_for(demand, budget_fraction)
     # Whole weeks between the trace's clock and the sim's keep budget periods on Mondays.
@@ -342,7 +150,8 @@ def replay_tenants(
         jobs = with_expected_durations(jobs)
     tag = f"{window[0]}_{nodes}x{gpus_per_node}_{durations}" + (
         f"_budget{budget_fraction:g}" if budget_fraction != 0.5 else "") + (
-        f"_preempt-{preemption}" if preemption != "off" else "")
+        f"_preempt-{preemption}" if preemption != "off" else "") + (
+        f"_{over_budget}" if over_budget != "finish" else "")
     folder = out_dir or Path("results/tenants")
     folder.mkdir(parents=True, exist_ok=True)
     quota_path = folder / f"quota-{tag}.yaml"
@@ -352,7 +161,8 @@ def replay_tenants(
     config = {
         "trace": jobs_csv.name, "window": list(window), "nodes": nodes, "gpus_per_node": gpus_per_node,
         "model": "P100", "jobs": len(jobs), "policy": policy_name, "durations": durations,
-        "budget_fraction": budget_fraction, "preemption": preemption, "quota_file": quota_path.name,
+        "budget_fraction": budget_fraction, "preemption": preemption, "over_budget": over_budget,
+        "quota_file": quota_path.name,
         "tag": tag,
     }
     replay = Replay(config, {j.key: j for j in jobs}, policy, demand, largest, parts,
@@ -361,14 +171,15 @@ def replay_tenants(
         predictor = DurationModel() if durations == "predicted" else None
         replay.results[name] = simulate(jobs, fleet, Policy.named(policy_name), policy_name=policy_name,
                                         max_pending=max_pending, progress=progress, quota=quota,
-                                        preemption=SimPreemption(preemption), predict_durations=predictor)
+                                        preemption=SimPreemption(preemption), predict_durations=predictor,
+                                        over_budget=SimOverBudget(over_budget))
     return replay
 
 
 def measure_tenants(replay: Replay) -> dict[str, Any]:
     """The JSON-safe figures of a :class:`Replay`: both runs, and the checks on the quota run."""
     lo, hi = replay.week
-    runs = {name: _measure(result, replay.jobs, replay.policy, replay.largest, replay.demand, lo, hi,
+    runs = {name: measure_run(result, replay.jobs, replay.policy, replay.largest, replay.demand, lo, hi,
                            enforced=name == "quota")
             for name, result in replay.results.items()}
     quota_run = runs["quota"]

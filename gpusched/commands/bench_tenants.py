@@ -2,6 +2,7 @@
 
     gpusched bench tenants [--start 2017-10-09 --end 2017-10-16] [--nodes 50] [--budget-fraction 0.5]
                            [--durations oracle|predicted|none] [--preemption off|priority|partitions]
+                           [--over-budget finish|stop]
                            [--json] [--out FILE] [--out-dir results/tenants]
 """
 
@@ -16,7 +17,9 @@ __all__ = ["register_bench"]
 
 def register_bench(bench_subparsers: Any) -> None:
     """Add ``tenants`` under ``gpusched bench``."""
+    from gpusched import settings
     from gpusched.commands.args import finite_float, int_range, policy_help, policy_name
+    from gpusched.quota.policy import OVER_BUDGET_ACTIONS
     from gpusched.sim.traces import default_trace_dir
 
     parser = bench_subparsers.add_parser(
@@ -37,6 +40,10 @@ def register_bench(bench_subparsers: Any) -> None:
     parser.add_argument("--preemption", choices=("off", "priority", "partitions"), default="off",
                         help="the executor's preemption in both runs; partitions = reclaim lent "
                              "capacity (default off)")
+    parser.add_argument("--over-budget", choices=OVER_BUDGET_ACTIONS, default=settings.default("over_budget"),
+                        help="running work of a tenant that crosses its budget, as the executor's "
+                             "[gpusched] over_budget: finish (runs on) or stop (stopped at the next check "
+                             f"and requeued); default {settings.default('over_budget')}")
     parser.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help())
     parser.add_argument("--max-pending", type=int_range(1), default=256,
                         help="waiting jobs offered to one placement call (default 256)")
@@ -56,6 +63,7 @@ def _main(args: argparse.Namespace) -> int:
     result = run_tenants(args.jobs, window=(args.start, args.end), nodes=args.nodes,
                          gpus_per_node=args.gpus_per_node, budget_fraction=args.budget_fraction,
                          durations=args.durations, preemption=args.preemption, policy_name=args.policy,
+                         over_budget=args.over_budget,
                          max_pending=args.max_pending,
                          out_dir=args.out_dir, progress=not args.quiet)
     result["png"] = tenants_png(result, args.out_dir / f"tenants-{result['tag']}.png").name

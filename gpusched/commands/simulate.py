@@ -1,4 +1,5 @@
-"""``gpusched simulate --trace FILE --fleet FLEET --policy NAME [--quotas FILE] [--preemption MODE]``.
+"""``gpusched simulate --trace FILE --fleet FLEET --policy NAME [--quotas FILE [--over-budget finish|stop]]
+[--preemption MODE]``.
 
 Replays a trace.
 
@@ -21,7 +22,9 @@ __all__ = ["register"]
 
 def register(subparsers: Any) -> None:
     """Add ``simulate``."""
+    from gpusched import settings
     from gpusched.commands.args import finite_float, int_range, policy_help, policy_name
+    from gpusched.quota.policy import OVER_BUDGET_ACTIONS
 
     parser = subparsers.add_parser(
         "simulate", help="replay a job trace on a fleet with a policy",
@@ -44,7 +47,15 @@ def register(subparsers: Any) -> None:
                         help="base seed for the random policy (default 0)")
     parser.add_argument("--quotas", type=Path, default=None,
                         help="a quota file (shares, borrowing, budgets, period_s) to place with, as "
-                             "the executor does; the JSON then reports each tenant's budget and use")
+                             "the executor does; the JSON then reports each tenant's budget and use. "
+                             "Budget periods start on Mondays 00:00 UTC of the trace's dates (a trace "
+                             "without dates starts on a Monday)")
+    parser.add_argument("--over-budget", choices=OVER_BUDGET_ACTIONS, default=settings.default("over_budget"),
+                        help="with --quotas, running work whose tenant crosses its hard budget, as the "
+                             "executor's [gpusched] over_budget: finish (let it run) or stop (stop it at "
+                             "the executor's next check, every reconcile_seconds, and requeue it for the "
+                             "next period, losing the work since its last checkpoint); default "
+                             f"{settings.default('over_budget')}")
     parser.add_argument("--durations", choices=("none", "predicted", "oracle"), default="none",
                         help="run times the scheduler knows: none (default), predicted (the executor's "
                              "predictor, learnt online from the jobs finished so far) or oracle")
@@ -81,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
     from gpusched.sim.jobs import load_any_trace
     from gpusched.sim.metrics import summarize
 
-    jobs = load_any_trace(args.trace)
+    jobs = load_any_trace(args.trace, utc_weeks=args.quotas is not None)
     if not jobs:
         raise TraceError(args.trace, "has no jobs to replay", "give a trace with at least one GPU job")
     if args.limit is not None:
@@ -94,6 +105,7 @@ def _run(args: argparse.Namespace) -> int:
         from gpusched.airflow.quota_file import read_quota_policy
 
         quota = read_quota_policy(args.quotas)
+    from gpusched.sim.overbudget import SimOverBudget
     from gpusched.sim.preempt import SimPreemption
 
     preemption = None if args.preemption == "off" else SimPreemption(
@@ -111,6 +123,7 @@ def _run(args: argparse.Namespace) -> int:
         quota=quota,
         predict_durations=DurationModel() if args.durations == "predicted" else None,
         preemption=preemption,
+        over_budget=SimOverBudget(args.over_budget),
     )
     summary = summarize(result)
     prediction = summary.pop("durations", None)

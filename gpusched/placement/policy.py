@@ -9,6 +9,9 @@ reads it. ``Policy.named(name)`` gives the presets:
 ``fgd``       fragmentation only (Weng et al., ATC '23), to compare with the published FGD,
               with the published scheduler's integer node score (ties to the earliest node).
               Like the baselines below, FIFO within a priority.
+``fgd-full``  the ``fgd`` rule (integer node score, ties to the earliest node) scoring against the
+              workload's *whole* shape distribution instead of FGD's 95 % "typical pods" (the sim
+              harness gives it every exact class; elsewhere the same estimate as ``fgd``).
 ``best-fit``  the node (and device) with the least free capacity that still fits (for tasks
               with host CPU, the published BestFit's CPU+GPU key in whole hundredths).
 ``first-fit`` FIFO and count-based, like Airflow pools: the first node in inventory order with
@@ -192,6 +195,17 @@ def _presets() -> dict[str, Policy]:
         ),
         "fgd": Policy(
             name="fgd",
+            fragmentation=1.0,
+            locality=0.0,
+            speed=0.0,
+            energy=0.0,
+            packing=0.0,
+            score_levels=100,
+            reservations=False,
+            queue_order=QueueOrder.FIFO,
+        ),
+        "fgd-full": Policy(
+            name="fgd-full",
             fragmentation=1.0,
             locality=0.0,
             speed=0.0,

@@ -25,6 +25,7 @@ from gpusched.request import GPURequest, Partition
 
 __all__ = [
     "DEFAULT_SHARES",
+    "OVER_BUDGET_ACTIONS",
     "UNITS_PER_A100_HOUR",
     "QuotaPolicy",
     "QuotaState",
@@ -35,6 +36,7 @@ __all__ = [
     "hours",
     "normalised_rate",
     "over_budget",
+    "over_budget_mode",
     "partition_capacity",
     "physical_milli",
 ]
@@ -236,8 +238,25 @@ def check_budget(state: QuotaState, tenant: str, cost: int, *, committed: int = 
     return QuotaVerdict(False, reason, permanent=permanent)
 
 
+OVER_BUDGET_ACTIONS = ("finish", "stop")
+"""What happens to running work whose tenant crossed its hard budget (``[gpusched] over_budget``)."""
+
+
+def over_budget_mode(value: str) -> str:
+    """``value`` as an over-budget action (``finish`` or ``stop``, any case), else a clear error."""
+    mode = str(value).strip().lower()
+    if mode not in OVER_BUDGET_ACTIONS:
+        raise ConfigurationError(f"[gpusched] over_budget = {mode!r} is not finish or stop; "
+                                 "e.g. over_budget = finish")
+    return mode
+
+
 def over_budget(state: QuotaState, tenant: str) -> str | None:
-    """Why ``tenant`` has crossed its hard budget this period (its running work is over), or None."""
+    """Why ``tenant`` has crossed its hard budget this period (its running work is over), or None.
+
+    The one rule for running work: the executors' periodic check (``gpusched.airflow.gpu_quota``)
+    and the simulator (:mod:`gpusched.sim.overbudget`) act on every running task of a tenant for
+    which this answers (let it finish or stop it, per :data:`OVER_BUDGET_ACTIONS`)."""
     budget = state.policy.budget(tenant) if state.enforced else None
     used = state.used.get(tenant, 0)
     if budget is None or used < budget:

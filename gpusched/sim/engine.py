@@ -7,7 +7,11 @@ running jobs and the quota state the executor would have (``sim/quota.py``); eve
 at once and finishes after the job's run time *on the model it got* (the slowest device's model
 for a multi-device job). Without ``preemption`` a started job keeps its devices until it ends;
 with it, the executor's victim selection may stop lower-priority jobs, or the migration rule move
-jobs between GPU types (:mod:`gpusched.sim.preempt`).
+jobs between GPU types (:mod:`gpusched.sim.preempt`). With a quota, the executor's over-budget
+check (:mod:`gpusched.sim.overbudget`) is an event too: ``over_budget = stop`` stops a tenant's
+running jobs at the first check after its use reaches its budget; held jobs are reconsidered when a
+budget period begins. A stopped job (preempted or at its budget) goes back to the queue; its
+record's ``segments`` are its runs.
 
 Two timing modes: ``round_s == 0`` schedules after every batch of simultaneous events;
 ``round_s > 0`` schedules only at round boundaries (Gavel's 360 s rounds) when something changed.
@@ -39,6 +43,7 @@ from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.request import GPURequest
 from gpusched.sim import quota as sim_quota
 from gpusched.sim.durations import OnlineDurations
+from gpusched.sim.overbudget import SimOverBudget
 from gpusched.sim.preempt import SimPreemption
 from gpusched.sim.results import JobRecord, SimResult, TimelinePoint
 from gpusched.sim.service import OnlineService
@@ -87,6 +92,7 @@ def simulate(
     preemption: SimPreemption | None = None,
     predict_durations: DurationModel | None = None,
     duration_history: Sequence[FinishedRun] = (),
+    over_budget: SimOverBudget | None = None,
 ) -> SimResult:
     """Replay ``jobs`` (any order; sorted by arrival here) on ``fleet`` under ``policy``.
 
@@ -110,7 +116,13 @@ def simulate(
             while a quota applies (the optimiser does not check quotas). The result's ``quota``
             reports each tenant's budget and use and each partition's share of GPU-hours.
         preemption: the executor's victim selection after each pass
-            (:class:`~gpusched.sim.preempt.SimPreemption`); None = non-preemptive.
+            (:class:`~gpusched.sim.preempt.SimPreemption`); None = non-preemptive. A stopped job
+            counts as using devices only while it runs (``JobRecord.segments``) and, restarted,
+            is committed only the remaining part of its expected duration.
+        over_budget: with ``quota``, what happens to running work whose tenant crosses its hard
+            budget (:class:`~gpusched.sim.overbudget.SimOverBudget`, ``[gpusched] over_budget``:
+            ``finish``, the default, or ``stop``: stopped and requeued at the executor's next
+            check, losing the work since its last checkpoint); reported in ``quota.over_budget``.
         predict_durations: jobs without ``expected_duration_s`` get the executor's prediction
             (:mod:`gpusched.durations`), learnt online from the jobs finished so far after
             ``duration_history``; the result's ``durations`` gives the counts and errors.
@@ -146,6 +158,10 @@ def simulate(
     first_start: dict[str, float] = {}
     full_run: dict[str, float] = {}  # key -> run time of all its work on the models it runs on
     preempt = preemption or SimPreemption()
+    budget_rule = over_budget or SimOverBudget()
+    runs: dict[str, list[tuple[float, float, tuple[DeviceShare, ...]]]] = {}  # key -> its stopped runs
+    hinted: dict[str, int] = {}  # key -> expected duration it first started with (given or predicted)
+    quota_at = _INF  # next over-budget check or period reset
     timeline: list[TimelinePoint] = [TimelinePoint(0.0, 0, 0)]
     used = 0
     nxt = 0
@@ -165,6 +181,24 @@ def simulate(
     job_types = {j.key: j.job_type for j in ordered} if service is not None else {}
     tracker = sim_quota.QuotaTracker(quota, by_key, fleet)
 
+    def requeue(key: str, now: float, *, preempted: bool = True) -> float:
+        """Stop ``key``'s run at ``now`` and put it back in the queue; the GPU-seconds it lost."""
+        nonlocal snapshot, used
+        stopped = running.pop(key)
+        lost = preempt.evict(stopped, full_run[key], now, fleet, preempted=preempted)
+        runs.setdefault(key, []).append((stopped.started_at, now, stopped.shares))
+        del run_seq[key], records[key]
+        tracker.stopped(key, now)
+        job = by_key[key]
+        request = job.request
+        if key in hinted:  # committed (and charged at admission) only what is left of its estimate
+            left = max(1, math.ceil(hinted[key] * preempt.remaining(key)))
+            request = replace(request, expected_duration_s=left)
+        pending[key] = PendingTask(key, request, job.arrival_s, job_type=job.job_type)
+        snapshot = snapshot.with_usage(stopped.shares, release=True)
+        used -= physical_milli(stopped.shares, fleet)
+        return lost
+
     def mark(now: float) -> None:
         point = TimelinePoint(now, used, len(pending))
         if timeline[-1].t == now:
@@ -179,7 +213,7 @@ def simulate(
         nc = completions[0][0] if completions else _INF
         wanted = (len(pending) > 0 and (used < capacity or preempt.enabled)) or (preempt.migrates and running)
         ns = sched_at if dirty and wanted else _INF
-        t = min(na, nc, ns)
+        t = min(na, nc, ns, quota_at)
         if t == _INF:
             break
         if nc <= t:
@@ -208,6 +242,12 @@ def simulate(
                 nxt += 1
                 if bar is not None and watch is None:
                     bar.update(1)
+            dirty = True
+        elif quota_at <= t:  # the executor's over-budget check (or a budget period starts)
+            state = tracker.state_at(t)
+            for key in budget_rule.over(state, ((k, r.request.tenant) for k, r in running.items()), t):
+                lost = requeue(key, t, preempted=False)
+                budget_rule.stopped(key, lost)
             dirty = True
         else:
             started = time.perf_counter()
@@ -248,13 +288,17 @@ def simulate(
                 models = tuple(sorted({models_of.device(s.uuid).model for s in shares}))
                 full_run[key] = job.duration_on(models)
                 end = t + preempt.restart_delay(key) + full_run[key] * preempt.remaining(key)
+                earlier = runs.get(key, [])
                 records[key] = JobRecord(key, job.arrival_s, first_start.get(key, t), end, shares, models,
-                                         preempt.times.get(key, 0))
+                                         preempt.times.get(key, 0),
+                                         (*earlier, (t, end, shares)) if earlier else ())
                 tracker.started(records[key])
                 asked = as_offered[key].request if key in as_offered else job.request  # + prediction
                 if online is not None and key not in first_start:
                     online.started(key, asked, full_run[key])
                 hint = asked.expected_duration_s
+                if hint and key not in hinted:
+                    hinted[key] = hint
                 running[key] = RunningTask(key, asked, shares, t, t + hint if hint else None)
                 first_start.setdefault(key, t)
                 heapq.heappush(completions, (end, seq, key))
@@ -278,15 +322,7 @@ def simulate(
                 plans = preempt.plans(waiting, after, running, pass_policy, t, state, fresh, types, **ranked)
                 for pplan in plans:
                     for victim in pplan.victims:
-                        stopped = running.pop(victim.key)
-                        preempt.evict(stopped, full_run[victim.key], t, fleet)
-                        del run_seq[victim.key], records[victim.key]
-                        tracker.dropped(victim.key)
-                        job = by_key[victim.key]
-                        pending[victim.key] = PendingTask(victim.key, job.request, job.arrival_s,
-                                                          job_type=job.job_type)
-                        snapshot = snapshot.with_usage(stopped.shares, release=True)
-                        used -= physical_milli(stopped.shares, fleet)
+                        requeue(victim.key, t)
                     for key, shares in pplan.placement.items():
                         start(key, tuple(shares))
             for r in plan.rejections:
@@ -304,6 +340,11 @@ def simulate(
                 bar.set_postfix(day=f"{t / 86400:.2f}", waiting=len(pending), running=len(running))
         mark(t)
         sched_at = math.ceil(t / round_s) * round_s if round_s > 0 else t
+        if quota is not None:
+            quota_at = budget_rule.next_reset(quota, t) if pending else _INF
+            if budget_rule.stops_work and running:
+                crossing = budget_rule.next_check(tracker.state_at(t), tracker.rates(running), t)
+                quota_at = min(quota_at, crossing)
     if bar is not None:
         bar.close()
     end_time = t if t != _INF else timeline[-1].t
@@ -321,7 +362,8 @@ def simulate(
         place_seconds=spent,
         replans=replans,
         replans_improved=improved,
-        quota=None if quota is None else sim_quota.report(quota, records, by_key, fleet, end_time),
+        quota=None if quota is None else {**sim_quota.report(quota, records, by_key, fleet, end_time),
+                                          "over_budget": budget_rule.report()},
         preemption=({**preempt.report(), **({"service": service.report()} if service else {})}
                     if preempt.enabled else None),
         durations=None if online is None else online.report(),

@@ -21,7 +21,10 @@ from gpusched.sim.traces import (
     load_philly_jobs,
 )
 
-__all__ = ["load_any_trace", "trace_jobs"]
+__all__ = ["WEEK_S", "load_any_trace", "trace_jobs"]
+
+WEEK_S = 7 * 86400
+_MONDAY = 4 * 86400  # 1970-01-05 00:00 UTC: the sim clock's first Monday (as gpusched.quota.usage)
 
 
 def trace_jobs(jobs: Sequence[TraceJob], *, span_over: int = 8) -> list[SimJob]:
@@ -44,11 +47,15 @@ def _tenant(group: str) -> str:
     return text or "default"
 
 
-def load_any_trace(path: Path) -> list[SimJob]:
+def load_any_trace(path: Path, *, utc_weeks: bool = False) -> list[SimJob]:
     """A trace file of any supported kind, detected by its header.
 
     Gavel job lists (``arrival_time_s``), Philly (``timestamp,duration,num_gpus``) and openb pod
     lists with ``creation_time``/``deletion_time`` (GPU pods replayed with their lifetimes).
+    Arrivals count from the first job; with ``utc_weeks`` they are on a clock a whole number of
+    weeks from UTC instead, so the simulator's Mondays 00:00 UTC (where budget periods start, as
+    in the executor) are the trace's: Philly's from its dates; a trace without dates (Gavel,
+    openb) starts on a Monday 00:00 UTC.
 
     Raises:
         TraceError: a missing, unreadable, empty or unknown file, or a bad row (file, line, field).
@@ -57,19 +64,29 @@ def load_any_trace(path: Path) -> list[SimJob]:
     if not columns:
         raise TraceError(path, "is empty", "give a trace file with a header line and jobs")
     if "arrival_time_s" in columns:
-        return trace_jobs(load_gavel_jobs(path))
+        return _shifted(trace_jobs(load_gavel_jobs(path)), _MONDAY if utc_weeks else 0.0)
     if {"timestamp", "duration", "num_gpus"} <= set(columns):
-        return trace_jobs(load_philly_jobs(path))
+        if not utc_weeks:
+            return trace_jobs(load_philly_jobs(path))
+        dated = trace_jobs(load_philly_jobs(path, origin="1970-01-05"))  # seconds from a Monday
+        first = min((j.arrival_s for j in dated), default=0.0)
+        return _shifted(dated, _MONDAY - (first // WEEK_S) * WEEK_S)
     if {"num_gpu", "gpu_milli", "creation_time", "deletion_time"} <= set(columns):
         from gpusched.sim.openb import pod_request
 
         times = load_openb_lifetimes(path)
-        return [
+        return _shifted([
             SimJob(p.name, pod_request(p), times[p.name][0], max(1.0, times[p.name][1] - times[p.name][0]))
             for p in load_openb_pods(path)
             if p.num_gpu > 0
-        ]
+        ], _MONDAY if utc_weeks else 0.0)
     raise TraceError(
         path, f"has an unknown trace layout (header {[c[:30] for c in columns[:6]]})",
         "give a Gavel job CSV, philly_jobs.csv or an openb pod list with creation/deletion times",
     )
+
+
+def _shifted(jobs: list[SimJob], by: float) -> list[SimJob]:
+    from dataclasses import replace
+
+    return [replace(j, arrival_s=j.arrival_s + by) for j in jobs] if by else jobs

@@ -186,26 +186,33 @@ class SimPreemption:
         return {k: self.ran.get(k, 0.0) + max(0.0, now - r.started_at - self.delay.get(k, 0.0))
                 for k, r in running.items()}
 
-    def evict(self, task: RunningTask, full_run_s: float, now: float, fleet: FleetSnapshot) -> None:
-        """Record that ``task`` (a run of ``full_run_s`` for all its work) is stopped at ``now``.
+    def evict(self, task: RunningTask, full_run_s: float, now: float, fleet: FleetSnapshot, *,
+              preempted: bool = True) -> float:
+        """Record that ``task`` (a run of ``full_run_s`` for all its work) is stopped at ``now``;
+        return the GPU-seconds of work it lost.
 
         A migrated job saves all its work (checkpoint on notice) and pays ``restart_s`` when it
-        starts again; a victim keeps the work up to its last periodic checkpoint."""
+        starts again; a victim keeps the work up to its last periodic checkpoint. ``preempted``
+        False (a job stopped at its tenant's budget): its work is kept the same way, but it is
+        not counted as a preemption here."""
         began = task.started_at + self.delay.pop(task.key, 0.0)  # its work began after the restore
-        saved = now if self.migrates else self.last_checkpoint(task.started_at, now)
+        saved = now if self.migrates and preempted else self.last_checkpoint(task.started_at, now)
         self.ran[task.key] = self.ran.get(task.key, 0.0) + max(0.0, saved - began)
         self.served_s[task.key] = self.served_s.get(task.key, 0.0) + (now - task.started_at)
         if full_run_s > 0 and math.isfinite(full_run_s):
             gained = max(0.0, saved - began) / full_run_s
             self.done[task.key] = min(1.0, self.done.get(task.key, 0.0) + gained)
         gpus = physical_milli(task.shares, fleet) / MILLI
-        if self.migrates:
+        if self.migrates and preempted:
             self.restarting[task.key] = self.restart_s
-            self.lost_gpu_s += self.restart_s * gpus
+            lost = self.restart_s * gpus
         else:
-            self.lost_gpu_s += (now - saved) * gpus
-        self.count += 1
-        self.times[task.key] = self.times.get(task.key, 0) + 1
+            lost = (now - self.last_checkpoint(task.started_at, now)) * gpus
+        if preempted:
+            self.lost_gpu_s += lost
+            self.count += 1
+            self.times[task.key] = self.times.get(task.key, 0) + 1
+        return lost
 
     def report(self) -> dict[str, object]:
         """JSON-safe figures of what preemption did in this replay."""

@@ -3,7 +3,8 @@
 The jobs started so far are usage spans (:class:`gpusched.quota.usage.UsageSpan`), so the
 simulator places with exactly the state the executors build from the ledger. ``records`` and
 ``jobs`` are the engine's started :class:`~gpusched.sim.engine.JobRecord` and
-:class:`~gpusched.sim.engine.SimJob` by key.
+:class:`~gpusched.sim.engine.SimJob` by key; a job stopped and restarted counts only its runs
+(``JobRecord.segments``), not the time it waited in between.
 
 :class:`QuotaTracker` gives the same state as :func:`gpusched.quota.usage.quota_state` over every
 started job, incrementally: a job that has ended adds a fixed amount to its tenant's use of the
@@ -26,8 +27,9 @@ __all__ = ["QuotaTracker", "quota_state_at", "report"]
 
 
 def _spans(records: Mapping[str, Any], jobs: Mapping[str, Any]) -> list[UsageSpan]:
-    return [UsageSpan(jobs[r.key].request.tenant, jobs[r.key].request.partition, r.shares,
-                      r.start_s, r.end_s) for r in records.values()]
+    """One span per run of each record (a restarted job held no devices while it waited)."""
+    return [UsageSpan(jobs[r.key].request.tenant, jobs[r.key].request.partition, shares, start, end)
+            for r in records.values() for start, end, shares in r.segments]
 
 
 def quota_state_at(
@@ -43,9 +45,9 @@ def quota_state_at(
 class QuotaTracker:
     """The quota state at non-decreasing simulated instants, equal to :func:`quota_state_at`.
 
-    Call :meth:`started` for every job the engine starts (its record holds its end), then
-    :meth:`state_at` before each pass. Each span is counted as ``tenant_usage`` counts it
-    (``int(rate × overlap)``), so the totals match exactly.
+    Call :meth:`started` for every run the engine starts (its record holds its end),
+    :meth:`stopped` for a run it ends early, then :meth:`state_at` before each pass. Each span
+    is counted as ``tenant_usage`` counts it (``int(rate × overlap)``), so the totals match exactly.
     """
 
     def __init__(self, policy: QuotaPolicy | None, jobs: Mapping[str, Any], fleet: FleetSnapshot) -> None:
@@ -57,23 +59,39 @@ class QuotaTracker:
         self.open: dict[str, tuple[str, int, float, float]] = {}
         self.closed: dict[str, int] = {}  # use of spans ended within the current period
         self.period = float("nan")
+        self.runs_stopped = 0
         # Cheapest normalised rate of one whole device: a lower bound of any placement's cost.
         rates = [normalised_rate([DeviceShare(d.uuid, d.node, d.index, MILLI, 0)], fleet)
                  for d in fleet.devices() if d.takes_work] if policy is not None else []
         self.cheapest = min(rates, default=0)
 
     def started(self, record: Any) -> None:
-        """Count ``record`` (an engine ``JobRecord``; a restarted job's replaces its old one)."""
+        """Count the run ``record`` (an engine ``JobRecord``) starts: its last segment."""
         if self.policy is None:
             return
-        span = (self.jobs[record.key].request.tenant, normalised_rate(record.shares, self.fleet),
-                record.start_s, record.end_s)
+        start, end, shares = record.segments[-1]
+        span = (self.jobs[record.key].request.tenant, normalised_rate(shares, self.fleet), start, end)
         self.spans[record.key] = self.open[record.key] = span
 
-    def dropped(self, key: str) -> None:
-        """Forget a running job's record (a preempted job's, deleted by the engine until it restarts)."""
-        self.spans.pop(key, None)
+    def stopped(self, key: str, now: float) -> None:
+        """End the run of ``key`` at ``now`` (preempted, or stopped at its budget): it counts
+        until ``now`` and not while the job waits; a restart is counted by :meth:`started`."""
+        span = self.spans.pop(key, None)
         self.open.pop(key, None)
+        if span is None:
+            return
+        self.runs_stopped += 1
+        done = f"{key}#{self.runs_stopped}"  # a closed run, under a key no job has
+        self.spans[done] = self.open[done] = (span[0], span[1], span[2], min(span[3], now))
+
+    def rates(self, keys: Iterable[str]) -> dict[str, int]:
+        """Per tenant, the cost per second (normalised units) of the runs of ``keys`` now."""
+        out: dict[str, int] = {}
+        for key in keys:
+            span = self.spans.get(key)
+            if span is not None:
+                out[span[0]] = out.get(span[0], 0) + span[1]
+        return out
 
     def state_at(self, now: float) -> QuotaState:
         """The quota state at ``now`` (never earlier than the previous call's)."""
@@ -99,7 +117,6 @@ class QuotaTracker:
                 still[key] = (tenant, rate, begin, end)
         self.open = still
         return QuotaState(self.policy, used, start)
-
 
     def offer(self, pending: Iterable[PendingTask], state: QuotaState, snapshot: FleetSnapshot,
               running: Sequence[RunningTask], now: float, limit: int, *,

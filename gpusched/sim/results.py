@@ -11,12 +11,20 @@ from typing import Any
 
 from gpusched.model import DeviceShare, FleetSnapshot
 
-__all__ = ["JobRecord", "SimResult", "TimelinePoint"]
+__all__ = ["JobRecord", "RunSegment", "SimResult", "TimelinePoint"]
+
+RunSegment = tuple[float, float, tuple[DeviceShare, ...]]
+"""One run of a job: ``(start, end, shares)``; a job that was stopped and restarted has several."""
 
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
-    """What happened to one started job."""
+    """What happened to one started job.
+
+    ``start_s`` is its first start, ``end_s`` its final end and ``shares`` the devices of its last
+    run. A job stopped and restarted (preempted, or stopped at its tenant's budget) held devices
+    only in its ``runs``, not while it waited in between: count its GPU use with :attr:`segments`.
+    """
 
     key: str
     arrival_s: float
@@ -25,6 +33,12 @@ class JobRecord:
     shares: tuple[DeviceShare, ...]
     models: tuple[str, ...]
     preemptions: int = 0
+    runs: tuple[RunSegment, ...] = ()  # every run, the last included; () = one run start_s–end_s
+
+    @property
+    def segments(self) -> tuple[RunSegment, ...]:
+        """The job's runs ``(start, end, shares)``: the time it held devices."""
+        return self.runs or ((self.start_s, self.end_s, self.shares),)
 
     @property
     def queue_delay_s(self) -> float:

@@ -42,15 +42,19 @@ def test_budgets_hold_within_one_task_and_shares_add_up(trace: Path, tmp_path: P
     assert result["partition_of"] == {"big": "training", "mid": "burst", "small": "dev"}
     assert (tmp_path / result["quota_file"]).read_text(encoding="utf-8").count("'big': 3") == 1
     big = result["quota"]["tenants"]["big"]
-    # Budget 3 A100-h = six 0.5-h jobs; the other six wait for next week's budget.
+    # Budget 3 A100-h = six 0.5-h jobs; the other six wait for next week's budget and start as
+    # it begins (Monday 2017-10-16 00:00 UTC).
     assert big["budget_gpu_hours"] == 3 and big["largest_task_gpu_hours"] == 0.5
-    assert big["worst_period_gpu_hours"] == 3.0 and big["jobs_waiting_at_end"] == 6
+    assert big["worst_period_gpu_hours"] == 3.0 and big["jobs_waiting_at_end"] == 0
+    lo, hi = replay.week
+    quota_run = replay.results["quota"].records
+    starts = sorted(r.start_s for r in quota_run if replay.jobs[r.key].request.tenant == "big")
+    assert max(starts[:6]) < hi and starts[6] == lo + 7 * 86400 and min(starts[6:]) >= lo + 7 * 86400
     assert result["checks"]["budgets_hold"] and result["quota"]["max_overshoot_tasks"] <= 1.0
     # Without quotas big runs its whole demand: 6 A100-h, 3 over = 6 tasks' worth.
     assert result["baseline"]["tenants"]["big"]["worst_period_gpu_hours"] == 6.0
     assert result["baseline"]["max_overshoot_tasks"] == 6.0
     # Shares: each partition's GPU-hours in the window are its jobs' GPU-hours there.
-    lo, hi = replay.week
     for run in ("quota", "baseline"):
         sim = replay.results[run]
         for part, row in result[run]["partitions"].items():

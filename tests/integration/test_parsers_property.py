@@ -2,9 +2,9 @@
 
 Property, for GPURequest (kwargs / dict / YAML), fleet files, every trace loader and the CLI
 arguments: every input ends as a valid object or as the project's error naming the field (or
-file, line and field) in one line — never another exception — and each input takes under a
-second (hypothesis ``deadline=1000`` ms; no timed assertions). Example counts are kept moderate
-so the suite stays within the CI budget.
+file, line and field) in one line — never another exception. No per-example deadline: a timed
+check fails on a loaded machine, not on a slow parser (parsing speed belongs to benchmarks).
+Example counts are kept moderate so the suite stays within the CI budget.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from gpusched.sim.traces import (
 )
 
 FAST = settings(
-    max_examples=60, deadline=1000, database=None,
+    max_examples=60, deadline=None, database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 

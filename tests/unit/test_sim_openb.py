@@ -79,6 +79,11 @@ def test_fgd_typical_pods_are_exact_classes_up_to_95_percent() -> None:
     assert [(s.count, s.milli, s.cpu_milli) for s in shapes] == [(1, 500, 1000), (0, 0, 2000)]
     assert abs(sum(s.weight for s in shapes) - 1) < 1e-9 and shapes[0].weight == 60 / 96
     assert openb_policy("fgd", pods).workload == shapes and openb_policy("fgd").score_levels == 100
+    # fgd-full: the same rule against every class, the rare ones included
+    full = openb_policy("fgd-full", pods)
+    assert full.workload == typical_shapes(pods, popularity=1.0) and full.score_levels == 100
+    assert len(full.workload) == 6 and abs(sum(s.weight for s in full.workload) - 1) < 1e-9
+    assert {s.cpu_milli for s in full.workload} >= {3000, 3003}
 
 
 def test_fgd_typical_pods_order_ties_and_type_strings_as_fgd() -> None:

@@ -10,19 +10,12 @@ from gpusched.quota.policy import QuotaPolicy
 from gpusched.request import GPURequest
 from gpusched.sim.fleets import uniform_fleet
 from gpusched.sim.quota import QuotaTracker, quota_state_at
+from gpusched.sim.results import JobRecord
 
 
 @dataclass(frozen=True)
 class _Job:
     request: GPURequest
-
-
-@dataclass(frozen=True)
-class _Record:
-    key: str
-    start_s: float
-    end_s: float
-    shares: tuple[DeviceShare, ...]
 
 
 def test_tracker_matches_the_recount_across_periods() -> None:
@@ -31,7 +24,7 @@ def test_tracker_matches_the_recount_across_periods() -> None:
     devices = list(fleet.devices())
     policy = QuotaPolicy(period_s=86400)  # short periods: many resets inside the run
     jobs: dict[str, _Job] = {}
-    records: dict[str, _Record] = {}
+    records: dict[str, JobRecord] = {}
     tracker = QuotaTracker(policy, jobs, fleet)
     now = 0.0
     for i in range(300):
@@ -40,15 +33,23 @@ def test_tracker_matches_the_recount_across_periods() -> None:
         jobs[key] = _Job(GPURequest(count=1, tenant=rng.choice(["a", "b", "c"])))
         picked = rng.sample(devices, rng.randint(1, 4))
         shares = tuple(DeviceShare(d.uuid, d.node, d.index, 1000, 0) for d in picked)
-        records[key] = _Record(key, now, now + rng.expovariate(1 / 20000), shares)
+        first = now
+        records[key] = JobRecord(key, first, first, now + rng.expovariate(1 / 20000), shares, ("P100",))
         tracker.started(records[key])
-        if i % 5 == 0 and records[key].end_s > now + 60:  # preempted a minute later, restarted
+        if i % 5 == 0 and records[key].end_s > now + 60:  # stopped a minute later, restarted later
             now += 60
-            del records[key]
-            tracker.dropped(key)
+            stop = now
+            tracker.stopped(key, stop)
+            # While it waits only its first run counts (the engine keeps it in ``runs``).
+            records[key] = JobRecord(key, first, first, stop, shares, ("P100",),
+                                     runs=((first, stop, shares),))
             recount = quota_state_at(policy, records, jobs, fleet, now)
             assert dict(tracker.state_at(now).used) == dict(recount.used)
-            records[key] = _Record(key, now - 60, now + 600, shares)  # first start kept, as the engine does
+            now += 900  # waiting: the recount sees only its first run
+            waiting = quota_state_at(policy, records, jobs, fleet, now)
+            assert dict(tracker.state_at(now).used) == dict(waiting.used)
+            records[key] = JobRecord(key, first, first, now + 600, shares, ("P100",),
+                                     runs=((first, stop, shares), (now, now + 600, shares)))
             tracker.started(records[key])
         if i % 7 == 0:
             now += rng.choice([0.0, 3600.0, 2 * 86400.0])  # a pass later, sometimes periods later
@@ -76,5 +77,10 @@ def test_budget_held_jobs_do_not_fill_the_offer_window() -> None:
     result = simulate(jobs, uniform_fleet(1, 8, "A100"), Policy.named("gpusched"), max_pending=2,
                       quota=QuotaPolicy(budgets_hours={"a": 1}, period_s=7 * 86400))
     starts = {r.key: r.start_s for r in result.records}
-    # b0 is not hidden behind a's held jobs at the head of the queue.
-    assert starts == {"a0": 0.0, "b0": 10.0} and sorted(result.unstarted) == ["a1", "a2", "a3", "a4"]
+    # b0 is not hidden behind a's held jobs at the head of the queue; each held job starts as a
+    # new week's budget period begins (Monday 00:00 UTC: 4 days after the sim clock's 0), as the
+    # executor, which offers its queue every cycle, would start it — not at the next arrival.
+    monday, week = 4 * 86400.0, 7 * 86400.0
+    assert starts == {"a0": 0.0, "b0": 10.0, "a1": monday, "a2": monday + week,
+                      "a3": monday + 2 * week, "a4": monday + 3 * week}
+    assert not result.unstarted

@@ -25,7 +25,7 @@ def test_openb_and_gavel_reports(tmp_path: Path) -> None:
     assert read_published_openb(tsv)["openb_pod_list_default"]["FGD"] == 4.77
     folder = tmp_path / "openb"
     folder.mkdir()
-    for policy, value in (("random", 14.0), ("gpusched", 5.0)):
+    for policy, value in (("random", 14.0), ("gpusched", 5.0), ("fgd-full", 4.6)):
         (folder / f"openb_pod_list_default__{policy}.json").write_text(
             json.dumps({"unallocated_gpu_pct_median": value, "seeds": [0, 1], "measure": "window"})
         )
@@ -33,7 +33,10 @@ def test_openb_and_gavel_reports(tmp_path: Path) -> None:
         json.dumps({"unallocated_gpu_pct_median": 4.9, "seeds": [0, 1]})
     )
     text = openb_report(folder, tsv)
-    row = "| default | 13.75 | 14.00 | +0.25 | 7.09 | — | — | 4.77 | 4.90 * | — | 5.00 | +0.23 | 2 |"
+    row = (
+        "| default | 13.75 | 14.00 | +0.25 | 7.09 | — | — | 4.77 | 4.90 * | — | 5.00 | +0.23 "
+        "| 4.60 | -0.17 | 2 |"
+    )
     assert row in text
     assert "| **mean Δ** | | | +0.25 (n=1) |" in text
     assert (folder / "openb_unallocated.png").stat().st_size > 1000
