@@ -25,10 +25,9 @@ import math
 import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from gpusched.durations import DurationModel, FinishedRun
-from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import (
     Assignment,
@@ -40,37 +39,17 @@ from gpusched.placement import (
     place,
 )
 from gpusched.quota.policy import QuotaPolicy, physical_milli
-from gpusched.request import GPURequest
 from gpusched.sim import quota as sim_quota
 from gpusched.sim.durations import OnlineDurations
 from gpusched.sim.overbudget import SimOverBudget
 from gpusched.sim.preempt import SimPreemption
 from gpusched.sim.results import JobRecord, SimResult, TimelinePoint
 from gpusched.sim.service import OnlineService
+from gpusched.sim.simjob import SimJob, check_jobs, with_expected_durations
 
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]
 
 _INF = float("inf")
-
-
-@dataclass(frozen=True, slots=True)
-class SimJob:
-    """One job to replay: its request, arrival and run time (per catalog model if it varies).
-
-    ``job_type`` is handed to the placement engine (``PendingTask.job_type``) so a policy with a
-    throughput table can prefer the models where this job runs fastest.
-    """
-
-    key: str
-    request: GPURequest
-    arrival_s: float
-    duration_s: float
-    durations: Mapping[str, float] = field(default_factory=dict)
-    job_type: str | None = None
-
-    def duration_on(self, models: Collection[str]) -> float:
-        """Run time on devices of ``models``: the slowest of them (the plain duration if unknown)."""
-        return max((self.durations.get(m, self.duration_s) for m in models), default=self.duration_s)
 
 
 def simulate(
@@ -142,7 +121,7 @@ def simulate(
         ConfigurationError: two jobs share a key, or a job's arrival or run time is not a
             finite number ≥ 0 (a NaN arrival would otherwise never be reached).
     """
-    _check_jobs(jobs)
+    check_jobs(jobs)
     ordered = sorted(jobs, key=lambda j: j.arrival_s)
     by_key = {j.key: j for j in ordered}
     # Physical milli-GPU: a MIG-enabled GPU counts through its slices, a slice by its share.
@@ -370,21 +349,6 @@ def simulate(
     )
 
 
-def _check_jobs(jobs: Sequence[SimJob]) -> None:
-    seen: set[str] = set()
-    for job in jobs:
-        if job.key in seen:
-            raise ConfigurationError(f"simulate: job key {job.key!r} appears twice; make the ids unique")
-        seen.add(job.key)
-        times = (job.arrival_s, job.duration_s, *job.durations.values())
-        # Run times may be inf (a model the job cannot run on), never NaN or negative.
-        if not math.isfinite(job.arrival_s) or any(math.isnan(t) or t < 0 for t in times):
-            raise ConfigurationError(
-                f"simulate: job {job.key!r} has arrival {job.arrival_s!r} s and run time "
-                f"{job.duration_s!r} s; both must be numbers ≥ 0 (the arrival finite)"
-            )
-
-
 def _blocking_prefix(plan: PlacementPlan, offered: Sequence[PendingTask]) -> tuple[Assignment, ...]:
     """The plan's assignments for the jobs before the first one it leaves waiting (queue order).
 
@@ -407,11 +371,3 @@ def _bar(total: int, enabled: bool):  # type: ignore[no-untyped-def]
     from tqdm import tqdm
 
     return tqdm(total=total, unit="job", file=sys.stderr, desc="simulate", mininterval=1.0)
-
-
-def with_expected_durations(jobs: Sequence[SimJob]) -> list[SimJob]:
-    """The jobs with ``request.expected_duration_s`` set to their true run time (oracle estimates)."""
-    return [
-        replace(j, request=replace(j.request, expected_duration_s=max(1, math.ceil(j.duration_s))))
-        for j in jobs
-    ]
