@@ -77,7 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(where: str, message: str) -> None:
-    print(f"{where}: error: {' '.join(message.split())}", file=sys.stderr)
+    line = f"{where}: error: {' '.join(message.split())}"
+    # A path the user typed may hold bytes no encoding can print (a lone surrogate from the
+    # file system); show them escaped rather than fail while reporting the error.
+    encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
+    print(line.encode(encoding, "backslashreplace").decode(encoding), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -145,3 +145,11 @@ def test_progress_bar_counts_the_measured_window(capsys: pytest.CaptureFixture[s
 def test_bench_report_without_results_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     line = _one_line_error(capsys, "bench", "report", "--results", str(tmp_path / "none"))
     assert line.startswith("gpusched bench report: error:") and "no benchmark results" in line
+
+
+def test_error_naming_an_unprintable_path_is_still_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A lone surrogate in a path (undecodable file-system bytes) is shown escaped, not a crash."""
+    line = _one_line_error(capsys, "ledger", "--url", f"sqlite:///{tmp_path}/\ud800.db", "status")
+    assert "no ledger at" in line and "\\ud800.db" in line
