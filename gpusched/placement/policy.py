@@ -175,7 +175,7 @@ class Policy:
 
 
 def _presets() -> dict[str, Policy]:
-    return {
+    presets = {
         "gpusched": Policy(),
         "random": Policy(
             name="random",
@@ -204,15 +204,8 @@ def _presets() -> dict[str, Policy]:
             reservations=False,
             queue_order=QueueOrder.FIFO,
         ),
-        "fgd-full": Policy(
-            name="fgd-full",
-            fragmentation=1.0,
-            locality=0.0,
-            speed=0.0,
-            energy=0.0,
-            packing=0.0,
-            score_levels=100,
-            reservations=False,
-            queue_order=QueueOrder.FIFO,
-        ),
     }
+    # The same rule as ``fgd``; the openb harness hands it every exact pod class, not FGD's
+    # typical ones (gpusched.sim.openb).
+    presets["fgd-full"] = replace(presets["fgd"], name="fgd-full")
+    return presets
