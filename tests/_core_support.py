@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpusched.airflow.gpu_attained import AttainedService
 from gpusched.ledger import Ledger
 
 
@@ -38,3 +39,4 @@ class StubCore:
         self.gangs: dict[str, set[Any]] = {}
         self.log = SilentLog()
         self.ledger = ledger
+        self.attained = AttainedService()

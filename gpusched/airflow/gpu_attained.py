@@ -11,6 +11,10 @@ never ran and counts nothing.
 
 :class:`AttainedService` caches the sum per try once every earlier try's allocation is released
 (it cannot change after that), so a waiting task costs one ledger read when it is first seen.
+
+The same ledger rows tell whether an earlier try was stopped by preemption
+(:func:`preempted_before`): the preemptor does not stop such a try again before it has
+checkpointed (:attr:`gpusched.placement.preemption.PreemptionRequest.restarted`).
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from typing import Any
 from gpusched.airflow.keys import KEY_PREFIX, TaskKeyParts, parse_ti_key
 from gpusched.durations.service import gpu_seconds
 
-__all__ = ["AttainedService", "attained_before"]
+__all__ = ["AttainedService", "attained_before", "preempted_before"]
 
 _NEVER_RAN = "migration abandoned"  # a move's hold whose try never started (gpu_migration)
+_PREEMPTED = "preempted"  # the release reason of a preemption victim (gpu_preemption)
 
 
 def _identity(parts: TaskKeyParts) -> tuple[str, str, str, int]:
@@ -50,11 +55,37 @@ def attained_before(key: str, allocations: Iterable[Any], now: float) -> tuple[f
     return total, final
 
 
+def preempted_before(key: str, allocations: Iterable[Any]) -> bool:
+    """True when an earlier try of ``key``'s task instance, among ``allocations``, was released
+    because it was preempted."""
+    parts = parse_ti_key(key)
+    if parts is None:
+        return False
+    for alloc in allocations:
+        other = parse_ti_key(alloc.key)
+        if (other is not None and _identity(other) == _identity(parts) and other.try_number < parts.try_number
+                and str(alloc.release_reason or "").startswith(_PREEMPTED)):
+            return True
+    return False
+
+
+def _instances(ledger: Any, wanted: Iterable[TaskKeyParts]) -> dict[tuple[str, str, str, int], list[Any]]:
+    """Every allocation of the task instances of ``wanted``, by instance (one ledger read)."""
+    patterns = {(f"{KEY_PREFIX}{p.dag_id}/{p.task_id}/{p.map_index}/", f"/{p.run_id}") for p in wanted}
+    by_instance: dict[tuple[str, str, str, int], list[Any]] = {}
+    for alloc in ledger.history_of(patterns):
+        parts = parse_ti_key(alloc.key)
+        if parts is not None:
+            by_instance.setdefault(_identity(parts), []).append(alloc)
+    return by_instance
+
+
 class AttainedService:
     """Per-try cache of :func:`attained_before` over the ledger (see the module docstring)."""
 
     def __init__(self) -> None:
         self._final: dict[str, float] = {}
+        self._preempted: dict[str, bool] = {}
 
     def earlier_tries(self, ledger: Any, keys: Sequence[str], now: float) -> dict[str, float]:
         """Key -> GPU-seconds attained by the earlier tries of its task instance (keys that are
@@ -71,16 +102,26 @@ class AttainedService:
                 wanted[key] = parts
         self._final = {k: v for k, v in self._final.items() if k in out}
         if wanted:
-            patterns = {(f"{KEY_PREFIX}{p.dag_id}/{p.task_id}/{p.map_index}/", f"/{p.run_id}")
-                        for p in wanted.values()}
-            by_instance: dict[tuple[str, str, str, int], list[Any]] = {}
-            for alloc in ledger.history_of(patterns):
-                parts = parse_ti_key(alloc.key)
-                if parts is not None:
-                    by_instance.setdefault(_identity(parts), []).append(alloc)
+            by_instance = _instances(ledger, wanted.values())
             for key, parts in wanted.items():
                 total, final = attained_before(key, by_instance.get(_identity(parts), ()), now)
                 out[key] = total
                 if final:
                     self._final[key] = total
         return out
+
+    def restarted(self, ledger: Any, keys: Sequence[str]) -> frozenset[str]:
+        """Those of ``keys`` (running tries) whose task instance had an earlier try preempted
+        (:func:`preempted_before`). A try's answer cannot change while it runs, so it is read from
+        the ledger once; the cache keeps only ``keys``."""
+        wanted: dict[str, TaskKeyParts] = {}
+        for key in keys:
+            parts = parse_ti_key(key)
+            if key not in self._preempted and parts is not None and parts.try_number > 1:
+                wanted[key] = parts
+        if wanted:
+            by_instance = _instances(ledger, wanted.values())
+            for key, parts in wanted.items():
+                self._preempted[key] = preempted_before(key, by_instance.get(_identity(parts), ()))
+        self._preempted = {k: self._preempted.get(k, False) for k in keys}
+        return frozenset(k for k, hit in self._preempted.items() if hit)

@@ -68,6 +68,7 @@ class PreemptionCore(Protocol):
     gpu_running: dict[Any, str]
     gangs: dict[str, set[Any]]
     durations: Any  # gpu_durations.DurationHistory: its ``service`` history (mode service)
+    attained: Any  # gpu_attained.AttainedService: which running tries were preempted before
 
     @property
     def log(self) -> Any: ...
@@ -151,6 +152,7 @@ class Preemptor:
         reasons: dict[str, str] = {}
         started, tries = False, 0
         indices = self.indices(request)
+        restarted = self.core.attained.restarted(self.core.ledger, sorted(self.core.gpu_running.values()))
         for group in self._groups(reply.holds, works, indices):
             keys = [w.key for w in group]
             if any(k in waiting_for for k in keys):
@@ -160,7 +162,8 @@ class Preemptor:
             if started or tries >= MAX_SELECTIONS_PER_CYCLE:
                 continue  # one new preemption per cycle: the next cycle sees its effect
             tries += 1
-            outcome = select_victims(self._request(request, group, indices), self._prover(request, group))
+            outcome = select_victims(self._request(request, group, indices, restarted),
+                                     self._prover(request, group))
             if isinstance(outcome, NoPreemption):
                 self.core.log.debug("gpusched: no preemption for %s: %s", keys[0], outcome.reason)
                 continue
@@ -188,8 +191,8 @@ class Preemptor:
                                                -max(indices.get(w.key, 0.0) for w in u),
                                                min(w.submitted_at for w in u)))
 
-    def _request(self, request: CycleRequest, group: list[PendingWork],
-                 indices: dict[str, float]) -> PreemptionRequest:
+    def _request(self, request: CycleRequest, group: list[PendingWork], indices: dict[str, float],
+                 restarted: frozenset[str] = frozenset()) -> PreemptionRequest:
         mine = set(self.core.gpu_running.values())
         gang_members = {self.core.gpu_running.get(k) for ks in self.core.gangs.values() for k in ks}
         protected = frozenset(r.key for r in request.running
@@ -200,6 +203,7 @@ class Preemptor:
             min_runtime_s=self.min_runtime_s, checkpoints=self.core.ledger.checkpoint_times(mine),
             protected=protected, indices=indices,
             index_margin=self.core.durations.service.model.margin if indices else 2.0,
+            restarted=restarted,
         )
 
     @staticmethod

@@ -17,8 +17,12 @@ Who may be a victim (``mode``):
   service; the caller computes the indices, the waiting one aged by its wait).
 
 Never a victim: a key in ``protected`` (multi-node gang members, tasks another executor holds,
-tasks already being stopped) or a task that has run for less than ``min_runtime_s`` (no
-thrashing of fresh work).
+tasks already being stopped), a task that has run for less than ``min_runtime_s`` (no
+thrashing of fresh work), or a task in ``restarted`` (it was preempted before) that has not yet
+checkpointed since its current start: every run of a preempted task keeps some work, so the same
+task cannot be stopped again and again with nothing saved. A restarted task has attained much
+service (a low index) and has lost little since its restart, so without this rule it is the
+first victim again at the next arrival, and a queue can ping-pong without progress.
 
 Choice: candidates are ordered by the work they would lose — GPU-seconds since their last
 checkpoint (``checkpoints``; else since they started) — then by lower priority and later start.
@@ -88,7 +92,8 @@ class PreemptionRequest:
     places with; ``min_runtime_s``: tasks younger than this are never stopped; ``indices`` (mode
     ``service``): key → Gittins index of the waiting and running tasks (a running task without
     one is not a victim by index), ``index_margin``: the factor the waiting index must exceed a
-    victim's by.
+    victim's by; ``restarted``: keys of running tasks that were preempted before (not victims
+    until their checkpoint in ``checkpoints`` is later than their current start).
     """
 
     waiting: tuple[PendingTask, ...]
@@ -103,6 +108,7 @@ class PreemptionRequest:
     protected: frozenset[str] = frozenset()
     indices: Mapping[str, float] = field(default_factory=dict)
     index_margin: float = 2.0
+    restarted: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +302,7 @@ def _candidates(request: PreemptionRequest, mode: str) -> list[Victim]:
     for task in request.running:
         if task.key in request.protected or task.key in waiting_keys or not task.shares:
             continue
-        if request.now - task.started_at < request.min_runtime_s:
+        if request.now - task.started_at < request.min_runtime_s or _unsaved_restart(request, task):
             continue
         if task.request.priority < priority:
             reason = f"priority {task.request.priority} < {priority}"
@@ -317,6 +323,11 @@ def _candidates(request: PreemptionRequest, mode: str) -> list[Victim]:
     if reclaim:  # take back at most what each partition borrowed (priority victims are not capped)
         victims = _cap_borrowed(victims, request, reclaim, priority)
     return victims
+
+
+def _unsaved_restart(request: PreemptionRequest, task: RunningTask) -> bool:
+    """True when ``task`` was preempted before and has not checkpointed since its current start."""
+    return task.key in request.restarted and request.checkpoints.get(task.key, -1.0) <= task.started_at
 
 
 def _lower_index(request: PreemptionRequest, task: RunningTask) -> str:
@@ -369,7 +380,10 @@ def _cap_borrowed(
 def _nobody(request: PreemptionRequest, mode: str) -> str:
     priority = max(t.request.priority for t in request.waiting)
     young = sum(1 for t in request.running if request.now - t.started_at < request.min_runtime_s)
+    unsaved = sum(1 for t in request.running if _unsaved_restart(request, t))
     what = "of lower priority" + (" or on borrowed partition capacity" if mode == "partitions" else "")
     what += " or of a lower expected-service index" if mode == "service" else ""
-    tail = f" ({young} ran for less than the {request.min_runtime_s:.0f} s minimum)" if young else ""
+    why = [f"{young} ran for less than the {request.min_runtime_s:.0f} s minimum"] if young else []
+    why += [f"{unsaved} preempted before and not checkpointed since restarting"] if unsaved else []
+    tail = f" ({'; '.join(why)})" if why else ""
     return f"no running task {what} than {priority} may be preempted{tail}"

@@ -6,8 +6,8 @@ waiting, most urgent first (at most ``max_per_pass`` of them): victims of strict
 (``priority``) or on capacity borrowed from a reclaiming partition (``partitions``), or of an
 expected-remaining-service index lower by the margin (``service``: the engine hands the indices
 from :mod:`gpusched.sim.service`; the waiting jobs are then taken highest index first), none
-younger than ``min_runtime_s``, least work lost first, the fit proven by placement before
-anything stops.
+younger than ``min_runtime_s`` and no job preempted before that has not checkpointed since its
+restart, least work lost first, the fit proven by placement before anything stops.
 
 Checkpoint model: a running job checkpoints every ``checkpoint_s`` seconds of its run (0 = never).
 A preempted job keeps the work up to its last checkpoint and loses the rest; it goes back to
@@ -160,6 +160,7 @@ class SimPreemption:
                 (task,), snapshot, tuple(rest.values()), policy, now, quota, mode=self.mode,
                 min_runtime_s=self.min_runtime_s, checkpoints=checkpoints, protected=frozenset(started),
                 indices=index, index_margin=self.margin,
+                restarted=frozenset(k for k in rest if k in self.times),
             )
             plan = select_victims(request)
             if not isinstance(plan, PreemptionPlan):

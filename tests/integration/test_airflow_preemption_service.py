@@ -156,6 +156,32 @@ def test_a_requeued_try_keeps_the_service_its_earlier_tries_attained(ledger: Led
     assert core.preemption.evictions[running].beneficiary == ti_key("d", "train", "manual__w", 1, -1)
 
 
+def test_a_try_requeued_by_preemption_is_not_stopped_again_before_it_checkpoints(ledger: Ledger) -> None:
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    from gpusched.airflow.keys import task_of
+
+    core = _CycleCore(ledger)
+    first = ti_key("d", "train", "manual__p", 1, -1)
+    ledger.allocate(first, ONE, [DEVICE], holder="old", now=NOW - 9000.0)
+    ledger.release(first, reason="preempted for someone; requeued", now=NOW - 7300.0)
+    again = ti_key("d", "train", "manual__p", 2, -1)
+    ledger.allocate(again, ONE, [DEVICE], holder="sched", now=NOW - 7200.0)
+    core.gpu_running[TaskInstanceKey("d", "train", "manual__p", 2, -1)] = again
+    # Try 2 has outlived most d/train runs (a fresh d/train outranks it by far), but it was
+    # preempted before and has not checkpointed since it started: it is not stopped again.
+    _, reply = _executor_cycle(core, ("manual__w", 1))
+    assert core.preemption.evictions == {} and ledger.events(10, kinds=["preempted"]) == []
+    assert [h.key for h in reply.holds] == [ti_key("d", "train", "manual__w", 1, -1)]
+    # A checkpoint from try 1 does not count; one from this try does.
+    ledger.report_checkpoint(first, task_of(first), step=3, now=NOW - 7400.0)
+    _executor_cycle(core, ("manual__w", 1))
+    assert core.preemption.evictions == {}
+    ledger.report_checkpoint(again, task_of(again), step=9, now=NOW - 60.0)
+    _executor_cycle(core, ("manual__w", 1))
+    assert list(core.preemption.evictions) == [again]
+
+
 def test_other_modes_read_no_attained_service_and_keep_no_service_history(ledger: Ledger) -> None:
     _preempted_earlier(ledger, "manual__p", 7200.0)
     history = {"duration_history_days": "30", "duration_refresh_seconds": "60"}

@@ -77,6 +77,26 @@ def test_equal_or_higher_priority_and_fresh_tasks_are_never_victims() -> None:
     assert "1 ran for less than the 60 s minimum" in verdict.reason
 
 
+def test_a_restarted_task_is_no_victim_again_until_it_has_checkpointed_since_its_restart() -> None:
+    fleet = _fleet()
+    # "again" was preempted before and restarted an hour ago without checkpointing since: it would
+    # lose the least work, and would be stopped again with nothing saved; "old" is taken instead.
+    running = [_running(fleet, "again", "n0", [0, 1], started=NOW - 3600),
+               _running(fleet, "old", "n0", [2, 3], started=NOW - 7200)]
+    restarted = frozenset({"again"})
+    plan = select_victims(_request(fleet, running, [_critical()], restarted=restarted,
+                                   checkpoints={"again": NOW - 5400}))  # its checkpoint predates the restart
+    assert isinstance(plan, PreemptionPlan) and [v.key for v in plan.victims] == ["old"]
+    # Alone, it is not a victim, and the reason says why.
+    verdict = select_victims(_request(fleet, running[:1], [_critical(gpus=4)], restarted=restarted))
+    assert isinstance(verdict, NoPreemption)
+    assert "1 preempted before and not checkpointed since restarting" in verdict.reason
+    # Once it has checkpointed since the restart it is a victim like any other (least work lost).
+    plan = select_victims(_request(fleet, running, [_critical()], restarted=restarted,
+                                   checkpoints={"again": NOW - 60}))
+    assert isinstance(plan, PreemptionPlan) and [v.key for v in plan.victims] == ["again"]
+
+
 def test_no_victim_is_stopped_when_the_waiting_task_would_not_fit_anyway() -> None:
     fleet = _fleet()
     running = [_running(fleet, "low", "n0", [0, 1])]

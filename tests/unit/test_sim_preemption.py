@@ -50,6 +50,25 @@ def test_without_checkpoints_all_work_is_lost_and_fresh_jobs_are_protected() -> 
     assert young.preemption is not None and young.preemption["preemptions"] == 0
 
 
+def test_a_restarted_job_is_not_stopped_again_before_its_first_checkpoint_after_the_restart() -> None:
+    # "low" is preempted at 7000 s by u1 and restarts at 10600 s. u2 arrives at 11000 s: "low" has
+    # run 400 s since its restart (past the 300 s minimum) and would lose them all, so it is not a
+    # victim until its checkpoint at 10600 + 1800 s; the next pass after that (the arrival of
+    # "tick" at 12500 s) preempts it for u2.
+    jobs = [*_jobs()[:1],
+            SimJob("u1", GPURequest.build(gpus=2, priority="critical"), 7_000.0, 3_600.0),
+            SimJob("u2", GPURequest.build(gpus=2, priority="critical"), 11_000.0, 3_600.0),
+            SimJob("tick", GPURequest.build(gpus=1, priority="low"), 12_500.0, 60.0)]
+    result = _run(jobs, "priority", checkpoint_s=1800.0, min_runtime_s=300.0)
+    records = {r.key: r for r in result.records}
+    assert records["u1"].start_s == 7_000.0
+    assert records["u2"].start_s == 12_500.0
+    assert records["low"].preemptions == 2
+    assert result.preemption is not None
+    # Both stops lost only the work since a checkpoint: 1600 s and then 100 s, on 4 GPUs.
+    assert result.preemption["lost_gpu_hours"] == pytest.approx((1600 + 100) * 4 / 3600, abs=1e-3)
+
+
 def test_no_device_is_overcommitted_under_preemption() -> None:
     rng = random.Random(3)
     jobs = [SimJob(f"j{i}", GPURequest.build(gpus=rng.choice((1, 2, 4)),
