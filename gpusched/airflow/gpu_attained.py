@@ -25,13 +25,14 @@ from typing import Any
 from gpusched.airflow.keys import KEY_PREFIX, TaskKeyParts, parse_ti_key
 from gpusched.durations.service import gpu_seconds
 
-__all__ = ["AttainedService", "attained_before", "preempted_before"]
+__all__ = ["AttainedService", "attained_before", "identity", "instance_allocations", "preempted_before"]
 
 _NEVER_RAN = "migration abandoned"  # a move's hold whose try never started (gpu_migration)
 _PREEMPTED = "preempted"  # the release reason of a preemption victim (gpu_preemption)
 
 
-def _identity(parts: TaskKeyParts) -> tuple[str, str, str, int]:
+def identity(parts: TaskKeyParts) -> tuple[str, str, str, int]:
+    """The task instance of a try: (dag, task, run, map index)."""
     return parts.dag_id, parts.task_id, parts.run_id, parts.map_index
 
 
@@ -44,7 +45,7 @@ def attained_before(key: str, allocations: Iterable[Any], now: float) -> tuple[f
     total, final = 0.0, True
     for alloc in allocations:
         other = parse_ti_key(alloc.key)
-        if other is None or _identity(other) != _identity(parts) or other.try_number >= parts.try_number:
+        if other is None or identity(other) != identity(parts) or other.try_number >= parts.try_number:
             continue
         if alloc.released_at is None:
             final = False
@@ -63,20 +64,21 @@ def preempted_before(key: str, allocations: Iterable[Any]) -> bool:
         return False
     for alloc in allocations:
         other = parse_ti_key(alloc.key)
-        if (other is not None and _identity(other) == _identity(parts) and other.try_number < parts.try_number
+        if (other is not None and identity(other) == identity(parts) and other.try_number < parts.try_number
                 and str(alloc.release_reason or "").startswith(_PREEMPTED)):
             return True
     return False
 
 
-def _instances(ledger: Any, wanted: Iterable[TaskKeyParts]) -> dict[tuple[str, str, str, int], list[Any]]:
-    """Every allocation of the task instances of ``wanted``, by instance (one ledger read)."""
+def instance_allocations(ledger: Any, wanted: Iterable[TaskKeyParts]) -> dict[tuple[str, str, str, int], list[Any]]:
+    """Every allocation (all tries) of the task instances of ``wanted``, by (dag, task, run, map
+    index), oldest first: one ledger read."""
     patterns = {(f"{KEY_PREFIX}{p.dag_id}/{p.task_id}/{p.map_index}/", f"/{p.run_id}") for p in wanted}
     by_instance: dict[tuple[str, str, str, int], list[Any]] = {}
     for alloc in ledger.history_of(patterns):
         parts = parse_ti_key(alloc.key)
         if parts is not None:
-            by_instance.setdefault(_identity(parts), []).append(alloc)
+            by_instance.setdefault(identity(parts), []).append(alloc)
     return by_instance
 
 
@@ -102,9 +104,9 @@ class AttainedService:
                 wanted[key] = parts
         self._final = {k: v for k, v in self._final.items() if k in out}
         if wanted:
-            by_instance = _instances(ledger, wanted.values())
+            by_instance = instance_allocations(ledger, wanted.values())
             for key, parts in wanted.items():
-                total, final = attained_before(key, by_instance.get(_identity(parts), ()), now)
+                total, final = attained_before(key, by_instance.get(identity(parts), ()), now)
                 out[key] = total
                 if final:
                     self._final[key] = total
@@ -120,8 +122,8 @@ class AttainedService:
             if key not in self._preempted and parts is not None and parts.try_number > 1:
                 wanted[key] = parts
         if wanted:
-            by_instance = _instances(ledger, wanted.values())
+            by_instance = instance_allocations(ledger, wanted.values())
             for key, parts in wanted.items():
-                self._preempted[key] = preempted_before(key, by_instance.get(_identity(parts), ()))
+                self._preempted[key] = preempted_before(key, by_instance.get(identity(parts), ()))
         self._preempted = {k: self._preempted.get(k, False) for k in keys}
         return frozenset(k for k, hit in self._preempted.items() if hit)

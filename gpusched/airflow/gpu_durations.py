@@ -15,15 +15,21 @@ reason and the try's log when an estimate was predicted.
 
 A finished run is an allocation released because its task succeeded (the listener's ``task
 succeeded`` or the executor's ``task process ended (task success)``): a failed or stopped try says
-little about how long the task takes.
+little about how long the task takes. Its run time is the task's whole work: the succeeded try's
+own time plus, for each earlier try of the same task instance that reported a checkpoint, the time
+from its start to its last checkpoint (the work the next try resumed from,
+:func:`carried_work`). Without that a task preempted late would be learnt as short as its last
+try, and every prediction after a preemption biased short; the simulator learns whole run times
+too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from gpusched.airflow.gpu_attained import identity, instance_allocations
 from gpusched.airflow.gpu_cycle import PendingWork
 from gpusched.airflow.keys import parse_ti_key
 from gpusched.durations import (
@@ -36,7 +42,7 @@ from gpusched.durations import (
 )
 from gpusched.placement import RunningTask
 
-__all__ = ["DurationHistory", "finished_runs", "predict_pending", "predict_running", "task_of"]
+__all__ = ["DurationHistory", "carried_work", "finished_runs", "predict_pending", "predict_running", "task_of"]
 
 _SUCCEEDED = ("task succeeded", "task process ended (task success)")
 # A release committed a little after it was stamped must not be missed by the next read.
@@ -54,11 +60,42 @@ def succeeded(reason: str | None) -> bool:
     return bool(reason) and any(str(reason).startswith(s) for s in _SUCCEEDED)
 
 
-def finished_runs(allocations: Iterable[Any]) -> list[FinishedRun]:
-    """The succeeded runs among ledger ``allocations``, oldest release first."""
+def finished_runs(allocations: Iterable[Any], carried: Mapping[str, float] | None = None) -> list[FinishedRun]:
+    """The succeeded runs among ledger ``allocations``, oldest release first; ``carried``: key →
+    seconds of work its earlier tries saved (:func:`carried_work`), added to its own run time."""
     done = [a for a in allocations if a.released_at is not None and succeeded(a.release_reason)]
     done.sort(key=lambda a: a.released_at)
-    return [FinishedRun.of(a.request, task_of(a.key), max(0.0, a.released_at - a.created_at)) for a in done]
+    extra = carried or {}
+    return [FinishedRun.of(a.request, task_of(a.key), max(0.0, a.released_at - a.created_at) + extra.get(a.key, 0.0))
+            for a in done]
+
+
+def carried_work(ledger: Any, allocations: Iterable[Any]) -> dict[str, float]:
+    """Key of each succeeded later try among ``allocations`` → seconds of work the earlier tries of
+    its task instance saved: for each that reported a checkpoint while it held devices, from its
+    start to its last checkpoint. Reads the ledger only when there is such a try (after a
+    preemption, a move or a retry)."""
+    later = {a.key: parts for a in allocations
+             if a.released_at is not None and succeeded(a.release_reason)
+             and (parts := parse_ti_key(a.key)) is not None and parts.try_number > 1}
+    if not later:
+        return {}
+    by_instance = instance_allocations(ledger, later.values())
+    earlier = {key: [a for a in by_instance.get(identity(parts), ())
+                     if (o := parse_ti_key(a.key)) is not None and o.try_number < parts.try_number]
+               for key, parts in later.items()}
+    checkpoints = ledger.checkpoint_times({a.key for tries in earlier.values() for a in tries})
+    out: dict[str, float] = {}
+    for key, tries in earlier.items():
+        saved = 0.0
+        for alloc in tries:
+            at = checkpoints.get(alloc.key)
+            end = alloc.released_at if alloc.released_at is not None else at
+            if at is not None and end is not None and float(alloc.created_at) < at <= float(end) + _OVERLAP_S:
+                saved += min(at, float(end)) - float(alloc.created_at)
+        if saved > 0:
+            out[key] = saved
+    return out
 
 
 class DurationHistory:
@@ -117,7 +154,7 @@ class DurationHistory:
         # Forget what the next read cannot return again.
         self._seen = {m: at for m, at in self._seen.items() if at > since}
         base = self._predictor or DurationPredictor(self.model)
-        runs = finished_runs(fresh)
+        runs = finished_runs(fresh, carried_work(ledger, fresh))
         self._predictor = base.with_runs(runs)
         if self.service_history:
             self.service = self.service.with_runs(runs)

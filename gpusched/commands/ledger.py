@@ -220,11 +220,12 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def _durations(ledger: Ledger, days: float, as_json: bool) -> int:
-    from gpusched.airflow.gpu_durations import finished_runs
+    from gpusched.airflow.gpu_durations import carried_work, finished_runs
     from gpusched.durations import DurationModel, replay_errors
 
     now = time.time()
-    runs = finished_runs(ledger.history(now - days * 86400.0, now))
+    history = ledger.history(now - days * 86400.0, now)
+    runs = finished_runs(history, carried_work(ledger, history))
     missed, errors = replay_errors(runs, DurationModel())
     report = {"days": days, "finished_runs": len(runs), "without_prediction": missed, **errors.as_dict()}
     if as_json:
