@@ -70,11 +70,15 @@ def preempted_before(key: str, allocations: Iterable[Any]) -> bool:
     return False
 
 
-def instance_allocations(ledger: Any, wanted: Iterable[TaskKeyParts]) -> dict[tuple[str, str, str, int], list[Any]]:
+Instance = tuple[str, str, str, int]
+"""A task instance: (dag, task, run, map index)."""
+
+
+def instance_allocations(ledger: Any, wanted: Iterable[TaskKeyParts]) -> dict[Instance, list[Any]]:
     """Every allocation (all tries) of the task instances of ``wanted``, by (dag, task, run, map
     index), oldest first: one ledger read."""
     patterns = {(f"{KEY_PREFIX}{p.dag_id}/{p.task_id}/{p.map_index}/", f"/{p.run_id}") for p in wanted}
-    by_instance: dict[tuple[str, str, str, int], list[Any]] = {}
+    by_instance: dict[Instance, list[Any]] = {}
     for alloc in ledger.history_of(patterns):
         parts = parse_ti_key(alloc.key)
         if parts is not None:

@@ -42,7 +42,9 @@ from gpusched.durations import (
 )
 from gpusched.placement import RunningTask
 
-__all__ = ["DurationHistory", "carried_work", "finished_runs", "predict_pending", "predict_running", "task_of"]
+__all__ = [
+    "DurationHistory", "carried_work", "finished_runs", "predict_pending", "predict_running", "task_of",
+]
 
 _SUCCEEDED = ("task succeeded", "task process ended (task success)")
 # A release committed a little after it was stamped must not be missed by the next read.
@@ -60,14 +62,16 @@ def succeeded(reason: str | None) -> bool:
     return bool(reason) and any(str(reason).startswith(s) for s in _SUCCEEDED)
 
 
-def finished_runs(allocations: Iterable[Any], carried: Mapping[str, float] | None = None) -> list[FinishedRun]:
+def finished_runs(
+    allocations: Iterable[Any], carried: Mapping[str, float] | None = None
+) -> list[FinishedRun]:
     """The succeeded runs among ledger ``allocations``, oldest release first; ``carried``: key →
     seconds of work its earlier tries saved (:func:`carried_work`), added to its own run time."""
     done = [a for a in allocations if a.released_at is not None and succeeded(a.release_reason)]
     done.sort(key=lambda a: a.released_at)
     extra = carried or {}
-    return [FinishedRun.of(a.request, task_of(a.key), max(0.0, a.released_at - a.created_at) + extra.get(a.key, 0.0))
-            for a in done]
+    return [FinishedRun.of(a.request, task_of(a.key),
+                           max(0.0, a.released_at - a.created_at) + extra.get(a.key, 0.0)) for a in done]
 
 
 def carried_work(ledger: Any, allocations: Iterable[Any]) -> dict[str, float]:
