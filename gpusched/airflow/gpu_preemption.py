@@ -27,6 +27,10 @@ placement on the snapshot without the victims before anything is stopped. Each v
    Airflow, seeing a ``restarting`` instance end, raises ``max_tries`` by one try and schedules it
    again: the new try runs later without having used a retry (the same path as clearing a
    running task in the UI).
+
+The notice is in the ledger, so a victim being stopped is not forgotten when the executor
+restarts: a running try it adopts that carries a notice is stopped as before, its grace counted
+from the notice (:meth:`Preemptor.restore`), and its beneficiary keeps waiting for it.
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ class Preemptor:
         self.grace_s = settings.get_float("preemption_grace_seconds", core.conf)
         self.min_runtime_s = settings.get_float("preemption_min_runtime_seconds", core.conf)
         self.evictions: dict[str, Eviction] = {}  # victim ledger key -> eviction
+        self._seen: set[str] = set()  # running ledger keys already checked for a notice (restore)
 
     @property
     def enabled(self) -> bool:
@@ -240,9 +245,34 @@ class Preemptor:
 
     # ---- every heartbeat -------------------------------------------------------------------------
 
+    def restore(self, now: float) -> list[str]:
+        """Pick up victims whose stop an earlier executor began: each running try not seen before
+        (adopted after a restart, or just launched) that has a preemption notice in the ledger
+        becomes an eviction again, its grace counted from the notice and its beneficiary read
+        from its ``preempted`` event. Returns their ledger keys."""
+        by_ledger_key = {v: k for k, v in self.core.gpu_running.items()}
+        new = [k for k in by_ledger_key if k not in self._seen and k not in self.evictions]
+        self._seen = set(by_ledger_key)
+        if not new:
+            return []
+        ledger = self.core.ledger
+        restored = []
+        for key, row in sorted(ledger.preemption_notices(new).items()):
+            events = ledger.events(1, kinds=["preempted"], subject=key)
+            beneficiary = str(events[0].detail.get("by", "")) if events else ""
+            notice_at = float(row.notice_at or now)
+            self.evictions[key] = Eviction(by_ledger_key[key], beneficiary, notice_at,
+                                           notice_at + self.grace_s, row.notice_reason or "preempted")
+            ledger.record_event("preemption_resumed", key, now=now, by=beneficiary, notice_at=notice_at)
+            self.core.log.warning("gpusched: %s was being preempted for %s when the executor restarted; "
+                                  "stopping it", key, beneficiary or "another task")
+            restored.append(key)
+        return restored
+
     def advance(self, now: float | None = None) -> None:
         """Stop the victims whose grace ran out or who checkpointed; forget those that ended."""
         now = time.time() if now is None else now
+        self.restore(now)
         running = set(self.core.gpu_running.values())
         for key, eviction in list(self.evictions.items()):
             if key not in running:

@@ -319,8 +319,8 @@ class GPUScheduling:
             # Leases of a crashed executor (any holder) run out here.
             for alloc in self._safe(lambda: self.ledger.expire_leases(now)) or ():
                 self.log.warning("gpusched: lease of %s expired; devices released", alloc.key)
-        if self.preemption.evictions:
-            self._safe(lambda: self.preemption.advance(now))
+        # Victims being stopped (also those an earlier executor began to stop: restore).
+        self._safe(lambda: self.preemption.advance(now))
         if self.migration.enabled:  # claim freed targets, then (every interval) the migration rule
             self._safe(lambda: self.migration.tick(self.policy, now))
         if self.gangs and now - self._last_gang_check >= 2.0:

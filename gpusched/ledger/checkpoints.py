@@ -68,6 +68,15 @@ class LedgerCheckpoints:
             row = conn.execute(sa.select(_T).where(_T.c.key == key)).first()
         return _row(row) if row is not None else None
 
+    def preemption_notices(self, keys: Iterable[str]) -> dict[str, Checkpoint]:
+        """Key → its row, for those of ``keys`` that were told they are preempted."""
+        wanted = list(keys)
+        if not wanted:
+            return {}
+        with read_tx(self.engine) as conn:
+            rows = conn.execute(sa.select(_T).where(_T.c.key.in_(wanted), _T.c.notice_at.is_not(None))).all()
+        return {r.key: _row(r) for r in rows}
+
     def checkpoint_times(self, keys: Iterable[str]) -> dict[str, float]:
         """Key → time of its last checkpoint, for those of ``keys`` that reported one."""
         wanted = list(keys)

@@ -125,3 +125,35 @@ def test_a_gang_preempts_only_when_the_whole_gang_fits_on_distinct_nodes(setup: 
     core.gpu_running.clear()
     preemptor.advance(NOW + 30)
     assert preemptor.evictions == {}
+
+
+def test_a_victim_being_stopped_is_stopped_after_an_executor_restart(setup: Any) -> None:
+    ledger, calls = setup
+    core = StubCore(ledger, SETTINGS)
+    running = [_running("low0", "n0", [0, 1, 2, 3], "low"), _running("low1", "n1", [0, 1, 2, 3], "low")]
+    cycle, reply = _cycle(core, running)
+    Preemptor(core).consider(cycle, reply)  # notices given; the executor stops before clearing
+    assert len(ledger.events(10, kinds=["preempted"])) == 2 and calls["requeue"] == []
+
+    # A new executor adopts the same running tries: it stops them as the first one would have,
+    # grace counted from the notice, and the gang keeps waiting for them (no second selection).
+    restarted = StubCore(ledger, SETTINGS)
+    restarted.gpu_running.update(core.gpu_running)
+    preemptor = Preemptor(restarted)
+    preemptor.advance(NOW + 5)
+    assert sorted(preemptor.evictions) == [_key("low0"), _key("low1")]
+    assert {e.beneficiary for e in preemptor.evictions.values()} == {_key("train__node0")}
+    assert calls["requeue"] == []  # grace (20 s from the notice) not over
+    again = preemptor.consider(*_cycle(restarted, running))
+    assert all(h.reason.startswith("waiting for preempted") for h in again.holds)
+    assert len(ledger.events(10, kinds=["preempted"])) == 2
+    preemptor.advance(NOW + 21)
+    assert sorted(k.task_id for k in calls["requeue"]) == ["low0", "low1"]
+    assert len(ledger.events(10, kinds=["preemption_resumed"])) == 2
+    # A running try without a notice is never taken for a victim.
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    fresh = StubCore(ledger, SETTINGS)
+    fresh.gpu_running.update(core.gpu_running)
+    fresh.gpu_running[TaskInstanceKey("d", "clean", RUN, 1, -1)] = _key("clean")
+    assert Preemptor(fresh).restore(NOW + 1) == [_key("low0"), _key("low1")]
