@@ -13,8 +13,9 @@ Definitions (all pure functions of a :class:`~gpusched.sim.engine.SimResult`):
   started are counted separately.
 * **JCT** — end − arrival of finished jobs (mean, optionally of a key subset such as Gavel's jobs
   4000–4999).
-* **energy** — Σ over jobs and shares of (share / 1000) × catalog TDP × run time: the energy of
-  allocated accelerator time at full board power (kWh); idle power is not modelled.
+* **energy** — Σ over jobs, their runs and shares of (share / 1000) × catalog TDP × run time: the
+  energy of allocated accelerator time at full board power (kWh; a preempted job counts only its
+  runs, work it lost included); idle power is not modelled.
 """
 
 from __future__ import annotations
@@ -78,12 +79,13 @@ def energy_kwh(records: Sequence[JobRecord], result: SimResult, until: float | N
     cat = default_catalog()
     joules = 0.0
     for rec in records:
-        end = rec.end_s if until is None else min(rec.end_s, until)
-        if end <= rec.start_s:
-            continue
-        for share in rec.shares:
-            model = cat.get(result.fleet.device(share.uuid).model)
-            joules += share.milli / 1000 * model.tdp_milliwatts / 1000 * (end - rec.start_s)
+        for start, stop, shares in rec.segments:  # a preempted job holds devices only in its runs
+            end = stop if until is None else min(stop, until)
+            if end <= start:
+                continue
+            for share in shares:
+                model = cat.get(result.fleet.device(share.uuid).model)
+                joules += share.milli / 1000 * model.tdp_milliwatts / 1000 * (end - start)
     return joules / 3.6e6
 
 

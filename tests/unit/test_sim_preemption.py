@@ -42,6 +42,17 @@ def test_a_critical_job_preempts_and_the_victim_resumes_from_its_checkpoint() ->
                                  "lost_gpu_hours": pytest.approx(1600 * 4 / 3600, abs=1e-3)}
 
 
+def test_energy_counts_a_preempted_job_only_while_it_held_devices() -> None:
+    from gpusched.catalog import default_catalog
+    from gpusched.sim.metrics import energy_kwh
+
+    result = _run(_jobs(), "priority", checkpoint_s=1800.0, min_runtime_s=300.0)
+    watts = default_catalog().get("A100-SXM-80GB").tdp_milliwatts / 1000
+    # "low": 4 GPUs for 0–7000 s and 10600–41200 s (not while it waited); "urgent": 2 GPUs for 3600 s.
+    gpu_s = 4 * (7_000 + 30_600) + 2 * 3_600
+    assert energy_kwh(result.records, result) == pytest.approx(watts * gpu_s / 3.6e6, rel=1e-6)
+
+
 def test_without_checkpoints_all_work_is_lost_and_fresh_jobs_are_protected() -> None:
     records = {r.key: r for r in _run(_jobs(), "priority", checkpoint_s=0.0).records}
     assert records["low"].end_s == 10_600.0 + 36_000.0
