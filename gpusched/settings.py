@@ -84,7 +84,8 @@ OPTIONS: tuple[Option, ...] = (
            "task that reports a checkpoint after the notice is stopped at once.", "120"),
     Option("preemption_min_runtime_seconds", "float", "300",
            "A GPU task that has run for less than this is never preempted (no thrashing of fresh "
-           "work).", "600"),
+           "work). A try requeued by a preemption is also not preempted again until it reports a "
+           "checkpoint.", "600"),
     Option("throughput_file", "string", "",
            "JSON table of each job type's speed per GPU model (job type -> model -> steps/s, or "
            "Gavel's simulation_throughputs.json). A task names its row with gpu(job_type=...); "
