@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Any
 
 from gpusched.catalog import LinkKind, Vendor
 
@@ -130,6 +131,17 @@ class DeviceShare:
     index: int
     milli: int
     memory_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict (the API, ``GPUSCHED_ALLOCATION``, the ledger's JSON columns)."""
+        return {"uuid": self.uuid, "node": self.node, "index": self.index, "milli": self.milli,
+                "memory_bytes": self.memory_bytes}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DeviceShare:
+        """Inverse of :meth:`to_dict`."""
+        return cls(str(data["uuid"]), str(data["node"]), int(data["index"]), int(data["milli"]),
+                   int(data["memory_bytes"]))
 
 
 @dataclass(frozen=True, slots=True)

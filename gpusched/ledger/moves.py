@@ -48,12 +48,12 @@ class MoveIntent:
     deadline: float
 
 
-def _shares_json(shares: tuple[DeviceShare, ...]) -> list[list[object]]:
-    return [[s.uuid, s.node, s.index, s.milli, s.memory_bytes] for s in shares]
+def _shares_json(shares: tuple[DeviceShare, ...]) -> list[dict[str, Any]]:
+    return [s.to_dict() for s in shares]
 
 
-def _shares(raw: list[list[Any]]) -> tuple[DeviceShare, ...]:
-    return tuple(DeviceShare(str(u), str(n), int(i), int(m), int(b)) for u, n, i, m, b in raw)
+def _shares(raw: list[dict[str, Any]]) -> tuple[DeviceShare, ...]:
+    return tuple(DeviceShare.from_dict(item) for item in raw)
 
 
 class LedgerMoves:

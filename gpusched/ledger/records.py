@@ -107,11 +107,7 @@ class Allocation:
         return {
             "key": self.key,
             "request": self.request.to_dict(),
-            "shares": [
-                {"uuid": s.uuid, "node": s.node, "index": s.index, "milli": s.milli,
-                 "memory_bytes": s.memory_bytes}
-                for s in self.shares
-            ],
+            "shares": [s.to_dict() for s in self.shares],
             "holder": self.holder,
             "created_at": self.created_at,
             "lease_expires_at": self.lease_expires_at,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -349,3 +350,28 @@ def test_history_of_matches_prefix_and_suffix_literally(ledger: Ledger) -> None:
     assert [a.key for a in both] == [
         "a/t/-1/1/run_%x", "a/t/-1/2/run_%x", "a/u/-1/1/run_%x", "a\\t/-1/1/run_%x"]
     assert ledger.history_of([]) == []
+
+
+def test_upgrade_rewrites_a_move_stored_by_0008_as_device_share_dicts(url: str) -> None:
+    from gpusched.ledger.migrate import upgrade
+    from gpusched.model import DeviceShare
+
+    request = GPURequest.build(gpus=1).to_dict()
+    with Ledger(url) as led:
+        upgrade(led.engine, "0008_moves")
+        with led.engine.begin() as conn:  # a row as 0008's code wrote it: shares as lists
+            conn.execute(sa.text(
+                "INSERT INTO gpusched_moves (next_key, old_key, holder, from_model, to_model, shares, "
+                "placement, gain, request, author, reason, notice_at, deadline) VALUES (:n, :o, :h, :f, "
+                ":t, :s, :p, 1.5, :r, :r, 'faster', 10.0, 40.0)"),
+                {"n": "k/2", "o": "k/1", "h": "GPUExecutor@a", "f": "K80", "t": "V100",
+                 "s": '[["n0-gpu0", "n0", 0, 1000, 0]]', "p": '[["n1-gpu1", "n1", 1, 500, 1024]]',
+                 "r": json.dumps(request)})
+        led.migrate()
+        (move,) = led.moves()
+        assert move.shares == (DeviceShare("n0-gpu0", "n0", 0, 1000, 0),)
+        assert move.placement == (DeviceShare("n1-gpu1", "n1", 1, 500, 1024),)
+        with led.engine.connect() as conn:
+            stored = conn.execute(sa.text("SELECT placement FROM gpusched_moves")).scalar_one()
+        stored = stored if isinstance(stored, list) else json.loads(stored)
+        assert stored == [DeviceShare("n1-gpu1", "n1", 1, 500, 1024).to_dict()]
