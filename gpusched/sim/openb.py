@@ -13,6 +13,12 @@ Procedure (Weng et al., ATC '23; ``shared/traces/README.md``):
    target, uniformly random tasks are removed until it fits. So every trace task arrives, in
    random order, before any duplicate. Tasks arrive one by one and are placed at once or fail;
    there are no departures.
+3. Node order: the FGD simulator renames every node ``<NNNN>-<name>`` with ``NNNN`` from a
+   seeded random permutation (``rand.Perm`` in ``syncClusterResourceList``), and its scheduler
+   gives equal scores to the lowest name — so ties go to a node chosen by a random order drawn
+   once per seed, not to the trace's first node. We build the fleet in such a seeded random
+   order (drawn after the tuning, as in the simulator); our policies break ties by inventory
+   order. ``shuffle_nodes=False`` keeps the trace's (name) order.
 4. After every arrival the allocation ratio 100 × allocated / capacity (rounded to 0.01) is
    logged with the arrived ratio 100 × arrived / capacity. The measure at 100 % is FGD's analysis
    step: the mean allocation ratio of the arrivals whose arrived ratio rounds to 100 (i.e. lies
@@ -48,6 +54,7 @@ from gpusched.sim.traces import OpenbNode, OpenbPod
 
 __all__ = [
     "OpenbRun",
+    "node_order",
     "openb_policy",
     "pod_request",
     "run_openb",
@@ -97,6 +104,15 @@ def tune_workload(
             return tuned
         tuned.append(pod)
         total += pod.total_gpu_milli
+
+
+def node_order(nodes: Sequence[OpenbNode], rng: random.Random) -> list[OpenbNode]:
+    """The nodes in the FGD simulator's tie-break order for one seed: a uniformly random
+    permutation (the simulator prefixes each name with its index in ``rand.Perm`` and its
+    scheduler breaks equal scores by the lowest name)."""
+    ordered = sorted(nodes, key=lambda n: n.name)
+    rng.shuffle(ordered)
+    return ordered
 
 
 def pod_request(pod: OpenbPod) -> GPURequest:
@@ -206,12 +222,13 @@ def run_openb(
     stop_at: float = 1.0,
     progress: bool = False,
     overrides: dict[str, object] | None = None,
+    shuffle_nodes: bool = True,
 ) -> OpenbRun:
     """One seed of the FGD procedure (see the module docstring); returns the measurement."""
-    fleet = openb_fleet(nodes)
-    capacity = fleet.total_devices() * MILLI
+    capacity = openb_fleet(nodes).total_devices() * MILLI
     rng = random.Random(seed)
     tasks = tune_workload(pods, capacity, rng, factor)
+    fleet = openb_fleet(node_order(nodes, rng) if shuffle_nodes else nodes)
     policy = openb_policy(policy_name, pods)
     if overrides:
         policy = replace(policy, **overrides)  # type: ignore[arg-type]

@@ -5,7 +5,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
+import gpusched.sim.openb as openb
 from gpusched.sim.openb import (
+    node_order,
     openb_policy,
     pod_request,
     run_openb,
@@ -149,3 +153,37 @@ def test_measure_is_the_mean_over_arrivals_at_99_5_to_100_5_percent(tmp_path: Pa
     # allocation 99.5 ... 100 (9 arrivals) then 100 (8 more)
     expected = 100 - (sum(round(99.5 + 0.0625 * i, 2) for i in range(9)) + 8 * 100) / 17
     assert abs(run.unallocated_gpu_pct - expected) < 1e-3
+
+
+def test_ties_go_by_a_seeded_random_node_order_as_in_the_fgd_simulator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The FGD simulator prefixes every node name with its index in a seeded rand.Perm and breaks
+    # equal scores by the lowest name, so its tie order is a random permutation per seed, not the
+    # trace's name order. Our policies break ties by inventory order: the fleet must be built in
+    # such a permutation (drawn after the tuning, from the same generator).
+    path = tmp_path / "same.csv"
+    names = [f"n{i:02d}" for i in range(12)]
+    rows = "".join(f"{n},32000,131072,2,T4\n" for n in names)
+    path.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + rows, encoding="utf-8")
+    nodes = load_openb_nodes(path)
+    built: list[list[str]] = []
+    real = openb.openb_fleet
+
+    def spy(listed, **kw):  # type: ignore[no-untyped-def]
+        built.append([n.name for n in listed])
+        return real(listed, **kw)
+
+    monkeypatch.setattr(openb, "openb_fleet", spy)
+    pods = [OpenbPod("w", 4000, 8192, 1, 1000), OpenbPod("c", 2000, 4096, 0, 0)]
+    orders = {}
+    for seed in (5, 6):
+        run_openb(pods, nodes, "fgd", seed=seed)
+        orders[seed] = built[-1]
+        rng = random.Random(seed)
+        tune_workload(pods, 24000, rng, 1.3)
+        assert orders[seed] == [n.name for n in node_order(nodes, rng)]
+        assert sorted(orders[seed]) == names and orders[seed] != names
+    assert orders[5] != orders[6]
+    run_openb(pods, nodes, "fgd", seed=5, shuffle_nodes=False)
+    assert built[-1] == names
