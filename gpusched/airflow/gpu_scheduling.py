@@ -234,6 +234,7 @@ class GPUScheduling:
                 self.ledger.allocate(  # the author's request (the prediction is re-made each cycle)
                     launch.key, self._cycle_requests.get(launch.key, launch.request), launch.shares,
                     holder=self.holder, lease_s=self.lease_s, now=now, process=self.process,
+                    queued_at=self._submitted.get(workload.key),
                 )
             except AllocationConflictError as exc:
                 self.hold(workload, Hold(launch.key, f"devices taken meanwhile, retrying: {exc}"), now)
