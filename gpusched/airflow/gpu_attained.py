@@ -14,7 +14,12 @@ never ran and counts nothing.
 
 The same ledger rows tell whether an earlier try was stopped by preemption
 (:func:`preempted_before`): the preemptor does not stop such a try again before it has
-checkpointed (:attr:`gpusched.placement.preemption.PreemptionRequest.restarted`).
+checkpointed (:attr:`gpusched.placement.preemption.PreemptionRequest.restarted`); and when the
+task instance was first queued (:func:`first_queued`): a later try waits in the queue as if it had
+been queued then, so the queue's aging counts from the task's first try, as the simulator's
+requeued job keeps its arrival. Without that a job preempted after a long wait would start over
+behind newcomers, and a multi-GPU job stopped for smaller work would wait for a whole node with
+no age to claim one (measured in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from typing import Any
 from gpusched.airflow.keys import KEY_PREFIX, TaskKeyParts, parse_ti_key
 from gpusched.durations.service import gpu_seconds
 
-__all__ = ["AttainedService", "attained_before", "identity", "instance_allocations", "preempted_before"]
+__all__ = [
+    "AttainedService", "attained_before", "first_queued", "identity", "instance_allocations",
+    "preempted_before",
+]
 
 _NEVER_RAN = "migration abandoned"  # a move's hold whose try never started (gpu_migration)
 _PREEMPTED = "preempted"  # the release reason of a preemption victim (gpu_preemption)
@@ -74,6 +82,18 @@ Instance = tuple[str, str, str, int]
 """A task instance: (dag, task, run, map index)."""
 
 
+def first_queued(key: str, allocations: Iterable[Any]) -> float | None:
+    """When the first of the earlier tries of ``key``'s task instance among ``allocations`` was
+    queued (its ``queued_at``, else its start), or None without an earlier try."""
+    parts = parse_ti_key(key)
+    if parts is None:
+        return None
+    times = [float(a.queued_at if a.queued_at is not None else a.created_at) for a in allocations
+             if (o := parse_ti_key(a.key)) is not None and identity(o) == identity(parts)
+             and o.try_number < parts.try_number]
+    return min(times, default=None)
+
+
 def instance_allocations(ledger: Any, wanted: Iterable[TaskKeyParts]) -> dict[Instance, list[Any]]:
     """Every allocation (all tries) of the task instances of ``wanted``, by (dag, task, run, map
     index), oldest first: one ledger read."""
@@ -92,6 +112,7 @@ class AttainedService:
     def __init__(self) -> None:
         self._final: dict[str, float] = {}
         self._preempted: dict[str, bool] = {}
+        self._queued: dict[str, float | None] = {}
 
     def earlier_tries(self, ledger: Any, keys: Sequence[str], now: float) -> dict[str, float]:
         """Key -> GPU-seconds attained by the earlier tries of its task instance (keys that are
@@ -131,3 +152,19 @@ class AttainedService:
                 self._preempted[key] = preempted_before(key, by_instance.get(identity(parts), ()))
         self._preempted = {k: self._preempted.get(k, False) for k in keys}
         return frozenset(k for k, hit in self._preempted.items() if hit)
+
+    def first_queued(self, ledger: Any, keys: Sequence[str]) -> dict[str, float]:
+        """Key → when its task instance's first try was queued, for those of ``keys`` (later tries)
+        that have an earlier try in the ledger (:func:`first_queued`); read once per try, the cache
+        keeps only ``keys``."""
+        wanted: dict[str, TaskKeyParts] = {}
+        for key in keys:
+            parts = parse_ti_key(key)
+            if key not in self._queued and parts is not None and parts.try_number > 1:
+                wanted[key] = parts
+        if wanted:
+            by_instance = instance_allocations(ledger, wanted.values())
+            for key, parts in wanted.items():
+                self._queued[key] = first_queued(key, by_instance.get(identity(parts), ()))
+        self._queued = {k: self._queued.get(k) for k in keys}
+        return {k: at for k, at in self._queued.items() if at is not None}

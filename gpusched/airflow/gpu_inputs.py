@@ -14,6 +14,7 @@ transaction), predicted durations (:mod:`gpusched.airflow.gpu_durations`), the q
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from gpusched.airflow import gpu_quota
@@ -104,8 +105,13 @@ def pending_work(
 def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: float) -> CycleRequest:
     """Every input of one cycle, read from the ledger now (quota: the quota file and usage;
     requests without ``expected_duration`` carry the predicted one, noted in ``core.predicted``;
+    a later try of a task instance counts as submitted when its first try was queued
+    (:meth:`~gpusched.airflow.gpu_attained.AttainedService.first_queued`);
     ``attained_gpu_s`` only with ``preemption = service``)."""
     ledger = core.ledger
+    first = core.attained.first_queued(ledger, [w.key for w in pending])
+    pending = [replace(w, submitted_at=min(w.submitted_at, first[w.key])) if w.key in first else w
+               for w in pending]
     snapshot, active = ledger.cycle_view(now)  # one read transaction: both agree
     work, busy, core.predicted = core.durations.apply(ledger, now, pending, running_tasks(active))
     attained = {}

@@ -46,7 +46,8 @@ from gpusched.airflow.gpu_durations import task_of as task_name
 from gpusched.airflow.keys import task_of
 from gpusched.airflow.task_log import append_task_log
 from gpusched.durations.service import aged_index, gpu_seconds, queue_rank
-from gpusched.placement import PendingTask
+from gpusched.model import DeviceShare
+from gpusched.placement import PendingTask, RunningTask
 from gpusched.placement.migration import MIGRATE
 from gpusched.placement.policy import QueueOrder
 from gpusched.placement.preemption import (
@@ -58,7 +59,7 @@ from gpusched.placement.preemption import (
     select_victims,
 )
 
-__all__ = ["MAX_SELECTIONS_PER_CYCLE", "Eviction", "PreemptionCore", "Preemptor", "requeue"]
+__all__ = ["MAX_SELECTIONS_PER_CYCLE", "Eviction", "PreemptionCore", "Preemptor", "after_launches", "requeue"]
 
 MAX_SELECTIONS_PER_CYCLE = 4
 """Victim selections per cycle (most urgent held work first), bounding the cycle's cost."""
@@ -104,6 +105,7 @@ class Preemptor:
         self.min_runtime_s = settings.get_float("preemption_min_runtime_seconds", core.conf)
         self.evictions: dict[str, Eviction] = {}  # victim ledger key -> eviction
         self._seen: set[str] = set()  # running ledger keys already checked for a notice (restore)
+        self.nominated: dict[str, tuple[DeviceShare, ...]] = {}  # beneficiary -> its proven placement
 
     @property
     def enabled(self) -> bool:
@@ -132,6 +134,24 @@ class Preemptor:
         out.update({r.key: v for r, v in zip(request.running, values[len(request.pending):], strict=True)})
         return out
 
+    def hold_nominated(self, request: CycleRequest) -> CycleRequest:
+        """``request`` with the free devices of each preemption in flight taken in its snapshot:
+        the room a plan was proven on is kept for its beneficiary while the victims stop, or work
+        of lower priority queued meanwhile would take it and the beneficiary would need a second
+        round of victims (Kubernetes' nominated node). The hold ends when its victims have ended
+        (their devices free, the beneficiary first in priority order)."""
+        running = set(self.core.gpu_running.values())
+        stopping = {e.beneficiary for k, e in self.evictions.items() if k in running}
+        self.nominated = {b: shares for b, shares in self.nominated.items() if b in stopping}
+        snapshot, held = request.snapshot, []
+        for share in (s for shares in self.nominated.values() for s in shares):
+            if snapshot.has_device(share.uuid):
+                milli = min(share.milli, snapshot.free_milli(share.uuid))
+                memory = min(share.memory_bytes, snapshot.free_memory(share.uuid))
+                if milli > 0:
+                    held.append(replace(share, milli=milli, memory_bytes=max(0, memory)))
+        return replace(request, snapshot=snapshot.with_usage(held)) if held else request
+
     def rank(self, request: CycleRequest) -> CycleRequest:
         """``request`` with its queue ordered by the tasks' Gittins indices (mode ``service``:
         ``QueueOrder.RANKED``, ranks −log2 of the unaged index at the attained service of the
@@ -152,6 +172,7 @@ class Preemptor:
         """Preempt for the most urgent task held for capacity; return ``reply`` with its hold reason."""
         if not self.enabled or not reply.holds:
             return reply
+        request = after_launches(request, reply)
         works = {w.key: w for w in request.pending}
         waiting_for = {e.beneficiary for e in self.evictions.values()}
         reasons: dict[str, str] = {}
@@ -227,6 +248,7 @@ class Preemptor:
     def _start(self, plan: PreemptionPlan, group: list[PendingWork], now: float) -> None:
         by_ledger_key = {v: k for k, v in self.core.gpu_running.items()}
         beneficiary = group[0].key if len(group) == 1 else f"gang {group[0].gang.gang}"  # type: ignore[union-attr]
+        self.nominated[group[0].key] = tuple(s for shares in plan.placement.values() for s in shares)
         for victim in plan.victims:
             airflow_key = by_ledger_key[victim.key]
             reason = (f"preempted for {beneficiary} ({victim.reason}); "
@@ -292,6 +314,19 @@ class Preemptor:
         """The release reason of a victim whose process ended (None: not a victim)."""
         eviction = self.evictions.get(ledger_key)
         return None if eviction is None else f"{eviction.reason}; requeued"
+
+
+def after_launches(request: CycleRequest, reply: CycleReply) -> CycleRequest:
+    """``request`` as the cycle's launches leave it: their devices taken in the snapshot and the
+    tasks running (not this executor's yet, so never victims). A victim selection proven on the
+    snapshot from before the launches could count a device a launch of the same cycle takes."""
+    new = [launch for launch in reply.launches if not launch.reused]  # reused: already counted
+    if not new:
+        return request
+    snapshot = request.snapshot.with_usage(s for launch in new for s in launch.shares)
+    started = tuple(RunningTask(launch.key, launch.request, launch.shares, request.now, None)
+                    for launch in new)
+    return replace(request, snapshot=snapshot, running=(*request.running, *started))
 
 
 def requeue(airflow_key: Any, reason: str) -> str:

@@ -205,7 +205,8 @@ class GPUScheduling:
         pending, by_key = gpu_inputs.pending_work(self, workloads, now)
         if not pending:
             return
-        cycle = self.preemption.rank(self.cycle_request(pending, now))  # service: queue by index
+        # The room being made for preemptions in flight stays theirs; service: queue by index.
+        cycle = self.preemption.rank(self.preemption.hold_nominated(self.cycle_request(pending, now)))
         reply = self.preemption.consider(cycle, decide(cycle))
         # One task's failure never costs the others their turn; only an unreachable or locked
         # ledger ends the cycle (every write would wait out its bound in turn).
@@ -234,6 +235,7 @@ class GPUScheduling:
                 self.ledger.allocate(  # the author's request (the prediction is re-made each cycle)
                     launch.key, self._cycle_requests.get(launch.key, launch.request), launch.shares,
                     holder=self.holder, lease_s=self.lease_s, now=now, process=self.process,
+                    queued_at=self._submitted.get(workload.key),
                 )
             except AllocationConflictError as exc:
                 self.hold(workload, Hold(launch.key, f"devices taken meanwhile, retrying: {exc}"), now)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -92,7 +93,7 @@ def _to_allocations(conn: sa.Connection, rows: Sequence[Any]) -> list[Allocation
         Allocation(
             r.key, request_from_json(r.request), tuple(shares[r.id]), r.holder, r.created_at,
             r.lease_expires_at, r.released_at, r.release_reason, r.status,
-            processes_from_json(r.processes),
+            processes_from_json(r.processes), r.queued_at,
         )
         for r in rows
     ]
@@ -113,10 +114,12 @@ class LedgerAllocations:
         lease_s: int = 600,
         now: float | None = None,
         process: HolderProcess | None = None,
+        queued_at: float | None = None,
     ) -> Allocation:
         """Hand ``shares`` to task ``key`` in one transaction that re-checks capacity.
 
-        ``process`` (optional) is recorded as the first holder process (see :meth:`attach_process`).
+        ``process`` (optional) is recorded as the first holder process (see :meth:`attach_process`);
+        ``queued_at`` (optional): when the try was first queued.
         Idempotent: if ``key`` already holds exactly these shares, that allocation is returned.
         Raises AllocationConflictError (nothing written) when ``key`` holds other shares, when
         another caller allocated or released ``key`` concurrently, or when a device is gone,
@@ -135,7 +138,7 @@ class LedgerAllocations:
                 allocation_id = conn.execute(_INSERT_ALLOCATION, {
                     "key": key, "request": request.to_dict(), "holder": holder, "created_at": at,
                     "lease_expires_at": at + lease_s, "released_at": None, "release_reason": None,
-                    "status": AllocationStatus.ACTIVE, "processes": processes,
+                    "status": AllocationStatus.ACTIVE, "processes": processes, "queued_at": queued_at,
                 }).scalar_one()
                 conn.execute(_INSERT_SHARES, [
                     {"allocation_id": allocation_id, "device_uuid": s.uuid, "node": s.node, "idx": s.index,
@@ -157,7 +160,7 @@ class LedgerAllocations:
                 return self._same_or_conflict(conn, existing, key, ordered)
         return Allocation(
             key, request, ordered, holder, at, at + lease_s,
-            processes=(process,) if process is not None else (),
+            processes=(process,) if process is not None else (), queued_at=queued_at,
         )
 
     def _same_or_conflict(
@@ -289,11 +292,7 @@ class LedgerAllocations:
         allocation = self._to_allocation(conn, row)
         write_event(conn, at, "expire" if status == AllocationStatus.EXPIRED else "release", row.key,
                holder=row.holder, reason=reason, devices=list(allocation.devices))
-        return Allocation(
-            allocation.key, allocation.request, allocation.shares, allocation.holder,
-            allocation.created_at, allocation.lease_expires_at, at, reason, status,
-            allocation.processes,
-        )
+        return replace(allocation, released_at=at, release_reason=reason, status=status)
 
     def _to_allocation(self, conn: sa.Connection, row: Any) -> Allocation:
         return _to_allocations(conn, [row])[0]

@@ -74,6 +74,7 @@ class Allocation:
         release_reason: why it was released ("success", "failed", "lease expired", …).
         status: ``active``, ``released`` or ``expired``.
         processes: the processes recorded as holding it (oldest first; empty for old rows).
+        queued_at: when the try was first queued, if the allocator said (None for old rows).
     """
 
     key: str
@@ -86,6 +87,7 @@ class Allocation:
     release_reason: str | None = None
     status: str = AllocationStatus.ACTIVE
     processes: tuple[HolderProcess, ...] = ()
+    queued_at: float | None = None
 
     @property
     def active(self) -> bool:
@@ -115,6 +117,7 @@ class Allocation:
             "release_reason": self.release_reason,
             "status": self.status,
             "processes": [p.to_dict() for p in self.processes],
+            "queued_at": self.queued_at,
         }
 
 

@@ -157,3 +157,30 @@ def test_a_victim_being_stopped_is_stopped_after_an_executor_restart(setup: Any)
     fresh.gpu_running.update(core.gpu_running)
     fresh.gpu_running[TaskInstanceKey("d", "clean", RUN, 1, -1)] = _key("clean")
     assert Preemptor(fresh).restore(NOW + 1) == [_key("low0"), _key("low1")]
+
+
+def test_a_victim_selection_counts_the_devices_the_same_cycle_launches_on(setup: Any) -> None:
+    ledger, _ = setup
+    core = StubCore(ledger, SETTINGS)
+    node = make_node("n0", "A100-SXM-80GB", 4)
+    low = _running("low", "n0", [0, 1], "low")
+    core.gpu_running[_airflow_key("low")] = low.key
+    snapshot = FleetSnapshot((node,)).with_usage(low.shares)
+    urgent = PendingWork(_key("urgent"), GPURequest.build(gpus=4, priority="critical"), NOW - 10)
+    small = PendingWork(_key("small"), GPURequest.build(gpus=2, priority="normal"), NOW - 5)
+    cycle = CycleRequest((urgent, small), snapshot, Policy.named("gpusched"), (low,), NOW,
+                         QuotaState.unlimited())
+    reply = decide(cycle)
+    assert [launch.key for launch in reply.launches] == [small.key]  # backfills the 2 free GPUs
+    # Stopping "low" frees 2 GPUs; the other 2 are the small task's from this very cycle, so the
+    # urgent one would still not fit: nothing is stopped.
+    after = Preemptor(core).consider(cycle, reply)
+    assert after == reply and ledger.events(10, kinds=["preempted"]) == []
+    seen = gpu_preemption.after_launches(cycle, reply)
+    assert seen.snapshot.free_milli("n0-gpu2") == 0 and [r.key for r in seen.running] == [low.key, small.key]
+
+
+def _airflow_key(task: str) -> Any:
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    return TaskInstanceKey("d", task, RUN, 1, -1)

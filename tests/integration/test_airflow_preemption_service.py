@@ -182,6 +182,22 @@ def test_a_try_requeued_by_preemption_is_not_stopped_again_before_it_checkpoints
     assert list(core.preemption.evictions) == [again]
 
 
+def test_a_later_try_waits_as_if_queued_when_its_first_try_was(ledger: Ledger) -> None:
+    first = ti_key("d", "train", "manual__p", 1, -1)
+    ledger.allocate(first, ONE, [DEVICE], holder="old", now=NOW - 8000.0, queued_at=NOW - 9000.0)
+    ledger.release(first, reason="preempted for someone; requeued", now=NOW - 300.0)
+    older = ti_key("d", "train", "manual__o", 1, -1)  # written before queue times were recorded
+    ledger.allocate(older, ONE, [DEVICE], holder="old", now=NOW - 200.0)
+    ledger.release(older, reason="preempted for someone; requeued", now=NOW - 100.0)
+    core = _CycleCore(ledger)
+    cycle, _ = _executor_cycle(core, ("manual__p", 2), ("manual__o", 2), ("manual__w", 1))
+    submitted = {w.key.split("/")[-1]: w.submitted_at for w in cycle.pending}
+    # Try 2 ages from try 1's queue time (else its start); a first try from its own sighting.
+    assert submitted == {"manual__p": NOW - 9000.0, "manual__o": NOW - 200.0, "manual__w": NOW - 8.0}
+    stored = ledger.get(first)
+    assert stored is not None and stored.queued_at == NOW - 9000.0  # round-trips through the ledger
+
+
 def test_other_modes_read_no_attained_service_and_keep_no_service_history(ledger: Ledger) -> None:
     _preempted_earlier(ledger, "manual__p", 7200.0)
     history = {"duration_history_days": "30", "duration_refresh_seconds": "60"}

@@ -163,6 +163,11 @@ def test_a_critical_task_preempts_a_low_priority_one_which_resumes_without_a_fai
         urgent = [a for a in ledger.history(0, time.time() + 1)
                   if a.key == ti_key(CRITICAL, "urgent", critical_run, 1)]
         assert urgent and urgent[0].created_at >= released[0].released_at
+        # The executor records when each try was first queued; try 2 ages from try 1's.
+        second_try = ti_key(VICTIM, "train", victim_run, 2)
+        second = [a for a in ledger.history(0, time.time() + 1) if a.key == second_try]
+        assert released[0].queued_at is not None and released[0].queued_at <= released[0].created_at
+        assert second and second[0].queued_at is not None and second[0].queued_at >= released[0].released_at
     finally:
         ledger.close()
     rows = airflow.api("GET", "/eventLogs", params={"event": "gpusched.preempted", "dag_id": VICTIM})

@@ -1,0 +1,97 @@
+"""A multi-node gang preempts through the real GPUExecutor only when the whole gang fits afterwards.
+
+GPUExecutor in-process against a real ledger and a migrated Airflow DB (the workers' queue is read
+directly, as in ``test_airflow_executor.py``); ``[gpusched] preemption = priority``. Two nodes of
+two A100s; a critical gang of two members, each asking a whole node, on distinct nodes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from _airflow_support import queue_reading_executor
+
+from gpusched.airflow.gang import GANG_KEY
+from gpusched.airflow.keys import ti_key
+from gpusched.request import GPURequest
+
+pytestmark = pytest.mark.airflow
+
+
+@pytest.fixture
+def executor(airflow_db: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    fleet = tmp_path / "fleet.yaml"
+    nodes = "".join(f"      - name: {n}\n        cpu: 64\n        memory: 512GiB\n"
+                    "        devices: {model: A100-SXM-80GB, count: 2}\n" for n in ("n1", "n2"))
+    fleet.write_text("racks:\n  - name: r\n    nodes:\n" + nodes)
+    monkeypatch.setenv("GPUSCHED_FLEET", str(fleet))
+    for name, value in (("PREEMPTION", "priority"), ("PREEMPTION_MIN_RUNTIME_SECONDS", "0"),
+                        ("PREEMPTION_GRACE_SECONDS", "600")):
+        monkeypatch.setenv(f"AIRFLOW__GPUSCHED__{name}", value)
+    yield from queue_reading_executor(monkeypatch)
+
+
+def _workload(task_id: str, priority: str, gang_rank: int | None = None) -> Any:
+    from airflow.executors.workloads import BundleInfo, ExecuteTask
+    from airflow.executors.workloads.task import TaskInstanceDTO
+
+    config: dict[str, Any] = {"gpusched": GPURequest.build(gpus=2, priority=priority).to_dict()}
+    if gang_rank is not None:
+        config[GANG_KEY] = {"name": "train", "size": 2, "rank": gang_rank, "scope": "any"}
+    ti = TaskInstanceDTO(
+        id=uuid.uuid4(), task_id=task_id, dag_id="d", run_id="manual__1", try_number=1,
+        dag_version_id=uuid.uuid4(), pool_slots=1, priority_weight=1, executor_config=config,
+    )
+    return ExecuteTask(ti=ti, token="minted-at-queue-time", dag_rel_path="d.py",
+                       bundle_info=BundleInfo(name="dags-folder"), log_path=None)
+
+
+def _cycle(ex: Any, *workloads: Any) -> list[Any]:
+    for w in workloads:
+        ex.queue_workload(w, session=None)
+    ex.trigger_tasks(ex.parallelism)
+    started = []
+    while not ex.activity_queue.empty():
+        started.append(ex.activity_queue.get()[0].key)
+    return started
+
+
+def _key(task_id: str) -> str:
+    return ti_key("d", task_id, "manual__1", 1, -1)
+
+
+def test_a_gang_preempts_only_when_every_member_fits_on_its_own_node(executor: Any) -> None:
+    from airflow.utils.state import TaskInstanceState
+
+    ex = executor
+    low, peer = _workload("low", "low"), _workload("peer", "critical")
+    assert len(_cycle(ex, low, peer)) == 2  # one node each
+    gang = [_workload(f"train__node{r}", "critical", r) for r in range(2)]
+    # Stopping "low" would free one node; the gang needs two: nothing is stopped.
+    assert _cycle(ex, *gang) == []
+    assert ex.gpu.preemption.evictions == {}
+    assert ex.ledger.events(10, kinds=["preempted"]) == []
+    # The critical peer ends: with its node free, stopping "low" makes room for both members.
+    ex.change_state(peer.key, TaskInstanceState.SUCCESS)
+    assert _cycle(ex) == []  # the gang waits while its victim has its grace to checkpoint
+    assert list(ex.gpu.preemption.evictions) == [_key("low")]
+    (event,) = ex.ledger.events(10, kinds=["preempted"])
+    assert event.subject == _key("low") and event.detail["by"] == _key("train__node0")
+    proven = {s.split(":")[0] for v in event.detail["proof"].values() for s in v}
+    assert proven == {"n1", "n2"}  # the proof placed the members on distinct nodes
+    # Meanwhile the free node is kept for the gang: a low-priority task queued now does not take it.
+    low2 = _workload("low2", "low")
+    assert _cycle(ex, low2) == []
+    reasons = {q.key: q.reason for q in ex.ledger.queue()}
+    assert reasons[_key("train__node0")].startswith("waiting for preempted"), reasons
+    # The victim's process ends (it was cleared): the gang starts on both nodes, low2 still waits.
+    ex.change_state(low.key, TaskInstanceState.SUCCESS)
+    assert sorted(_cycle(ex)) == sorted(w.key for w in gang)
+    released = ex.ledger.get(_key("low"))
+    assert released is not None and str(released.release_reason).startswith("preempted for")
+    nodes = {a.key: {s.node for s in a.shares} for a in ex.ledger.active()}
+    assert nodes[_key("train__node0")] | nodes[_key("train__node1")] == {"n1", "n2"}
+    assert _key("low2") not in nodes and ex.gpu.preemption.nominated == {}
