@@ -24,8 +24,8 @@ no age to claim one (measured in docs/benchmarks.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from gpusched.airflow.keys import KEY_PREFIX, TaskKeyParts, parse_ti_key
 from gpusched.durations.service import gpu_seconds
@@ -34,6 +34,8 @@ __all__ = [
     "AttainedService", "attained_before", "first_queued", "identity", "instance_allocations",
     "preempted_before",
 ]
+
+T = TypeVar("T")
 
 _NEVER_RAN = "migration abandoned"  # a move's hold whose try never started (gpu_migration)
 _PREEMPTED = "preempted"  # the release reason of a preemption victim (gpu_preemption)
@@ -141,30 +143,28 @@ class AttainedService:
         """Those of ``keys`` (running tries) whose task instance had an earlier try preempted
         (:func:`preempted_before`). A try's answer cannot change while it runs, so it is read from
         the ledger once; the cache keeps only ``keys``."""
-        wanted: dict[str, TaskKeyParts] = {}
-        for key in keys:
-            parts = parse_ti_key(key)
-            if key not in self._preempted and parts is not None and parts.try_number > 1:
-                wanted[key] = parts
-        if wanted:
-            by_instance = instance_allocations(ledger, wanted.values())
-            for key, parts in wanted.items():
-                self._preempted[key] = preempted_before(key, by_instance.get(identity(parts), ()))
-        self._preempted = {k: self._preempted.get(k, False) for k in keys}
+        self._preempted = _once_per_try(self._preempted, ledger, keys, preempted_before, False)
         return frozenset(k for k, hit in self._preempted.items() if hit)
 
     def first_queued(self, ledger: Any, keys: Sequence[str]) -> dict[str, float]:
         """Key → when its task instance's first try was queued, for those of ``keys`` (later tries)
         that have an earlier try in the ledger (:func:`first_queued`); read once per try, the cache
         keeps only ``keys``."""
-        wanted: dict[str, TaskKeyParts] = {}
-        for key in keys:
-            parts = parse_ti_key(key)
-            if key not in self._queued and parts is not None and parts.try_number > 1:
-                wanted[key] = parts
-        if wanted:
-            by_instance = instance_allocations(ledger, wanted.values())
-            for key, parts in wanted.items():
-                self._queued[key] = first_queued(key, by_instance.get(identity(parts), ()))
-        self._queued = {k: self._queued.get(k) for k in keys}
+        self._queued = _once_per_try(self._queued, ledger, keys, first_queued, None)
         return {k: at for k, at in self._queued.items() if at is not None}
+
+
+def _once_per_try(
+    cache: dict[str, T], ledger: Any, keys: Sequence[str],
+    answer: Callable[[str, Sequence[Any]], T], default: T,
+) -> dict[str, T]:
+    """``cache`` completed with ``answer(key, allocations of its task instance)`` for each later try
+    among ``keys`` not in it yet (one ledger read for all of them), kept for ``keys`` only (first
+    tries and keys that are not tries: ``default``). For answers that cannot change during a try."""
+    wanted = {key: parts for key in keys
+              if key not in cache and (parts := parse_ti_key(key)) is not None and parts.try_number > 1}
+    if wanted:
+        by_instance = instance_allocations(ledger, wanted.values())
+        for key, parts in wanted.items():
+            cache[key] = answer(key, by_instance.get(identity(parts), ()))
+    return {k: cache.get(k, default) for k in keys}
