@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from gpusched import settings
 from gpusched.airflow.executor_compat import save_task_event
-from gpusched.airflow.gpu_cycle import CycleReply, CycleRequest, Hold, PendingWork
+from gpusched.airflow.gpu_cycle import CycleReply, CycleRequest, Hold, PendingWork, decide
 from gpusched.airflow.gpu_durations import task_of as task_name
 from gpusched.airflow.keys import task_of
 from gpusched.airflow.task_log import append_task_log
@@ -106,6 +106,7 @@ class Preemptor:
         self.evictions: dict[str, Eviction] = {}  # victim ledger key -> eviction
         self._seen: set[str] = set()  # running ledger keys already checked for a notice (restore)
         self.nominated: dict[str, tuple[DeviceShare, ...]] = {}  # beneficiary -> its proven placement
+        self.first_pick: frozenset[str] = frozenset()  # beneficiaries whose victims have just ended
 
     @property
     def enabled(self) -> bool:
@@ -138,10 +139,12 @@ class Preemptor:
         """``request`` with the free devices of each preemption in flight taken in its snapshot:
         the room a plan was proven on is kept for its beneficiary while the victims stop, or work
         of lower priority queued meanwhile would take it and the beneficiary would need a second
-        round of victims (Kubernetes' nominated node). The hold ends when its victims have ended
-        (their devices free, the beneficiary first in priority order)."""
+        round of victims (Kubernetes' nominated node). The hold ends when its victims have ended;
+        in that cycle the beneficiary, if it waits, has the first pick (:meth:`decide`)."""
         running = set(self.core.gpu_running.values())
         stopping = {e.beneficiary for k, e in self.evictions.items() if k in running}
+        waiting = {w.key for w in request.pending}
+        self.first_pick = frozenset(b for b in self.nominated if b not in stopping and b in waiting)
         self.nominated = {b: shares for b, shares in self.nominated.items() if b in stopping}
         snapshot, held = request.snapshot, []
         for share in (s for shares in self.nominated.values() for s in shares):
@@ -151,6 +154,23 @@ class Preemptor:
                 if milli > 0:
                     held.append(replace(share, milli=milli, memory_bytes=max(0, memory)))
         return replace(request, snapshot=snapshot.with_usage(held)) if held else request
+
+    def decide(self, request: CycleRequest) -> CycleReply:
+        """:func:`~gpusched.airflow.gpu_cycle.decide`, with the beneficiaries whose victims have
+        just ended (:attr:`first_pick`, a gang with all its members) placed first and the rest on
+        what their launches leave. Without it, a victim requeued meanwhile, aged from its first
+        queue time, or any work ahead in the queue order would take the room made for the
+        beneficiary and it would need a second round of victims (the simulator evicts and starts
+        the beneficiary in one step)."""
+        gangs = {w.gang.gang for w in request.pending if w.key in self.first_pick and w.gang is not None}
+        first = {w.key for w in request.pending
+                 if w.key in self.first_pick or (w.gang is not None and w.gang.gang in gangs)}
+        if not first:
+            return decide(request)
+        head = decide(replace(request, pending=tuple(w for w in request.pending if w.key in first)))
+        rest = replace(request, pending=tuple(w for w in request.pending if w.key not in first))
+        tail = decide(after_launches(rest, head))
+        return CycleReply(head.launches + tail.launches, head.holds + tail.holds)
 
     def rank(self, request: CycleRequest) -> CycleRequest:
         """``request`` with its queue ordered by the tasks' Gittins indices (mode ``service``:

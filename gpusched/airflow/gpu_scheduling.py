@@ -24,7 +24,7 @@ from gpusched import settings
 from gpusched.airflow import gpu_attained, gpu_durations, gpu_faults, gpu_inputs, gpu_quota
 from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
-from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork, decide
+from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork
 from gpusched.airflow.gpu_migration import Migrator, throughput_table
 from gpusched.airflow.gpu_preemption import Preemptor
 from gpusched.airflow.keys import ti_key_of
@@ -207,7 +207,7 @@ class GPUScheduling:
             return
         # The room being made for preemptions in flight stays theirs; service: queue by index.
         cycle = self.preemption.rank(self.preemption.hold_nominated(self.cycle_request(pending, now)))
-        reply = self.preemption.consider(cycle, decide(cycle))
+        reply = self.preemption.consider(cycle, self.preemption.decide(cycle))
         # One task's failure never costs the others their turn; only an unreachable or locked
         # ledger ends the cycle (every write would wait out its bound in turn).
         for launch in reply.launches:

@@ -9,6 +9,7 @@ Airflow.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ from gpusched.ledger import Ledger
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.node_builder import make_node
 from gpusched.placement import Policy, RunningTask
-from gpusched.quota.policy import QuotaState
-from gpusched.request import GPURequest
+from gpusched.quota.policy import QuotaPolicy, QuotaState
+from gpusched.request import GPURequest, Partition
 
 NOW = 50_000.0
 RUN = "manual__r"
@@ -184,3 +185,40 @@ def _airflow_key(task: str) -> Any:
     from airflow.models.taskinstancekey import TaskInstanceKey
 
     return TaskInstanceKey("d", task, RUN, 1, -1)
+
+
+def test_the_beneficiary_has_the_first_pick_once_its_victims_have_ended(setup: Any) -> None:
+    ledger, calls = setup
+    core = StubCore(ledger, {**SETTINGS, "preemption": "partitions"})
+    preemptor = Preemptor(core)
+    fleet = FleetSnapshot((make_node("n0", "A100-SXM-80GB", 1), make_node("n1", "K80", 2)))
+    a100 = GPURequest.build(gpus=1, models=["A100-SXM-80GB"], partition="dev")
+    borrower = RunningTask(_key("borrow"), a100, (DeviceShare("n0-gpu0", "n0", 0, 1000, 0),), NOW - 3600, None)
+    core.gpu_running[_airflow_key("borrow")] = borrower.key
+    reclaim = PendingWork(_key("reclaim"), replace(a100, partition=Partition.TRAINING), NOW - 10)
+    policy, quota = Policy.named("gpusched"), QuotaState(QuotaPolicy())
+
+    def cycle(pending: tuple[PendingWork, ...], running: tuple[RunningTask, ...], now: float) -> CycleRequest:
+        snapshot = fleet.with_usage(s for r in running for s in r.shares)
+        return preemptor.hold_nominated(CycleRequest(pending, snapshot, policy, running, now, quota))
+
+    first = cycle((reclaim,), (borrower,), NOW)
+    preemptor.consider(first, preemptor.decide(first))
+    assert list(preemptor.evictions) == [borrower.key]  # training reclaims what dev borrowed
+
+    # The borrower checkpointed and ended; its next try, aged from its first queue time, is
+    # queued before the reclaimer and (borrowing while only one GPU is kept for training) would
+    # take the A100 back: the reclaimer picks first.
+    preemptor.advance(NOW + 30)
+    core.gpu_running.clear()
+    retry = PendingWork(_key("borrow").replace("/1/", "/2/"), a100, NOW - 3600)
+    after = cycle((retry, reclaim), (), NOW + 35)
+    assert [launch.key for launch in decide(after).launches] == [retry.key]  # plain queue order
+    reply = preemptor.decide(after)
+    assert [launch.key for launch in reply.launches] == [reclaim.key]
+    assert [hold.key for hold in reply.holds] == [retry.key]
+    assert preemptor.consider(after, reply) == reply  # nothing preempted twice
+    assert len(ledger.events(10, kinds=["preempted"])) == 1
+    # The first pick lasts one cycle: afterwards the queue order is the plain one again.
+    again = cycle((retry,), (), NOW + 40)
+    assert preemptor.first_pick == frozenset() and [x.key for x in preemptor.decide(again).launches] == [retry.key]

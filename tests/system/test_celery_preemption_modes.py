@@ -276,7 +276,9 @@ def test_partitions_a_training_task_reclaims_the_a100_a_dev_task_borrowed(modes:
     try:
         victim = ti_key("pm_dev", "borrow", borrow_run, 1)
         winner = ti_key("pm_training", "reclaim", reclaim_run, 1)
-        (event,) = ledger.events(20, kinds=["preempted"], subject=victim)
+        preempted = [e for e in ledger.events(50, kinds=["preempted"]) if "pm_dev" in e.subject]
+        assert [e.subject for e in preempted] == [victim], [(e.subject, e.at, e.detail) for e in preempted]
+        (event,) = preempted
         assert event.detail["by"] == winner
         assert "partition 'dev' runs on capacity borrowed beyond its share; 'training' reclaims it" in str(
             event.detail["reason"]), event.detail
@@ -291,8 +293,9 @@ def test_partitions_a_training_task_reclaims_the_a100_a_dev_task_borrowed(modes:
         assert not ledger.active()
     finally:
         ledger.close()
-    (row,) = _audit(cluster, "gpusched.preempted", "pm_dev")
-    assert "reclaims it" in row["extra"], row
+    rows = _audit(cluster, "gpusched.preempted", "pm_dev")
+    assert len(rows) == 1, rows
+    assert "reclaims it" in rows[0]["extra"], rows
 
 
 def test_service_a_fresh_run_preempts_one_that_outlived_most_runs_of_its_kind(modes: Modes) -> None:
@@ -325,7 +328,9 @@ def test_service_a_fresh_run_preempts_one_that_outlived_most_runs_of_its_kind(mo
 
         victim = ti_key("pm_service", "train", long_run, 1)
         winner = ti_key("pm_service", "train", quick_run, 1)
-        (event,) = ledger.events(20, kinds=["preempted"], subject=victim)
+        preempted = [e for e in ledger.events(50, kinds=["preempted"]) if "pm_dev" in e.subject]
+        assert [e.subject for e in preempted] == [victim], [(e.subject, e.at, e.detail) for e in preempted]
+        (event,) = preempted
         assert event.detail["by"] == winner
         assert "expected-service index" in str(event.detail["reason"]), event.detail
         assert [e.subject for e in ledger.events(20, kinds=["preempted"], since=event.at - 600)
