@@ -23,6 +23,7 @@ from typing import Any
 
 from airflow.providers.celery.executors.celery_executor import CeleryExecutor
 
+from gpusched.airflow.authoring import is_gpu_task
 from gpusched.airflow.executor_compat import celery_send
 from gpusched.airflow.gpu_cycle import Launch
 from gpusched.airflow.gpu_executor_hooks import GPUExecutorHooks
@@ -36,6 +37,8 @@ __all__ = ["GPUCeleryExecutor"]
 
 class GPUCeleryExecutor(GPUExecutorHooks, CeleryExecutor):
     """CeleryExecutor plus GPU placement, allocation, routing to the owning host's queue and release."""
+
+    tasks_outlive_executor = True  # Celery workers keep running them; the next scheduler adopts them
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -76,8 +79,19 @@ class GPUCeleryExecutor(GPUExecutorHooks, CeleryExecutor):
             ) from exc
 
     def try_adopt_task_instances(self, tis: Any) -> Any:
-        """Adopt as CeleryExecutor does; adopted GPU tasks keep their allocations (leases renewed)."""
-        not_adopted = super().try_adopt_task_instances(tis)
+        """Adopt as CeleryExecutor does; adopted GPU tasks keep their allocations (leases renewed).
+
+        A GPU task the previous executor never sent to Celery (still waiting for devices: no
+        ``launch`` event in the ledger) is not adopted: Airflow pre-assigns its Celery id when it
+        queues it, so CeleryExecutor would watch a Celery task that does not exist until
+        ``task_queued_timeout``. Returned as not adopted, it is reset and queued to this executor.
+        """
+        never_sent = [ti for ti in tis if is_gpu_task(ti) and self._never_sent(ti)]
+        if never_sent:
+            self.log.info("gpusched: GPU tasks still waiting for devices (never sent to Celery), queued "
+                          "again: %s", ", ".join(str(ti.key) for ti in never_sent))
+        sent = [ti for ti in tis if all(ti is not n for n in never_sent)]
+        not_adopted = [*never_sent, *super().try_adopt_task_instances(sent)]
         left = {ti.key for ti in not_adopted}
         for ti in tis:
             if ti.key in left:
@@ -87,6 +101,12 @@ class GPUCeleryExecutor(GPUExecutorHooks, CeleryExecutor):
             if alloc is not None and alloc.released_at is None:
                 self.gpu.gpu_running[ti.key] = ledger_key
         return not_adopted
+
+    def _never_sent(self, ti: Any) -> bool:
+        """True when the ledger has no ``launch`` of ``ti``'s try (False when it cannot be read)."""
+        key = ti_key_of(ti)
+        launched = self.gpu._safe(lambda: bool(self.ledger.events(1, kinds=[LAUNCH_EVENT], subject=key)))
+        return launched is False
 
     def revoke_task(self, *, ti: Any, **kwargs: Any) -> None:
         """Revoke in Celery and release the task's devices."""

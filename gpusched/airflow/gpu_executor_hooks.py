@@ -67,7 +67,12 @@ class GPUExecutorHooks(_ExecutorBase):
         super().change_state(key, state, info, remove_running=remove_running)
         self.gpu.finished(key, state)
 
+    tasks_outlive_executor = False
+    """True where the tasks run in other processes that go on when the executor ends (Celery
+    workers): their allocations then stay held for the executor that adopts them."""
+
     def end(self, *args: Any, **kwargs: Any) -> None:
-        """End as the base executor does, then release what is still held or waiting."""
+        """End as the base executor does, then forget what waits and release what is still held
+        (unless :attr:`tasks_outlive_executor`)."""
         super().end(*args, **kwargs)
-        self.gpu.end(list(self.queued_tasks.values()))
+        self.gpu.end(list(self.queued_tasks.values()), release_running=not self.tasks_outlive_executor)

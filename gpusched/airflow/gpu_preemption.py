@@ -106,7 +106,9 @@ class Preemptor:
         self.evictions: dict[str, Eviction] = {}  # victim ledger key -> eviction
         self._seen: set[str] = set()  # running ledger keys already checked for a notice (restore)
         self.nominated: dict[str, tuple[DeviceShare, ...]] = {}  # beneficiary -> its proven placement
-        self.first_pick: frozenset[str] = frozenset()  # beneficiaries whose victims have just ended
+        # Task instances (keys without the try: a restart may requeue one as its next try) of the
+        # beneficiaries whose victims have just ended.
+        self.first_pick: frozenset[str] = frozenset()
 
     @property
     def enabled(self) -> bool:
@@ -143,8 +145,9 @@ class Preemptor:
         in that cycle the beneficiary, if it waits, has the first pick (:meth:`decide`)."""
         running = set(self.core.gpu_running.values())
         stopping = {e.beneficiary for k, e in self.evictions.items() if k in running}
-        waiting = {w.key for w in request.pending}
-        self.first_pick = frozenset(b for b in self.nominated if b not in stopping and b in waiting)
+        waiting = {task_of(w.key) for w in request.pending}
+        self.first_pick = frozenset(task_of(b) for b in self.nominated
+                                    if b not in stopping and task_of(b) in waiting)
         self.nominated = {b: shares for b, shares in self.nominated.items() if b in stopping}
         snapshot, held = request.snapshot, []
         for share in (s for shares in self.nominated.values() for s in shares):
@@ -162,9 +165,10 @@ class Preemptor:
         queue time, or any work ahead in the queue order would take the room made for the
         beneficiary and it would need a second round of victims (the simulator evicts and starts
         the beneficiary in one step)."""
-        gangs = {w.gang.gang for w in request.pending if w.key in self.first_pick and w.gang is not None}
+        picks = self.first_pick
+        gangs = {w.gang.gang for w in request.pending if task_of(w.key) in picks and w.gang is not None}
         first = {w.key for w in request.pending
-                 if w.key in self.first_pick or (w.gang is not None and w.gang.gang in gangs)}
+                 if task_of(w.key) in picks or (w.gang is not None and w.gang.gang in gangs)}
         if not first:
             return decide(request)
         head = decide(replace(request, pending=tuple(w for w in request.pending if w.key in first)))
@@ -192,17 +196,19 @@ class Preemptor:
         """Preempt for the most urgent task held for capacity; return ``reply`` with its hold reason."""
         if not self.enabled or not reply.holds:
             return reply
+        self.restore(request.now)  # an adopted victim being stopped is never selected a second time
         request = after_launches(request, reply)
         works = {w.key: w for w in request.pending}
-        waiting_for = {e.beneficiary for e in self.evictions.values()}
+        waiting_for = {task_of(e.beneficiary) for e in self.evictions.values()}  # any try of it
         reasons: dict[str, str] = {}
         started, tries = False, 0
         indices = self.indices(request)
         restarted = self.core.attained.restarted(self.core.ledger, sorted(self.core.gpu_running.values()))
         for group in self._groups(reply.holds, works, indices):
             keys = [w.key for w in group]
-            if any(k in waiting_for for k in keys):
-                victims = sorted(v for v, e in self.evictions.items() if e.beneficiary in keys)
+            tasks = {task_of(k) for k in keys}
+            if tasks & waiting_for:
+                victims = sorted(v for v, e in self.evictions.items() if task_of(e.beneficiary) in tasks)
                 reasons.update({k: f"waiting for preempted {', '.join(victims)} to stop" for k in keys})
                 continue
             if started or tries >= MAX_SELECTIONS_PER_CYCLE:
@@ -291,7 +297,8 @@ class Preemptor:
         """Pick up victims whose stop an earlier executor began: each running try not seen before
         (adopted after a restart, or just launched) that has a preemption notice in the ledger
         becomes an eviction again, its grace counted from the notice and its beneficiary read
-        from its ``preempted`` event. Returns their ledger keys."""
+        from its ``preempted`` event (nominated again: it has the first pick once they end).
+        Returns their ledger keys."""
         by_ledger_key = {v: k for k, v in self.core.gpu_running.items()}
         new = [k for k in by_ledger_key if k not in self._seen and k not in self.evictions]
         self._seen = set(by_ledger_key)
@@ -305,6 +312,8 @@ class Preemptor:
             notice_at = float(row.notice_at or now)
             self.evictions[key] = Eviction(by_ledger_key[key], beneficiary, notice_at,
                                            notice_at + self.grace_s, row.notice_reason or "preempted")
+            if beneficiary:  # its first pick once the victims end (the held room is not restored)
+                self.nominated.setdefault(beneficiary, ())
             ledger.record_event("preemption_resumed", key, now=now, by=beneficiary, notice_at=notice_at)
             self.core.log.warning("gpusched: %s was being preempted for %s when the executor restarted; "
                                   "stopping it", key, beneficiary or "another task")

@@ -146,9 +146,11 @@ class GPUScheduling:
         return reconcile_holder(self.ledger, self.holder, dispatched=set(self.gpu_running.values()),
                                 waiting=waiting, lease_s=self.lease_s, log=self.log)
 
-    def end(self, queued: Sequence[Any]) -> None:
-        """Release what is still held and forget the waiting records of ``queued`` workloads."""
-        for key in list(self.gpu_running):
+    def end(self, queued: Sequence[Any], *, release_running: bool = True) -> None:
+        """Forget the waiting records of ``queued`` workloads and, with ``release_running``,
+        release what is still held (without it the allocations stay, leases running, for the
+        executor that adopts the tasks; :meth:`reconcile` releases those that are gone)."""
+        for key in list(self.gpu_running) if release_running else ():
             self.release(key, "executor stopped")
         for workload in queued:
             if is_gpu_task(workload):

@@ -144,6 +144,7 @@ def test_a_victim_being_stopped_is_stopped_after_an_executor_restart(setup: Any)
     preemptor.advance(NOW + 5)
     assert sorted(preemptor.evictions) == [_key("low0"), _key("low1")]
     assert {e.beneficiary for e in preemptor.evictions.values()} == {_key("train__node0")}
+    assert list(preemptor.nominated) == [_key("train__node0")]  # its first pick once they end
     assert calls["requeue"] == []  # grace (20 s from the notice) not over
     again = preemptor.consider(*_cycle(restarted, running))
     assert all(h.reason.startswith("waiting for preempted") for h in again.holds)

@@ -164,6 +164,13 @@ def test_adopted_gpu_tasks_keep_their_allocations(executor: Any, monkeypatch: py
     executor.gpu.gpu_running.clear()  # a new scheduler process knows nothing of it
     monkeypatch.setattr(CeleryExecutor, "try_adopt_task_instances", lambda self, tis: [])  # all adopted
     key = TaskInstanceKey("d", "long", "manual__1", 1, -1)
-    ti = SimpleNamespace(key=key, dag_id="d", task_id="long", run_id="manual__1", try_number=1, map_index=-1)
-    assert executor.try_adopt_task_instances([ti]) == []
+    config = {"gpusched": GPURequest.build(gpus=1).to_dict()}
+    ti = SimpleNamespace(key=key, dag_id="d", task_id="long", run_id="manual__1", try_number=1, map_index=-1,
+                         executor_config=config)
+    # A GPU task still waiting for devices was never sent to Celery (Airflow pre-assigned its
+    # Celery id at queueing): not adopted, so Airflow resets it and queues it again.
+    waiting = SimpleNamespace(key=TaskInstanceKey("d", "waiting", "manual__1", 1, -1), dag_id="d",
+                              task_id="waiting", run_id="manual__1", try_number=1, map_index=-1,
+                              executor_config=config)
+    assert executor.try_adopt_task_instances([ti, waiting]) == [waiting]
     assert executor.gpu.gpu_running == {key: ti_key("d", "long", "manual__1", 1)}

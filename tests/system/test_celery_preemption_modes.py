@@ -10,7 +10,9 @@ stopped by Airflow's supervisor in host-b's worker and requeued without using a 
 next try resumes from the checkpoint and succeeds:
 
 - ``partitions``: a ``dev`` task borrowed the A100 beyond its partition's share (a quota file,
-  borrowing on); a ``training`` task reclaims it and runs on host-b.
+  borrowing on); a ``training`` task reclaims it and runs on host-b. A second dev task ignores
+  its notice and the scheduler restarts during its grace: the new executor adopts the try,
+  restores its eviction (grace counted from the notice) and stops it; nothing is selected twice.
 - ``service``: the history says 9 in 10 runs of the task take a second; a run that has already
   had 40 s is probably one of the ten-hour ones, and a fresh run preempts it (Gittins index).
 - ``migrate``: a ``resnet`` task (10x faster on the A100, by the throughput file) started on
@@ -106,6 +108,18 @@ def pm_dev():
     borrow()
 
 
+@dag(dag_id="pm_stubborn", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def pm_stubborn():
+    @task(task_id="borrow", retries=0, **gpu(gpus=1, models=A100, partition="dev"))
+    def borrow() -> None:
+        """Ignores the notice: its first try runs until it is stopped; a later one ends at once."""
+        _record("stubborn")
+        if get_current_context()["ti"].try_number == 1:
+            time.sleep(600)
+
+    borrow()
+
+
 @dag(dag_id="pm_training", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
 def pm_training():
     @task(task_id="reclaim", **gpu(gpus=1, models=A100, partition="training"))
@@ -150,12 +164,13 @@ def pm_blocker():
 
 
 pm_dev()
+pm_stubborn()
 pm_training()
 pm_service()
 pm_mover()
 pm_blocker()
 '''
-DAG_IDS = {"pm_dev", "pm_training", "pm_service", "pm_mover", "pm_blocker"}
+DAG_IDS = {"pm_dev", "pm_stubborn", "pm_training", "pm_service", "pm_mover", "pm_blocker"}
 SERVICE_MIN_RUNTIME_S = 40
 """``service``: the victim has had this much before it may be preempted, and the fresh task that
 preempts it ends well within it (so the victim's requeued try cannot preempt it back)."""
@@ -296,6 +311,51 @@ def test_partitions_a_training_task_reclaims_the_a100_a_dev_task_borrowed(modes:
     rows = _audit(cluster, "gpusched.preempted", "pm_dev")
     assert len(rows) == 1, rows
     assert "reclaims it" in rows[0]["extra"], rows
+
+
+def test_partitions_a_victim_being_stopped_when_the_scheduler_restarts_is_stopped_by_the_next(
+        modes: Modes) -> None:
+    from gpusched.ledger import Ledger
+
+    cluster = modes.use("partitions")
+    stubborn_run = cluster.trigger("pm_stubborn")
+    _wait(cluster, "the stubborn dev task on the A100",
+          lambda: (cluster.out / "stubborn-try1.json").exists(), 240)
+    reclaim_run = cluster.trigger("pm_training")
+    victim = ti_key("pm_stubborn", "borrow", stubborn_run, 1)
+    beneficiary = ti_key("pm_training", "reclaim", reclaim_run, 1)
+    ledger = Ledger(cluster.db_url)
+    try:
+        notice = _wait(cluster, "the stubborn task's notice",
+                       lambda: next(iter(ledger.events(5, kinds=["preempted"], subject=victim)), None), 120)
+        # It ignores the notice, so its grace (30 s) runs; the scheduler and its executor restart
+        # meanwhile. The new executor adopts the running try from Celery and must finish the stop.
+        cluster.restart_scheduler(cluster.scheduler_env)
+        # The reclaimer was queued, waiting for the A100, when the scheduler stopped: Airflow
+        # resets such an orphan and queues it again as its next try (never sent to Celery, it is
+        # not adopted), which is still the preemption's beneficiary.
+        reclaim = _outcome(cluster, "pm_training", reclaim_run, "reclaim")
+        assert (reclaim["state"], reclaim["try_number"]) == ("success", 2), reclaim
+        winner = ti_key("pm_training", "reclaim", reclaim_run, 2)
+        stubborn = _outcome(cluster, "pm_stubborn", stubborn_run, "borrow")
+        _ran_without_a_failed_try(stubborn)
+        assert "preempted for" in str(stubborn["note"]), stubborn
+
+        (resumed,) = ledger.events(5, kinds=["preemption_resumed"], subject=victim)
+        assert (resumed.detail["by"], resumed.detail["notice_at"]) == (beneficiary, notice.at), resumed.detail
+        preempted = [e for e in ledger.events(50, kinds=["preempted"]) if "pm_stubborn" in e.subject]
+        assert [e.subject for e in preempted] == [victim], [(e.subject, e.detail) for e in preempted]
+        history = ledger.history(0, time.time() + 1)
+        stopped, reclaimed = _released(history, victim), _released(history, winner)
+        assert str(stopped.release_reason).startswith("preempted for"), stopped.release_reason
+        assert stopped.released_at >= notice.at + 29  # its whole grace, counted from the notice
+        assert [s.node for s in reclaimed.shares] == ["host-b"]
+        assert reclaimed.created_at >= stopped.released_at
+        assert _launched_on(ledger, ti_key("pm_stubborn", "borrow", stubborn_run, 2)) == "host-b"
+        assert_whole_devices_never_shared(history)
+        assert not ledger.active()
+    finally:
+        ledger.close()
 
 
 def test_service_a_fresh_run_preempts_one_that_outlived_most_runs_of_its_kind(modes: Modes) -> None:
