@@ -31,14 +31,15 @@ from gpusched.airflow.keys import KEY_PREFIX, TaskKeyParts, parse_ti_key
 from gpusched.durations.service import gpu_seconds
 
 __all__ = [
-    "AttainedService", "attained_before", "first_queued", "identity", "instance_allocations",
-    "preempted_before",
+    "PREEMPTED_REASON", "AttainedService", "attained_before", "first_queued", "identity",
+    "instance_allocations", "preempted_before",
 ]
 
 T = TypeVar("T")
 
 _NEVER_RAN = "migration abandoned"  # a move's hold whose try never started (gpu_migration)
-_PREEMPTED = "preempted"  # the release reason of a preemption victim (gpu_preemption)
+PREEMPTED_REASON = "preempted"
+"""How the release reason of a preemption victim begins (written by :mod:`.gpu_preemption`)."""
 
 
 def identity(parts: TaskKeyParts) -> tuple[str, str, str, int]:
@@ -75,7 +76,7 @@ def preempted_before(key: str, allocations: Iterable[Any]) -> bool:
     for alloc in allocations:
         other = parse_ti_key(alloc.key)
         if (other is not None and identity(other) == identity(parts) and other.try_number < parts.try_number
-                and str(alloc.release_reason or "").startswith(_PREEMPTED)):
+                and str(alloc.release_reason or "").startswith(PREEMPTED_REASON)):
             return True
     return False
 

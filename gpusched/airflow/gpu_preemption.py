@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 from gpusched import settings
 from gpusched.airflow.executor_compat import save_task_event
+from gpusched.airflow.gpu_attained import PREEMPTED_REASON
 from gpusched.airflow.gpu_cycle import CycleReply, CycleRequest, Hold, PendingWork, decide
 from gpusched.airflow.gpu_durations import task_of as task_name
 from gpusched.airflow.keys import task_of
@@ -277,7 +278,7 @@ class Preemptor:
         self.nominated[group[0].key] = tuple(s for shares in plan.placement.values() for s in shares)
         for victim in plan.victims:
             airflow_key = by_ledger_key[victim.key]
-            reason = (f"preempted for {beneficiary} ({victim.reason}); "
+            reason = (f"{PREEMPTED_REASON} for {beneficiary} ({victim.reason}); "
                       f"{victim.lost_gpu_s:.0f} GPU-s since its last checkpoint")
             self.evictions[victim.key] = Eviction(airflow_key, group[0].key, now, now + self.grace_s, reason)
             ledger = self.core.ledger
