@@ -27,7 +27,7 @@ from gpusched.airflow.keys import ti_key
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
-VICTIM, CRITICAL = "e2e_preempt_victim", "e2e_preempt_critical"
+VICTIM, CRITICAL, RESTARTED = "e2e_preempt_victim", "e2e_preempt_critical", "e2e_preempt_restarted"
 FLEET = """
 name: one-gpu
 racks:
@@ -86,8 +86,36 @@ def e2e_preempt_critical():
     urgent()
 
 
+@dag(dag_id="e2e_preempt_restarted", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def e2e_preempt_restarted():
+    @task(task_id="train", retries=0, **gpu(gpus=1, priority="low"))
+    def train() -> None:
+        """Try 1 runs until preempted; try 2 saves no checkpoint until the test allows it; try 3
+        ends four steps after its resume."""
+        from gpusched.airflow import checkpoint
+
+        out = Path(os.environ["E2E_PREEMPT_DIR"]) / "restarted"
+        out.mkdir(exist_ok=True)
+        attempt = int(checkpoint.allocation_key().split("/")[4])
+        earlier = checkpoint.resume()
+        first = step = earlier.step + 1 if earlier is not None else 0
+        (out / f"start-try{attempt}").write_text(str(first))
+        while step < first + 1200 and not (attempt >= 3 and step >= first + 4):
+            time.sleep(0.5)
+            step += 1
+            may_save = attempt != 2 or (out / "allow-checkpoint").exists()
+            if (may_save and step % 4 == 3) or checkpoint.preempted():
+                checkpoint.report(step=step, path=str(out / "state.json"))
+                (out / f"checkpoint-try{attempt}").write_text(str(step))
+                if checkpoint.preempted():
+                    checkpoint.wait_for_stop()
+
+    train()
+
+
 e2e_preempt_victim()
 e2e_preempt_critical()
+e2e_preempt_restarted()
 '''
 
 
@@ -177,3 +205,56 @@ def test_a_critical_task_preempts_a_low_priority_one_which_resumes_without_a_fai
     view = httpx.get(f"{airflow.url}/gpusched/preemptions", headers=airflow.headers(), timeout=30).json()
     assert [(p["key"], p["task"]["try_number"]) for p in view] == [(first_try, 1)]
     assert Path(out / "state.json").exists()
+
+
+def test_a_requeued_try_is_not_preempted_again_before_it_checkpoints(airflow: Airflow) -> None:
+    from gpusched.ledger import Ledger
+
+    out = airflow.home / "task-files" / "restarted"
+    _wait("the api-server, scheduler and dag-processor", lambda: _healthy(airflow), 300, airflow)
+    airflow.token = airflow.token or _wait("a login token", lambda: _login(airflow), 60, airflow)
+    _wait("the DAGs to be parsed", lambda: RESTARTED in {
+        d["dag_id"] for d in airflow.api("GET", "/dags")["dags"]}, 180, airflow)
+
+    def trigger(dag_id: str) -> str:
+        airflow.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+        return str(airflow.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None})["dag_run_id"])
+
+    def finished(dag_id: str, run_id: str, task_id: str) -> dict[str, object] | None:
+        found = dict(airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"))
+        return found if found["state"] in ("success", "failed") else None
+
+    ledger = Ledger(f"sqlite:///{airflow.home / 'gpusched' / 'ledger.db'}")
+    try:
+        def preempted() -> list[tuple[str, str]]:
+            return [(e.subject, e.detail["by"]) for e in reversed(ledger.events(50, kinds=["preempted"]))
+                    if RESTARTED in e.subject]
+
+        run = trigger(RESTARTED)
+        _wait("the trainer's first checkpoint", lambda: (out / "checkpoint-try1").exists(), 180, airflow)
+        first_critical = trigger(CRITICAL)
+        _wait("the trainer's second try", lambda: (out / "start-try2").exists(), 240, airflow)
+        # A second critical task arrives while try 2 has saved nothing since its restart: stopping
+        # it would lose all its work again, so it is no victim (the critical task waits) ...
+        second_critical = trigger(CRITICAL)
+        time.sleep(12)  # many cycles, well past preemption_min_runtime_seconds (2 s)
+        first = (ti_key(RESTARTED, "train", run, 1), ti_key(CRITICAL, "urgent", first_critical, 1))
+        assert preempted() == [first]
+        assert finished(CRITICAL, second_critical, "urgent") is None
+        # ... until it has checkpointed: then it is preempted as any low-priority task.
+        (out / "allow-checkpoint").write_text("1")
+        urgent = _wait("the second critical task", lambda: finished(CRITICAL, second_critical, "urgent"),
+                       240, airflow, interval=2)
+        assert urgent["state"] == "success", urgent
+        final = _wait("the trainer to finish", lambda: finished(RESTARTED, run, "train"), 300, airflow,
+                      interval=2)
+        assert (final["state"], final["try_number"], final["max_tries"]) == ("success", 3, 2), final
+        second_try = ti_key(RESTARTED, "train", run, 2)
+        assert preempted() == [first, (second_try, ti_key(CRITICAL, "urgent", second_critical, 1))]
+        (notice,) = ledger.events(5, kinds=["preempted"], subject=second_try)
+        saved = int((out / "checkpoint-try2").read_text())
+        assert int((out / "start-try3").read_text()) == saved + 1  # resumed from try 2's checkpoint
+        allowed_at = (out / "allow-checkpoint").stat().st_mtime
+        assert notice.at >= allowed_at, (notice.at, allowed_at)  # not before try 2 could checkpoint
+    finally:
+        ledger.close()

@@ -262,6 +262,13 @@ def _released(history: list[Any], key: str) -> Any:
     return alloc
 
 
+def _before_every_allocation(ledger: Any) -> float:
+    """A minute before the first allocation the ledger holds (or now): invented past runs that
+    end then never overlap the module's real ones on the same device."""
+    first = min((a.created_at for a in ledger.history(0, time.time() + 1)), default=time.time())
+    return min(first, time.time()) - 60
+
+
 def _launched_on(ledger: Any, key: str) -> str:
     """The GPU host whose queue the executor sent try ``key`` to."""
     (launch,) = ledger.events(10, kinds=[LAUNCH_EVENT], subject=key)
@@ -371,7 +378,7 @@ def test_service_a_fresh_run_preempts_one_that_outlived_most_runs_of_its_kind(mo
         (a100,) = [d for n in ledger.snapshot().nodes if n.name == "host-b" for d in n.devices]
         record_finished_runs(ledger, "pm_service", "train", GPURequest.build(gpus=1, models=[A100]),
                              DeviceShare(a100.uuid, "host-b", a100.index, 1000, 0),
-                             [1.0] * 27 + [36_000.0] * 3, end=time.time() - 60)
+                             [1.0] * 27 + [36_000.0] * 3, end=_before_every_allocation(ledger))
         cluster = modes.use("service", restart=True)
         long_run = cluster.trigger("pm_service")
         _wait(cluster, "the long run to start", lambda: (cluster.out / "long-try1.json").exists(), 240)
@@ -388,7 +395,7 @@ def test_service_a_fresh_run_preempts_one_that_outlived_most_runs_of_its_kind(mo
 
         victim = ti_key("pm_service", "train", long_run, 1)
         winner = ti_key("pm_service", "train", quick_run, 1)
-        preempted = [e for e in ledger.events(50, kinds=["preempted"]) if "pm_dev" in e.subject]
+        preempted = [e for e in ledger.events(50, kinds=["preempted"]) if "pm_service" in e.subject]
         assert [e.subject for e in preempted] == [victim], [(e.subject, e.at, e.detail) for e in preempted]
         (event,) = preempted
         assert event.detail["by"] == winner
