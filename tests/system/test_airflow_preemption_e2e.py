@@ -8,6 +8,10 @@ task runs, and the trainer's next try resumes from its checkpoint and succeeds â
 retry (``max_tries`` raised with the try number), with a ``gpusched.preempted`` event-log row, a
 ``preempted`` ledger event, a line in the stopped try's log, its task-instance note and the
 fleet page's ``/preemptions`` view.
+
+A second trainer, preempted and requeued, is not preempted again by the next critical task until
+its second try has saved a checkpoint (the restart protection); its three tries then count as one
+run of its whole work for the duration predictor.
 """
 
 from __future__ import annotations
@@ -256,5 +260,18 @@ def test_a_requeued_try_is_not_preempted_again_before_it_checkpoints(airflow: Ai
         assert int((out / "start-try3").read_text()) == saved + 1  # resumed from try 2's checkpoint
         allowed_at = (out / "allow-checkpoint").stat().st_mtime
         assert notice.at >= allowed_at, (notice.at, allowed_at)  # not before try 2 could checkpoint
+
+        # What the duration predictor learns from this instance: its whole work, i.e. try 3's run
+        # plus each earlier try's time from its start to its last checkpoint.
+        from gpusched.airflow.gpu_durations import carried_work, finished_runs
+
+        allocations = [a for a in ledger.history(0, time.time() + 1) if f"/{RESTARTED}/" in a.key]
+        by_try = {int(a.key.split("/")[4]): a for a in allocations}
+        assert sorted(by_try) == [1, 2, 3]
+        saved = sum((out / f"checkpoint-try{n}").stat().st_mtime - by_try[n].created_at for n in (1, 2))
+        third = by_try[3]
+        assert third.released_at is not None
+        (learned,) = finished_runs(allocations, carried_work(ledger, allocations))
+        assert learned.duration_s == pytest.approx(third.released_at - third.created_at + saved, abs=2.0)
     finally:
         ledger.close()
