@@ -122,3 +122,15 @@ def log_text(airflow: Airflow, dag_id: str, run_id: str, task_id: str, try_numbe
         params={"full_content": "true"},
     )
     return json.dumps(body)
+
+
+def trigger(airflow: Airflow, dag_id: str) -> str:
+    """Unpause ``dag_id``, start a manual run and return its run id."""
+    airflow.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+    return str(airflow.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None})["dag_run_id"])
+
+
+def finished_ti(airflow: Airflow, dag_id: str, run_id: str, task_id: str) -> dict[str, Any] | None:
+    """The task instance once it succeeded or failed, else None."""
+    found = dict(airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"))
+    return found if found["state"] in ("success", "failed") else None

@@ -189,12 +189,13 @@ def _airflow_key(task: str) -> Any:
 
 
 def test_the_beneficiary_has_the_first_pick_once_its_victims_have_ended(setup: Any) -> None:
-    ledger, calls = setup
+    ledger, _ = setup
     core = StubCore(ledger, {**SETTINGS, "preemption": "partitions"})
     preemptor = Preemptor(core)
     fleet = FleetSnapshot((make_node("n0", "A100-SXM-80GB", 1), make_node("n1", "K80", 2)))
     a100 = GPURequest.build(gpus=1, models=["A100-SXM-80GB"], partition="dev")
-    borrower = RunningTask(_key("borrow"), a100, (DeviceShare("n0-gpu0", "n0", 0, 1000, 0),), NOW - 3600, None)
+    borrower = RunningTask(_key("borrow"), a100, (DeviceShare("n0-gpu0", "n0", 0, 1000, 0),),
+                           NOW - 3600, None)
     core.gpu_running[_airflow_key("borrow")] = borrower.key
     reclaim = PendingWork(_key("reclaim"), replace(a100, partition=Partition.TRAINING), NOW - 10)
     policy, quota = Policy.named("gpusched"), QuotaState(QuotaPolicy())
@@ -222,4 +223,5 @@ def test_the_beneficiary_has_the_first_pick_once_its_victims_have_ended(setup: A
     assert len(ledger.events(10, kinds=["preempted"])) == 1
     # The first pick lasts one cycle: afterwards the queue order is the plain one again.
     again = cycle((retry,), (), NOW + 40)
-    assert preemptor.first_pick == frozenset() and [x.key for x in preemptor.decide(again).launches] == [retry.key]
+    assert preemptor.first_pick == frozenset()
+    assert [x.key for x in preemptor.decide(again).launches] == [retry.key]

@@ -18,9 +18,11 @@ from collections.abc import Iterator
 import pytest
 from _ledger_support import assert_whole_devices_never_shared
 from _run_sh_support import Airflow, run_sh_airflow
+from _run_sh_support import finished_ti as _finished_ti
 from _run_sh_support import healthy as _healthy
 from _run_sh_support import log_text as _log_text
 from _run_sh_support import login as _login
+from _run_sh_support import trigger as _trigger
 from _run_sh_support import wait_for as _wait
 
 from gpusched.airflow.keys import ti_key
@@ -130,12 +132,10 @@ def test_a_task_on_the_slow_model_moves_to_the_freed_fast_one_without_a_failed_t
         d["dag_id"] for d in airflow.api("GET", "/dags")["dags"]}, 180, airflow)
 
     def trigger(dag_id: str) -> str:
-        airflow.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
-        return str(airflow.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None})["dag_run_id"])
+        return _trigger(airflow, dag_id)
 
     def finished(dag_id: str, run_id: str, task_id: str) -> dict[str, object] | None:
-        found = dict(airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"))
-        return found if found["state"] in ("success", "failed") else None
+        return _finished_ti(airflow, dag_id, run_id, task_id)
 
     blocker_run = trigger(BLOCKER)
     _wait("the blocker on the A100", lambda: (out / "blocker-running").exists(), 180, airflow)

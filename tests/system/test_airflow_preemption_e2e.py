@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 from _run_sh_support import Airflow, run_sh_airflow
+from _run_sh_support import finished_ti as _finished_ti
 from _run_sh_support import healthy as _healthy
 from _run_sh_support import log_text as _log_text
 from _run_sh_support import login as _login
+from _run_sh_support import trigger as _trigger
 from _run_sh_support import wait_for as _wait
 
 from gpusched.airflow.keys import ti_key
@@ -155,8 +157,7 @@ def test_a_critical_task_preempts_a_low_priority_one_which_resumes_without_a_fai
         d["dag_id"] for d in airflow.api("GET", "/dags")["dags"]}, 180, airflow)
 
     def trigger(dag_id: str) -> str:
-        airflow.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
-        return str(airflow.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None})["dag_run_id"])
+        return _trigger(airflow, dag_id)
 
     def ti(dag_id: str, run_id: str, task_id: str) -> dict[str, object]:
         return dict(airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"))
@@ -221,12 +222,10 @@ def test_a_requeued_try_is_not_preempted_again_before_it_checkpoints(airflow: Ai
         d["dag_id"] for d in airflow.api("GET", "/dags")["dags"]}, 180, airflow)
 
     def trigger(dag_id: str) -> str:
-        airflow.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
-        return str(airflow.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None})["dag_run_id"])
+        return _trigger(airflow, dag_id)
 
     def finished(dag_id: str, run_id: str, task_id: str) -> dict[str, object] | None:
-        found = dict(airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"))
-        return found if found["state"] in ("success", "failed") else None
+        return _finished_ti(airflow, dag_id, run_id, task_id)
 
     ledger = Ledger(f"sqlite:///{airflow.home / 'gpusched' / 'ledger.db'}")
     try:
