@@ -74,6 +74,14 @@ fi
 echo "gpusched: Airflow UI at http://localhost:$PORT  (user admin; password in"
 echo "          $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated once started)"
 
+# Airflow's metadata database on SQLite (the default): WAL and the ledger's 60 s lock wait, so a
+# component waits for another's write instead of failing with "database is locked" (a 500 from
+# the API on a loaded machine). Any other database is left as configured.
+if [[ "$("$VENV/bin/python" -m gpusched.airflow.metadb)" == sqlite ]]; then
+    export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS="gpusched.airflow.metadb.SQLITE_CONNECT_ARGS"
+    export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC="gpusched.airflow.metadb.SQLITE_CONNECT_ARGS"
+fi
+
 # Job control gives Airflow its own process group. SIGINT is what stops standalone cleanly, but
 # it arrives ignored when this script runs as a background job of a non-interactive shell (and
 # ignored signals survive exec), so restore its default before exec'ing Airflow.

@@ -43,6 +43,7 @@ from typing import Any
 import pytest
 
 from gpusched.airflow.keys import ti_key
+from gpusched.airflow.metadb import enable_wal
 from gpusched.deploy.airflow_instance import free_port
 from gpusched.ledger import Allocation, Ledger
 
@@ -198,6 +199,9 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
         "PYTHONPATH": str(REPO),
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        # As scripts/run.sh: WAL (below) and a 60 s lock wait for Airflow's SQLite database.
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "gpusched.airflow.metadb.SQLITE_CONNECT_ARGS",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "gpusched.airflow.metadb.SQLITE_CONNECT_ARGS",
         "AIRFLOW__CORE__EXECUTOR": "gpusched.airflow.executor.GPUExecutor",
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
@@ -226,6 +230,7 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
     inst = Instance(home, env, ledger_url, postgres=postgres)
     try:
         inst.cli("db", "migrate")
+        enable_wal(home / "airflow.db")
         inst.start("api-server")
         inst.start("dag-processor")
         inst.start("scheduler")
