@@ -41,7 +41,9 @@ class Airflow:
 
         response = httpx.request(method, f"{self.url}/api/v2{path}", headers=self.headers(), timeout=30,
                                  **kwargs)
-        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text}"
+        # The main job's output (the API server's log among it) says why a request failed.
+        assert response.status_code < 300, (
+            f"{method} {path}: {response.status_code} {response.text}\n--- run.sh output ---\n{self.tail()}")
         return response.json()
 
     def tail(self) -> str:
