@@ -67,6 +67,24 @@ def queue_reading_executor(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     ex.ledger.close()
 
 
+def gpu_workload(
+    task_id: str, config: dict[str, Any] | None, *, dag_id: str = "d", try_number: int = 1
+) -> Any:
+    """An ``ExecuteTask`` workload of run ``manual__1`` with ``config`` as its executor_config
+    (``{"gpusched": GPURequest.to_dict()}`` for a GPU task; None for a plain one)."""
+    import uuid
+
+    from airflow.executors.workloads import BundleInfo, ExecuteTask
+    from airflow.executors.workloads.task import TaskInstanceDTO
+
+    ti = TaskInstanceDTO(
+        id=uuid.uuid4(), task_id=task_id, dag_id=dag_id, run_id="manual__1", try_number=try_number,
+        dag_version_id=uuid.uuid4(), pool_slots=1, priority_weight=1, executor_config=config,
+    )
+    return ExecuteTask(ti=ti, token="minted-at-queue-time", dag_rel_path=f"{dag_id}.py",
+                       bundle_info=BundleInfo(name="dags-folder"), log_path=None)
+
+
 def wait_on_cluster(cluster: Any, what: str, check: Any, timeout: float, interval: float = 1.0) -> Any:
     """``LocalCluster.wait`` that fails the test (with the cluster's logs) instead of raising."""
     try:

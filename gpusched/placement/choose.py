@@ -17,15 +17,17 @@ from gpusched.model import MILLI
 from gpusched.placement import filter as flt
 from gpusched.placement.incremental import Incremental, WholeFits
 from gpusched.placement.index import FleetIndex, FreeState
+from gpusched.placement.lookahead import ShapeDeltas, lookahead_best
 from gpusched.placement.policy import Chooser, Policy
 from gpusched.placement.reasons import busy_reason, gang_reason, host_reason, never_fits
 from gpusched.placement.score import FragStats
 from gpusched.placement.speeds import typed
+from gpusched.placement.ties import levels_best, tie_break
 from gpusched.placement.topology import NodeCounts, node_counts, pick_in_node, pick_nodes
 from gpusched.placement.types import PendingTask, Rejection
 from gpusched.request import Interconnect
 
-__all__ = ["Choice", "PlacerView", "choose", "left_after", "levels_best"]
+__all__ = ["Choice", "PlacerView", "choose", "left_after"]
 
 
 @dataclass(slots=True)
@@ -59,6 +61,11 @@ class PlacerView(Protocol):
     @property
     def incremental(self) -> Incremental | None:
         """Per-node caches kept between decisions (None: compute everything per decision)."""
+        ...
+
+    @property
+    def lookahead(self) -> ShapeDeltas | None:
+        """The look-ahead tie-break's per-node shape deltas (None: the policy has none)."""
         ...
 
     def model_speed(self, job_type: str | None) -> tuple[np.ndarray, np.ndarray]:
@@ -270,8 +277,11 @@ def _fraction(
         if policy.score_levels:
             tie_left = placer.stats.total[idx.dev_node[cand]] if use_stats and policy.packing else None
             best = levels_best(s, policy.score_levels, tie_left)
+            if use_stats and tie_left is None and placer.lookahead is not None:
+                best = lookahead_best(placer.lookahead, placer.stats, state, task, s, idx.dev_node[cand],
+                                      lambda i: [int(cand[i])], milli, best)
         else:
-            best = _tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
+            best = tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
         d, score = int(cand[best]), float(s[best])
     return Choice([d], milli, [task.request.memory_per_gpu], score)
 
@@ -320,8 +330,11 @@ def _whole(
             if policy.score_levels:
                 tie_left = placer.stats.total[nodes] if use_stats and policy.packing else None
                 best = levels_best(s, policy.score_levels, tie_left)
+                if use_stats and tie_left is None and placer.lookahead is not None:
+                    best = lookahead_best(placer.lookahead, placer.stats, state, task, s, nodes,
+                                          lambda i: fits.in_node(int(nodes[i]))[:k], MILLI, best)
             elif use_stats and policy.packing:
-                best = _tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
+                best = tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
             else:
                 best = int(np.argmin(s))
             n, score = int(nodes[best]), float(s[best])
@@ -346,25 +359,6 @@ def _whole(
             pool = rng.permutation(pool).tolist()
         chosen.extend(pick_in_node(idx, pool, take, inter, local=local))
     return Choice(chosen, MILLI, [int(idx.dev_mem[d]) for d in chosen], score)
-
-
-def levels_best(score: np.ndarray, levels: int, left: np.ndarray | None = None) -> int:
-    """FGD's integer node score: ``int(levels × sigmoid(−score))``; the first of the highest, or
-    with ``left``, the one of the highest with the least ``left`` (then the first)."""
-    # Scores are fragment differences of float sums: a change below 1e-9 is rounding noise of
-    # the summation order (batch vs single-node), not a change, and must not break a tie of
-    # the integer score (FGD sums in one fixed order, so its "no change" is an exact 0).
-    q = np.floor(levels / (1.0 + np.exp(np.clip(np.round(score, 9), -50.0, 50.0))))
-    if left is None:
-        return int(np.argmax(q))
-    top = np.flatnonzero(q == q.max())
-    return int(top[np.argmin(left[top])])
-
-
-def _tie_break(score: np.ndarray, left: np.ndarray) -> int:
-    """Position of the lowest score; among scores equal to 1e-9, the one with the least ``left``."""
-    tied = np.flatnonzero(score <= score.min() + 1e-9)
-    return int(tied[np.argmin(left[tied])])
 
 
 def left_after(

@@ -22,12 +22,14 @@ from gpusched.catalog import Catalog
 from gpusched.errors import PlacementError
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement.admission import QuotaGate
-from gpusched.placement.choose import Choice, choose, left_after, levels_best
+from gpusched.placement.choose import Choice, choose, left_after
 from gpusched.placement.incremental import Incremental
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
+from gpusched.placement.lookahead import ShapeDeltas
 from gpusched.placement.policy import Chooser, Policy, QueueOrder
 from gpusched.placement.score import FragStats, Workload, cached_stats, estimate_workload
 from gpusched.placement.speeds import model_speeds
+from gpusched.placement.ties import levels_best
 from gpusched.placement.types import (
     Assignment,
     PendingTask,
@@ -103,6 +105,7 @@ class Placer:
         self.workload = workload or Workload.of(policy.workload)
         self._stats: FragStats | None = None
         self._pristine = True  # state still equals the snapshot's usage (stats may come from cache)
+        self._lookahead: ShapeDeltas | None = None
         self._speed_cache: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
         # Per-node results kept between decisions; None = recompute everything per decision
         # (the reference path the incremental one is tested against).
@@ -119,6 +122,18 @@ class Placer:
             else:
                 self._stats = FragStats(self.index, self.state, self.workload)
         return self._stats
+
+    @property
+    def lookahead(self) -> ShapeDeltas | None:
+        """Per-node shape deltas for the look-ahead tie-break (None: the policy has none)."""
+        if not (self.policy.lookahead_ties and self.policy.score_levels):
+            return None
+        if self._lookahead is None:
+            self._lookahead = ShapeDeltas(
+                self.index, self.workload, self.policy.score_levels, self.policy.fragmentation,
+                self.policy.lookahead_ties,
+            )
+        return self._lookahead
 
     def apply(
         self,

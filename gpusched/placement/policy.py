@@ -12,6 +12,9 @@ reads it. ``Policy.named(name)`` gives the presets:
 ``fgd-full``  the ``fgd`` rule (integer node score, ties to the earliest node) scoring against the
               workload's *whole* shape distribution instead of FGD's 95 % "typical pods" (the sim
               harness gives it every exact class; elsewhere the same estimate as ``fgd``).
+``fgd-lookahead``  ``fgd-full`` whose ties at the top integer score are broken by a one-step
+              look-ahead over the next request's shape (:mod:`gpusched.placement.lookahead`)
+              instead of by the earliest node.
 ``best-fit``  the node (and device) with the least free capacity that still fits (for tasks
               with host CPU, the published BestFit's CPU+GPU key in whole hundredths).
 ``first-fit`` FIFO and count-based, like Airflow pools: the first node in inventory order with
@@ -95,6 +98,10 @@ class Policy:
             ``int(score_levels × sigmoid(−s))``, the highest wins and ties go to the earliest
             node (then device) in inventory order — the Kubernetes scheduler of the FGD simulator
             breaks ties by the lowest node name. 0 = the exact score, lowest wins.
+        lookahead_ties: with ``score_levels``, how many of the candidates tied at the highest
+            integer score (the first, one per node) a one-step look-ahead compares: the one that
+            leaves the next request of the workload's shapes the least fragmentation wins
+            (:mod:`gpusched.placement.lookahead`); 0 = the earliest, as FGD.
         throughput: optional ``{job_type: {model: speed}}`` table (any unit, per job type).
         workload: expected request shapes for the fragmentation measure; empty = estimated from
             the pending and running tasks of the call, blended with a default prior.
@@ -128,6 +135,7 @@ class Policy:
     packing: float = 0.0
     degraded_penalty: float = 5.0
     score_levels: int = 0
+    lookahead_ties: int = 0
     throughput: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: _EMPTY)
     workload: tuple[WorkloadShape, ...] = ()
     reservations: bool = True
@@ -208,4 +216,7 @@ def _presets() -> dict[str, Policy]:
     # The same rule as ``fgd``; the openb harness hands it every exact pod class, not FGD's
     # typical ones (gpusched.sim.openb).
     presets["fgd-full"] = replace(presets["fgd"], name="fgd-full")
+    # ``fgd-full`` whose ties at the top integer score go to a one-step look-ahead; 16 tied
+    # candidates bound its work per decision.
+    presets["fgd-lookahead"] = replace(presets["fgd-full"], name="fgd-lookahead", lookahead_ties=16)
     return presets

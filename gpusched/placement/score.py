@@ -277,8 +277,8 @@ class FragStats:
         frag: np.ndarray,
         f: np.ndarray | None,
         g: np.ndarray | None,
-        cpu: float,
-        mem: float,
+        cpu: float | np.ndarray,
+        mem: float | np.ndarray,
     ) -> np.ndarray:
         """General form, shape by shape (candidates × shapes), with host CPU/RAM conditions."""
         w = self.workload
@@ -305,6 +305,22 @@ class FragStats:
         if self.model_ok is not None:
             ok &= self.model_ok[nodes]
         return np.where(ok, part, total[:, None]) @ w.s_p
+
+    def expected_states(
+        self,
+        nodes: np.ndarray,
+        total: np.ndarray,
+        nfull: np.ndarray,
+        max1: np.ndarray,
+        frag: np.ndarray,
+        f: np.ndarray,
+        g: np.ndarray,
+        cpu: np.ndarray,
+        mem: np.ndarray,
+    ) -> np.ndarray:
+        """Expected fragmentation of hypothetical states of ``nodes`` (one per entry; a device going
+        from ``f`` to ``g`` free, 0/0 for none; ``cpu``/``mem`` taken), shape by shape."""
+        return self._expected_host(nodes, total, nfull, max1, frag, f, g, cpu, mem)
 
     def node_fragmentation(self, nodes: np.ndarray) -> np.ndarray:
         """Expected fragmentation (milli-GPU) of the given node positions now."""

@@ -170,8 +170,8 @@ def openb_policy(
     """The named preset, with device sharing allowed on every model (the cluster shared GPUs).
 
     Score-based presets also get the trace's own request shapes as the expected workload. The
-    ``fgd`` preset gets FGD's typical pods exactly (:func:`typical_shapes`); ``fgd-full`` every exact
-    class of the trace (the whole shape distribution, not only the 95 % most common). Other
+    ``fgd`` preset gets FGD's typical pods exactly (:func:`typical_shapes`); ``fgd-full`` and
+    ``fgd-lookahead`` every exact class of the trace (the whole shape distribution, not only the 95 % most common). Other
     score-based presets get grouped shapes: (GPU count, milli-GPU rounded to 50, allowed models from
     ``gpu_spec``); the ``max_shapes`` most common, each with the median host CPU and RAM of its
     pods (so GPUs on a node without CPU left count as fragmented, as in FGD) and its allowed
@@ -180,8 +180,8 @@ def openb_policy(
     ``gpuspec*`` lists). ``overrides`` are further :class:`Policy` fields (for tuning experiments).
     """
     base = Policy.named(name)
-    if pods and base.chooser == "score" and base.name in ("fgd", "fgd-full"):
-        shapes = typical_shapes(pods, popularity=1.0 if base.name == "fgd-full" else 0.95)
+    if pods and base.chooser == "score" and base.name in ("fgd", "fgd-full", "fgd-lookahead"):
+        shapes = typical_shapes(pods, popularity=0.95 if base.name == "fgd" else 1.0)
         return Policy.named(name, fractions_need_partitioning=False, workload=shapes, **overrides)
     cat = default_catalog()
     groups: dict[tuple[int, int, frozenset[str]], list[OpenbPod]] = {}

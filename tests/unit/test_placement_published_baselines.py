@@ -9,7 +9,7 @@ from _placement_support import no_quota, no_quota_on
 
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Placer, Policy, place
-from gpusched.placement.choose import levels_best
+from gpusched.placement.ties import levels_best
 from gpusched.request import GPURequest
 from gpusched.sim.fleets import uniform_fleet
 

@@ -1,0 +1,197 @@
+"""A one-step look-ahead that breaks the ties of FGD's integer node score.
+
+FGD scores a placement by how much it raises the node's expected fragmentation over the
+workload's request shapes, as an integer score, and many candidates tie (every empty node of a
+model, for one); FGD takes the earliest. With ``Policy.lookahead_ties = K`` the first ``K`` tied
+candidates (one per node) are compared by what they leave the *next* request — a shape drawn
+from the same distribution and placed by the same rule:
+
+    LA(c) = Σ_s w_s · [ h_s(min(B_s, D'_n(s))) − h_s(min(B_s, D_n(s))) ]
+
+``D_n(s)`` is the fragmentation increase of shape ``s``'s placement on the candidate's node ``n``
+now (the node's first device of its best integer score, as the rule picks), ``D'_n(s)`` the same
+once the candidate is taken, ``B_s`` the best over every *other* node, and ``h_s(x) = x``, or the
+shape's GPU demand when the shape fits nowhere (``x = ∞``): a request that can no longer be placed
+loses all its GPUs. The lowest ``LA`` wins, ties to the earliest; the integer score itself is
+never overridden. Only the candidate's node changes, so one row per candidate is computed, and
+:class:`ShapeDeltas` keeps ``D`` for every node between decisions, recomputing only the nodes
+whose state stamp changed. Uses the knowledge FGD itself uses (the workload's shapes), no future
+requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from gpusched.model import MILLI
+from gpusched.placement.index import FleetIndex, FreeState
+from gpusched.placement.score import FragStats, Workload
+from gpusched.placement.ties import integer_score, top_level
+from gpusched.placement.types import PendingTask
+
+__all__ = ["ShapeDeltas", "lookahead_best"]
+
+_NEAR = 1e-9  # look-ahead values closer than this are equal: the earlier candidate stays
+
+
+class ShapeDeltas:
+    """``D[n, s]``: the fragmentation increase of shape ``s``'s placement on node ``n`` (``inf``
+    where it does not fit, and for CPU-only shapes, which hold no GPUs), kept per node stamp."""
+
+    def __init__(self, index: FleetIndex, workload: Workload, levels: int, weight: float, ties: int) -> None:
+        self.index = index
+        self.workload = workload
+        self.levels = levels
+        self.ties = ties  # how many tied candidates are compared
+        self.weight = weight  # the policy's fragmentation weight: the score is weight × Δ / MILLI
+        shapes = len(workload.s_p)
+        self.gpu = workload.s_count > 0
+        self.whole = self.gpu & (workload.s_milli >= MILLI)
+        self.fraction = self.gpu & (workload.s_milli < MILLI)
+        self.demand = np.where(self.gpu, workload.s_count * workload.s_milli, 0.0)
+        self.deltas = np.full((len(index.nodes), shapes), np.inf)
+        self.stamp = np.full(len(index.nodes), -1, dtype=np.int64)
+
+    def current(self, stats: FragStats, state: FreeState) -> np.ndarray:
+        """``D`` for ``state`` (``stats`` must describe it); recomputes the changed nodes only."""
+        for n in np.flatnonzero(self.stamp != state.node_stamp):
+            self.deltas[n] = self.row(stats, state, int(n))
+            self.stamp[n] = state.node_stamp[n]
+        return self.deltas
+
+    def row(self, stats: FragStats, state: FreeState, n: int) -> np.ndarray:
+        """``D[n, :]`` computed from ``stats``/``state`` as they are now."""
+        w = self.workload
+        idx = self.index
+        lo, hi = int(idx.node_start[n]), int(idx.node_start[n + 1])
+        free = np.where(stats.in_service[lo:hi], state.free_milli[lo:hi], 0).astype(np.float64)
+        ok = self.gpu & (state.host_cpu[n] >= w.s_cpu) & (state.host_mem[n] >= w.s_mem)
+        if stats.model_ok is not None:
+            ok &= stats.model_ok[n]
+        nfull = stats.nfull[n]
+        shape_of: list[int] = []
+        took: list[float] = []  # free milli of the device a fraction goes to (0: whole devices)
+        for s in np.flatnonzero(ok & self.whole & (w.s_count <= nfull)):
+            shape_of.append(int(s))
+            took.append(0.0)
+        # A fraction's options on one node: one per distinct free value (equal devices give the
+        # same state; the first in device order stands for them, as the rule picks the first).
+        values = list(dict.fromkeys(float(v) for v in free if v > 0))
+        for s in np.flatnonzero(ok & self.fraction):
+            for v in values:
+                if v >= w.s_milli[s]:
+                    shape_of.append(int(s))
+                    took.append(v)
+        out = np.full(len(w.s_p), np.inf)
+        if not shape_of:
+            return out
+        s_arr = np.array(shape_of)
+        f = np.array(took)
+        is_frac = f > 0
+        k = np.where(is_frac, 0.0, w.s_count[s_arr])
+        g = np.where(is_frac, f - w.s_milli[s_arr], 0.0)
+        whole_after = nfull - k
+        others = np.where(f < stats.max1[n], stats.max1[n], stats.max2[n])
+        max1 = np.where(
+            is_frac, np.maximum(others, g), np.where(whole_after > 0, float(MILLI), stats.maxpart[n])
+        )
+        frag = np.where(is_frac, stats.frag[n] - np.where(f < MILLI, f, 0.0) + g, stats.frag[n])
+        after = stats.expected_states(
+            np.full(len(s_arr), n),
+            stats.total[n] - np.where(is_frac, w.s_milli[s_arr], k * MILLI),
+            np.where(is_frac, nfull - (f >= MILLI), whole_after),
+            max1,
+            frag,
+            f,
+            g,
+            w.s_cpu[s_arr],
+            w.s_mem[s_arr],
+        )
+        delta = after - stats.expected[n]
+        level = integer_score(self.weight * delta / MILLI, self.levels)
+        # Per shape, the first option of the shape's best level (options are grouped by shape).
+        best = np.full(len(w.s_p), -np.inf)
+        np.maximum.at(best, s_arr, level)
+        first = np.flatnonzero(level == best[s_arr])
+        shapes, at = np.unique(s_arr[first], return_index=True)
+        out[shapes] = delta[first[at]]
+        return out
+
+    def pick(
+        self,
+        stats: FragStats,
+        state: FreeState,
+        options: Sequence[tuple[Sequence[int], int]],
+        cpu_milli: int,
+        host_memory_bytes: int,
+    ) -> int:
+        """Index of the option with the lowest look-ahead value (the first on ties).
+
+        ``options`` are tied candidates on distinct nodes, each the device positions it would take
+        and the milli-GPU per device; ``cpu_milli``/``host_memory_bytes`` are the task's host needs.
+        The state and statistics are changed for each evaluation and restored exactly."""
+        deltas = self.current(stats, state)
+        first = deltas.argmin(axis=0)
+        best = deltas.min(axis=0)
+        masked = deltas.copy()
+        masked[first, np.arange(deltas.shape[1])] = np.inf
+        second = masked.min(axis=0)
+        gpu = self.gpu
+        p = self.workload.s_p[gpu]
+        chosen, chosen_value = 0, np.inf
+        for i, (devices, milli) in enumerate(options):
+            n = int(self.index.dev_node[devices[0]])
+            after = self._row_after(stats, state, n, devices, milli, cpu_milli, host_memory_bytes)
+            others = np.where(first == n, second, best)
+            value = float(
+                (self._cost(np.minimum(others, after)) - self._cost(np.minimum(others, deltas[n])))[gpu] @ p
+            )
+            if value < chosen_value - _NEAR:
+                chosen, chosen_value = i, value
+        return chosen
+
+    def _row_after(
+        self, stats: FragStats, state: FreeState, n: int, devices: Sequence[int], milli: int, cpu: int,
+        mem: int,
+    ) -> np.ndarray:
+        saved = state.free_milli[list(devices)].copy()
+        state.free_milli[list(devices)] -= milli
+        state.host_cpu[n] -= cpu
+        state.host_mem[n] -= mem
+        stats.refresh(state, (n,))
+        try:
+            return self.row(stats, state, n)
+        finally:
+            state.free_milli[list(devices)] = saved
+            state.host_cpu[n] += cpu
+            state.host_mem[n] += mem
+            stats.refresh(state, (n,))
+
+    def _cost(self, x: np.ndarray) -> np.ndarray:
+        return np.where(np.isfinite(x), x, self.demand)
+
+
+def lookahead_best(
+    ahead: ShapeDeltas,
+    stats: FragStats,
+    state: FreeState,
+    task: PendingTask,
+    score: np.ndarray,
+    node_of: np.ndarray,
+    take: Callable[[int], list[int]],
+    milli: int,
+    best: int,
+) -> int:
+    """The candidate (position in ``score``) the look-ahead prefers among the first
+    ``lookahead_ties`` tied at the top integer score, one per node (``node_of``: each candidate's
+    node; ``take(i)``: the devices candidate ``i`` takes, ``milli`` on each); ``best`` (the
+    earliest) when fewer than two tie."""
+    top = top_level(score, ahead.levels)
+    _, first = np.unique(node_of[top], return_index=True)
+    top = top[np.sort(first)][: ahead.ties]
+    if len(top) < 2:
+        return best
+    options = [(take(int(i)), milli) for i in top]
+    return int(top[ahead.pick(stats, state, options, task.cpu_milli, task.host_memory_bytes)])

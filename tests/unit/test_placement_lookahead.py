@@ -1,0 +1,131 @@
+"""The look-ahead tie-break (``fgd-lookahead``): its per-node shape deltas agree with the scorer,
+it only breaks ties of FGD's integer score, it prefers the candidate that leaves the next request
+the least fragmentation (checked by brute force through the engine's public scorer), and it
+leaves the working state exactly as it found it."""
+
+from __future__ import annotations
+
+import numpy as np
+from _placement_support import no_quota_on
+
+from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.placement import PendingTask, Placer, Policy, WorkloadShape
+from gpusched.placement.ties import integer_score
+from gpusched.request import GPURequest
+from gpusched.sim.fleets import uniform_fleet
+
+
+def _used(fleet: FleetSnapshot, busy: dict[int, list[int]]) -> FleetSnapshot:
+    """``busy[node position]``: milli taken on the node's devices, in device order."""
+    shares = []
+    for pos, taken in busy.items():
+        node = fleet.nodes[pos].name
+        devices = [d for d in fleet.devices() if d.node == node]
+        shares += [DeviceShare(d.uuid, d.node, d.index, m, 1)
+                   for d, m in zip(devices, taken, strict=False) if m]
+    return fleet.with_usage(shares)
+
+
+# Whole-device shapes 1–4 GPUs, weights 3:3:1:3; nodes 0 and 1 have one GPU busy, 2 and 3 two.
+WHOLE_SHAPES = tuple(WorkloadShape(c, MILLI, w) for c, w in ((1, 3), (2, 3), (3, 1), (4, 3)))
+WHOLE_BUSY = {0: [MILLI], 1: [MILLI], 2: [MILLI, MILLI], 3: [MILLI, MILLI]}
+
+
+def _placer(name: str, fleet: FleetSnapshot, shapes: tuple[WorkloadShape, ...]) -> Placer:
+    return Placer(fleet, Policy.named(name, workload=shapes, fractions_need_partitioning=False))
+
+
+def _next_request_cost(fleet: FleetSnapshot, node: str) -> float:
+    """Brute force: take one GPU on ``node``, then the expected best fragmentation increase the
+    next request (a shape of the workload) finds anywhere; its GPU demand where it fits nowhere."""
+    placer = _placer("fgd-full", fleet, WHOLE_SHAPES)
+    device = next(d for d in fleet.devices() if d.node == node and d.uuid not in fleet.usage)
+    placer.apply([DeviceShare(device.uuid, node, device.index, MILLI, 1)])
+    stats = placer.stats
+    total = sum(s.weight for s in WHOLE_SHAPES)
+    cost = 0.0
+    for shape in WHOLE_SHAPES:
+        fits = np.flatnonzero(stats.nfull >= shape.count)
+        best = float(stats.delta_whole(fits, shape.count).min()) if len(fits) else shape.count * MILLI
+        cost += shape.weight / total * best
+    return cost
+
+
+def test_lookahead_breaks_a_tie_toward_the_node_that_leaves_the_next_request_more() -> None:
+    fleet = _used(uniform_fleet(4, 4, "T4"), WHOLE_BUSY)
+    task = PendingTask("t", GPURequest(count=1), 0.0)
+    chosen = {}
+    for name in ("fgd-full", "fgd-lookahead"):
+        placer = _placer(name, fleet, WHOLE_SHAPES)
+        plan = placer.place(no_quota_on(placer, [task], now=0.0))
+        chosen[name] = plan.assignments[0].shares[0].node
+    first, ahead = fleet.nodes[0].name, fleet.nodes[2].name
+    assert chosen == {"fgd-full": first, "fgd-lookahead": ahead}
+    # Only a tie was broken: both nodes have FGD's highest integer score for this task ...
+    stats = _placer("fgd-full", fleet, WHOLE_SHAPES).stats
+    nodes = np.arange(4)
+    levels = integer_score(stats.delta_whole(nodes, 1) / MILLI, 100)
+    assert levels[0] == levels[2] == levels.max()
+    # ... and the look-ahead's node leaves the next request less fragmentation.
+    assert _next_request_cost(fleet, ahead) < _next_request_cost(fleet, first) - 1.0
+
+
+def test_shape_deltas_agree_with_the_scorer() -> None:
+    shapes = (
+        WorkloadShape(1, MILLI, 2.0, cpu_milli=4000),
+        WorkloadShape(2, MILLI, 1.0, cpu_milli=8000),
+        WorkloadShape(1, 500, 2.0, cpu_milli=2000),
+        WorkloadShape(1, 250, 1.0, cpu_milli=1000, models=frozenset({"T4"})),
+        WorkloadShape(0, 0, 1.0, cpu_milli=2000),  # CPU-only: holds no GPUs, no look-ahead row
+    )
+    fleet = _used(uniform_fleet(3, 4, "T4"), {0: [500, 250, MILLI], 1: [750], 2: []})
+    placer = _placer("fgd-lookahead", fleet, shapes)
+    ahead = placer.lookahead
+    assert ahead is not None
+    stats = placer.stats
+    deltas = ahead.current(stats, placer.state)
+    idx = placer.index
+    for n in range(3):
+        devices = np.arange(idx.node_start[n], idx.node_start[n + 1])
+        free = placer.state.free_milli[devices]
+        for s, shape in enumerate(shapes):
+            cpu_ok = placer.state.host_cpu[n] >= shape.cpu_milli
+            if shape.count == 0:
+                expected = np.inf
+            elif shape.milli >= MILLI:
+                fits = stats.nfull[n] >= shape.count and cpu_ok
+                whole = stats.delta_whole(np.array([n]), shape.count, shape.cpu_milli)
+                expected = float(whole[0]) if fits else np.inf
+            else:
+                ok = devices[free >= shape.milli]
+                if not cpu_ok or not len(ok):
+                    expected = np.inf
+                else:
+                    d = stats.delta_fraction(ok, shape.milli, placer.state.free_milli[ok], shape.cpu_milli)
+                    level = integer_score(d / MILLI, 100)
+                    expected = float(d[np.flatnonzero(level == level.max())[0]])
+            assert np.isclose(deltas[n, s], expected, atol=1e-6) or deltas[n, s] == expected == np.inf
+
+
+def test_pick_restores_the_working_state_and_statistics() -> None:
+    # Node 0: one GPU busy (one free); node 1: two free. The next request is a half GPU or two
+    # whole GPUs: half a GPU on node 1 leaves the 2-GPU shape nowhere to go; on node 0 it does not.
+    shapes = (WorkloadShape(1, 500, 1.0), WorkloadShape(2, MILLI, 1.0))
+    fleet = _used(uniform_fleet(2, 2, "T4"), {0: [MILLI]})
+    placer = _placer("fgd-lookahead", fleet, shapes)
+    ahead = placer.lookahead
+    assert ahead is not None
+    stats, state = placer.stats, placer.state
+    before = (state.free_milli.copy(), state.host_cpu.copy(), state.host_mem.copy(), state.node_stamp.copy(),
+              stats.total.copy(), stats.expected.copy(), stats.frac_frag.copy())
+    node1_dev0, node0_free = int(placer.index.node_start[1]), int(placer.index.node_start[0]) + 1
+    assert ahead.pick(stats, state, [([node1_dev0], 500), ([node0_free], 500)], 0, 0) == 1
+    after = (state.free_milli, state.host_cpu, state.host_mem, state.node_stamp,
+             stats.total, stats.expected, stats.frac_frag)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_no_lookahead_without_the_policy_switch() -> None:
+    fleet = uniform_fleet(2, 2, "T4")
+    assert _placer("fgd-full", fleet, WHOLE_SHAPES).lookahead is None
+    assert Policy.named("fgd-lookahead").lookahead_ties == 16
