@@ -170,14 +170,14 @@ def openb_policy(
     """The named preset, with device sharing allowed on every model (the cluster shared GPUs).
 
     Score-based presets also get the trace's own request shapes as the expected workload. The
-    ``fgd`` preset gets FGD's typical pods exactly (:func:`typical_shapes`); ``fgd-full`` and ``fgd-
-    lookahead`` every exact class of the trace (the whole shape distribution, not only the 95 % most
-    common). Other score-based presets get grouped shapes: (GPU count, milli-GPU rounded to 50,
-    allowed models from ``gpu_spec``); the ``max_shapes`` most common, each with the median host CPU
-    and RAM of its pods (so GPUs on a node without CPU left count as fragmented, as in FGD) and its
-    allowed models (so a node of a model a shape cannot use counts as fragmented for it, as in FGD —
-    this is what keeps the scarce P100/V100 capacity for the pods pinned to it in the ``gpuspec*``
-    lists). ``overrides`` are further :class:`Policy` fields (for tuning experiments).
+    ``fgd`` preset gets FGD's typical pods exactly (:func:`typical_shapes`); ``fgd-full`` and
+    ``fgd-lookahead`` every exact class of the trace (the whole shape distribution, not only the 95
+    % most common). Other score-based presets get grouped shapes: (GPU count, milli-GPU rounded to
+    50, allowed models from ``gpu_spec``); the ``max_shapes`` most common, each with the median host
+    CPU and RAM of its pods (so GPUs on a node without CPU left count as fragmented, as in FGD) and
+    its allowed models (so a node of a model a shape cannot use counts as fragmented for it, as in
+    FGD — this is what keeps the scarce P100/V100 capacity for the pods pinned to it in the
+    ``gpuspec*`` lists). ``overrides`` are further :class:`Policy` fields (for tuning experiments).
     """
     base = Policy.named(name)
     if pods and base.chooser == "score" and base.name in ("fgd", "fgd-full", "fgd-lookahead"):
