@@ -14,7 +14,8 @@ from typing import Any
 
 __all__ = ["gavel_report", "latency_report", "openb_report", "philly_report", "read_published_openb"]
 
-_OPENB_COLUMNS = ("random", "best-fit", "gpusched", "fgd", "fgd-full")
+_OPENB_COLUMNS = ("random", "best-fit", "gpusched", "fgd", "fgd-full", "fgd-lookahead")
+_BEAT_FGD_BY = 0.1  # issue 13's bar: strictly below the published FGD by at least this
 
 
 def _load(folder: Path) -> dict[str, dict[str, Any]]:
@@ -64,8 +65,9 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
     lines = [
         "| pod list | Random (pub.) | Random (ours) | Δ | BestFit (pub.) | BestFit (ours) | Δ "
         "| FGD (pub.) | fgd preset (ours) | Δ | gpusched (ours) | gpusched − FGD (pub.) "
-        "| fgd-full (ours) | fgd-full − FGD (pub.) | seeds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| fgd-full (ours) | fgd-full − FGD (pub.) | fgd-lookahead (ours) | fgd-lookahead − FGD (pub.) "
+        "| seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     names = sorted(ours)
     deltas: dict[str, list[float]] = {p: [] for p in _OPENB_COLUMNS}
@@ -98,7 +100,8 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
             f"| {_fmt(pub.get('BestFit'))} | {med('best-fit')} | {diff('best-fit', 'BestFit')} "
             f"| {_fmt(pub.get('FGD'))} | {med('fgd')} | {diff('fgd', 'FGD')} "
             f"| {med('gpusched')} | {diff('gpusched', 'FGD')} "
-            f"| {med('fgd-full')} | {diff('fgd-full', 'FGD')} | {seeds} |"
+            f"| {med('fgd-full')} | {diff('fgd-full', 'FGD')} "
+            f"| {med('fgd-lookahead')} | {diff('fgd-lookahead', 'FGD')} | {seeds} |"
         )
 
     def mean(policy: str) -> str:
@@ -107,14 +110,22 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
 
     lines.append(
         f"| **mean Δ** | | | {mean('random')} | | | {mean('best-fit')} | | | {mean('fgd')} | | "
-        f"{mean('gpusched')} | | {mean('fgd-full')} | |"
+        f"{mean('gpusched')} | | {mean('fgd-full')} | | {mean('fgd-lookahead')} | |"
     )
     lines.append("")
+    beats = ", ".join(
+        f"{policy} {sum(d <= -_BEAT_FGD_BY + 1e-9 for d in deltas[policy])} of {len(deltas[policy])}"
+        for policy in ("gpusched", "fgd-full", "fgd-lookahead")
+        if deltas[policy]
+    )
+    if beats:
+        lines.append(f"Below the published FGD by ≥ {_BEAT_FGD_BY} point: {beats} lists.")
+        lines.append("")
     lines.append("`*` = a run of the earlier harness (one reading at the crossing arrival): not comparable.")
     if names:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(12, 4.5))
-        width = 0.11
+        width = 0.1
         series = [
             ("Random pub.", "Random", None),
             ("Random ours", None, "random"),
@@ -124,6 +135,7 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
             ("fgd preset ours", None, "fgd"),
             ("gpusched ours", None, "gpusched"),
             ("fgd-full ours", None, "fgd-full"),
+            ("fgd-lookahead ours", None, "fgd-lookahead"),
         ]
         for k, (label, pub_key, our_key) in enumerate(series):
             values = []
@@ -134,7 +146,7 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
                     v = ours[workload].get(our_key or "", {}).get("unallocated_gpu_pct_median")
                     values.append(float("nan") if v is None else v)
             ax.bar(
-                [i + (k - 3.5) * width for i in range(len(names))],
+                [i + (k - 4) * width for i in range(len(names))],
                 values,
                 width,
                 label=label,
