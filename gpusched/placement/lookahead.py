@@ -34,6 +34,7 @@ from gpusched.placement.types import PendingTask
 __all__ = ["ShapeDeltas", "lookahead_best"]
 
 _NEAR = 1e-9  # look-ahead values closer than this are equal: the earlier candidate stays
+_MAX_ROWS = 100_000  # rows kept by node state before the cache starts over
 
 
 class ShapeDeltas:
@@ -53,6 +54,9 @@ class ShapeDeltas:
         self.demand = np.where(self.gpu, workload.s_count * workload.s_milli, 0.0)
         self.deltas = np.full((len(index.nodes), shapes), np.inf)
         self.stamp = np.full(len(index.nodes), -1, dtype=np.int64)
+        # Rows by node state (free milli per device, host CPU/RAM, models allowed): equal nodes,
+        # the empty ones above all, share one computation.
+        self._rows: dict[tuple[bytes, float, float, bytes], np.ndarray] = {}
 
     def current(self, stats: FragStats, state: FreeState) -> np.ndarray:
         """``D`` for ``state`` (``stats`` must describe it); recomputes the changed nodes only."""
@@ -62,33 +66,37 @@ class ShapeDeltas:
         return self.deltas
 
     def row(self, stats: FragStats, state: FreeState, n: int) -> np.ndarray:
-        """``D[n, :]`` computed from ``stats``/``state`` as they are now."""
-        w = self.workload
-        idx = self.index
-        lo, hi = int(idx.node_start[n]), int(idx.node_start[n + 1])
+        """``D[n, :]`` computed from ``stats``/``state`` as they are now (a read-only array)."""
+        lo, hi = int(self.index.node_start[n]), int(self.index.node_start[n + 1])
         free = np.where(stats.in_service[lo:hi], state.free_milli[lo:hi], 0).astype(np.float64)
+        models = b"" if stats.model_ok is None else stats.model_ok[n].tobytes()
+        key = (free.tobytes(), float(state.host_cpu[n]), float(state.host_mem[n]), models)
+        hit = self._rows.get(key)
+        if hit is None:
+            if len(self._rows) >= _MAX_ROWS:
+                self._rows.clear()
+            hit = self._rows[key] = self._compute_row(stats, state, n, free)
+            hit.setflags(write=False)
+        return hit
+
+    def _compute_row(self, stats: FragStats, state: FreeState, n: int, free: np.ndarray) -> np.ndarray:
+        w = self.workload
         ok = self.gpu & (state.host_cpu[n] >= w.s_cpu) & (state.host_mem[n] >= w.s_mem)
         if stats.model_ok is not None:
             ok &= stats.model_ok[n]
         nfull = stats.nfull[n]
-        shape_of: list[int] = []
-        took: list[float] = []  # free milli of the device a fraction goes to (0: whole devices)
-        for s in np.flatnonzero(ok & self.whole & (w.s_count <= nfull)):
-            shape_of.append(int(s))
-            took.append(0.0)
+        whole = np.flatnonzero(ok & self.whole & (w.s_count <= nfull))
         # A fraction's options on one node: one per distinct free value (equal devices give the
         # same state; the first in device order stands for them, as the rule picks the first).
-        values = list(dict.fromkeys(float(v) for v in free if v > 0))
-        for s in np.flatnonzero(ok & self.fraction):
-            for v in values:
-                if v >= w.s_milli[s]:
-                    shape_of.append(int(s))
-                    took.append(v)
+        values = np.array(list(dict.fromkeys(float(v) for v in free if v > 0)), dtype=np.float64)
+        fractions = np.flatnonzero(ok & self.fraction)
+        shape_pos, value_pos = np.nonzero(values[None, :] >= w.s_milli[fractions][:, None])
         out = np.full(len(w.s_p), np.inf)
-        if not shape_of:
+        s_arr = np.concatenate([whole, fractions[shape_pos]]).astype(np.int64)
+        if not len(s_arr):
             return out
-        s_arr = np.array(shape_of)
-        f = np.array(took)
+        # The free milli of the device a fraction goes to (0: whole devices).
+        f = np.concatenate([np.zeros(len(whole)), values[value_pos]])
         is_frac = f > 0
         k = np.where(is_frac, 0.0, w.s_count[s_arr])
         g = np.where(is_frac, f - w.s_milli[s_arr], 0.0)
@@ -133,16 +141,22 @@ class ShapeDeltas:
         and the milli-GPU per device; ``cpu_milli``/``host_memory_bytes`` are the task's host needs.
         The state and statistics are changed for each evaluation and restored exactly."""
         deltas = self.current(stats, state)
+        columns = np.arange(deltas.shape[1])
         first = deltas.argmin(axis=0)
-        best = deltas.min(axis=0)
-        masked = deltas.copy()
-        masked[first, np.arange(deltas.shape[1])] = np.inf
-        second = masked.min(axis=0)
+        best = deltas[first, columns]
+        # The runner-up only matters for the shapes whose best node is one of the candidates.
+        nodes = [int(self.index.dev_node[devices[0]]) for devices, _ in options]
+        second = best.copy()
+        for n in nodes:
+            mine = np.flatnonzero(first == n)
+            if len(mine):
+                column = deltas[:, mine].copy()
+                column[n] = np.inf
+                second[mine] = column.min(axis=0)
         gpu = self.gpu
         p = self.workload.s_p[gpu]
         chosen, chosen_value = 0, np.inf
-        for i, (devices, milli) in enumerate(options):
-            n = int(self.index.dev_node[devices[0]])
+        for i, ((devices, milli), n) in enumerate(zip(options, nodes, strict=True)):
             after = self._row_after(stats, state, n, devices, milli, cpu_milli, host_memory_bytes)
             others = np.where(first == n, second, best)
             value = float(
