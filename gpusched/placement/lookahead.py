@@ -67,10 +67,8 @@ class ShapeDeltas:
 
     def row(self, stats: FragStats, state: FreeState, n: int) -> np.ndarray:
         """``D[n, :]`` computed from ``stats``/``state`` as they are now (a read-only array)."""
-        lo, hi = int(self.index.node_start[n]), int(self.index.node_start[n + 1])
-        free = np.where(stats.in_service[lo:hi], state.free_milli[lo:hi], 0).astype(np.float64)
-        models = b"" if stats.model_ok is None else stats.model_ok[n].tobytes()
-        key = (free.tobytes(), float(state.host_cpu[n]), float(state.host_mem[n]), models)
+        free = self._free(stats, state, n)
+        key = self._key(stats, n, free, float(state.host_cpu[n]), float(state.host_mem[n]))
         hit = self._rows.get(key)
         if hit is None:
             if len(self._rows) >= _MAX_ROWS:
@@ -78,6 +76,16 @@ class ShapeDeltas:
             hit = self._rows[key] = self._compute_row(stats, state, n, free)
             hit.setflags(write=False)
         return hit
+
+    def _free(self, stats: FragStats, state: FreeState, n: int) -> np.ndarray:
+        lo, hi = int(self.index.node_start[n]), int(self.index.node_start[n + 1])
+        return np.where(stats.in_service[lo:hi], state.free_milli[lo:hi], 0).astype(np.float64)
+
+    @staticmethod
+    def _key(
+        stats: FragStats, n: int, free: np.ndarray, cpu: float, mem: float
+    ) -> tuple[bytes, float, float, bytes]:
+        return free.tobytes(), cpu, mem, b"" if stats.model_ok is None else stats.model_ok[n].tobytes()
 
     def _compute_row(self, stats: FragStats, state: FreeState, n: int, free: np.ndarray) -> np.ndarray:
         w = self.workload
@@ -170,6 +178,12 @@ class ShapeDeltas:
         self, stats: FragStats, state: FreeState, n: int, devices: Sequence[int], milli: int, cpu: int,
         mem: int,
     ) -> np.ndarray:
+        free = self._free(stats, state, n)
+        free[np.asarray(devices) - int(self.index.node_start[n])] -= milli
+        key = self._key(stats, n, free, float(state.host_cpu[n] - cpu), float(state.host_mem[n] - mem))
+        hit = self._rows.get(key)
+        if hit is not None:  # seen before: no need to change the state to compute it
+            return hit
         saved = state.free_milli[list(devices)].copy()
         state.free_milli[list(devices)] -= milli
         state.host_cpu[n] -= cpu
