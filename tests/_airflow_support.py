@@ -85,6 +85,18 @@ def gpu_workload(
                        bundle_info=BundleInfo(name="dags-folder"), log_path=None)
 
 
+def run_cycle(executor: Any, *workloads: Any) -> list[Any]:
+    """Queue ``workloads`` on a :func:`queue_reading_executor`, run one scheduling cycle and
+    return the keys of the workloads it sent to the workers' queue."""
+    for w in workloads:
+        executor.queue_workload(w, session=None)
+    executor.trigger_tasks(executor.parallelism)
+    started = []
+    while not executor.activity_queue.empty():
+        started.append(executor.activity_queue.get()[0].key)
+    return started
+
+
 def wait_on_cluster(cluster: Any, what: str, check: Any, timeout: float, interval: float = 1.0) -> Any:
     """``LocalCluster.wait`` that fails the test (with the cluster's logs) instead of raising."""
     try:

@@ -254,7 +254,7 @@ class FragStats:
         """
         w = self.workload
         if w.host_aware:
-            return self._expected_host(nodes, total, nfull, max1, frag, f, g, cpu, mem)
+            return self.expected_states(nodes, total, nfull, max1, frag, f, g, cpu, mem)
         pw = w.p_whole_fits(nfull)
         out = pw * frag + (w.p_whole - pw) * total
         if len(w.frac_milli):
@@ -268,7 +268,7 @@ class FragStats:
             out = out + covered + (w.p_frac - pf) * total
         return out
 
-    def _expected_host(
+    def expected_states(
         self,
         nodes: np.ndarray,
         total: np.ndarray,
@@ -280,7 +280,9 @@ class FragStats:
         cpu: float | np.ndarray,
         mem: float | np.ndarray,
     ) -> np.ndarray:
-        """General form, shape by shape (candidates × shapes), with host CPU/RAM conditions."""
+        """Expected fragmentation of hypothetical states of ``nodes`` (one per entry; a device going
+        from ``f`` to ``g`` free, None/None or 0/0 for none; ``cpu``/``mem`` taken): the general form,
+        shape by shape (entries × shapes), with host CPU/RAM conditions."""
         w = self.workload
         cpu_free = self.state.host_cpu[nodes] - cpu
         mem_free = self.state.host_mem[nodes] - mem
@@ -305,22 +307,6 @@ class FragStats:
         if self.model_ok is not None:
             ok &= self.model_ok[nodes]
         return np.where(ok, part, total[:, None]) @ w.s_p
-
-    def expected_states(
-        self,
-        nodes: np.ndarray,
-        total: np.ndarray,
-        nfull: np.ndarray,
-        max1: np.ndarray,
-        frag: np.ndarray,
-        f: np.ndarray,
-        g: np.ndarray,
-        cpu: np.ndarray,
-        mem: np.ndarray,
-    ) -> np.ndarray:
-        """Expected fragmentation of hypothetical states of ``nodes`` (one per entry; a device going
-        from ``f`` to ``g`` free, 0/0 for none; ``cpu``/``mem`` taken), shape by shape."""
-        return self._expected_host(nodes, total, nfull, max1, frag, f, g, cpu, mem)
 
     def node_fragmentation(self, nodes: np.ndarray) -> np.ndarray:
         """Expected fragmentation (milli-GPU) of the given node positions now."""

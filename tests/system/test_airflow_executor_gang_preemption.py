@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from _airflow_support import queue_reading_executor
+from _airflow_support import run_cycle as _cycle
 
 from gpusched.airflow.gang import GANG_KEY
 from gpusched.airflow.keys import ti_key
@@ -49,14 +50,6 @@ def _workload(task_id: str, priority: str, gang_rank: int | None = None) -> Any:
                        bundle_info=BundleInfo(name="dags-folder"), log_path=None)
 
 
-def _cycle(ex: Any, *workloads: Any) -> list[Any]:
-    for w in workloads:
-        ex.queue_workload(w, session=None)
-    ex.trigger_tasks(ex.parallelism)
-    started = []
-    while not ex.activity_queue.empty():
-        started.append(ex.activity_queue.get()[0].key)
-    return started
 
 
 def _key(task_id: str) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _airflow_support import gpu_workload, queue_reading_executor
+from _airflow_support import gpu_workload, queue_reading_executor, run_cycle
 
 from gpusched.airflow.keys import ti_key
 from gpusched.placement.lookahead import ShapeDeltas
@@ -47,12 +47,7 @@ def test_lookahead_policy_places_every_task_on_its_own_devices(
     requests = {"a": {"gpus": 1}, "b": {"gpus": 1}, "c": {"gpus": 2}, "d": {"gpus": 1}}
     workloads = [gpu_workload(name, {"gpusched": GPURequest.build(**gpu).to_dict()})
                  for name, gpu in requests.items()]
-    for w in workloads:
-        executor.queue_workload(w, session=None)
-    executor.trigger_tasks(executor.parallelism)
-    sent = []
-    while not executor.activity_queue.empty():
-        sent.append(executor.activity_queue.get()[0].key)
+    sent = run_cycle(executor, *workloads)
     assert sorted(sent) == sorted(w.key for w in workloads)
     assert compared and max(compared) >= 2  # ties were compared by the look-ahead
     taken: Counter[str] = Counter()
