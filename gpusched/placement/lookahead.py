@@ -96,36 +96,25 @@ class ShapeDeltas:
         whole = np.flatnonzero(ok & self.whole & (w.s_count <= nfull))
         # A fraction's options on one node: one per distinct free value (equal devices give the
         # same state; the first in device order stands for them, as the rule picks the first).
-        values = np.array(list(dict.fromkeys(float(v) for v in free if v > 0)), dtype=np.float64)
+        values, first_device = np.unique(free, return_index=True)
+        order = np.argsort(first_device)
+        values, devices = values[order], int(self.index.node_start[n]) + first_device[order]
+        devices, values = devices[values > 0], values[values > 0]
         fractions = np.flatnonzero(ok & self.fraction)
         shape_pos, value_pos = np.nonzero(values[None, :] >= w.s_milli[fractions][:, None])
+        on = fractions[shape_pos]
         out = np.full(len(w.s_p), np.inf)
-        s_arr = np.concatenate([whole, fractions[shape_pos]]).astype(np.int64)
+        s_arr = np.concatenate([whole, on]).astype(np.int64)
         if not len(s_arr):
             return out
-        # The free milli of the device a fraction goes to (0: whole devices).
-        f = np.concatenate([np.zeros(len(whole)), values[value_pos]])
-        is_frac = f > 0
-        k = np.where(is_frac, 0.0, w.s_count[s_arr])
-        g = np.where(is_frac, f - w.s_milli[s_arr], 0.0)
-        whole_after = nfull - k
-        others = np.where(f < stats.max1[n], stats.max1[n], stats.max2[n])
-        max1 = np.where(
-            is_frac, np.maximum(others, g), np.where(whole_after > 0, float(MILLI), stats.maxpart[n])
-        )
-        frag = np.where(is_frac, stats.frag[n] - np.where(f < MILLI, f, 0.0) + g, stats.frag[n])
-        after = stats.expected_states(
-            np.full(len(s_arr), n),
-            stats.total[n] - np.where(is_frac, w.s_milli[s_arr], k * MILLI),
-            np.where(is_frac, nfull - (f >= MILLI), whole_after),
-            max1,
-            frag,
-            f,
-            g,
-            w.s_cpu[s_arr],
-            w.s_mem[s_arr],
-        )
-        delta = after - stats.expected[n]
+        # The scorer's own deltas, one entry per (shape, option): whole shapes take fully free
+        # devices, fractions the option's device.
+        delta = np.concatenate([
+            stats.delta_whole(np.full(len(whole), n), w.s_count[whole], w.s_cpu[whole], w.s_mem[whole]),
+            stats.delta_fraction(
+                devices[value_pos], w.s_milli[on], values[value_pos], w.s_cpu[on], w.s_mem[on]
+            ),
+        ])
         level = integer_score(self.weight * delta / MILLI, self.levels)
         # Per shape, the first option of the shape's best level (options are grouped by shape).
         best = np.full(len(w.s_p), -np.inf)

@@ -244,8 +244,8 @@ class FragStats:
         frag: np.ndarray,
         f: np.ndarray | None = None,
         g: np.ndarray | None = None,
-        cpu: float = 0.0,
-        mem: float = 0.0,
+        cpu: float | np.ndarray = 0.0,
+        mem: float | np.ndarray = 0.0,
     ) -> np.ndarray:
         """Expected fragmentation for the given node states (see the module docstring).
 
@@ -254,7 +254,7 @@ class FragStats:
         """
         w = self.workload
         if w.host_aware:
-            return self.expected_states(nodes, total, nfull, max1, frag, f, g, cpu, mem)
+            return self._expected_host(nodes, total, nfull, max1, frag, f, g, cpu, mem)
         pw = w.p_whole_fits(nfull)
         out = pw * frag + (w.p_whole - pw) * total
         if len(w.frac_milli):
@@ -268,7 +268,7 @@ class FragStats:
             out = out + covered + (w.p_frac - pf) * total
         return out
 
-    def expected_states(
+    def _expected_host(
         self,
         nodes: np.ndarray,
         total: np.ndarray,
@@ -280,9 +280,7 @@ class FragStats:
         cpu: float | np.ndarray,
         mem: float | np.ndarray,
     ) -> np.ndarray:
-        """Expected fragmentation of hypothetical states of ``nodes`` (one per entry; a device going
-        from ``f`` to ``g`` free, None/None or 0/0 for none; ``cpu``/``mem`` taken): the general form,
-        shape by shape (entries × shapes), with host CPU/RAM conditions."""
+        """General form, shape by shape (candidates × shapes), with host CPU/RAM conditions."""
         w = self.workload
         cpu_free = self.state.host_cpu[nodes] - cpu
         mem_free = self.state.host_mem[nodes] - mem
@@ -312,9 +310,15 @@ class FragStats:
         """Expected fragmentation (milli-GPU) of the given node positions now."""
         return self.expected[nodes]
 
-    def delta_whole(self, nodes: np.ndarray, k: int, cpu: float = 0.0, mem: float = 0.0) -> np.ndarray:
+    def delta_whole(
+        self,
+        nodes: np.ndarray,
+        k: int | np.ndarray,
+        cpu: float | np.ndarray = 0.0,
+        mem: float | np.ndarray = 0.0,
+    ) -> np.ndarray:
         """Fragmentation increase of taking ``k`` fully free devices (and ``cpu``/``mem`` of host
-        CPU/RAM) on each of ``nodes``."""
+        CPU/RAM) on each of ``nodes`` (scalars, or one value per node entry)."""
         nfull = self.nfull[nodes] - k
         max1 = np.where(nfull > 0, float(MILLI), self.maxpart[nodes])
         after = self._expected(
@@ -330,9 +334,15 @@ class FragStats:
         return after - self.expected[nodes]
 
     def delta_fraction(
-        self, devices: np.ndarray, milli: int, free: np.ndarray, cpu: float = 0.0, mem: float = 0.0
+        self,
+        devices: np.ndarray,
+        milli: int | np.ndarray,
+        free: np.ndarray,
+        cpu: float | np.ndarray = 0.0,
+        mem: float | np.ndarray = 0.0,
     ) -> np.ndarray:
-        """Fragmentation increase of taking ``milli`` on each of ``devices`` (``free`` = their free milli)."""
+        """Fragmentation increase of taking ``milli`` on each of ``devices`` (``free`` = their free
+        milli; ``milli``, ``cpu``, ``mem`` scalars or one value per device entry)."""
         nodes = self.index.dev_node[devices]
         f = free.astype(np.float64)
         g = f - milli
