@@ -7,12 +7,11 @@ ledger holds their allocation; the rest pass through untouched.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _airflow_support import queue_reading_executor
+from _airflow_support import gpu_workload, queue_reading_executor
 
 from gpusched.airflow.keys import ti_key
 from gpusched.model import DeviceShare
@@ -27,16 +26,7 @@ def executor(airflow_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def _workload(task_id: str, gpu: dict[str, Any] | None) -> Any:
-    from airflow.executors.workloads import BundleInfo, ExecuteTask
-    from airflow.executors.workloads.task import TaskInstanceDTO
-
-    ti = TaskInstanceDTO(
-        id=uuid.uuid4(), task_id=task_id, dag_id="d", run_id="manual__1", try_number=1,
-        dag_version_id=uuid.uuid4(), pool_slots=1, priority_weight=1,
-        executor_config={"gpusched": GPURequest.build(**gpu).to_dict()} if gpu is not None else None,
-    )
-    return ExecuteTask(ti=ti, token="minted-at-queue-time", dag_rel_path="d.py",
-                       bundle_info=BundleInfo(name="dags-folder"), log_path=None)
+    return gpu_workload(task_id, {"gpusched": GPURequest.build(**gpu).to_dict()} if gpu is not None else None)
 
 
 def _submit(ex: Any, *workloads: Any) -> None:

@@ -7,12 +7,11 @@ two A100s; a critical gang of two members, each asking a whole node, on distinct
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _airflow_support import queue_reading_executor
+from _airflow_support import gpu_workload, queue_reading_executor
 from _airflow_support import run_cycle as _cycle
 
 from gpusched.airflow.gang import GANG_KEY
@@ -36,18 +35,10 @@ def executor(airflow_db: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def _workload(task_id: str, priority: str, gang_rank: int | None = None) -> Any:
-    from airflow.executors.workloads import BundleInfo, ExecuteTask
-    from airflow.executors.workloads.task import TaskInstanceDTO
-
     config: dict[str, Any] = {"gpusched": GPURequest.build(gpus=2, priority=priority).to_dict()}
     if gang_rank is not None:
         config[GANG_KEY] = {"name": "train", "size": 2, "rank": gang_rank, "scope": "any"}
-    ti = TaskInstanceDTO(
-        id=uuid.uuid4(), task_id=task_id, dag_id="d", run_id="manual__1", try_number=1,
-        dag_version_id=uuid.uuid4(), pool_slots=1, priority_weight=1, executor_config=config,
-    )
-    return ExecuteTask(ti=ti, token="minted-at-queue-time", dag_rel_path="d.py",
-                       bundle_info=BundleInfo(name="dags-folder"), log_path=None)
+    return gpu_workload(task_id, config)
 
 
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _airflow_support import queue_reading_executor
+from _airflow_support import gpu_workload, queue_reading_executor
 from _ledger_support import assert_whole_devices_never_shared
 
 from gpusched.airflow import gpu_preemption
@@ -58,16 +57,7 @@ def executor(airflow_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def _workload(task_id: str, request: dict[str, Any], try_number: int = 1) -> Any:
-    from airflow.executors.workloads import BundleInfo, ExecuteTask
-    from airflow.executors.workloads.task import TaskInstanceDTO
-
-    ti = TaskInstanceDTO(
-        id=uuid.uuid4(), task_id=task_id, dag_id="d", run_id=RUN, try_number=try_number,
-        dag_version_id=uuid.uuid4(), pool_slots=1, priority_weight=1,
-        executor_config={"gpusched": GPURequest.build(**request).to_dict()},
-    )
-    return ExecuteTask(ti=ti, token="minted", dag_rel_path=Path("d.py"),
-                       bundle_info=BundleInfo(name="dags-folder"), log_path=None)
+    return gpu_workload(task_id, {"gpusched": GPURequest.build(**request).to_dict()}, try_number=try_number)
 
 
 def _sent(ex: Any) -> list[tuple[Any, dict[str, str]]]:
