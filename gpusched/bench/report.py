@@ -161,6 +161,11 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
         fig.savefig(folder / "openb_unallocated.png", dpi=110)
         plt.close(fig)
     text = "\n".join(lines) + "\n\n![openb](openb_unallocated.png)\n"
+    per_seed = folder / "published_per_seed.tsv"
+    if per_seed.exists():  # the rank tests need the published runs seed by seed
+        from gpusched.bench.calibration import report_sections
+
+        text += "\n" + "\n".join(report_sections(runs, per_seed))
     (folder / "report.md").write_text("# openb packing\n\n" + text, encoding="utf-8")
     return text
 
