@@ -279,7 +279,7 @@ def _fraction(
             best = levels_best(s, policy.score_levels, tie_left)
             if use_stats and tie_left is None and placer.lookahead is not None:
                 best = lookahead_best(placer.lookahead, placer.stats, state, task, s, idx.dev_node[cand],
-                                      lambda i: [int(cand[i])], milli, best)
+                                      lambda i: [int(cand[i])], milli)
         else:
             best = tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
         d, score = int(cand[best]), float(s[best])
@@ -332,7 +332,7 @@ def _whole(
                 best = levels_best(s, policy.score_levels, tie_left)
                 if use_stats and tie_left is None and placer.lookahead is not None:
                     best = lookahead_best(placer.lookahead, placer.stats, state, task, s, nodes,
-                                          lambda i: fits.in_node(int(nodes[i]))[:k], MILLI, best)
+                                          lambda i: fits.in_node(int(nodes[i]))[:k], MILLI)
             elif use_stats and policy.packing:
                 best = tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
             else:

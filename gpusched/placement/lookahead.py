@@ -17,6 +17,11 @@ never overridden. Only the candidate's node changes, so one row per candidate is
 :class:`ShapeDeltas` keeps ``D`` for every node between decisions, recomputing only the nodes
 whose state stamp changed. Uses the knowledge FGD itself uses (the workload's shapes), no future
 requests.
+
+Scarce models first: when some shapes are pinned to models, a tied candidate on a model whose
+share of the pinned GPU demand is at least its share of the free GPU capacity is dropped while
+candidates on other models tie with it. One step ahead, taking a scarce node looks harmless (its
+siblings stand in); a few steps later the requests pinned to that model find none left.
 """
 
 from __future__ import annotations
@@ -57,6 +62,18 @@ class ShapeDeltas:
         # Rows by node state (free milli per device, host CPU/RAM, models allowed): equal nodes,
         # the empty ones above all, share one computation.
         self._rows: dict[tuple[bytes, float, float, bytes], np.ndarray] = {}
+        self.pinned = _pinned_share(index, workload, self.demand)
+
+    def scarce_models(self, stats: FragStats, state: FreeState) -> np.ndarray:
+        """Per model (``index.model_names``): whether the demand pinned to it is scarce, that is
+        its share of the expected GPU demand is at least its share of the free GPU capacity (a
+        pinned shape's demand is split evenly over the fleet's models it allows). All False
+        when no shape names models."""
+        if not self.pinned.any():
+            return np.zeros(len(self.pinned), dtype=bool)
+        free = np.where(stats.in_service, state.free_milli, 0).astype(np.float64)
+        by_model = np.bincount(self.index.dev_model, weights=free, minlength=len(self.pinned))
+        return self.pinned * by_model.sum() >= by_model * float(self.demand @ self.workload.s_p)
 
     def current(self, stats: FragStats, state: FreeState) -> np.ndarray:
         """``D`` for ``state`` (``stats`` must describe it); recomputes the changed nodes only."""
@@ -199,16 +216,39 @@ def lookahead_best(
     node_of: np.ndarray,
     take: Callable[[int], list[int]],
     milli: int,
-    best: int,
 ) -> int:
-    """The candidate (position in ``score``) the look-ahead prefers among the first
-    ``lookahead_ties`` tied at the top integer score, one per node (``node_of``: each candidate's
-    node; ``take(i)``: the devices candidate ``i`` takes, ``milli`` on each); ``best`` (the
-    earliest) when fewer than two tie."""
+    """The candidate (position in ``score``) the look-ahead prefers among those tied at the top
+    integer score, one per node (``node_of``: each candidate's node; ``take(i)``: the devices
+    candidate ``i`` takes, ``milli`` on each).
+
+    Candidates on scarce models (:meth:`ShapeDeltas.scarce_models`) are dropped unless all are
+    scarce; the first ``lookahead_ties`` of the rest are compared, and a single one is taken
+    as it is."""
     top = top_level(score, ahead.levels)
     _, first = np.unique(node_of[top], return_index=True)
-    top = top[np.sort(first)][: ahead.ties]
+    top = top[np.sort(first)]
+    scarce_models = ahead.scarce_models(stats, state)
+    if len(top) > 1 and scarce_models.any():
+        # Candidates on a model whose free capacity the pinned demand needs are dropped while
+        # others tie: a one-step look-ahead cannot see that the scarce model's other nodes run out
+        # a few steps later, when the requests pinned to it arrive.
+        idx = ahead.index
+        scarce = scarce_models[idx.dev_model[idx.node_start[node_of[top]]]]
+        if not scarce.all():
+            top = top[~scarce]
+    top = top[: ahead.ties]
     if len(top) < 2:
-        return best
+        return int(top[0])
     options = [(take(int(i)), milli) for i in top]
     return int(top[ahead.pick(stats, state, options, task.cpu_milli, task.host_memory_bytes)])
+
+
+def _pinned_share(index: FleetIndex, workload: Workload, demand: np.ndarray) -> np.ndarray:
+    """Per model of the fleet: the expected GPU demand (milli per request) of the shapes pinned to
+    models, each split evenly over the fleet's models it allows."""
+    out = np.zeros(len(index.model_names))
+    for s, models in enumerate(workload.s_models):
+        allowed = [m for m, name in enumerate(index.model_names) if name in models]
+        if models and allowed and demand[s]:
+            out[allowed] += workload.s_p[s] * demand[s] / len(allowed)
+    return out

@@ -14,7 +14,8 @@ reads it. ``Policy.named(name)`` gives the presets:
               harness gives it every exact class; elsewhere the same estimate as ``fgd``).
 ``fgd-lookahead``  ``fgd-full`` whose ties at the top integer score are broken by a one-step
               look-ahead over the next request's shape (:mod:`gpusched.placement.lookahead`)
-              instead of by the earliest node.
+              instead of by the earliest node, with tied nodes of models that the pinned demand
+              makes scarce dropped first.
 ``best-fit``  the node (and device) with the least free capacity that still fits (for tasks
               with host CPU, the published BestFit's CPU+GPU key in whole hundredths).
 ``first-fit`` FIFO and count-based, like Airflow pools: the first node in inventory order with

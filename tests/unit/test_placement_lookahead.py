@@ -9,6 +9,7 @@ import numpy as np
 from _placement_support import no_quota_on
 
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.node_builder import SIM_LAYOUT, make_node
 from gpusched.placement import PendingTask, Placer, Policy, WorkloadShape
 from gpusched.placement.ties import integer_score
 from gpusched.request import GPURequest
@@ -129,3 +130,36 @@ def test_no_lookahead_without_the_policy_switch() -> None:
     fleet = uniform_fleet(2, 2, "T4")
     assert _placer("fgd-full", fleet, WHOLE_SHAPES).lookahead is None
     assert Policy.named("fgd-lookahead").lookahead_ties == 16
+
+
+def test_scarce_models_lose_their_ties_to_models_the_pinned_demand_leaves_room_on() -> None:
+    # One V100 node before two T4 nodes; half the expected requests are pinned to each model.
+    # Taking a GPU anywhere frees the other model's pinned shape of the same fragment, so the
+    # three empty nodes tie at the top integer score. The pinned demand needs half of the free
+    # GPUs of each model, but the V100s are a third of them: V100 is scarce, T4 is not.
+    models = ("V100-SXM2-16GB", "T4", "T4")
+    fleet = FleetSnapshot(
+        tuple(make_node(f"n{i}-{m}", m, 4, layout=SIM_LAYOUT) for i, m in enumerate(models)), source="mixed"
+    )
+    pinned = (
+        WorkloadShape(1, MILLI, 1.0, models=frozenset({"V100-SXM2-16GB"})),
+        WorkloadShape(1, MILLI, 1.0, models=frozenset({"T4"})),
+    )
+    placer = _placer("fgd-lookahead", fleet, pinned)
+    ahead = placer.lookahead
+    assert ahead is not None
+    scarce = dict(zip(placer.index.model_names, ahead.scarce_models(placer.stats, placer.state), strict=True))
+    assert scarce == {"V100-SXM2-16GB": True, "T4": False}
+    levels = integer_score(placer.stats.delta_whole(np.arange(3), 1) / MILLI, 100)
+    assert levels[0] == levels[1] == levels[2]
+    task = PendingTask("t", GPURequest(count=1), 0.0)  # may run on either model
+    chosen = {}
+    for name in ("fgd-full", "fgd-lookahead"):
+        placer = _placer(name, fleet, pinned)
+        chosen[name] = placer.place(no_quota_on(placer, [task], now=0.0)).assignments[0].shares[0].node
+    assert chosen["fgd-full"] == "n0-V100-SXM2-16GB"  # the earliest of the tie
+    assert chosen["fgd-lookahead"] in {"n1-T4", "n2-T4"}
+    # Without pinned shapes no model is scarce.
+    free = _placer("fgd-lookahead", fleet, WHOLE_SHAPES)
+    assert free.lookahead is not None
+    assert not free.lookahead.scarce_models(free.stats, free.state).any()
