@@ -25,7 +25,7 @@ from gpusched.placement.admission import QuotaGate
 from gpusched.placement.choose import Choice, choose, left_after
 from gpusched.placement.incremental import Incremental
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
-from gpusched.placement.lookahead import ShapeDeltas, lookahead_host
+from gpusched.placement.lookahead import ShapeDeltas
 from gpusched.placement.policy import Chooser, Policy, QueueOrder
 from gpusched.placement.score import FragStats, Workload, cached_stats, estimate_workload
 from gpusched.placement.speeds import model_speeds
@@ -200,12 +200,7 @@ class Placer:
             delta = self.stats.delta_host(ok, cpu_milli, host_memory_bytes)
             if self.policy.score_levels:
                 left = self.stats.total[ok] if self.policy.packing else None
-                score = self.policy.fragmentation * delta / MILLI
-                ahead = self.lookahead
-                if left is None and ahead is not None:
-                    best = lookahead_host(ahead, self.stats, st, score, ok, cpu_milli, host_memory_bytes)
-                else:
-                    best = levels_best(score, self.policy.score_levels, left)
+                best = levels_best(self.policy.fragmentation * delta / MILLI, self.policy.score_levels, left)
                 return self.index.nodes[int(ok[best])].name
             # Among equal fragmentation, the node with the least free GPU capacity, then CPU.
             order = np.lexsort((st.host_cpu[ok], self.stats.total[ok], delta))

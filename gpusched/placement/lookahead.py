@@ -36,7 +36,7 @@ from gpusched.placement.score import FragStats, Workload
 from gpusched.placement.ties import integer_score, top_level
 from gpusched.placement.types import PendingTask
 
-__all__ = ["ShapeDeltas", "lookahead_best", "lookahead_host"]
+__all__ = ["ShapeDeltas", "lookahead_best"]
 
 _NEAR = 1e-9  # look-ahead values closer than this are equal: the earlier candidate stays
 _MAX_ROWS = 100_000  # rows kept by node state before the cache starts over
@@ -145,22 +145,21 @@ class ShapeDeltas:
         self,
         stats: FragStats,
         state: FreeState,
-        options: Sequence[tuple[int, Sequence[int], int]],
+        options: Sequence[tuple[Sequence[int], int]],
         cpu_milli: int,
         host_memory_bytes: int,
     ) -> int:
         """Index of the option with the lowest look-ahead value (the first on ties).
 
-        ``options`` are tied candidates on distinct nodes, each its node, the device positions it
-        would take (none for a CPU-only task) and the milli-GPU per device;
-        ``cpu_milli``/``host_memory_bytes`` are the task's host needs. The state and statistics
-        are changed for each evaluation and restored exactly."""
+        ``options`` are tied candidates on distinct nodes, each the device positions it would take
+        and the milli-GPU per device; ``cpu_milli``/``host_memory_bytes`` are the task's host needs.
+        The state and statistics are changed for each evaluation and restored exactly."""
         deltas = self.current(stats, state)
         columns = np.arange(deltas.shape[1])
         first = deltas.argmin(axis=0)
         best = deltas[first, columns]
         # The runner-up only matters for the shapes whose best node is one of the candidates.
-        nodes = [node for node, _, _ in options]
+        nodes = [int(self.index.dev_node[devices[0]]) for devices, _ in options]
         second = best.copy()
         for n in nodes:
             mine = np.flatnonzero(first == n)
@@ -171,7 +170,7 @@ class ShapeDeltas:
         gpu = self.gpu
         p = self.workload.s_p[gpu]
         chosen, chosen_value = 0, np.inf
-        for i, (n, devices, milli) in enumerate(options):
+        for i, ((devices, milli), n) in enumerate(zip(options, nodes, strict=True)):
             after = self._row_after(stats, state, n, devices, milli, cpu_milli, host_memory_bytes)
             others = np.where(first == n, second, best)
             value = float(
@@ -186,7 +185,7 @@ class ShapeDeltas:
         mem: int,
     ) -> np.ndarray:
         free = self._free(stats, state, n)
-        free[np.asarray(devices, dtype=np.int64) - int(self.index.node_start[n])] -= milli
+        free[np.asarray(devices) - int(self.index.node_start[n])] -= milli
         key = self._key(stats, n, free, float(state.host_cpu[n] - cpu), float(state.host_mem[n] - mem))
         hit = self._rows.get(key)
         if hit is not None:  # seen before: no need to change the state to compute it
@@ -240,28 +239,8 @@ def lookahead_best(
     top = top[: ahead.ties]
     if len(top) < 2:
         return int(top[0])
-    options = [(int(node_of[i]), take(int(i)), milli) for i in top]
+    options = [(take(int(i)), milli) for i in top]
     return int(top[ahead.pick(stats, state, options, task.cpu_milli, task.host_memory_bytes)])
-
-
-def lookahead_host(
-    ahead: ShapeDeltas,
-    stats: FragStats,
-    state: FreeState,
-    score: np.ndarray,
-    nodes: np.ndarray,
-    cpu: int,
-    mem: int,
-) -> int:
-    """For a CPU-only task (``cpu`` milli-CPU, ``mem`` bytes): the position in ``score`` (its
-    fragmentation increase on each of ``nodes``) of the node the look-ahead prefers among the
-    first ``lookahead_ties`` tied at the top integer score. A CPU-only task takes no GPU, but the
-    CPU it takes can leave a node's GPUs without the CPU their next request needs."""
-    top = top_level(score, ahead.levels)[: ahead.ties]
-    if len(top) < 2:
-        return int(top[0])
-    options = [(int(nodes[i]), (), 0) for i in top]
-    return int(top[ahead.pick(stats, state, options, cpu, mem)])
 
 
 def _pinned_share(index: FleetIndex, workload: Workload, demand: np.ndarray) -> np.ndarray:
