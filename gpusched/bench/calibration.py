@@ -136,14 +136,17 @@ def comparison_table(rows: Sequence[Comparison], title: str) -> list[str]:
     return lines
 
 
-def report_sections(runs: Mapping[str, Mapping[str, Any]], published_tsv: Path) -> list[str]:
+def report_sections(runs: Mapping[str, Mapping[str, Any]], published_tsv: Path, scope: str = "") -> list[str]:
     """The two markdown sections of the openb report: calibration (two-sided) and below the
-    published FGD (one-sided), with a one-line count of significant rows each."""
+    published FGD (one-sided), with a one-line count of significant rows each. ``scope`` names
+    the pod lists in the heading (e.g. lists that were never used to develop anything); the Holm
+    correction runs within the ``runs`` given."""
     published = read_published_seeds(published_tsv)
     ours = ours_per_seed(runs)
     calibration = compare(ours, published, [(p, p) for p in CALIBRATED], "two-sided")
     below = compare(ours, published, [(p, "fgd") for p in AGAINST_FGD], "less")
-    lines = ["## Is a difference more than seed noise?", ""]
+    heading = "## Is a difference more than seed noise?" + (f" ({scope})" if scope else "")
+    lines = [heading, ""]
     lines.append(
         "Our ten seeds against the ten published ones (`published_per_seed.tsv`), Mann–Whitney U "
         "test; Holm's correction over every row of a table; **bold** = significant at 5 %."

@@ -163,9 +163,17 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
     text = "\n".join(lines) + "\n\n![openb](openb_unallocated.png)\n"
     per_seed = folder / "published_per_seed.tsv"
     if per_seed.exists():  # the rank tests need the published runs seed by seed
-        from gpusched.bench.calibration import report_sections
+        from gpusched.bench.calibration import read_published_seeds, report_sections
+        from gpusched.bench.headroom import headroom_section
 
-        text += "\n" + "\n".join(report_sections(runs, per_seed))
+        by_seed = read_published_seeds(per_seed)
+        text += "\n" + "\n".join(report_sections(runs, per_seed) + headroom_section(runs, by_seed))
+        unseen = folder / "unseen"  # lists of the same families that nothing was developed on
+        if any(unseen.glob("*.json")):
+            scope = "pod lists not in the shared traces, `unseen/`"
+            more = _load(unseen)
+            sections = report_sections(more, per_seed, scope) + headroom_section(more, by_seed, scope)
+            text += "\n" + "\n".join(sections)
     (folder / "report.md").write_text("# openb packing\n\n" + text, encoding="utf-8")
     return text
 

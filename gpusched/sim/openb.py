@@ -25,6 +25,9 @@ Procedure (Weng et al., ATC '23; ``shared/traces/README.md``):
    in 99.5–100.5 %; 99–101 % if none does); unallocated GPU % = 100 − that mean. Reported as the
    median of seeds. ``OpenbRun.at_crossing`` keeps the older single-point reading (right after
    the arrival that brings the arrived request to 100 %).
+5. Beside it, ``OpenbRun.unallocated_bound_pct``: the lowest value any placement of the same
+   arrivals could read (:mod:`gpusched.sim.packing_bound`: GPU capacity only, so a lower bound
+   for every policy; it depends on the seed's arrivals, not on the policy).
 
 Every decision is made by the placement engine (:class:`gpusched.placement.Placer`, the engine
 behind :func:`~gpusched.placement.place`, kept alive across arrivals) with the named policy: GPU
@@ -50,6 +53,7 @@ from gpusched.placement import PendingTask, PlacementRequest, Placer, Policy, Wo
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 from gpusched.sim.fleets import MIB, openb_fleet
+from gpusched.sim.packing_bound import unallocated_bound_pct
 from gpusched.sim.traces import OpenbNode, OpenbPod
 
 __all__ = [
@@ -79,6 +83,9 @@ class OpenbRun:
     at_crossing: float = 0.0
     window_arrivals: int = 0
     at: dict[str, float] = field(default_factory=dict)
+    # The lowest unallocated GPU % any placement could read on the same arrivals
+    # (:mod:`gpusched.sim.packing_bound`).
+    unallocated_bound_pct: float = 0.0
 
 
 def tune_workload(
@@ -236,6 +243,7 @@ def run_openb(
     unlimited = QuotaState.unlimited()  # FGD's experiment has no quotas
     arrived = allocated = failed = count = 0
     crossing: tuple[int, int, int, int] | None = None  # allocated, arrived, count, failed
+    last = {"window": -1, "wide": -1, "crossing": -1}  # the last arrival each reading covers
     window: list[float] = []
     wide: list[float] = []
     bar = None
@@ -277,19 +285,24 @@ def run_openb(
         arrived_pct = 100.0 * arrived / capacity
         if crossing is None and arrived >= stop_at * capacity:
             crossing = (allocated, arrived, count, failed)
+            last["crossing"] = i
         alloc_pct = round(100.0 * allocated / capacity, 2)
         off = round(arrived_pct) - round(100 * stop_at)  # FGD's analysis rounds the arrived ratio
         if off == 0:
             window.append(alloc_pct)
+            last["window"] = i
         if abs(off) <= 1:
             wide.append(alloc_pct)
+            last["wide"] = i
         if off > 1:
             break
     if bar is not None:
         bar.close()
     if crossing is None:
         crossing = (allocated, arrived, count, failed)
+        last["crossing"] = count - 1
     measured = window or wide or [round(100.0 * crossing[0] / capacity, 2)]
+    covered = last["window"] if window else last["wide"] if wide else last["crossing"]
     return OpenbRun(
         seed=seed,
         unallocated_gpu_pct=round(100.0 - statistics.fmean(measured), 4),
@@ -301,6 +314,8 @@ def run_openb(
         tuned_tasks=len(tasks),
         at_crossing=round(100.0 * (1 - crossing[0] / capacity), 4),
         window_arrivals=len(window),
+        # Every reading of the measure holds at most what the arrivals up to its last one allow.
+        unallocated_bound_pct=unallocated_bound_pct(tasks[: covered + 1], capacity // MILLI),
     )
 
 
@@ -322,6 +337,8 @@ def run_openb_seeds(
         "unallocated_gpu_pct_median": round(statistics.median(values), 4) if values else None,
         "unallocated_gpu_pct": values,
         "unallocated_gpu_pct_at_crossing": [r.at_crossing for r in runs],
+        # No placement of the same arrivals can read lower (GPU capacity only; see packing_bound).
+        "unallocated_gpu_pct_bound": [r.unallocated_bound_pct for r in runs],
         "measure": "mean allocation over arrivals at 99.5-100.5 % of capacity (FGD's analysis)",
         "tasks_failed": [r.tasks_failed for r in runs],
         "tasks_arrived": [r.tasks_arrived for r in runs],

@@ -64,3 +64,47 @@ def test_openb_report_adds_the_rank_tests_when_per_seed_results_are_there(tmp_pa
     assert "Significant after correction: 0 of 1." in text  # fgd: +0.02, noise
     assert "- fgd-lookahead: significantly below on 1 of 1 lists." in text
     assert "| default | fgd-lookahead | fgd | 4.45 | 5.45 | -1.00 | 0.000 | **0.000** |" in text
+
+
+def test_openb_report_tests_the_unseen_lists_apart_from_the_shared_ones(tmp_path: Path) -> None:
+    folder = tmp_path / "openb"
+    (folder / "unseen").mkdir(parents=True)
+    shared, unseen = "openb_pod_list_default", "openb_pod_list_cpu250"
+    (tmp_path / "pub.tsv").write_text(
+        "workload\tRandom\tDotProd\tGpuClustering\tGpuPacking\tBestFit\tFGD\n"
+        f"{shared}\t13.75\t9.4\t8.4\t8.2\t7.09\t5.45\n"
+    )
+    (folder / "published_per_seed.tsv").write_text(
+        HEADER + _row(shared, "fgd", SAME) + _row(unseen, "fgd", SAME)
+    )
+    for where, workload, shift in ((folder, shared, 0.02), (folder / "unseen", unseen, 1.0)):
+        values = [v + shift for v in SAME]
+        (where / f"{workload}__fgd.json").write_text(json.dumps({
+            "unallocated_gpu_pct_median": sorted(values)[5], "unallocated_gpu_pct": values,
+            "seeds": list(range(10)), "measure": "window",
+        }))
+    text = openb_report(folder, tmp_path / "pub.tsv")
+    shared_part, unseen_part = text.split("(pod lists not in the shared traces, `unseen/`)")
+    assert "Significant after correction: 0 of 1." in shared_part and "cpu250" not in shared_part
+    # the unseen list is tested on its own, with its own correction, and is the one that is off
+    assert "Significant after correction: 1 of 1 (cpu250 fgd)." in unseen_part
+    assert "| cpu250 | fgd | fgd | 6.45 | 5.45 | +1.00 |" in unseen_part
+
+
+def test_openb_report_sets_the_packing_bound_beside_the_published_fgd(tmp_path: Path) -> None:
+    folder = tmp_path / "openb"
+    folder.mkdir()
+    workload = "openb_pod_list_default"
+    (tmp_path / "pub.tsv").write_text(
+        "workload\tRandom\tDotProd\tGpuClustering\tGpuPacking\tBestFit\tFGD\n"
+        f"{workload}\t13.75\t9.4\t8.4\t8.2\t7.09\t5.45\n"
+    )
+    (folder / "published_per_seed.tsv").write_text(HEADER + _row(workload, "fgd", SAME))
+    for policy, median, bound in (("random", 13.0, [3.0] * 10), ("fgd-lookahead", 4.45, [3.5, 3.5])):
+        (folder / f"{workload}__{policy}.json").write_text(json.dumps({
+            "unallocated_gpu_pct_median": median, "unallocated_gpu_pct": [median] * 10,
+            "unallocated_gpu_pct_bound": bound, "seeds": list(range(10)), "measure": "window",
+        }))
+    text = openb_report(folder, tmp_path / "pub.tsv")
+    # the bound of the run with the most seeds (3.0); room 5.45 - 3.0; fgd-lookahead takes 1.00 of 2.45
+    assert "| default | 3.00 | 5.45 | 2.45 | — | — | — | 4.45 (+41%) |" in text

@@ -1,0 +1,92 @@
+"""The packing bound of the openb measure (gpusched.sim.packing_bound) and its use in run_openb."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from gpusched.sim.openb import run_openb, run_openb_seeds
+from gpusched.sim.packing_bound import gpu_items, packing_bound, unallocated_bound_pct
+from gpusched.sim.traces import OpenbPod, load_openb_nodes
+
+
+def _best_by_enumeration(items: dict[int, int], gpus: int) -> int:
+    """The exact optimum of a tiny instance: every way to hand each item to a GPU or to none."""
+    flat = [s for s, n in items.items() for _ in range(n)]
+    best = 0
+    for owner in itertools.product(range(gpus + 1), repeat=len(flat)):  # gpus = left out
+        load = [0] * gpus
+        for size, g in zip(flat, owner, strict=True):
+            if g < gpus:
+                load[g] += size
+        if max(load) <= 1000:
+            best = max(best, sum(load))
+    return best
+
+
+def test_the_bound_is_the_packing_optimum_on_instances_where_the_lp_is_integral() -> None:
+    # Three 0.6s and two 0.5s on 3 GPUs: the 0.5s share one GPU, two 0.6s take the others.
+    assert packing_bound({600: 3, 500: 2}, 3) == pytest.approx(2200)
+    assert _best_by_enumeration({600: 3, 500: 2}, 3) == 2200
+    # Only 0.6s: every GPU wastes 0.4 whatever the placement.
+    assert packing_bound({600: 10}, 4) == pytest.approx(2400)
+    # Enough room for everything: the bound is what arrived.
+    assert packing_bound({300: 2, 1000: 1}, 4) == pytest.approx(1600)
+    assert packing_bound({}, 4) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("items", "gpus"),
+    [({700: 2, 400: 3, 300: 1}, 3), ({550: 3, 450: 2, 250: 2}, 3), ({900: 1, 350: 3, 200: 2}, 2)],
+)
+def test_the_bound_is_never_below_the_exact_optimum(items: dict[int, int], gpus: int) -> None:
+    exact = _best_by_enumeration(items, gpus)
+    bound = packing_bound(items, gpus)
+    assert exact <= bound + 1e-6
+    assert bound <= sum(s * n for s, n in items.items()) + 1e-6
+
+
+def test_bad_item_sizes_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"item sizes must lie in 1\.\.1000"):
+        packing_bound({1500: 1}, 2)
+
+
+def test_whole_gpu_pods_count_one_item_per_gpu_and_cpu_pods_none() -> None:
+    pods = [OpenbPod("a", 1000, 10, 4, 1000), OpenbPod("b", 1000, 10, 1, 250), OpenbPod("c", 1000, 10, 0, 0)]
+    assert gpu_items(pods) == {1000: 4, 250: 1}
+    assert unallocated_bound_pct(pods, 8) == pytest.approx(100 * (1 - 4250 / 8000))
+
+
+def _fleet(tmp_path: Path, nodes: int):  # type: ignore[no-untyped-def]
+    path = tmp_path / "nodes.csv"
+    rows = "".join(f"n{i},96000,393216,4,T4\n" for i in range(nodes))
+    path.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + rows, encoding="utf-8")
+    return load_openb_nodes(path)
+
+
+def test_no_policy_reads_below_the_bound_and_it_binds_when_sizes_waste_gpus(tmp_path: Path) -> None:
+    nodes = _fleet(tmp_path, 10)
+    mixed = [
+        OpenbPod("big", 4000, 1024, 1, 850),
+        OpenbPod("half", 2000, 1024, 1, 450),
+        OpenbPod("third", 2000, 1024, 1, 300),
+        OpenbPod("pair", 8000, 1024, 2, 1000),
+    ]
+    for policy, seed in itertools.product(("random", "best-fit", "fgd", "gpusched"), (0, 1)):
+        run = run_openb(mixed, nodes, policy, seed)
+        # each reading is rounded to 0.01 %, so a policy at the bound may read 0.005 below it
+        assert run.unallocated_gpu_pct >= run.unallocated_bound_pct - 0.005, (policy, seed)
+        assert run.unallocated_bound_pct > 0  # the 0.85s strand 0.15 of their GPU
+    # 0.6-GPU pods only: every GPU holds one and wastes 0.4, so every policy reads the bound.
+    only = [OpenbPod("s", 1000, 1024, 1, 600)]
+    for policy in ("random", "best-fit", "fgd"):
+        run = run_openb(only, nodes, policy, 0)
+        assert run.unallocated_bound_pct == pytest.approx(40.0)
+        assert run.unallocated_gpu_pct == pytest.approx(40.0, abs=0.01)
+
+
+def test_the_seed_results_carry_the_bound_per_seed(tmp_path: Path) -> None:
+    result = run_openb_seeds([OpenbPod("s", 1000, 1024, 1, 600)], _fleet(tmp_path, 4), "fgd", [0, 1])
+    assert result["unallocated_gpu_pct_bound"] == [pytest.approx(40.0), pytest.approx(40.0)]
