@@ -53,7 +53,7 @@ from gpusched.placement import PendingTask, PlacementRequest, Placer, Policy, Wo
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 from gpusched.sim.fleets import MIB, openb_fleet
-from gpusched.sim.packing_bound import unallocated_bound_pct
+from gpusched.sim.packing_bound import gpus_by_model, unallocated_bound_pct
 from gpusched.sim.traces import OpenbNode, OpenbPod
 
 __all__ = [
@@ -315,7 +315,7 @@ def run_openb(
         at_crossing=round(100.0 * (1 - crossing[0] / capacity), 4),
         window_arrivals=len(window),
         # Every reading of the measure holds at most what the arrivals up to its last one allow.
-        unallocated_bound_pct=unallocated_bound_pct(tasks[: covered + 1], capacity // MILLI),
+        unallocated_bound_pct=unallocated_bound_pct(tasks[: covered + 1], gpus_by_model(nodes)),
     )
 
 

@@ -5,16 +5,18 @@ with or without migration, knowing the future or not — holds some subset of th
 arrived so far, each GPU holding at most 1,000 milli. So the most GPU volume any policy can have
 allocated is at most the optimum of a bin-packing problem: the GPUs are bins of 1,000, a
 fractional task is an item of its ``gpu_milli``, a whole-GPU task of ``k`` GPUs is ``k`` items of
-1,000. Nodes, host CPU and memory, GPU models and the arrival order are all relaxed away, so the
-bound is loose where those bind (the CPU-heavy and model-pinned lists) and tight where the
+1,000, and an item pinned to GPU models (``gpu_spec``) fits only the GPUs of those models. Nodes,
+host CPU and memory and the arrival order are relaxed away, so the bound is loose where those bind
+(the CPU-heavy lists, and multi-GPU tasks, which need their GPUs on one node) and tight where the
 fractions' sizes alone leave slivers no request can use (the GPU-sharing lists).
 
-The packing optimum is bounded from above by the configuration LP (Gilmore–Gomory): a variable per
-set of item sizes that fits one GPU, at most ``gpus`` of them, at most ``n_i`` items of size ``i``
-in all, maximise the volume. It is solved by column generation — HiGHS for the master LP, an
-integer knapsack over milli for the pricing — and the value returned is the *dual* bound
-``n·y + gpus·max(0, K(y))`` of the last duals ``y`` (``K`` the best knapsack under the prices
-``size − y``), which bounds the LP optimum from above whether or not the generation converged.
+The packing optimum is bounded from above by the configuration LP (Gilmore–Gomory): per GPU
+model ``m`` a variable per set of items allowed on ``m`` that fits one GPU, at most ``G_m`` of them,
+at most ``n_i`` items of type ``i`` in all, maximise the volume. It is solved by column generation —
+HiGHS for the master LP, an integer knapsack over milli per model for the pricing — and the value
+returned is the *dual* bound ``n·y + Σ_m G_m·max(0, K_m(y))`` of the last duals ``y`` (``K_m`` the
+best knapsack of model ``m`` under the prices ``size − y``), which bounds the LP optimum from
+above whether or not the generation converged.
 
 :func:`unallocated_bound_pct` turns it into the openb measure's unit: the lowest unallocated GPU %
 any policy can read over the measurement window (scipy is imported inside :func:`packing_bound`).
@@ -28,80 +30,122 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from gpusched.model import MILLI
-from gpusched.sim.traces import OpenbPod
+from gpusched.sim.traces import OpenbNode, OpenbPod
 
-__all__ = ["gpu_items", "packing_bound", "unallocated_bound_pct"]
+__all__ = ["Item", "gpu_items", "gpus_by_model", "packing_bound", "unallocated_bound_pct"]
 
-_MAX_COLUMNS = 2_000  # column-generation rounds; the dual bound stays valid if it stops early
+Item = tuple[int, frozenset[str]]  # (milli on one GPU, the GPU models allowed; empty = any)
+
+_MAX_ROUNDS = 2_000  # column-generation rounds; the dual bound stays valid if it stops early
 _EPS = 1e-7
 
 
-def gpu_items(pods: Iterable[OpenbPod]) -> Counter[int]:
-    """``{milli per item: count}``: a fractional pod is one item of its ``gpu_milli``, a pod of
-    ``k`` whole GPUs ``k`` items of 1,000; CPU-only pods hold no GPU."""
-    items: Counter[int] = Counter()
+def gpu_items(pods: Iterable[OpenbPod]) -> Counter[Item]:
+    """``{(milli, models): count}``: a fractional pod is one item of its ``gpu_milli``, a pod of
+    ``k`` whole GPUs ``k`` items of 1,000, each allowed on the pod's ``gpu_spec`` models (empty =
+    any); CPU-only pods hold no GPU."""
+    items: Counter[Item] = Counter()
     for pod in pods:
-        if pod.num_gpu and pod.gpu_milli >= MILLI:
-            items[MILLI] += pod.num_gpu
-        elif pod.num_gpu:
-            items[pod.gpu_milli] += 1
+        if pod.num_gpu:
+            whole = pod.gpu_milli >= MILLI
+            items[(MILLI if whole else pod.gpu_milli, frozenset(pod.gpu_spec))] += pod.num_gpu if whole else 1
     return items
 
 
-def packing_bound(items: Mapping[int, int], gpus: int) -> float:
-    """An upper bound (milli) on the GPU volume of ``items`` (``{milli: count}``, each 1–1,000)
-    that ``gpus`` GPUs of 1,000 milli can hold at once, choosing which items to hold."""
-    sizes = sorted(s for s, n in items.items() if n > 0)
-    if not sizes or gpus <= 0:
+def gpus_by_model(nodes: Iterable[OpenbNode]) -> Counter[str]:
+    """GPUs per trace model name of an openb node list."""
+    out: Counter[str] = Counter()
+    for node in nodes:
+        out[node.model] += node.gpus
+    return out
+
+
+def packing_bound(items: Mapping[Item, int], gpus: Mapping[str, int]) -> float:
+    """An upper bound (milli) on the GPU volume of ``items`` that GPUs of 1,000 milli can hold at
+    once, choosing which items to hold; ``gpus`` = GPUs per model. An item whose models are all
+    absent from ``gpus`` fits nowhere."""
+    models = sorted(m for m, g in gpus.items() if g > 0)
+    kinds = sorted((size, pins) for (size, pins), n in items.items() if n > 0 and _allowed(pins, models))
+    if not kinds or not models:
         return 0.0
-    if any(not 0 < s <= MILLI for s in sizes):
-        raise ValueError(f"item sizes must lie in 1..{MILLI} milli, got {sizes[0]}..{sizes[-1]}")
+    if any(not 0 < size <= MILLI for size, _ in kinds):
+        raise ValueError(f"item sizes must lie in 1..{MILLI} milli, got {sorted(s for s, _ in kinds)}")
     from scipy.optimize import linprog
 
-    size = np.array(sizes, dtype=np.float64)
-    count = np.array([items[s] for s in sizes], dtype=np.float64)
-    # Start from the one-size columns (as many items of one size as fit a GPU).
-    columns = [np.eye(len(sizes), dtype=np.int64)[i] * (MILLI // s) for i, s in enumerate(sizes)]
-    bound = float(size @ count)  # everything arrived is the trivial bound
-    for _ in range(_MAX_COLUMNS):
-        a = np.array(columns, dtype=np.float64).T
+    size = np.array([k[0] for k in kinds], dtype=np.float64)
+    count = np.array([items[k] for k in kinds], dtype=np.float64)
+    room = np.array([gpus[m] for m in models], dtype=np.float64)
+    allowed = np.array([[_allowed(pins, [m]) for _, pins in kinds] for m in models])  # models x kinds
+    # Columns (model, item counts); start from one kind alone, as many as fit a GPU.
+    columns = [
+        (mi, np.eye(len(kinds), dtype=np.int64)[i] * (MILLI // int(size[i])))
+        for mi in range(len(models))
+        for i in np.flatnonzero(allowed[mi])
+    ]
+    bound = min(float(size @ count), float(room.sum()) * MILLI)
+    for _ in range(_MAX_ROUNDS):
+        a = np.array([c for _, c in columns], dtype=np.float64).T
+        per_model = np.zeros((len(models), len(columns)))
+        per_model[[m for m, _ in columns], np.arange(len(columns))] = 1.0
         res = linprog(
-            -(size @ a),
-            A_ub=np.vstack([a, np.ones(len(columns))]),
-            b_ub=np.append(count, gpus),
-            bounds=(0, None),
-            method="highs",
+            -(size @ a), A_ub=np.vstack([a, per_model]), b_ub=np.concatenate([count, room]),
+            bounds=(0, None), method="highs",
         )
-        prices = np.maximum(0.0, -res.ineqlin.marginals[:-1])
-        best, column = _knapsack(sizes, size - prices)
-        bound = min(bound, float(count @ prices) + gpus * max(0.0, best))
-        if best <= -res.ineqlin.marginals[-1] + _EPS:
+        marginals = -res.ineqlin.marginals
+        prices, gpu_price = np.maximum(0.0, marginals[: len(kinds)]), marginals[len(kinds):]
+        new = []
+        dual = float(count @ prices)
+        for mi in range(len(models)):
+            best, column = _knapsack(size, np.where(allowed[mi], size - prices, -1.0))
+            dual += room[mi] * max(0.0, best)
+            if best > gpu_price[mi] + _EPS:
+                new.append((mi, column))
+        bound = min(bound, dual)
+        if not new:
             break  # no column prices out: the master LP is optimal and equals the dual bound
-        columns.append(column)
-    return min(bound, gpus * float(MILLI))
+        columns.extend(new)
+    return bound
 
 
-def _knapsack(sizes: list[int], values: np.ndarray) -> tuple[float, np.ndarray]:
-    """The best total value of items (any number of each, ``sizes`` in milli) in one GPU, and the
-    item counts that reach it; items of non-positive value are never worth taking."""
+def _allowed(pins: frozenset[str], models: Iterable[str]) -> bool:
+    return not pins or any(m in pins for m in models)
+
+
+def _knapsack(size: np.ndarray, value: np.ndarray) -> tuple[float, np.ndarray]:
+    """The best total value of items (any number of each kind, ``size`` in milli) in one GPU, and
+    the counts per kind that reach it. Kinds of equal size keep only the most valuable one; each
+    kind is split into 1, 2, 4, … copies, each a 0/1 item, so every pass is one array step."""
+    keep: dict[int, int] = {}
+    for i in map(int, np.flatnonzero(value > 0)):
+        s = int(size[i])
+        if s not in keep or value[i] > value[keep[s]]:
+            keep[s] = i
     best = np.zeros(MILLI + 1)
-    last = np.full(MILLI + 1, -1, dtype=np.int64)
-    for i, (s, v) in enumerate(zip(sizes, values, strict=True)):
-        if v <= 0:
-            continue
-        for c in range(s, MILLI + 1):  # unbounded: item i may be taken again at c - s
-            if best[c - s] + v > best[c] + _EPS:
-                best[c], last[c] = best[c - s] + v, i
-    top = int(np.argmax(best))
-    column = np.zeros(len(sizes), dtype=np.int64)
-    c = top
-    while c > 0 and last[c] >= 0:
-        column[last[c]] += 1
-        c -= sizes[last[c]]
-    return float(best[top]), column
+    passes: list[tuple[int, int, np.ndarray]] = []  # (kind, copies, where the pass improved)
+    for s, i in keep.items():
+        left, copies = MILLI // s, 1
+        while left > 0:
+            take = min(copies, left)
+            w, v = s * take, value[i] * take
+            candidate = np.full(MILLI + 1, -np.inf)
+            candidate[w:] = best[: MILLI + 1 - w] + v
+            better = candidate > best + _EPS
+            best = np.where(better, candidate, best)
+            passes.append((i, take, better))
+            left -= take
+            copies *= 2
+    column = np.zeros(len(size), dtype=np.int64)
+    c = int(np.argmax(best))
+    top = float(best[c])
+    for i, take, better in reversed(passes):
+        if better[c]:
+            column[i] += take
+            c -= int(size[i]) * take
+    return top, column
 
 
-def unallocated_bound_pct(arrived: Iterable[OpenbPod], gpus: int) -> float:
-    """The lowest unallocated GPU % (of ``gpus`` GPUs) any placement of the ``arrived`` pods can
-    leave once they have all arrived: ``100 × (1 − packing_bound / capacity)``."""
-    return round(100.0 * (1.0 - packing_bound(gpu_items(arrived), gpus) / (gpus * MILLI)), 4)
+def unallocated_bound_pct(arrived: Iterable[OpenbPod], gpus: Mapping[str, int]) -> float:
+    """The lowest unallocated GPU % any placement of the ``arrived`` pods on a fleet of ``gpus``
+    GPUs per model can leave once they have all arrived: ``100 × (1 − packing_bound / capacity)``."""
+    capacity = sum(gpus.values()) * MILLI
+    return round(100.0 * (1.0 - packing_bound(gpu_items(arrived), gpus) / capacity), 4)

@@ -26,15 +26,32 @@ def _best_by_enumeration(items: dict[int, int], gpus: int) -> int:
     return best
 
 
+ANY: frozenset[str] = frozenset()
+
+
+def _any(items: dict[int, int]) -> dict[tuple[int, frozenset[str]], int]:
+    return {(size, ANY): n for size, n in items.items()}
+
+
 def test_the_bound_is_the_packing_optimum_on_instances_where_the_lp_is_integral() -> None:
     # Three 0.6s and two 0.5s on 3 GPUs: the 0.5s share one GPU, two 0.6s take the others.
-    assert packing_bound({600: 3, 500: 2}, 3) == pytest.approx(2200)
+    assert packing_bound(_any({600: 3, 500: 2}), {"T4": 3}) == pytest.approx(2200)
     assert _best_by_enumeration({600: 3, 500: 2}, 3) == 2200
     # Only 0.6s: every GPU wastes 0.4 whatever the placement.
-    assert packing_bound({600: 10}, 4) == pytest.approx(2400)
+    assert packing_bound(_any({600: 10}), {"T4": 4}) == pytest.approx(2400)
     # Enough room for everything: the bound is what arrived.
-    assert packing_bound({300: 2, 1000: 1}, 4) == pytest.approx(1600)
-    assert packing_bound({}, 4) == 0.0
+    assert packing_bound(_any({300: 2, 1000: 1}), {"T4": 4}) == pytest.approx(1600)
+    assert packing_bound({}, {"T4": 4}) == 0.0
+
+
+def test_pinned_items_fit_only_their_models() -> None:
+    v100 = frozenset({"V100M16"})
+    # Four whole GPUs pinned to V100 on a fleet of 2 V100 + 4 T4: only two can be held.
+    assert packing_bound({(1000, v100): 4}, {"V100M16": 2, "T4": 4}) == pytest.approx(2000)
+    # Pinned to a model the fleet lacks: nothing.
+    assert packing_bound({(500, frozenset({"A100"})): 3}, {"T4": 4}) == 0.0
+    # Unpinned items may use the V100s too.
+    assert packing_bound({(1000, v100): 1, (1000, ANY): 5}, {"V100M16": 2, "T4": 4}) == pytest.approx(6000)
 
 
 @pytest.mark.parametrize(
@@ -43,32 +60,39 @@ def test_the_bound_is_the_packing_optimum_on_instances_where_the_lp_is_integral(
 )
 def test_the_bound_is_never_below_the_exact_optimum(items: dict[int, int], gpus: int) -> None:
     exact = _best_by_enumeration(items, gpus)
-    bound = packing_bound(items, gpus)
+    bound = packing_bound(_any(items), {"T4": gpus})
     assert exact <= bound + 1e-6
     assert bound <= sum(s * n for s, n in items.items()) + 1e-6
 
 
 def test_bad_item_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match=r"item sizes must lie in 1\.\.1000"):
-        packing_bound({1500: 1}, 2)
+        packing_bound({(1500, ANY): 1}, {"T4": 2})
 
 
 def test_whole_gpu_pods_count_one_item_per_gpu_and_cpu_pods_none() -> None:
-    pods = [OpenbPod("a", 1000, 10, 4, 1000), OpenbPod("b", 1000, 10, 1, 250), OpenbPod("c", 1000, 10, 0, 0)]
-    assert gpu_items(pods) == {1000: 4, 250: 1}
-    assert unallocated_bound_pct(pods, 8) == pytest.approx(100 * (1 - 4250 / 8000))
+    pods = [
+        OpenbPod("a", 1000, 10, 4, 1000),
+        OpenbPod("b", 1000, 10, 1, 250, ("P100",)),
+        OpenbPod("c", 1000, 10, 0, 0),
+    ]
+    assert gpu_items(pods) == {(1000, ANY): 4, (250, frozenset({"P100"})): 1}
+    assert unallocated_bound_pct(pods, {"P100": 2, "T4": 6}) == pytest.approx(100 * (1 - 4250 / 8000))
+    assert unallocated_bound_pct(pods, {"T4": 8}) == pytest.approx(50.0)  # no P100: the 0.25 fits nowhere
 
 
-def _fleet(tmp_path: Path, nodes: int):  # type: ignore[no-untyped-def]
+def _fleet(tmp_path: Path, nodes: int, v100: int = 0):  # type: ignore[no-untyped-def]
     path = tmp_path / "nodes.csv"
     rows = "".join(f"n{i},96000,393216,4,T4\n" for i in range(nodes))
+    rows += "".join(f"v{i},96000,393216,2,V100M16\n" for i in range(v100))
     path.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + rows, encoding="utf-8")
     return load_openb_nodes(path)
 
 
 def test_no_policy_reads_below_the_bound_and_it_binds_when_sizes_waste_gpus(tmp_path: Path) -> None:
-    nodes = _fleet(tmp_path, 10)
+    nodes = _fleet(tmp_path, 10, v100=2)
     mixed = [
+        OpenbPod("pinned", 2000, 1024, 1, 1000, ("V100M16",)),
         OpenbPod("big", 4000, 1024, 1, 850),
         OpenbPod("half", 2000, 1024, 1, 450),
         OpenbPod("third", 2000, 1024, 1, 300),
