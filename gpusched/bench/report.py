@@ -153,6 +153,13 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
                 hatch="//" if pub_key else None,
                 alpha=0.85,
             )
+        from gpusched.bench.headroom import bound_medians
+
+        bounds = bound_medians(runs)
+        ax.scatter(  # no placement of the same arrivals can read lower (sim/packing_bound.py)
+            range(len(names)), [bounds.get(w, float("nan")) for w in names], marker="_", s=900,
+            color="black", zorder=3, label="bound, any placement",
+        )
         ax.set_xticks(range(len(names)), [n.replace("openb_pod_list_", "") for n in names], rotation=30)
         ax.set_ylabel("unallocated GPU % at 100 % arrival (lower is better)")
         ax.set_title("openb packing: ours vs published (FGD paper), median over seeds")
