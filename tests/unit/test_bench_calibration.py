@@ -18,6 +18,28 @@ def _row(workload: str, policy: str, values: list[float]) -> str:
     return f"{workload}\t{policy}\t" + "\t".join(f"{v:.2f}" for v in values) + "\n"
 
 
+def _published(tmp_path: Path, shared: str, per_seed_rows: str) -> tuple[Path, Path]:
+    """The openb results folder with ``published_per_seed.tsv``, and the published-medians TSV
+    (FGD 5.45 on ``shared``)."""
+    folder = tmp_path / "openb"
+    folder.mkdir(exist_ok=True)
+    medians = tmp_path / "pub.tsv"
+    medians.write_text(
+        "workload\tRandom\tDotProd\tGpuClustering\tGpuPacking\tBestFit\tFGD\n"
+        f"{shared}\t13.75\t9.4\t8.4\t8.2\t7.09\t5.45\n"
+    )
+    (folder / "published_per_seed.tsv").write_text(HEADER + per_seed_rows)
+    return folder, medians
+
+
+def _run(where: Path, workload: str, policy: str, values: list[float], **extra: object) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    (where / f"{workload}__{policy}.json").write_text(json.dumps({
+        "unallocated_gpu_pct_median": sorted(values)[len(values) // 2], "unallocated_gpu_pct": values,
+        "seeds": list(range(len(values))), "measure": "window", **extra,
+    }))
+
+
 def test_holm_matches_the_step_down_by_hand() -> None:
     # sorted p: 0.01 (×3 = 0.03), 0.02 (×2 = 0.04), 0.04 (×1, kept monotone at 0.04)
     assert holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
@@ -47,43 +69,22 @@ def test_compare_corrects_over_every_row(tmp_path: Path) -> None:
 
 
 def test_openb_report_adds_the_rank_tests_when_per_seed_results_are_there(tmp_path: Path) -> None:
-    folder = tmp_path / "openb"
-    folder.mkdir()
     workload = "openb_pod_list_default"
-    (tmp_path / "pub.tsv").write_text(
-        "workload\tRandom\tDotProd\tGpuClustering\tGpuPacking\tBestFit\tFGD\n"
-        f"{workload}\t13.75\t9.4\t8.4\t8.2\t7.09\t5.45\n"
-    )
-    (folder / "published_per_seed.tsv").write_text(HEADER + _row(workload, "fgd", SAME))
-    for policy, values in (("fgd", [v + 0.02 for v in SAME]), ("fgd-lookahead", [v - 1.0 for v in SAME])):
-        (folder / f"{workload}__{policy}.json").write_text(json.dumps({
-            "unallocated_gpu_pct_median": sorted(values)[5], "unallocated_gpu_pct": values,
-            "seeds": list(range(10)), "measure": "window",
-        }))
-    text = openb_report(folder, tmp_path / "pub.tsv")
+    folder, medians = _published(tmp_path, workload, _row(workload, "fgd", SAME))
+    _run(folder, workload, "fgd", [v + 0.02 for v in SAME])
+    _run(folder, workload, "fgd-lookahead", [v - 1.0 for v in SAME])
+    text = openb_report(folder, medians)
     assert "Significant after correction: 0 of 1." in text  # fgd: +0.02, noise
     assert "- fgd-lookahead: significantly below on 1 of 1 lists." in text
     assert "| default | fgd-lookahead | fgd | 4.45 | 5.45 | -1.00 | 0.000 | **0.000** |" in text
 
 
 def test_openb_report_tests_the_unseen_lists_apart_from_the_shared_ones(tmp_path: Path) -> None:
-    folder = tmp_path / "openb"
-    (folder / "unseen").mkdir(parents=True)
     shared, unseen = "openb_pod_list_default", "openb_pod_list_cpu250"
-    (tmp_path / "pub.tsv").write_text(
-        "workload\tRandom\tDotProd\tGpuClustering\tGpuPacking\tBestFit\tFGD\n"
-        f"{shared}\t13.75\t9.4\t8.4\t8.2\t7.09\t5.45\n"
-    )
-    (folder / "published_per_seed.tsv").write_text(
-        HEADER + _row(shared, "fgd", SAME) + _row(unseen, "fgd", SAME)
-    )
-    for where, workload, shift in ((folder, shared, 0.02), (folder / "unseen", unseen, 1.0)):
-        values = [v + shift for v in SAME]
-        (where / f"{workload}__fgd.json").write_text(json.dumps({
-            "unallocated_gpu_pct_median": sorted(values)[5], "unallocated_gpu_pct": values,
-            "seeds": list(range(10)), "measure": "window",
-        }))
-    text = openb_report(folder, tmp_path / "pub.tsv")
+    folder, medians = _published(tmp_path, shared, _row(shared, "fgd", SAME) + _row(unseen, "fgd", SAME))
+    _run(folder, shared, "fgd", [v + 0.02 for v in SAME])
+    _run(folder / "unseen", unseen, "fgd", [v + 1.0 for v in SAME])
+    text = openb_report(folder, medians)
     shared_part, unseen_part = text.split("(pod lists not in the shared traces, `unseen/`)")
     assert "Significant after correction: 0 of 1." in shared_part and "cpu250" not in shared_part
     # the unseen list is tested on its own, with its own correction, and is the one that is off
@@ -92,19 +93,10 @@ def test_openb_report_tests_the_unseen_lists_apart_from_the_shared_ones(tmp_path
 
 
 def test_openb_report_sets_the_packing_bound_beside_the_published_fgd(tmp_path: Path) -> None:
-    folder = tmp_path / "openb"
-    folder.mkdir()
     workload = "openb_pod_list_default"
-    (tmp_path / "pub.tsv").write_text(
-        "workload\tRandom\tDotProd\tGpuClustering\tGpuPacking\tBestFit\tFGD\n"
-        f"{workload}\t13.75\t9.4\t8.4\t8.2\t7.09\t5.45\n"
-    )
-    (folder / "published_per_seed.tsv").write_text(HEADER + _row(workload, "fgd", SAME))
-    for policy, median, bound in (("random", 13.0, [3.0] * 10), ("fgd-lookahead", 4.45, [3.5, 3.5])):
-        (folder / f"{workload}__{policy}.json").write_text(json.dumps({
-            "unallocated_gpu_pct_median": median, "unallocated_gpu_pct": [median] * 10,
-            "unallocated_gpu_pct_bound": bound, "seeds": list(range(10)), "measure": "window",
-        }))
-    text = openb_report(folder, tmp_path / "pub.tsv")
+    folder, medians = _published(tmp_path, workload, _row(workload, "fgd", SAME))
+    _run(folder, workload, "random", [13.0] * 10, unallocated_gpu_pct_bound=[3.0] * 10)
+    _run(folder, workload, "fgd-lookahead", [4.45] * 10, unallocated_gpu_pct_bound=[3.5, 3.5])
+    text = openb_report(folder, medians)
     # the bound of the run with the most seeds (3.0); room 5.45 - 3.0; fgd-lookahead takes 1.00 of 2.45
     assert "| default | 3.00 | 5.45 | 2.45 | — | — | — | 4.45 (+41%) |" in text
