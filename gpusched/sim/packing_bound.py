@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from gpusched.catalog import default_catalog
 from gpusched.model import MILLI
 from gpusched.sim.traces import OpenbNode, OpenbPod
 
@@ -41,22 +42,30 @@ _EPS = 1e-7
 
 
 def gpu_items(pods: Iterable[OpenbPod]) -> Counter[Item]:
-    """``{(milli, models): count}``: a fractional pod is one item of its ``gpu_milli``, a pod of
-    ``k`` whole GPUs ``k`` items of 1,000, each allowed on the pod's ``gpu_spec`` models (empty =
-    any); CPU-only pods hold no GPU."""
+    """``{(milli, models): count}``: a one-GPU pod below 1,000 milli is one item of its
+    ``gpu_milli``, any other GPU pod of ``k`` GPUs ``k`` items of 1,000 (the harness gives a
+    multi-GPU pod whole GPUs, :func:`gpusched.sim.openb.pod_request`), each allowed on the pod's
+    ``gpu_spec`` models as catalog names (empty = any); CPU-only pods hold no GPU."""
+    cat = default_catalog()
     items: Counter[Item] = Counter()
     for pod in pods:
         if pod.num_gpu:
-            whole = pod.gpu_milli >= MILLI
-            items[(MILLI if whole else pod.gpu_milli, frozenset(pod.gpu_spec))] += pod.num_gpu if whole else 1
+            pins = frozenset(cat.get(m).name for m in pod.gpu_spec)
+            if pod.num_gpu == 1 and pod.gpu_milli < MILLI:
+                items[(pod.gpu_milli, pins)] += 1
+            else:
+                items[(MILLI, pins)] += pod.num_gpu
     return items
 
 
 def gpus_by_model(nodes: Iterable[OpenbNode]) -> Counter[str]:
-    """GPUs per trace model name of an openb node list."""
+    """GPUs per catalog model name of an openb node list (trace names resolve through the
+    catalog's aliases, as in :func:`gpusched.sim.fleets.openb_fleet`)."""
+    cat = default_catalog()
     out: Counter[str] = Counter()
     for node in nodes:
-        out[node.model] += node.gpus
+        if node.gpus:
+            out[cat.get(node.model or "T4").name] += node.gpus
     return out
 
 

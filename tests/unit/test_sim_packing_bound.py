@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpusched.sim.openb import run_openb, run_openb_seeds
-from gpusched.sim.packing_bound import gpu_items, packing_bound, unallocated_bound_pct
+from gpusched.sim.packing_bound import gpu_items, gpus_by_model, packing_bound, unallocated_bound_pct
 from gpusched.sim.traces import OpenbPod, load_openb_nodes
 
 
@@ -73,12 +73,19 @@ def test_bad_item_sizes_are_refused() -> None:
 def test_whole_gpu_pods_count_one_item_per_gpu_and_cpu_pods_none() -> None:
     pods = [
         OpenbPod("a", 1000, 10, 4, 1000),
-        OpenbPod("b", 1000, 10, 1, 250, ("P100",)),
+        OpenbPod("m", 1000, 10, 2, 0),  # a multi-GPU pod takes whole GPUs whatever its gpu_milli
+        OpenbPod("b", 1000, 10, 1, 250, ("P100",)),  # trace names resolve through the catalog
         OpenbPod("c", 1000, 10, 0, 0),
     ]
-    assert gpu_items(pods) == {(1000, ANY): 4, (250, frozenset({"P100"})): 1}
-    assert unallocated_bound_pct(pods, {"P100": 2, "T4": 6}) == pytest.approx(100 * (1 - 4250 / 8000))
-    assert unallocated_bound_pct(pods, {"T4": 8}) == pytest.approx(50.0)  # no P100: the 0.25 fits nowhere
+    p100 = frozenset({"P100-PCIE-16GB"})
+    assert gpu_items(pods) == {(1000, ANY): 6, (250, p100): 1}
+    fleet = {"P100-PCIE-16GB": 2, "T4": 6}
+    assert unallocated_bound_pct(pods, fleet) == pytest.approx(100 * (1 - 6250 / 8000))
+    assert unallocated_bound_pct(pods, {"T4": 8}) == pytest.approx(25.0)  # no P100: the 0.25 fits nowhere
+
+
+def test_node_models_are_counted_by_catalog_name(tmp_path: Path) -> None:
+    assert gpus_by_model(_fleet(tmp_path, 2, v100=3)) == {"T4": 8, "V100-SXM2-16GB": 6}
 
 
 def _fleet(tmp_path: Path, nodes: int, v100: int = 0):  # type: ignore[no-untyped-def]
