@@ -100,6 +100,8 @@ def packing_bound(items: Mapping[Item, int], gpus: Mapping[str, int]) -> float:
             -(size @ a), A_ub=np.vstack([a, per_model]), b_ub=np.concatenate([count, room]),
             bounds=(0, None), method="highs",
         )
+        if not res.success or res.ineqlin is None:
+            break  # a solver failure: the last dual bound (or everything arrived) still holds
         marginals = -res.ineqlin.marginals
         prices, gpu_price = np.maximum(0.0, marginals[: len(kinds)]), marginals[len(kinds):]
         new = []

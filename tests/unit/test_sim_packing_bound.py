@@ -121,3 +121,16 @@ def test_no_policy_reads_below_the_bound_and_it_binds_when_sizes_waste_gpus(tmp_
 def test_the_seed_results_carry_the_bound_per_seed(tmp_path: Path) -> None:
     result = run_openb_seeds([OpenbPod("s", 1000, 1024, 1, 600)], _fleet(tmp_path, 4), "fgd", [0, 1])
     assert result["unallocated_gpu_pct_bound"] == [pytest.approx(40.0), pytest.approx(40.0)]
+
+
+def test_a_solver_failure_keeps_a_valid_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    import scipy.optimize
+
+    class Failed:
+        success = False
+        ineqlin = None
+
+    monkeypatch.setattr(scipy.optimize, "linprog", lambda *args, **kwargs: Failed())
+    # no LP answer: the bound falls back to what arrived (capped by the GPUs), never below the optimum
+    assert packing_bound(_any({600: 3, 500: 2}), {"T4": 3}) == pytest.approx(2800)
+    assert packing_bound(_any({600: 10}), {"T4": 4}) == pytest.approx(4000)
