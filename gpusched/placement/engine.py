@@ -22,14 +22,14 @@ from gpusched.catalog import Catalog
 from gpusched.errors import PlacementError
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement.admission import QuotaGate
-from gpusched.placement.choose import Choice, choose, left_after
+from gpusched.placement.choose import Choice, choose
+from gpusched.placement.host_only import choose_host_node
 from gpusched.placement.incremental import Incremental
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
 from gpusched.placement.lookahead import ShapeDeltas
-from gpusched.placement.policy import Chooser, Policy, QueueOrder
+from gpusched.placement.policy import Policy, QueueOrder
 from gpusched.placement.score import FragStats, Workload, cached_stats, estimate_workload
 from gpusched.placement.speeds import model_speeds
-from gpusched.placement.ties import levels_best
 from gpusched.placement.types import (
     Assignment,
     PendingTask,
@@ -44,7 +44,6 @@ from gpusched.request import GPURequest
 
 __all__ = ["Placer", "place"]
 
-_ANY_GPU = GPURequest()
 
 
 def place(request: PlacementRequest) -> PlacementPlan:
@@ -104,6 +103,9 @@ class Placer:
         self.state = FreeState(self.index, snapshot)
         self.workload = workload or Workload.of(policy.workload)
         self._stats: FragStats | None = None
+        # CPU-only tasks' own expected workload (None: the same as ``workload``).
+        self.host_workload = Workload.of(policy.host_task_workload) if policy.host_task_workload else None
+        self._host_stats: FragStats | None = None
         self._pristine = True  # state still equals the snapshot's usage (stats may come from cache)
         self._lookahead: ShapeDeltas | None = None
         self._speed_cache: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
@@ -122,6 +124,22 @@ class Placer:
             else:
                 self._stats = FragStats(self.index, self.state, self.workload)
         return self._stats
+
+    @property
+    def host_stats(self) -> FragStats:
+        """The aggregates CPU-only tasks are scored by: over ``policy.host_task_workload`` when the
+        policy sets one, else :attr:`stats`."""
+        if self.host_workload is None:
+            return self.stats
+        if self._host_stats is None:
+            self._host_stats = FragStats(self.index, self.state, self.host_workload)
+        return self._host_stats
+
+    def _refresh(self, nodes: Iterable[int]) -> None:
+        nodes = tuple(nodes)
+        for stats in (self._stats, self._host_stats):
+            if stats is not None:
+                stats.refresh(self.state, nodes)
 
     @property
     def lookahead(self) -> ShapeDeltas | None:
@@ -148,11 +166,8 @@ class Placer:
         shares = tuple(shares)
         self._pristine = False
         self.state.apply(shares, release=release, cpu_milli=cpu_milli, host_memory_bytes=host_memory_bytes)
-        if self._stats is not None:
-            pos = self.index.pos
-            self._stats.refresh(
-                self.state, (int(self.index.dev_node[pos[s.uuid]]) for s in shares if s.uuid in pos)
-            )
+        pos = self.index.pos
+        self._refresh(int(self.index.dev_node[pos[s.uuid]]) for s in shares if s.uuid in pos)
 
     def release(
         self, shares: Iterable[DeviceShare], *, cpu_milli: int = 0, host_memory_bytes: int = 0
@@ -168,8 +183,7 @@ class Placer:
         self.state.host_cpu[n] += sign * cpu_milli
         self.state.host_mem[n] += sign * host_memory_bytes
         self.state.touch(n)
-        if self._stats is not None:
-            self._stats.refresh(self.state, (n,))
+        self._refresh((n,))
 
     def host_free(self, node: str) -> tuple[int, int]:
         """Host CPU (milli-cores) and RAM (bytes) still free on ``node``."""
@@ -177,35 +191,9 @@ class Placer:
         return int(self.state.host_cpu[n]), int(self.state.host_mem[n])
 
     def choose_host_node(self, cpu_milli: int, host_memory_bytes: int, *, seed: int = 0) -> str | None:
-        """The node this policy would give a CPU-only task (None if none has room); takes nothing.
-
-        Scoring policies pick the node whose fragmentation grows least (host-aware workload
-        shapes make CPU use matter); best-fit the least free share of GPU, CPU and RAM; first-fit
-        the first; random any.
-        """
-        st = self.state
-        room = (st.host_cpu >= cpu_milli) & (st.host_mem >= host_memory_bytes) & ~self.index.node_standby
-        ok = np.flatnonzero(room)
-        if len(ok) == 0:
-            return None
-        chooser = self.policy.chooser
-        if chooser is Chooser.FIRST_FIT:
-            n = int(ok[0])
-        elif chooser is Chooser.RANDOM:
-            n = int(np.random.default_rng(seed).choice(ok))
-        elif chooser is Chooser.BEST_FIT:
-            probe = PendingTask("", _ANY_GPU, 0.0, cpu_milli=cpu_milli, host_memory_bytes=host_memory_bytes)
-            n = int(ok[np.argmin(left_after(self, st, ok, 0, probe))])
-        else:
-            delta = self.stats.delta_host(ok, cpu_milli, host_memory_bytes)
-            if self.policy.score_levels:
-                left = self.stats.total[ok] if self.policy.packing else None
-                best = levels_best(self.policy.fragmentation * delta / MILLI, self.policy.score_levels, left)
-                return self.index.nodes[int(ok[best])].name
-            # Among equal fragmentation, the node with the least free GPU capacity, then CPU.
-            order = np.lexsort((st.host_cpu[ok], self.stats.total[ok], delta))
-            n = int(ok[order[0]])
-        return self.index.nodes[n].name
+        """The node this policy would give a CPU-only task (None if none has room); takes nothing
+        (see :func:`gpusched.placement.host_only.choose_host_node`)."""
+        return choose_host_node(self, cpu_milli, host_memory_bytes, seed=seed)
 
     def free_milli(self, uuid: str) -> int:
         """Free milli-GPU of one device in the working state."""
@@ -233,9 +221,9 @@ class Placer:
                 "was built from; build a new Placer (or call placement.place) for it"
             )
         pending, running, quota, now = request.pending, request.running, request.quota, request.now
-        saved = None if commit else (self.state, self._stats, self._pristine)
+        saved = None if commit else (self.state, self._stats, self._host_stats, self._pristine)
         if not commit:
-            self.state, self._stats = self.state.copy(), None
+            self.state, self._stats, self._host_stats = self.state.copy(), None, None
         rng = np.random.default_rng(request.seed)
         # An unlimited state (no quota configured) applies neither budgets nor partitions.
         ctx = QuotaGate(self.snapshot, quota, running, pending, now) if quota.enforced else None
@@ -287,7 +275,7 @@ class Placer:
             assignments.append(Assignment(task.key, shares, float(outcome.score)))
         res_start[:] = np.inf
         if saved is not None:
-            self.state, self._stats, self._pristine = saved
+            self.state, self._stats, self._host_stats, self._pristine = saved
         return PlacementPlan(tuple(assignments), tuple(rejections), tuple(reservations))
 
     def _effective_priority(self, task: PendingTask, now: float) -> float:

@@ -16,6 +16,11 @@ reads it. ``Policy.named(name)`` gives the presets:
               look-ahead over the next request's shape (:mod:`gpusched.placement.lookahead`)
               instead of by the earliest node, with tied nodes of models that the pinned demand
               makes scarce dropped first.
+``fgd-memory``  ``fgd-lookahead`` whose expected shapes also carry host RAM when a GPU task is
+              placed, so a node whose RAM a likely GPU request would not fit in counts as
+              fragmented; CPU-only tasks are placed by the shapes without RAM
+              (``host_task_workload``). Where tasks declare no host RAM (the Airflow executor
+              today) it decides as ``fgd-lookahead``.
 ``best-fit``  the node (and device) with the least free capacity that still fits (for tasks
               with host CPU, the published BestFit's CPU+GPU key in whole hundredths).
 ``first-fit`` FIFO and count-based, like Airflow pools: the first node in inventory order with
@@ -106,6 +111,9 @@ class Policy:
         throughput: optional ``{job_type: {model: speed}}`` table (any unit, per job type).
         workload: expected request shapes for the fragmentation measure; empty = estimated from
             the pending and running tasks of the call, blended with a default prior.
+        host_task_workload: the shapes a CPU-only task's placement is judged by
+            (:mod:`gpusched.placement.host_only`); empty = ``workload``. ``fgd-memory`` gives GPU
+            tasks shapes with host RAM and CPU-only tasks the same shapes without it.
         reservations: whether critical tasks (priority ≥ ``critical_priority``) reserve devices
             that free up earliest, with backfill by shorter tasks.
         critical_priority: the priority from which a task may hold a reservation.
@@ -139,6 +147,7 @@ class Policy:
     lookahead_ties: int = 0
     throughput: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: _EMPTY)
     workload: tuple[WorkloadShape, ...] = ()
+    host_task_workload: tuple[WorkloadShape, ...] = ()
     reservations: bool = True
     critical_priority: int = 100
     aging_per_hour: float = 0.0
@@ -220,4 +229,6 @@ def _presets() -> dict[str, Policy]:
     # ``fgd-full`` whose ties at the top integer score go to a one-step look-ahead; 16 tied
     # candidates bound its work per decision.
     presets["fgd-lookahead"] = replace(presets["fgd-full"], name="fgd-lookahead", lookahead_ties=16)
+    # ``fgd-lookahead`` whose harness shapes carry host RAM for GPU tasks only (gpusched.sim.openb).
+    presets["fgd-memory"] = replace(presets["fgd-lookahead"], name="fgd-memory")
     return presets

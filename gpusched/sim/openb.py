@@ -133,22 +133,26 @@ def pod_request(pod: OpenbPod) -> GPURequest:
     return GPURequest(count=pod.num_gpu, gang=pod.num_gpu > 1, models=models)
 
 
-def typical_shapes(pods: Sequence[OpenbPod], popularity: float = 0.95) -> tuple[WorkloadShape, ...]:
+def typical_shapes(
+    pods: Sequence[OpenbPod], popularity: float = 0.95, *, with_memory: bool = False
+) -> tuple[WorkloadShape, ...]:
     """FGD's "typical pods": exact (host CPU, milli-GPU, GPU count, allowed models) classes, most
     frequent first, up to the first class at which ``popularity`` of all pods is covered
     (CPU-only pods included: for them every free GPU counts as fragment). Host memory is left
-    out, as in the FGD simulator's fragment measure."""
+    out, as in the FGD simulator's fragment measure; ``with_memory`` keys the classes by it too
+    and gives each shape its host RAM."""
     cat = default_catalog()
     # A class is (CPU, milli-GPU, count, the pod's GPU-type string as written in the trace).
-    counts: Counter[tuple[int, int, int, str]] = Counter()
+    counts: Counter[tuple[int, int, int, str, int]] = Counter()
     for p in pods:
         spec = "|".join(p.gpu_spec) if p.num_gpu else ""
-        counts[(p.cpu_milli, p.gpu_milli if p.num_gpu else 0, p.num_gpu, spec)] += 1
+        memory_mib = p.memory_mib if with_memory else 0
+        counts[(p.cpu_milli, p.gpu_milli if p.num_gpu else 0, p.num_gpu, spec, memory_mib)] += 1
     total = sum(counts.values())
     # Equal frequencies: the FGD simulator sorts its classes in decreasing order of (frequency,
     # CPU, milli-GPU, count, type string), so at the popularity cut the larger class comes first.
     ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
-    chosen: list[tuple[tuple[int, int, int, str], int]] = []
+    chosen: list[tuple[tuple[int, int, int, str, int], int]] = []
     covered = 0
     for key, n in ranked:
         if covered >= popularity * total:
@@ -161,9 +165,10 @@ def typical_shapes(pods: Sequence[OpenbPod], popularity: float = 0.95) -> tuple[
             milli if count else 0,
             n / covered,
             cpu_milli=cpu,
+            host_memory_bytes=memory_mib * MIB,
             models=frozenset(cat.get(m).name for m in spec.split("|")) if spec else frozenset(),
         )
-        for (cpu, milli, count, spec), n in chosen
+        for (cpu, milli, count, spec, memory_mib), n in chosen
     )
 
 
@@ -178,18 +183,30 @@ def openb_policy(
 
     Score-based presets also get the trace's own request shapes as the expected workload. The
     ``fgd`` preset gets FGD's typical pods exactly (:func:`typical_shapes`); ``fgd-full`` and
-    ``fgd-lookahead`` every exact class of the trace (the whole shape distribution, not only the 95
-    % most common). Other score-based presets get grouped shapes: (GPU count, milli-GPU rounded to
-    50, allowed models from ``gpu_spec``); the ``max_shapes`` most common, each with the median host
-    CPU and RAM of its pods (so GPUs on a node without CPU left count as fragmented, as in FGD) and
-    its allowed models (so a node of a model a shape cannot use counts as fragmented for it, as in
-    FGD — this is what keeps the scarce P100/V100 capacity for the pods pinned to it in the
-    ``gpuspec*`` lists). ``overrides`` are further :class:`Policy` fields (for tuning experiments).
+    ``fgd-lookahead`` every exact class of the trace (the whole shape distribution, not only the
+    95 % most common); ``fgd-memory`` the same classes keyed by host RAM too for GPU pods, and
+    the classes without RAM for CPU-only pods. Other score-based presets get grouped shapes: (GPU
+    count, milli-GPU rounded to 50, allowed models from ``gpu_spec``); the ``max_shapes`` most
+    common, each with the median host CPU and RAM of its pods (so GPUs on a node without CPU left
+    count as fragmented, as in FGD) and its allowed models (so a node of a model a shape cannot
+    use counts as fragmented for it, as in FGD — this is what keeps the scarce P100/V100 capacity
+    for the pods pinned to it in the ``gpuspec*`` lists). ``overrides`` are further
+    :class:`Policy` fields (for tuning experiments).
     """
     base = Policy.named(name)
     if pods and base.chooser == "score" and base.name in ("fgd", "fgd-full", "fgd-lookahead"):
         shapes = typical_shapes(pods, popularity=0.95 if base.name == "fgd" else 1.0)
         return Policy.named(name, fractions_need_partitioning=False, workload=shapes, **overrides)
+    if pods and base.name == "fgd-memory":
+        # Measured (docs/benchmarks.md): with RAM in the CPU-only pods' measure too, they go
+        # where RAM is plentiful, use up the CPU there, and GPUs fail on CPU instead of on RAM.
+        return Policy.named(
+            name,
+            fractions_need_partitioning=False,
+            workload=typical_shapes(pods, 1.0, with_memory=True),
+            host_task_workload=typical_shapes(pods, 1.0),
+            **overrides,
+        )
     cat = default_catalog()
     groups: dict[tuple[int, int, frozenset[str]], list[OpenbPod]] = {}
     for p in pods:
