@@ -57,8 +57,8 @@ class EnvVar:
 OPTIONS: tuple[Option, ...] = (
     Option("policy", "string", "gpusched",
            "Placement policy of the GPU executor: gpusched (topology- and heterogeneity-aware), "
-           "fgd, fgd-full, fgd-lookahead (fragmentation only; see docs/benchmarks.md), first-fit, "
-           "best-fit or random.", "best-fit"),
+           "fgd, fgd-full, fgd-lookahead, fgd-memory (fragmentation only; see docs/benchmarks.md), "
+           "first-fit, best-fit or random.", "best-fit"),
     Option("lease_seconds", "integer", "600",
            "Seconds an allocation's lease lasts without a heartbeat renewing it; an expired lease "
            "is released (a crashed scheduler never holds devices forever).", "300"),

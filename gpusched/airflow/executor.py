@@ -21,9 +21,10 @@ stalling the scheduler loop, and the ledger is left alone for that long before t
 Settings (``[gpusched]`` section of the executor's team-scoped config, or
 ``AIRFLOW__GPUSCHED__<NAME>``; declared with types and defaults in :mod:`gpusched.settings`):
 ``policy`` (gpusched,
-first-fit, best-fit, random), ``lease_seconds`` (600), ``fail_unschedulable`` (True: a request
-that can never fit this fleet fails at once instead of waiting), ``visible_devices_by_uuid``
-(False), ``sync_inventory_on_start`` (True: discover the hardware or simulated fleet on start),
+fgd, fgd-full, fgd-lookahead, fgd-memory, first-fit, best-fit, random), ``lease_seconds`` (600),
+``fail_unschedulable`` (True: a request that can never fit this fleet fails at once instead of
+waiting), ``visible_devices_by_uuid`` (False), ``sync_inventory_on_start`` (True: discover the
+hardware or simulated fleet on start),
 ``pool_sync`` (default: the ``GPUSCHED_POOL_SYNC`` variable; keeps the ``gpu_<partition>`` pools
 sized to the fleet, see :mod:`gpusched.airflow.pool_sync`), ``wait_for_api_seconds`` (90: on start,
 wait this long for the execution API to answer before dispatching anything; 0 = do not wait),

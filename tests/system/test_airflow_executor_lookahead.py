@@ -1,5 +1,6 @@
-"""``[gpusched] policy = fgd-lookahead`` through the real GPUExecutor: the look-ahead tie-break
-runs in the executor's cycle and every task gets its own devices.
+"""``[gpusched] policy = fgd-lookahead`` (and ``fgd-memory``, which decides the same where tasks
+declare no host RAM) through the real GPUExecutor: the look-ahead tie-break runs in the
+executor's cycle and every task gets its own devices.
 
 GPUExecutor in-process against a real ledger and a migrated Airflow DB (the workers' queue is read
 directly, as in ``test_airflow_executor.py``). Three identical nodes of two A100s, so the first
@@ -8,6 +9,7 @@ decisions tie at FGD's top integer score.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -22,14 +24,16 @@ from gpusched.request import GPURequest
 pytestmark = pytest.mark.airflow
 
 
-@pytest.fixture
-def executor(airflow_db: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+@pytest.fixture(params=["fgd-lookahead", "fgd-memory"])
+def executor(
+    airflow_db: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[Any]:
     fleet = tmp_path / "fleet.yaml"
     nodes = "".join(f"      - name: {n}\n        cpu: 64\n        memory: 512GiB\n"
                     "        devices: {model: A100-SXM-80GB, count: 2}\n" for n in ("n1", "n2", "n3"))
     fleet.write_text("racks:\n  - name: r\n    nodes:\n" + nodes)
     monkeypatch.setenv("GPUSCHED_FLEET", str(fleet))
-    monkeypatch.setenv("AIRFLOW__GPUSCHED__POLICY", "fgd-lookahead")
+    monkeypatch.setenv("AIRFLOW__GPUSCHED__POLICY", request.param)
     yield from queue_reading_executor(monkeypatch)
 
 
@@ -48,6 +52,7 @@ def test_lookahead_policy_places_every_task_on_its_own_devices(
     workloads = [gpu_workload(name, {"gpusched": GPURequest.build(**gpu).to_dict()})
                  for name, gpu in requests.items()]
     sent = run_cycle(executor, *workloads)
+    assert executor.gpu.policy.name == os.environ["AIRFLOW__GPUSCHED__POLICY"]
     assert sorted(sent) == sorted(w.key for w in workloads)
     assert compared and max(compared) >= 2  # ties were compared by the look-ahead
     taken: Counter[str] = Counter()

@@ -315,3 +315,35 @@ def test_cpu_only_work_goes_where_it_fragments_least() -> None:
     assert placer.place(no_quota_on(placer, [task], now=0.0)).rejections
     placer.take_host("free", 12_000, 0, release=True)
     assert placer.place(no_quota_on(placer, [task], now=0.0)).assignments
+
+
+def test_cpu_only_work_can_be_judged_by_its_own_shapes() -> None:
+    # GPU shapes need 100 GiB of host RAM. A 64 GiB CPU-only task on "small" (128 GiB) would
+    # strand its GPUs for them; on "big" (512 GiB) it strands nothing.
+    snap = FleetSnapshot((
+        make_node("small", "T4", 2, memory_bytes=128 * GIB),
+        make_node("big", "T4", 2, memory_bytes=512 * GIB),
+    ))
+    with_ram = (WorkloadShape(1, MILLI, 1.0, cpu_milli=1000, host_memory_bytes=100 * GIB),)
+    without_ram = (WorkloadShape(1, MILLI, 1.0, cpu_milli=1000),)
+    by_ram = Placer(snap, Policy.named("fgd-memory", workload=with_ram))
+    assert by_ram.choose_host_node(1000, 64 * GIB) == "big"
+    # host_task_workload: the CPU-only decision ignores RAM (equal scores: the first node) ...
+    placer = Placer(snap, Policy.named("fgd-memory", workload=with_ram, host_task_workload=without_ram))
+    assert placer.choose_host_node(1000, 64 * GIB) == "small"
+    # ... while GPU decisions still count it: after the task, "small" is fragmented for them.
+    placer.take_host("small", 1000, 64 * GIB)
+    assert placer.stats.node_fragmentation(np.array([0]))[0] == pytest.approx(2 * MILLI)
+    assert placer.host_stats.node_fragmentation(np.array([0]))[0] == pytest.approx(0.0)
+    plan = placer.place(no_quota_on(placer, [PendingTask("g", GPURequest.build(gpus=1), 0.0,
+                                                         host_memory_bytes=100 * GIB)], now=0.0))
+    assert plan.assignments[0].shares[0].node == "big"
+    # Both aggregates follow every change, as if built afresh from the state.
+    for stats, shapes in ((placer.stats, with_ram), (placer.host_stats, without_ram)):
+        fresh = FragStats(placer.index, placer.state, Workload.of(shapes))
+        assert np.allclose(stats.expected, fresh.expected)
+    # A plan that is not committed leaves both as they were.
+    before = placer.host_stats.expected.copy()
+    trial = no_quota_on(placer, [PendingTask("h", GPURequest.build(gpus=2), 0.0)], now=0.0)
+    placer.place(trial, commit=False)
+    assert np.array_equal(placer.host_stats.expected, before)

@@ -187,3 +187,20 @@ def test_ties_go_by_a_seeded_random_node_order_as_in_the_fgd_simulator(
     assert orders[5] != orders[6]
     run_openb(pods, nodes, "fgd", seed=5, shuffle_nodes=False)
     assert built[-1] == names
+
+
+def test_fgd_memory_gives_gpu_pods_ram_in_their_shapes_and_cpu_only_pods_none(tmp_path: Path) -> None:
+    pods = [OpenbPod("a", 1000, 4096, 1, 500), OpenbPod("b", 1000, 8192, 1, 500)]
+    pods.append(OpenbPod("c", 2000, 4096, 0, 0))
+    policy = openb_policy("fgd-memory", pods)
+    # RAM splits (1000, 500) into two classes for GPU decisions; without it they are one.
+    assert sorted((s.milli, s.host_memory_bytes) for s in policy.workload) == [
+        (0, 4096 * 2**20), (500, 4096 * 2**20), (500, 8192 * 2**20)
+    ]
+    assert policy.host_task_workload == typical_shapes(pods, popularity=1.0)
+    assert all(s.host_memory_bytes == 0 for s in policy.host_task_workload)
+    assert policy.lookahead_ties == openb_policy("fgd-lookahead", pods).lookahead_ties > 0
+    assert not openb_policy("fgd-lookahead", pods).host_task_workload
+    # And the procedure runs with it end to end.
+    run = run_openb(PODS, _nodes(tmp_path), "fgd-memory", seed=3)
+    assert 0 < run.allocated_milli <= run.capacity_milli
