@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 CALIBRATED = ("random", "best-fit", "fgd")
-AGAINST_FGD = ("gpusched", "fgd-full", "fgd-lookahead")
+AGAINST_FGD = ("gpusched", "fgd-full", "fgd-lookahead", "fgd-memory")
 ALPHA = 0.05
 
 

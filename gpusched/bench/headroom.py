@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["bound_medians", "headroom_section"]
 
-SHOWN = ("fgd", "gpusched", "fgd-full", "fgd-lookahead")
+SHOWN = ("fgd", "gpusched", "fgd-full", "fgd-lookahead", "fgd-memory")
 
 
 def bound_medians(runs: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:

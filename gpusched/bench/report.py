@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["gavel_report", "latency_report", "openb_report", "philly_report", "read_published_openb"]
 
-_OPENB_COLUMNS = ("random", "best-fit", "gpusched", "fgd", "fgd-full", "fgd-lookahead")
+_OPENB_COLUMNS = ("random", "best-fit", "gpusched", "fgd", "fgd-full", "fgd-lookahead", "fgd-memory")
 _BEAT_FGD_BY = 0.1  # issue 13's bar: strictly below the published FGD by at least this
 
 
@@ -66,8 +66,8 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
         "| pod list | Random (pub.) | Random (ours) | Δ | BestFit (pub.) | BestFit (ours) | Δ "
         "| FGD (pub.) | fgd preset (ours) | Δ | gpusched (ours) | gpusched − FGD (pub.) "
         "| fgd-full (ours) | fgd-full − FGD (pub.) | fgd-lookahead (ours) | fgd-lookahead − FGD (pub.) "
-        "| seeds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| fgd-memory (ours) | fgd-memory − FGD (pub.) | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     names = sorted(ours)
     deltas: dict[str, list[float]] = {p: [] for p in _OPENB_COLUMNS}
@@ -101,7 +101,8 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
             f"| {_fmt(pub.get('FGD'))} | {med('fgd')} | {diff('fgd', 'FGD')} "
             f"| {med('gpusched')} | {diff('gpusched', 'FGD')} "
             f"| {med('fgd-full')} | {diff('fgd-full', 'FGD')} "
-            f"| {med('fgd-lookahead')} | {diff('fgd-lookahead', 'FGD')} | {seeds} |"
+            f"| {med('fgd-lookahead')} | {diff('fgd-lookahead', 'FGD')} "
+            f"| {med('fgd-memory')} | {diff('fgd-memory', 'FGD')} | {seeds} |"
         )
 
     def mean(policy: str) -> str:
@@ -110,12 +111,12 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
 
     lines.append(
         f"| **mean Δ** | | | {mean('random')} | | | {mean('best-fit')} | | | {mean('fgd')} | | "
-        f"{mean('gpusched')} | | {mean('fgd-full')} | | {mean('fgd-lookahead')} | |"
+        f"{mean('gpusched')} | | {mean('fgd-full')} | | {mean('fgd-lookahead')} | | {mean('fgd-memory')} | |"
     )
     lines.append("")
     beats = ", ".join(
         f"{policy} {sum(d <= -_BEAT_FGD_BY + 1e-9 for d in deltas[policy])} of {len(deltas[policy])}"
-        for policy in ("gpusched", "fgd-full", "fgd-lookahead")
+        for policy in ("gpusched", "fgd-full", "fgd-lookahead", "fgd-memory")
         if deltas[policy]
     )
     if beats:
@@ -124,8 +125,8 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
     lines.append("`*` = a run of the earlier harness (one reading at the crossing arrival): not comparable.")
     if names:
         plt = _plt()
-        fig, ax = plt.subplots(figsize=(12, 4.5))
-        width = 0.1
+        fig, ax = plt.subplots(figsize=(13, 4.5))
+        width = 0.09
         series = [
             ("Random pub.", "Random", None),
             ("Random ours", None, "random"),
@@ -136,6 +137,7 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
             ("gpusched ours", None, "gpusched"),
             ("fgd-full ours", None, "fgd-full"),
             ("fgd-lookahead ours", None, "fgd-lookahead"),
+            ("fgd-memory ours", None, "fgd-memory"),
         ]
         for k, (label, pub_key, our_key) in enumerate(series):
             values = []
@@ -146,7 +148,7 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
                     v = ours[workload].get(our_key or "", {}).get("unallocated_gpu_pct_median")
                     values.append(float("nan") if v is None else v)
             ax.bar(
-                [i + (k - 4) * width for i in range(len(names))],
+                [i + (k - 4.5) * width for i in range(len(names))],
                 values,
                 width,
                 label=label,

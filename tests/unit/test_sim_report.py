@@ -25,7 +25,8 @@ def test_openb_and_gavel_reports(tmp_path: Path) -> None:
     assert read_published_openb(tsv)["openb_pod_list_default"]["FGD"] == 4.77
     folder = tmp_path / "openb"
     folder.mkdir()
-    for policy, value in (("random", 14.0), ("gpusched", 5.0), ("fgd-full", 4.6), ("fgd-lookahead", 4.7)):
+    for policy, value in (("random", 14.0), ("gpusched", 5.0), ("fgd-full", 4.6), ("fgd-lookahead", 4.7),
+                          ("fgd-memory", 4.5)):
         (folder / f"openb_pod_list_default__{policy}.json").write_text(
             json.dumps({"unallocated_gpu_pct_median": value, "seeds": [0, 1], "measure": "window"})
         )
@@ -35,12 +36,12 @@ def test_openb_and_gavel_reports(tmp_path: Path) -> None:
     text = openb_report(folder, tsv)
     row = (
         "| default | 13.75 | 14.00 | +0.25 | 7.09 | — | — | 4.77 | 4.90 * | — | 5.00 | +0.23 "
-        "| 4.60 | -0.17 | 4.70 | -0.07 | 2 |"
+        "| 4.60 | -0.17 | 4.70 | -0.07 | 4.50 | -0.27 | 2 |"
     )
     assert row in text
     # 4.60 is 0.17 below the published 4.77, 4.70 only 0.07: one beats FGD by the bar, one does not.
     assert ("Below the published FGD by ≥ 0.1 point: gpusched 0 of 1, fgd-full 1 of 1, "
-            "fgd-lookahead 0 of 1 lists.") in text
+            "fgd-lookahead 0 of 1, fgd-memory 1 of 1 lists.") in text
     assert "| **mean Δ** | | | +0.25 (n=1) |" in text
     assert (folder / "openb_unallocated.png").stat().st_size > 1000
 
