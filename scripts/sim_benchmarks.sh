@@ -3,7 +3,7 @@
 #   scripts/sim_benchmarks.sh [openb] [gavel] [philly] [latency]    (default: all four)
 # Environment: SEEDS (openb seeds, default 10), GPUSCHED_TRACES (default ../shared/traces),
 # PHILLY_NODES (default 50), OPENB_GLOB (pod lists to run, default openb_pod_list_*.csv),
-# OPENB_POLICIES (default "random best-fit gpusched fgd fgd-full fgd-lookahead"; the baselines need no rerun when only
+# OPENB_POLICIES (default "random best-fit gpusched fgd fgd-full fgd-lookahead fgd-memory"; the baselines need no rerun when only
 # the score-based presets changed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ TRACES=${GPUSCHED_TRACES:-../shared/traces}
 SEEDS=${SEEDS:-10}
 PHILLY_NODES=${PHILLY_NODES:-50}
 OPENB_GLOB=${OPENB_GLOB:-openb_pod_list_*.csv}
-OPENB_POLICIES=${OPENB_POLICIES:-random best-fit gpusched fgd fgd-full fgd-lookahead}
+OPENB_POLICIES=${OPENB_POLICIES:-random best-fit gpusched fgd fgd-full fgd-lookahead fgd-memory}
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(openb gavel philly latency)
 
