@@ -18,8 +18,10 @@ spec = importlib.util.spec_from_file_location("capacity_forecast", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 run = module.capacity_forecast_dag.test()
-states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
-print("RESULT " + json.dumps({"state": str(run.state), "tasks": states}))
+tis = run.get_task_instances()
+states = {ti.task_id: str(ti.state) for ti in tis}
+tries = {ti.task_id: ti.try_number for ti in tis}
+print("RESULT " + json.dumps({"state": str(run.state), "tasks": states, "tries": tries}))
 """
 
 
@@ -61,11 +63,13 @@ def test_capacity_forecast_dag_end_to_end(tmp_path: Path) -> None:
     scaling = json.loads((state / "scaling.json").read_text())
     assert scaling["last_plan"]["provisioning_delay_s"] == 900
 
-    # Demand above the declared capacity fails validation, and nothing downstream runs.
+    # Demand above the declared capacity fails validation, at once (the same history would fail
+    # the retry too: the DAG's retries=1 is not spent), and nothing downstream runs.
     failed = _run_dag(home, GPUSCHED_FORECAST_CAPACITY="5")
-    tasks = failed["tasks"]
+    tasks, tries = failed["tasks"], failed["tries"]
     assert failed["state"] == "failed"
     assert isinstance(tasks, dict) and tasks["validate"] == "failed"
+    assert isinstance(tries, dict) and tries["validate"] == 1
     assert tasks["prescale"] != "success"
 
 
