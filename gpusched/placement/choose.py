@@ -137,12 +137,11 @@ def choose(
 
 def _cached_fraction_applies(placer: PlacerView) -> bool:
     """Whether the fractional decision can come from the per-node cache: the ``score`` chooser
-    with a plain lowest-score choice, no slices, and a workload without host or model
-    conditions (whose shape-by-shape form sums with a matrix product)."""
+    without the best-fit tie-break, no slices, and a workload without host or model conditions
+    (whose shape-by-shape form sums with a matrix product)."""
     policy = placer.policy
     return (
         policy.chooser is Chooser.SCORE
-        and not policy.score_levels
         and not policy.packing
         and not flt.slice_info(placer.index).any_slices
         and not placer.stats.workload.host_aware
@@ -195,8 +194,15 @@ def _fraction_cached(
     s = entry.term + speed
     if inc.any_degraded:
         s = s + policy.degraded_penalty * (idx.dev_health == 1)
-    best = int(np.argmin(np.where(fits, s, np.inf)))
-    return Choice([best], milli, [memory], float(s[best]))
+    if not policy.score_levels:
+        best = int(np.argmin(np.where(fits, s, np.inf)))
+        return Choice([best], milli, [memory], float(s[best]))
+    cand = np.flatnonzero(fits)
+    at = levels_best(s[cand], policy.score_levels)
+    if placer.lookahead is not None:
+        at = lookahead_best(placer.lookahead, stats, state, task, s[cand], idx.dev_node[cand],
+                            lambda i: [int(cand[i])], milli)
+    return Choice([int(cand[at])], milli, [memory], float(s[cand[at]]))
 
 
 def _speed_terms(

@@ -172,32 +172,25 @@ def typical_shapes(
     )
 
 
-def openb_policy(
-    name: str,
-    pods: Sequence[OpenbPod] = (),
-    *,
-    max_shapes: int = 256,
-    **overrides: object,
-) -> Policy:
+def openb_policy(name: str, pods: Sequence[OpenbPod] = (), **overrides: object) -> Policy:
     """The named preset, with device sharing allowed on every model (the cluster shared GPUs).
 
-    Score-based presets also get the trace's own request shapes as the expected workload. The
-    ``fgd`` preset gets FGD's typical pods exactly (:func:`typical_shapes`); ``fgd-full`` and
-    ``fgd-lookahead`` every exact class of the trace (the whole shape distribution, not only the
-    95 % most common); ``fgd-memory`` the same classes keyed by host RAM too for GPU pods, and
-    the classes without RAM for CPU-only pods. Other score-based presets get grouped shapes: (GPU
-    count, milli-GPU rounded to 50, allowed models from ``gpu_spec``); the ``max_shapes`` most
-    common, each with the median host CPU and RAM of its pods (so GPUs on a node without CPU left
-    count as fragmented, as in FGD) and its allowed models (so a node of a model a shape cannot
-    use counts as fragmented for it, as in FGD — this is what keeps the scarce P100/V100 capacity
-    for the pods pinned to it in the ``gpuspec*`` lists). ``overrides`` are further
-    :class:`Policy` fields (for tuning experiments).
+    Score-based presets also get the trace's own request shapes as the expected workload (the
+    knowledge FGD itself uses: the shape distribution, no pod order). The ``fgd`` preset gets
+    FGD's typical pods exactly (:func:`typical_shapes`); ``fgd-full`` and ``fgd-lookahead`` every
+    exact class of the trace (the whole shape distribution, not only the 95 % most common);
+    ``fgd-memory`` and ``gpusched`` the same classes keyed by host RAM too for GPU pods, and the
+    classes without RAM for CPU-only pods (``Policy.host_task_workload``). Every class carries
+    its host CPU (so GPUs on a node without CPU left count as fragmented, as in FGD) and its
+    allowed models (so a node of a model a shape cannot use counts as fragmented for it, as in
+    FGD — this is what keeps the scarce P100/V100 capacity for the pods pinned to it in the
+    ``gpuspec*`` lists). ``overrides`` are further :class:`Policy` fields (for tuning
+    experiments).
     """
     base = Policy.named(name)
-    if pods and base.chooser == "score" and base.name in ("fgd", "fgd-full", "fgd-lookahead"):
-        shapes = typical_shapes(pods, popularity=0.95 if base.name == "fgd" else 1.0)
-        return Policy.named(name, fractions_need_partitioning=False, workload=shapes, **overrides)
-    if pods and base.name == "fgd-memory":
+    if not pods or base.chooser != "score":
+        return Policy.named(name, fractions_need_partitioning=False, **overrides)
+    if base.name in ("fgd-memory", "gpusched"):
         # Measured (docs/benchmarks.md): with RAM in the CPU-only pods' measure too, they go
         # where RAM is plentiful, use up the CPU there, and GPUs fail on CPU instead of on RAM.
         return Policy.named(
@@ -207,33 +200,8 @@ def openb_policy(
             host_task_workload=typical_shapes(pods, 1.0),
             **overrides,
         )
-    cat = default_catalog()
-    groups: dict[tuple[int, int, frozenset[str]], list[OpenbPod]] = {}
-    for p in pods:
-        models = frozenset(cat.get(m).name for m in p.gpu_spec)
-        if p.num_gpu == 1 and p.gpu_milli < MILLI:
-            shape = (1, min(MILLI, max(50, round(p.gpu_milli / 50) * 50)), models)
-        elif p.num_gpu:
-            shape = (p.num_gpu, MILLI, models)
-        else:
-            continue
-        groups.setdefault(shape, []).append(p)
-    top = Counter({k: len(v) for k, v in groups.items()}).most_common(max_shapes)
-    total = sum(n for _, n in top)
-    if total and base.chooser == "score":
-        shapes = tuple(
-            WorkloadShape(
-                key[0],
-                key[1],
-                n / total,
-                cpu_milli=int(statistics.median(p.cpu_milli for p in groups[key])),
-                host_memory_bytes=int(statistics.median(p.memory_mib for p in groups[key])) * MIB,
-                models=key[2],
-            )
-            for key, n in top
-        )
-        return Policy.named(name, fractions_need_partitioning=False, workload=shapes, **overrides)
-    return Policy.named(name, fractions_need_partitioning=False, **overrides)
+    shapes = typical_shapes(pods, popularity=0.95 if base.name == "fgd" else 1.0)
+    return Policy.named(name, fractions_need_partitioning=False, workload=shapes, **overrides)
 
 
 def run_openb(

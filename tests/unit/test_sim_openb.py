@@ -66,11 +66,17 @@ def test_requests_follow_the_pod() -> None:
     assert pod_request(PODS[0]).milli_per_gpu == 500 and pod_request(PODS[0]).count == 1
     assert pod_request(PODS[2]).count == 2 and pod_request(PODS[2]).gang
     assert pod_request(PODS[4]).models == frozenset({"V100-SXM2-16GB"})
-    shapes = openb_policy("gpusched", PODS).workload
-    assert {(s.count, s.milli) for s in shapes} == {(1, 500), (1, 1000), (2, 1000), (1, 300)}
-    assert all(s.cpu_milli > 0 for s in shapes)
+    policy = openb_policy("gpusched", PODS)
+    shapes = policy.workload
+    assert {(s.count, s.milli) for s in shapes} == {(1, 500), (1, 1000), (2, 1000), (1, 300), (0, 0)}
+    assert all(s.cpu_milli > 0 and s.host_memory_bytes > 0 for s in shapes)
     pinned = {(s.count, s.milli): s.models for s in shapes}
     assert pinned[(1, 300)] == frozenset({"V100-SXM2-16GB"}) and pinned[(1, 500)] == frozenset()
+    # The default preset is judged as fgd-memory is: GPU pods by shapes with RAM, CPU-only
+    # pods by the same shapes without it, with a coarse integer score and the look-ahead.
+    memory = openb_policy("fgd-memory", PODS)
+    assert (shapes, policy.host_task_workload) == (memory.workload, memory.host_task_workload)
+    assert 0 < policy.score_levels < memory.score_levels and policy.lookahead_ties > 0
     assert not openb_policy("random", PODS).fractions_need_partitioning
 
 
