@@ -111,7 +111,9 @@ def _run_stream(
     return out
 
 
-@pytest.mark.parametrize("policy_name", ["gpusched", "fgd", "fgd-lookahead", "best-fit", "first-fit", "random"])
+@pytest.mark.parametrize(
+    "policy_name", ["gpusched", "fgd", "fgd-lookahead", "best-fit", "first-fit", "random"]
+)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_incremental_engine_decides_like_the_full_computation(policy_name: str, seed: int) -> None:
     rng = random.Random(seed)
