@@ -7,7 +7,8 @@ Tasks
    (``GPUSCHED_FORECAST_CAPACITY`` overrides it).
 2. ``validate`` — the great-expectations suite ``gpusched/include/expectations/demand_history.json``
    (non-null, strictly increasing hourly timestamps, no gaps, 0 ≤ demand ≤ capacity). A failure
-   fails the task naming each failed expectation.
+   fails the task naming each failed expectation. Here and in the next two tasks a
+   ``ForecastError`` fails the task at once, without the retry (the same input fails again).
 3. ``select_model`` — rolling-origin backtest of seasonal-naive, ETS and SARIMAX (MASE);
    ``GPUSCHED_FORECAST_MODELS`` (comma-separated) and ``GPUSCHED_FORECAST_ORIGINS`` narrow it.
    History counts from the first non-zero demand; with less than 96 h of it (a new fleet, an
@@ -26,6 +27,8 @@ Top-level imports are only ``airflow.sdk`` and the standard library; the work ha
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -42,6 +45,24 @@ def _series(history: dict[str, Any]) -> Any:
 
 def _source() -> str:
     return os.environ.get("GPUSCHED_DEMAND_SOURCE", "ledger").strip()
+
+
+@contextmanager
+def _fail_without_retry() -> Iterator[None]:
+    """Turn a :class:`~gpusched.errors.ForecastError` into ``AirflowFailException``.
+
+    A ForecastError is a property of the history or of the settings (failed expectations, an
+    unknown model in ``GPUSCHED_FORECAST_MODELS``, a fit that cannot converge on this series):
+    the retry would read the same input and fail the same way, five minutes later.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from gpusched.errors import ForecastError
+
+    try:
+        yield
+    except ForecastError as exc:
+        raise AirflowFailException(str(exc)) from exc
 
 
 @dag(
@@ -92,17 +113,10 @@ def gpusched_capacity_forecast() -> None:
 
     @task
     def validate(history: dict[str, Any]) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
         from gpusched.capacity.demand_checks import validate_series
-        from gpusched.errors import ForecastError
 
-        series = _series(history)
-        try:
-            checks = validate_series(series)
-        except ForecastError as exc:
-            # The same history fails the same expectations again: fail now, without the retry.
-            raise AirflowFailException(str(exc)) from exc
+        with _fail_without_retry():
+            checks = validate_series(_series(history))
         return {"passed": [c.describe() for c in checks]}
 
     @task
@@ -121,7 +135,8 @@ def gpusched_capacity_forecast() -> None:
         series = since_first_demand(series)
         origins = int(os.environ.get("GPUSCHED_FORECAST_ORIGINS", "7"))
         models = [m.strip() for m in os.environ.get("GPUSCHED_FORECAST_MODELS", "").split(",") if m.strip()]
-        return backtest(series, models or MODELS, origins=origins, spacing=24).to_dict()
+        with _fail_without_retry():
+            return backtest(series, models or MODELS, origins=origins, spacing=24).to_dict()
 
     @task
     def forecast(history: dict[str, Any], selection: dict[str, Any]) -> dict[str, Any]:
@@ -131,7 +146,8 @@ def gpusched_capacity_forecast() -> None:
         from gpusched.paths import state_dir
 
         series = since_first_demand(_series(history))
-        fc = fit_forecast(series, selection["chosen"], 24, level=0.9)
+        with _fail_without_retry():
+            fc = fit_forecast(series, selection["chosen"], 24, level=0.9)
         out_dir = state_dir() / "forecast"
         out_dir.mkdir(parents=True, exist_ok=True)
         stamp = datetime.fromtimestamp(fc.start).strftime("%Y%m%dT%H%M")

@@ -72,6 +72,13 @@ def test_capacity_forecast_dag_end_to_end(tmp_path: Path) -> None:
     assert isinstance(tries, dict) and tries["validate"] == 1
     assert tasks["prescale"] != "success"
 
+    # So does a model name the backtest does not know: the settings are wrong, not the moment.
+    unknown = _run_dag(home, GPUSCHED_FORECAST_MODELS="prophet")
+    tasks, tries = unknown["tasks"], unknown["tries"]
+    assert unknown["state"] == "failed"
+    assert isinstance(tasks, dict) and tasks["select_model"] == "failed" and tasks["validate"] == "success"
+    assert isinstance(tries, dict) and tries["select_model"] == 1
+
 
 @pytest.mark.airflow
 @pytest.mark.slow
