@@ -4,10 +4,10 @@ A :class:`Policy` is a frozen record of weights and switches; :func:`gpusched.pl
 reads it. ``Policy.named(name)`` gives the presets:
 
 ``gpusched``  topology locality + fragmentation (FGD-style, model-aware) + heterogeneity-aware
-              speed + energy, scored as a coarse integer (``GPUSCHED_SCORE_LEVELS`` levels) whose
-              ties a one-step look-ahead over the workload's shapes breaks (as ``fgd-lookahead``);
-              reservations for critical tasks with backfill; within a priority, shortest expected
-              GPU-time first with aging.
+              speed + energy, scored as a coarse integer (``DEFAULT_SCORE_LEVELS``, 50 levels)
+              whose ties a one-step look-ahead over the workload's shapes breaks (as
+              ``fgd-lookahead``); reservations for critical tasks with backfill; within a
+              priority, shortest expected GPU-time first with aging.
 ``fgd``       fragmentation only (Weng et al., ATC '23), to compare with the published FGD,
               with the published scheduler's integer node score (ties to the earliest node).
               Like the baselines below, FIFO within a priority.
@@ -86,7 +86,7 @@ _EMPTY: Mapping[str, Mapping[str, float]] = MappingProxyType({})
 # differ by less than about 0.08 GPU of fragmentation near zero tie and the look-ahead, which
 # judges the next request's placement, decides between them. Chosen on the development openb
 # lists and checked on held-out and unseen ones (docs/benchmarks.md, "gpusched preset").
-GPUSCHED_SCORE_LEVELS = 50
+DEFAULT_SCORE_LEVELS = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +202,7 @@ class Policy:
 
 def _presets() -> dict[str, Policy]:
     presets = {
-        "gpusched": Policy(score_levels=GPUSCHED_SCORE_LEVELS, lookahead_ties=16),
+        "gpusched": Policy(score_levels=DEFAULT_SCORE_LEVELS, lookahead_ties=16),
         "random": Policy(
             name="random",
             chooser=Chooser.RANDOM,
