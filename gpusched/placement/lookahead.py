@@ -40,6 +40,7 @@ __all__ = ["ShapeDeltas", "lookahead_best"]
 
 _NEAR = 1e-9  # look-ahead values closer than this are equal: the earlier candidate stays
 _MAX_ROWS = 100_000  # rows kept by node state before the cache starts over
+_BATCH_FROM = 32  # changed nodes from which one vectorised pass beats row-by-row recomputation
 
 
 class ShapeDeltas:
@@ -76,11 +77,57 @@ class ShapeDeltas:
         return self.pinned * by_model.sum() >= by_model * float(self.demand @ self.workload.s_p)
 
     def current(self, stats: FragStats, state: FreeState) -> np.ndarray:
-        """``D`` for ``state`` (``stats`` must describe it); recomputes the changed nodes only."""
-        for n in np.flatnonzero(self.stamp != state.node_stamp):
-            self.deltas[n] = self.row(stats, state, int(n))
-            self.stamp[n] = state.node_stamp[n]
+        """``D`` for ``state`` (``stats`` must describe it); recomputes the changed nodes only —
+        one row at a time (through the cache by node state) when few changed, in one
+        vectorised pass (:meth:`rows_of`) when many did, as on an engine's first decision."""
+        stale = np.flatnonzero(self.stamp != state.node_stamp)
+        if len(stale) > _BATCH_FROM:
+            self.deltas[stale] = self.rows_of(stats, state, stale)
+        else:
+            for n in stale:
+                self.deltas[n] = self.row(stats, state, int(n))
+        self.stamp[stale] = state.node_stamp[stale]
         return self.deltas
+
+    def rows_of(self, stats: FragStats, state: FreeState, nodes: np.ndarray) -> np.ndarray:
+        """``D[nodes, :]`` in one pass: the values :meth:`row` gives each node (the same scorer
+        functions on the same entries, grouped differently, so equal to the last bits of a sum;
+        every decision compares them to 1e-9)."""
+        w, idx = self.workload, self.index
+        out = np.full((len(nodes), len(w.s_p)), np.inf)
+        ok = self.gpu[None, :] & (state.host_cpu[nodes][:, None] >= w.s_cpu[None, :])
+        ok &= state.host_mem[nodes][:, None] >= w.s_mem[None, :]
+        if stats.model_ok is not None:
+            ok &= stats.model_ok[nodes]
+        # Whole shapes: one entry per (node, shape) that fits the node's fully free devices.
+        room = w.s_count[None, :] <= stats.nfull[nodes][:, None]
+        row, shape = np.nonzero(ok & self.whole[None, :] & room)
+        if len(row):
+            delta = stats.delta_whole(nodes[row], w.s_count[shape], w.s_cpu[shape], w.s_mem[shape])
+            out[row, shape] = delta
+        # Fractions: a node's options are its distinct positive free values, each on its first
+        # device; per (node, shape) the first option (device order) of the best integer level.
+        starts, ends = idx.node_start[nodes], idx.node_start[nodes + 1]
+        devices = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends, strict=True)])
+        owner = np.repeat(np.arange(len(nodes)), ends - starts)
+        free = np.where(stats.in_service[devices], state.free_milli[devices], 0).astype(np.float64)
+        keep = free > 0
+        devices, owner, free = devices[keep], owner[keep], free[keep]
+        if not len(devices):
+            return out
+        _, first = np.unique(np.stack([owner, free]), axis=1, return_index=True)
+        devices, owner, free = devices[first], owner[first], free[first]
+        fits = ok[owner] & self.fraction[None, :] & (free[:, None] >= w.s_milli[None, :])
+        option, shape = np.nonzero(fits)
+        if len(option):
+            delta = stats.delta_fraction(devices[option], w.s_milli[shape], free[option], w.s_cpu[shape],
+                                         w.s_mem[shape])
+            level = integer_score(self.weight * delta / MILLI, self.levels)
+            pick = np.lexsort((devices[option], -level, shape, owner[option]))
+            pair = owner[option][pick] * len(w.s_p) + shape[pick]
+            head = pick[np.r_[True, pair[1:] != pair[:-1]]]
+            out[owner[option][head], shape[head]] = delta[head]
+        return out
 
     def row(self, stats: FragStats, state: FreeState, n: int) -> np.ndarray:
         """``D[n, :]`` computed from ``stats``/``state`` as they are now (a read-only array)."""

@@ -163,3 +163,47 @@ def test_scarce_models_lose_their_ties_to_models_the_pinned_demand_leaves_room_o
     free = _placer("fgd-lookahead", fleet, WHOLE_SHAPES)
     assert free.lookahead is not None
     assert not free.lookahead.scarce_models(free.stats, free.state).any()
+
+
+def test_the_vectorised_first_fill_equals_the_rows_node_by_node() -> None:
+    # An openb-like cluster (host CPU/RAM, three models, pinned and host-heavy shapes) filled by
+    # the gpusched preset itself; at every checkpoint the one-pass fill equals the rows computed
+    # node by node (to the last bits of a sum: the scorer's matrix product may add in another
+    # order for another batch shape), and so does what the engine keeps.
+    import random
+
+    from gpusched.placement import PlacementRequest
+    from gpusched.quota.policy import QuotaState
+    from gpusched.sim.fleets import openb_fleet
+    from gpusched.sim.openb import openb_policy, pod_request
+    from gpusched.sim.traces import OpenbNode, OpenbPod
+
+    rng = random.Random(7)
+    kinds = (("G2", 8, 96_000, 393_216), ("T4", 2, 104_000, 524_288), ("V100M16", 4, 32_000, 131_072))
+    nodes = [OpenbNode(f"n{i:03d}", k[2], k[3], k[1], k[0]) for i, k in enumerate(rng.choices(kinds, k=60))]
+    pods = [OpenbPod(f"p{i}", rng.choice((2_000, 8_000, 12_000)), rng.choice((4_096, 30_000, 47_000)),
+                     *rng.choice(((1, 470), (1, 810), (1, 1000), (2, 1000), (8, 1000), (1, 320))),
+                     ("V100M16",) if rng.random() < 0.15 else ())
+            for i in range(400)]
+    fleet = openb_fleet(nodes)
+    policy = openb_policy("gpusched", pods)
+    placer = Placer(fleet, policy)
+    ahead = placer.lookahead
+    assert ahead is not None and len(ahead.workload.s_p) > 10
+    everything = np.arange(len(placer.index.nodes))
+    checked = 0
+    for i, pod in enumerate(pods):
+        task = PendingTask(f"t{i}", pod_request(pod), float(i), cpu_milli=pod.cpu_milli,
+                           host_memory_bytes=pod.memory_mib << 20)
+        placer.place(PlacementRequest(pending=(task,), snapshot=fleet, policy=policy, now=float(i),
+                                      quota=QuotaState.unlimited(), seed=i))
+        if i % 50 == 49:
+            stats, state = placer.stats, placer.state
+            one_by_one = np.stack([ahead._compute_row(stats, state, int(n), ahead._free(stats, state, int(n)))
+                                   for n in everything])
+            for rows in (ahead.rows_of(stats, state, everything), ahead.current(stats, state)):
+                assert np.array_equal(np.isinf(rows), np.isinf(one_by_one))
+                assert np.allclose(rows, one_by_one, rtol=0.0, atol=1e-9)
+            checked += int(np.isfinite(one_by_one).sum())
+    free = placer.state.free_milli
+    assert checked > 1000 and float(free.sum()) < 0.8 * len(free) * MILLI  # the fleet did fill
