@@ -17,12 +17,12 @@ from gpusched.model import MILLI
 from gpusched.placement import filter as flt
 from gpusched.placement.incremental import Incremental, WholeFits
 from gpusched.placement.index import FleetIndex, FreeState
-from gpusched.placement.lookahead import ShapeDeltas, lookahead_best
+from gpusched.placement.lookahead import ShapeDeltas, level_choice
 from gpusched.placement.policy import Chooser, Policy
 from gpusched.placement.reasons import busy_reason, gang_reason, host_reason, never_fits
 from gpusched.placement.score import FragStats
 from gpusched.placement.speeds import typed
-from gpusched.placement.ties import levels_best, tie_break
+from gpusched.placement.ties import tie_break
 from gpusched.placement.topology import NodeCounts, node_counts, pick_in_node, pick_nodes
 from gpusched.placement.types import PendingTask, Rejection
 from gpusched.request import Interconnect
@@ -198,10 +198,8 @@ def _fraction_cached(
         best = int(np.argmin(np.where(fits, s, np.inf)))
         return Choice([best], milli, [memory], float(s[best]))
     cand = np.flatnonzero(fits)
-    at = levels_best(s[cand], policy.score_levels)
-    if placer.lookahead is not None:
-        at = lookahead_best(placer.lookahead, stats, state, task, s[cand], idx.dev_node[cand],
-                            lambda i: [int(cand[i])], milli)
+    at = level_choice(placer.lookahead, stats, state, task, s[cand], idx.dev_node[cand],
+                      lambda i: [int(cand[i])], milli, levels=policy.score_levels, packing=False)
     return Choice([int(cand[at])], milli, [memory], float(s[cand[at]]))
 
 
@@ -281,11 +279,9 @@ def _fraction(
         s = s + _speed_terms(placer, task, idx.dev_model[cand], idx.dev_model[cand])
         s = s + policy.degraded_penalty * (idx.dev_health[cand] == 1)
         if policy.score_levels:
-            tie_left = placer.stats.total[idx.dev_node[cand]] if use_stats and policy.packing else None
-            best = levels_best(s, policy.score_levels, tie_left)
-            if use_stats and tie_left is None and placer.lookahead is not None:
-                best = lookahead_best(placer.lookahead, placer.stats, state, task, s, idx.dev_node[cand],
-                                      lambda i: [int(cand[i])], milli)
+            best = level_choice(placer.lookahead if use_stats else None, placer.stats if use_stats else None,
+                                state, task, s, idx.dev_node[cand], lambda i: [int(cand[i])], milli,
+                                levels=policy.score_levels, packing=bool(policy.packing))
         else:
             best = tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
         d, score = int(cand[best]), float(s[best])
@@ -334,11 +330,10 @@ def _whole(
                 n_healthy = np.bincount(idx.dev_node[mask & elig.healthy], minlength=len(idx.nodes))[nodes]
                 s += policy.degraded_penalty * np.maximum(0, k - n_healthy)
             if policy.score_levels:
-                tie_left = placer.stats.total[nodes] if use_stats and policy.packing else None
-                best = levels_best(s, policy.score_levels, tie_left)
-                if use_stats and tie_left is None and placer.lookahead is not None:
-                    best = lookahead_best(placer.lookahead, placer.stats, state, task, s, nodes,
-                                          lambda i: fits.in_node(int(nodes[i]))[:k], MILLI)
+                best = level_choice(placer.lookahead if use_stats else None,
+                                    placer.stats if use_stats else None, state, task, s, nodes,
+                                    lambda i: fits.in_node(int(nodes[i]))[:k], MILLI,
+                                    levels=policy.score_levels, packing=bool(policy.packing))
             elif use_stats and policy.packing:
                 best = tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
             else:

@@ -33,10 +33,10 @@ import numpy as np
 from gpusched.model import MILLI
 from gpusched.placement.index import FleetIndex, FreeState
 from gpusched.placement.score import FragStats, Workload
-from gpusched.placement.ties import integer_score, top_level
+from gpusched.placement.ties import integer_score, levels_best, top_level
 from gpusched.placement.types import PendingTask
 
-__all__ = ["ShapeDeltas", "lookahead_best"]
+__all__ = ["ShapeDeltas", "level_choice", "lookahead_best"]
 
 _NEAR = 1e-9  # look-ahead values closer than this are equal: the earlier candidate stays
 _MAX_ROWS = 100_000  # rows kept by node state before the cache starts over
@@ -90,9 +90,10 @@ class ShapeDeltas:
         return self.deltas
 
     def rows_of(self, stats: FragStats, state: FreeState, nodes: np.ndarray) -> np.ndarray:
-        """``D[nodes, :]`` in one pass: the values :meth:`row` gives each node (the same scorer
-        functions on the same entries, grouped differently, so equal to the last bits of a sum;
-        every decision compares them to 1e-9)."""
+        """``D[nodes, :]`` in one pass (:meth:`row` is this for one node, kept by node state). A
+        node's row does not depend on the other nodes asked with it, but the scorer's matrix
+        product may add in another order for another batch shape, so rows of one pass equal
+        the rows one at a time to the last bits of a sum; every decision compares to 1e-9."""
         w, idx = self.workload, self.index
         out = np.full((len(nodes), len(w.s_p)), np.inf)
         ok = self.gpu[None, :] & (state.host_cpu[nodes][:, None] >= w.s_cpu[None, :])
@@ -137,7 +138,7 @@ class ShapeDeltas:
         if hit is None:
             if len(self._rows) >= _MAX_ROWS:
                 self._rows.clear()
-            hit = self._rows[key] = self._compute_row(stats, state, n, free)
+            hit = self._rows[key] = self.rows_of(stats, state, np.array([n]))[0]
             hit.setflags(write=False)
         return hit
 
@@ -150,43 +151,6 @@ class ShapeDeltas:
         stats: FragStats, n: int, free: np.ndarray, cpu: float, mem: float
     ) -> tuple[bytes, float, float, bytes]:
         return free.tobytes(), cpu, mem, b"" if stats.model_ok is None else stats.model_ok[n].tobytes()
-
-    def _compute_row(self, stats: FragStats, state: FreeState, n: int, free: np.ndarray) -> np.ndarray:
-        w = self.workload
-        ok = self.gpu & (state.host_cpu[n] >= w.s_cpu) & (state.host_mem[n] >= w.s_mem)
-        if stats.model_ok is not None:
-            ok &= stats.model_ok[n]
-        nfull = stats.nfull[n]
-        whole = np.flatnonzero(ok & self.whole & (w.s_count <= nfull))
-        # A fraction's options on one node: one per distinct free value (equal devices give the
-        # same state; the first in device order stands for them, as the rule picks the first).
-        values, first_device = np.unique(free, return_index=True)
-        order = np.argsort(first_device)
-        values, devices = values[order], int(self.index.node_start[n]) + first_device[order]
-        devices, values = devices[values > 0], values[values > 0]
-        fractions = np.flatnonzero(ok & self.fraction)
-        shape_pos, value_pos = np.nonzero(values[None, :] >= w.s_milli[fractions][:, None])
-        on = fractions[shape_pos]
-        out = np.full(len(w.s_p), np.inf)
-        s_arr = np.concatenate([whole, on]).astype(np.int64)
-        if not len(s_arr):
-            return out
-        # The scorer's own deltas, one entry per (shape, option): whole shapes take fully free
-        # devices, fractions the option's device.
-        delta = np.concatenate([
-            stats.delta_whole(np.full(len(whole), n), w.s_count[whole], w.s_cpu[whole], w.s_mem[whole]),
-            stats.delta_fraction(
-                devices[value_pos], w.s_milli[on], values[value_pos], w.s_cpu[on], w.s_mem[on]
-            ),
-        ])
-        level = integer_score(self.weight * delta / MILLI, self.levels)
-        # Per shape, the first option of the shape's best level (options are grouped by shape).
-        best = np.full(len(w.s_p), -np.inf)
-        np.maximum.at(best, s_arr, level)
-        first = np.flatnonzero(level == best[s_arr])
-        shapes, at = np.unique(s_arr[first], return_index=True)
-        out[shapes] = delta[first[at]]
-        return out
 
     def pick(
         self,
@@ -288,6 +252,30 @@ def lookahead_best(
         return int(top[0])
     options = [(take(int(i)), milli) for i in top]
     return int(top[ahead.pick(stats, state, options, task.cpu_milli, task.host_memory_bytes)])
+
+
+def level_choice(
+    ahead: ShapeDeltas | None,
+    stats: FragStats | None,
+    state: FreeState,
+    task: PendingTask,
+    score: np.ndarray,
+    node_of: np.ndarray,
+    take: Callable[[int], list[int]],
+    milli: int,
+    *,
+    levels: int,
+    packing: bool,
+) -> int:
+    """Position of the candidate an integer score of ``levels`` picks among the top level: with
+    ``packing`` the one on the node (``node_of``) with the least free capacity, with ``ahead`` the
+    look-ahead's (:func:`lookahead_best`), else the first. Without ``stats`` (a decision that
+    reads no fragmentation statistics) neither tie-break applies."""
+    if stats is not None and packing:
+        return levels_best(score, levels, stats.total[node_of])
+    if stats is not None and ahead is not None:
+        return lookahead_best(ahead, stats, state, task, score, node_of, take, milli)
+    return levels_best(score, levels)
 
 
 def _pinned_share(index: FleetIndex, workload: Workload, demand: np.ndarray) -> np.ndarray:

@@ -199,8 +199,7 @@ def test_the_vectorised_first_fill_equals_the_rows_node_by_node() -> None:
                                       quota=QuotaState.unlimited(), seed=i))
         if i % 50 == 49:
             stats, state = placer.stats, placer.state
-            one_by_one = np.stack([ahead._compute_row(stats, state, int(n), ahead._free(stats, state, int(n)))
-                                   for n in everything])
+            one_by_one = np.stack([ahead.row(stats, state, int(n)) for n in everything])
             for rows in (ahead.rows_of(stats, state, everything), ahead.current(stats, state)):
                 assert np.array_equal(np.isinf(rows), np.isinf(one_by_one))
                 assert np.allclose(rows, one_by_one, rtol=0.0, atol=1e-9)
