@@ -110,6 +110,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("replan_weights", "string", "1,1,0.1",
            "Weights of the re-planner's objectives: placed tasks, fragmentation, topology "
            "(three comma-separated numbers).", "1,2,0.5"),
+    Option("workload_drift", "float", "0.1",
+           "How far the estimated mix of request shapes (what the fragmentation measure expects, "
+           "estimated from the pending and running GPU tasks) may drift, as a total variation "
+           "distance 0..1, before the executor re-estimates it and rebuilds its placement engine; "
+           "0 re-estimates every cycle.", "0.05"),
     Option("pool_sync", "boolean", "",
            "Keep the Airflow pools gpu_training / gpu_burst / gpu_dev sized to the usable GPUs "
            "(70/20/10). Empty: follow the GPUSCHED_POOL_SYNC variable.", "True"),

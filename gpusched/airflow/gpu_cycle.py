@@ -18,6 +18,7 @@ from gpusched.errors import PlacementError
 from gpusched.hardware.envexport import devices_env
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, PlacementRequest, Policy, Rejection, RunningTask, place
+from gpusched.placement.warm import WarmPlacement
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 
@@ -89,7 +90,10 @@ class CycleRequest:
     (:meth:`QuotaState.unlimited` when no quota is configured);
     ``addresses``: node -> address of its GPU host (rendezvous of multi-node gangs);
     ``attained_gpu_s``: key -> GPU-seconds the earlier tries of its task instance held devices
-    (``preemption = service``: a requeued try keeps the service it attained; absent: none).
+    (``preemption = service``: a requeued try keeps the service it attained; absent: none);
+    ``engine``: the placement engine the executor keeps warm between cycles
+    (:class:`~gpusched.placement.warm.WarmPlacement`: the plan ``place`` would make, without
+    rebuilding the engine every cycle; None = a fresh engine).
     """
 
     pending: tuple[PendingWork, ...]
@@ -104,13 +108,15 @@ class CycleRequest:
     replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1)
     addresses: Mapping[str, str] = field(default_factory=dict)
     attained_gpu_s: Mapping[str, float] = field(default_factory=dict)
+    engine: WarmPlacement | None = field(default=None, compare=False)
 
 
 def decide(request: CycleRequest) -> CycleReply:
     """Decide one cycle: place what waits on what is free and build each launch's environment.
 
     Workloads that already own an allocation are launched on it first, then complete multi-node
-    gangs; the rest go to :func:`gpusched.placement.place` in one ``PlacementRequest`` built from
+    gangs; the rest go to :func:`gpusched.placement.place` (or the request's warm ``engine``,
+    which plans the same) in one ``PlacementRequest`` built from
     this request (the snapshot after the gangs, whose usage already counts every active
     allocation; policy, clock, running tasks, quota, seed). With ``replan_budget_ms > 0`` and at
     least two workloads to place, the genetic optimiser re-plans the batch from the greedy plan
@@ -139,7 +145,7 @@ def decide(request: CycleRequest) -> CycleReply:
             pending=to_place, snapshot=snapshot, policy=request.policy, now=request.now,
             quota=request.quota, running=request.running, seed=request.seed,
         )
-        plan = place(placement)
+        plan = request.engine.place(placement) if request.engine is not None else place(placement)
         # The optimiser does not check quotas: with quotas in force the greedy plan stands.
         if replan_budget_ms > 0 and len(to_place) >= 2 and not request.quota.enforced:
             from gpusched.placement.genetic import optimise

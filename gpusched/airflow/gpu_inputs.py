@@ -6,7 +6,9 @@ request, a refused retry, a moved try's pin), the multi-node gang a task belongs
 allocation a workload already owns (queued again after a restart, or the next try of a move).
 :func:`read_cycle_request` reads the rest of the cycle's inputs from the ledger in one
 :class:`~gpusched.airflow.gpu_cycle.CycleRequest`: the fleet and the running tasks (one read
-transaction), predicted durations (:mod:`gpusched.airflow.gpu_durations`), the quota and, with
+transaction), predicted durations (:mod:`gpusched.airflow.gpu_durations`), the policy with the
+request mix it scores by (the executor's :class:`~gpusched.placement.workload.SteadyWorkload`
+unless the policy names its shapes), the quota and, with
 ``preemption = service``, the GPU-time the earlier tries of each task instance attained
 (:mod:`gpusched.airflow.gpu_attained`).
 """
@@ -41,6 +43,8 @@ class InputsCore(Protocol):
     use_uuids: bool
     replan_budget_ms: float
     replan_weights: tuple[float, float, float]
+    warm: Any  # placement.warm.WarmPlacement: the engine kept between cycles
+    steady: Any  # placement.workload.SteadyWorkload: the request mix kept between cycles
     _submitted: dict[Any, float]
     _seen: set[Any]
     _cycle_requests: dict[str, GPURequest]
@@ -117,10 +121,14 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
     attained = {}
     if core.preemption.mode == "service":
         attained = core.attained.earlier_tries(ledger, [w.key for w in work] + [r.key for r in busy], now)
+    policy = core.policy
+    if not policy.workload:  # score by the kept estimate of the mix (a warm engine survives)
+        mix = [w.request for w in work] + [r.request for r in busy]
+        policy = replace(policy, workload=core.steady.shapes(mix))
     return CycleRequest(
-        work, snapshot, core.policy, busy, now,
+        work, snapshot, policy, busy, now,
         gpu_quota.cycle_quota(ledger, snapshot, now), use_uuids=core.use_uuids,
         replan_budget_ms=core.replan_budget_ms, replan_weights=core.replan_weights,
         addresses=ledger.node_addresses() if any(w.gang for w in work) else {},
-        attained_gpu_s=attained,
+        attained_gpu_s=attained, engine=core.warm,
     )

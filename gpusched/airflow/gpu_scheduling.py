@@ -37,6 +37,8 @@ from gpusched.errors import (
     UnknownAllocationError,
 )
 from gpusched.placement.genetic import parse_weights
+from gpusched.placement.warm import WarmPlacement
+from gpusched.placement.workload import SteadyWorkload
 from gpusched.request import GPURequest
 
 if TYPE_CHECKING:
@@ -87,6 +89,10 @@ class GPUScheduling:
         self.durations = gpu_durations.DurationHistory.from_settings(conf)  # run times learnt from history
         self.attained = gpu_attained.AttainedService()  # GPU-time of earlier tries (preemption = service)
         self.predicted: dict[str, Any] = {}  # ledger key -> this cycle's Prediction
+        # The placement engine kept between cycles, and the request mix it scores by (kept until
+        # it drifts past [gpusched] workload_drift, so the engine need not be rebuilt every cycle).
+        self.warm = WarmPlacement()
+        self.steady = SteadyWorkload(settings.get_float("workload_drift", conf))
         # Running work over its tenant's hard budget: finish|stop, acted on once per allocation.
         self.over_budget, self.over_budget_seen = gpu_quota.over_budget_action(conf), set[str]()
         self._guard = LedgerGuard(self.ledger_wait_s, lambda: self.log)

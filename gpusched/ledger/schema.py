@@ -16,6 +16,7 @@ __all__ = [
     "DEVICES",
     "EVENTS",
     "HOSTS",
+    "INVENTORY_REVISION",
     "METADATA",
     "MOVES",
     "NODES",
@@ -82,6 +83,16 @@ DEVICES = sa.Table(
     sa.Column("cordoned", sa.Boolean, nullable=False),
     sa.Column("cordon_reason", sa.Text, nullable=True),
     sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+INVENTORY_REVISION = sa.Table(
+    "gpusched_inventory_revision",
+    METADATA,
+    # One row (id 1): a number every transaction that changes what a snapshot shows of the
+    # inventory (nodes, devices, health overrides, cordons) increases (migration 0011), so a
+    # reader may keep the nodes it loaded for as long as the number stays the same.
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("revision", sa.BigInteger, nullable=False),
 )
 
 ALLOCATIONS = sa.Table(

@@ -57,6 +57,13 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
     def __init__(self, url: str | None = None, *, lock_wait_s: float | None = None) -> None:
         self.url = url or default_url()
         self.engine = make_engine(self.url, lock_wait_s=lock_wait_s)
+        # The nodes last loaded, at which inventory revision, and the snapshot view of them
+        # without the nodes of lost hosts: reused while the revision and the lost nodes stay the
+        # same, so a scheduling cycle reads only the usage and the placement engine's per-fleet
+        # index (keyed on the nodes tuple's identity) survives from cycle to cycle.
+        self._inventory: tuple[int, tuple[Node, ...], tuple[str, ...]] | None = None
+        self._fleet_view: tuple[int, frozenset[str], tuple[Node, ...]] | None = None
+        self._known: tuple[tuple[Node, ...], frozenset[str]] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -111,18 +118,40 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
             return self._snapshot(conn, now), active_allocations(conn)
 
     def _snapshot(self, conn: sa.Connection, now: float | None) -> FleetSnapshot:
-        nodes, sources = inventory.load_nodes(conn)
+        nodes, sources = self._load_fleet(conn)
         usage = capacity.active_usage(conn)
-        gone = self.unavailable_nodes(conn)
-        if gone:  # nodes of lost GPU hosts take no work until their agent is back
-            nodes = tuple(n for n in nodes if n.name not in gone)
-        known = {d.uuid for n in nodes for d in n.devices}
+        known = self._known_devices(nodes)
         return FleetSnapshot(
             nodes,
             {u: v for u, v in usage.items() if u in known},
             source="+".join(sources) or "empty",
             taken_at=_now(now),
         )
+
+    def _load_fleet(self, conn: sa.Connection) -> tuple[tuple[Node, ...], tuple[str, ...]]:
+        """The nodes a snapshot shows (without those of lost hosts) and the inventory sources,
+        loaded again only when the inventory's revision or the set of lost nodes changed."""
+        at = inventory.revision(conn)
+        loaded = self._inventory
+        if loaded is None or loaded[0] != at:
+            loaded = (at, *inventory.load_nodes(conn))
+            self._inventory = loaded
+        _, nodes, sources = loaded
+        gone = frozenset(self.unavailable_nodes(conn))
+        view = self._fleet_view
+        if view is None or view[0] != at or view[1] != gone:
+            # nodes of lost GPU hosts take no work until their agent is back
+            view = (at, gone, tuple(n for n in nodes if n.name not in gone) if gone else nodes)
+            self._fleet_view = view
+        return view[2], sources
+
+    def _known_devices(self, nodes: tuple[Node, ...]) -> frozenset[str]:
+        """The uuids of ``nodes``' devices (kept while the same nodes tuple is shown)."""
+        known = self._known
+        if known is None or known[0] is not nodes:
+            known = (nodes, frozenset(d.uuid for n in nodes for d in n.devices))
+            self._known = known
+        return known[1]
 
     def set_health(self, uuid: str, health: Health, reason: str, *, now: float | None = None) -> None:
         """Override a device's health (the snapshot shows the worse of this and the reported one)."""
@@ -134,6 +163,7 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
             )
             if result.rowcount == 0:
                 raise LedgerError(f"device {uuid!r} is not in the inventory; sync the inventory first")
+            inventory.bump_revision(conn)
             write_event(conn, at, "health", uuid, health=str(health), reason=reason)
 
     def cordon(self, target: str, reason: str, *, now: float | None = None) -> None:
@@ -155,4 +185,5 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
                     f"{target!r} is neither a device uuid nor a node name in the inventory; "
                     "`gpusched inventory` (or the GPU fleet page) lists the names"
                 )
+            inventory.bump_revision(conn)
             write_event(conn, at, "cordon" if cordoned else "uncordon", target, reason=reason)

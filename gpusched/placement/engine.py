@@ -14,7 +14,7 @@ shares on it instead of rebuilding state from a snapshot every decision).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -28,7 +28,8 @@ from gpusched.placement.incremental import Incremental
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
 from gpusched.placement.lookahead import ShapeDeltas
 from gpusched.placement.policy import Policy, QueueOrder
-from gpusched.placement.score import FragStats, Workload, cached_stats, estimate_workload
+from gpusched.placement.reasons import reserved_note
+from gpusched.placement.score import FragStats, cached_stats
 from gpusched.placement.speeds import model_speeds
 from gpusched.placement.types import (
     Assignment,
@@ -39,11 +40,11 @@ from gpusched.placement.types import (
     Reservation,
     RunningTask,
 )
+from gpusched.placement.workload import Workload, workload_for
 from gpusched.quota.policy import physical_milli
 from gpusched.request import GPURequest
 
-__all__ = ["Placer", "place"]
-
+__all__ = ["Placer", "place", "running_host"]
 
 
 def place(request: PlacementRequest) -> PlacementPlan:
@@ -55,21 +56,25 @@ def place(request: PlacementRequest) -> PlacementPlan:
     usage; ``request.quota`` holds the quota policy and budget use so far.
     """
     policy = request.policy
-    workload = (
-        Workload.of(policy.workload)
-        if policy.workload
-        else estimate_workload([t.request for t in request.pending] + [r.request for r in request.running])
-    )
+    requests = [t.request for t in request.pending] + [r.request for r in request.running]
+    workload = workload_for(policy.workload, requests)
     # This engine lives for one call: per-node caches pay off only when tasks share a shape.
     shared = len(request.pending) > 1
     placer = Placer(request.snapshot, policy, workload=workload, catalog=request.catalog, incremental=shared)
     if placer.incremental is not None:
         placer.incremental.fill_on_first_use = False
-    for task in request.running:
-        known = task.shares and task.shares[0].node in placer.index.node_pos
-        if (task.cpu_milli or task.host_memory_bytes) and known:
-            placer.take_host(task.shares[0].node, task.cpu_milli, task.host_memory_bytes)
+    for node, cpu_milli, memory_bytes in running_host(placer.index, request.running):
+        placer.take_host(placer.index.nodes[node].name, cpu_milli, memory_bytes)
     return placer.place(request)
+
+
+def running_host(index: FleetIndex, running: Iterable[RunningTask]) -> Iterator[tuple[int, int, int]]:
+    """(node position, host CPU milli, host RAM bytes) each running task holds: on the node of its
+    first share, for the tasks that declare host CPU/RAM and run on this inventory."""
+    for task in running:
+        holds = task.cpu_milli or task.host_memory_bytes
+        if holds and task.shares and task.shares[0].node in index.node_pos:
+            yield index.node_pos[task.shares[0].node], task.cpu_milli, task.host_memory_bytes
 
 
 class Placer:
@@ -185,6 +190,30 @@ class Placer:
         self.state.touch(n)
         self._refresh((n,))
 
+    def rebase(self, snapshot: FleetSnapshot, target: FreeState) -> None:
+        """Adopt ``snapshot`` (the same inventory as this engine's, other usage) whose free
+        capacity is ``target`` (a :class:`FreeState` of this engine's index): only the nodes whose
+        devices or host CPU/RAM differ from the working state change, and only their per-node
+        aggregates are recomputed.
+
+        Raises:
+            PlacementError: ``snapshot`` has another inventory (build a new engine for it).
+        """
+        if fleet_index(snapshot) is not self.index or target.index is not self.index:
+            raise PlacementError("Placer.rebase got a snapshot of another inventory; build a new Placer")
+        state, idx = self.state, self.index
+        changed = np.zeros(len(idx.nodes), dtype=bool)
+        moved = (state.free_milli != target.free_milli) | (state.free_mem != target.free_mem)
+        changed[idx.dev_node[moved]] = True
+        changed |= (state.host_cpu != target.host_cpu) | (state.host_mem != target.host_mem)
+        for array in ("free_milli", "free_mem", "host_cpu", "host_mem"):
+            getattr(state, array)[...] = getattr(target, array)
+        nodes = np.flatnonzero(changed).tolist()
+        for n in nodes:
+            state.touch(n)
+        self.snapshot, self._pristine = snapshot, False
+        self._refresh(nodes)
+
     def host_free(self, node: str) -> tuple[int, int]:
         """Host CPU (milli-cores) and RAM (bytes) still free on ``node``."""
         n = self.index.node_pos[node]
@@ -259,7 +288,7 @@ class Placer:
                     if reservation is not None:
                         reservations.append(reservation)
                         outcome = Rejection(
-                            task.key, outcome.reason + _reserved_note(reservation, now), False
+                            task.key, outcome.reason + reserved_note(reservation, now), False
                         )
                 if ctx is not None:
                     ctx.done(req)
@@ -367,11 +396,3 @@ class Placer:
             self._speed_cache[job_type] = hit
         return hit
 
-
-def _reserved_note(reservation: Reservation, now: float) -> str:
-    nodes = sorted({s.node for s in reservation.shares})
-    wait = reservation.start - now
-    return (
-        f"; reserved {len(reservation.shares)} device(s) on {', '.join(nodes)} "
-        f"from t={reservation.start:.0f} (in {wait / 60:.0f} min, when running tasks end)"
-    )

@@ -32,9 +32,10 @@ import numpy as np
 
 from gpusched.model import MILLI
 from gpusched.placement.index import FleetIndex, FreeState
-from gpusched.placement.score import FragStats, Workload
+from gpusched.placement.score import FragStats
 from gpusched.placement.ties import integer_score, levels_best, top_level
 from gpusched.placement.types import PendingTask
+from gpusched.placement.workload import Workload
 
 __all__ = ["ShapeDeltas", "level_choice", "lookahead_best"]
 

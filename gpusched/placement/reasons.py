@@ -12,10 +12,10 @@ from gpusched.placement import filter as flt
 from gpusched.placement.feasible import shape_fits
 from gpusched.placement.index import FleetIndex
 from gpusched.placement.topology import NodeCounts, node_counts
-from gpusched.placement.types import PendingTask
+from gpusched.placement.types import PendingTask, Reservation
 from gpusched.request import GPURequest, Interconnect
 
-__all__ = ["busy_reason", "gang_reason", "host_reason", "never_fits"]
+__all__ = ["busy_reason", "gang_reason", "host_reason", "never_fits", "reserved_note"]
 
 
 def never_fits(idx: FleetIndex, req: GPURequest, elig: flt.Eligibility, frac: bool) -> str | None:
@@ -107,4 +107,14 @@ def host_reason(req: GPURequest, task: PendingTask, frac: bool) -> str:
     return (
         f"{what}: devices are free, but no node holding them has {task.cpu_milli / 1000:g} CPU cores and "
         f"{task.host_memory_bytes / 2**30:.1f} GiB of host memory free"
+    )
+
+
+def reserved_note(reservation: Reservation, now: float) -> str:
+    """What a rejection adds when the task holds ``reservation``: the devices and when."""
+    nodes = sorted({s.node for s in reservation.shares})
+    wait = reservation.start - now
+    return (
+        f"; reserved {len(reservation.shares)} device(s) on {', '.join(nodes)} "
+        f"from t={reservation.start:.0f} (in {wait / 60:.0f} min, when running tasks end)"
     )

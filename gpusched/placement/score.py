@@ -6,7 +6,8 @@ all of the node's free capacity if the shape does not fit there at all, else the
 devices too small for it (devices with less than ``milli`` free for a fraction; partially used
 devices for whole-device shapes). A shape that names its models (``WorkloadShape.models``) does
 not fit a node of another model at all, so that node's free capacity is all fragment for it.
-The node's fragmentation is the expectation over the workload's shapes (:class:`Workload`),
+The node's fragmentation is the expectation over the workload's shapes
+(:class:`~gpusched.placement.workload.Workload`),
 and a placement is scored by how much it *increases* that expectation
 (``delta``): packing a small task onto an already broken device costs nothing, cutting into a
 fresh device that larger tasks need costs a lot.
@@ -19,132 +20,15 @@ so scoring one decision costs O(candidates) numpy work whatever the number of sh
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
 from gpusched.model import MILLI
 from gpusched.placement.index import FleetIndex, FreeState, LruCache
-from gpusched.placement.policy import WorkloadShape
-from gpusched.request import GPURequest
+from gpusched.placement.workload import Workload
 
-__all__ = ["DEFAULT_WORKLOAD", "FragStats", "Workload", "cached_stats", "estimate_workload"]
-
-DEFAULT_WORKLOAD: tuple[WorkloadShape, ...] = (
-    WorkloadShape(1, MILLI, 0.40),
-    WorkloadShape(1, 500, 0.15),
-    WorkloadShape(1, 250, 0.10),
-    WorkloadShape(2, MILLI, 0.12),
-    WorkloadShape(4, MILLI, 0.12),
-    WorkloadShape(8, MILLI, 0.11),
-)
-"""Prior over request shapes, blended with what a call actually sees."""
-
-_MAX_SHAPES = 16
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """Request shapes, pre-digested for O(1)-per-candidate expected fragmentation.
-
-    Whole-device shapes: ``whole_cdf[x]`` = probability of a whole shape needing ≤ x devices.
-    Fractional shapes: sorted distinct ``frac_milli`` with cumulative probability ``frac_cdf``.
-    """
-
-    whole_cdf: np.ndarray
-    p_whole: float
-    frac_milli: np.ndarray
-    frac_p: np.ndarray
-    frac_cdf: np.ndarray
-    p_frac: float
-    host_aware: bool = False
-    # Per shape (only used when host_aware): count, milli, p, cpu, memory, frac threshold column.
-    s_count: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    s_milli: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    s_p: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    s_cpu: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    s_mem: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    s_col: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    s_models: tuple[frozenset[str], ...] = ()  # per shape; empty = any model
-
-    @classmethod
-    def of(cls, shapes: Iterable[WorkloadShape]) -> Workload:
-        """Digest shapes (weights normalised to 1; empty = :data:`DEFAULT_WORKLOAD`)."""
-        items = [s for s in shapes if s.weight > 0] or list(DEFAULT_WORKLOAD)
-        total = sum(s.weight for s in items)
-        kmax = max([s.count for s in items if s.milli >= MILLI], default=0)
-        whole = np.zeros(kmax + 1)
-        frac: dict[int, float] = {}
-        for s in items:
-            if s.count == 0:
-                continue  # a CPU-only shape: every free GPU is fragment for it (FGD's XL/XR cases)
-            if s.milli >= MILLI:
-                whole[s.count] += s.weight / total
-            else:
-                frac[s.milli] = frac.get(s.milli, 0.0) + s.weight / total
-        milli = np.array(sorted(frac), dtype=np.float64)
-        fp = np.array([frac[int(m)] for m in milli], dtype=np.float64)
-        cdf = np.cumsum(fp) if len(fp) else np.zeros(0)
-        # Model-constrained shapes need the shape-by-shape form too.
-        host = any(s.cpu_milli or s.host_memory_bytes or s.models or not s.count for s in items)
-        col = [int(np.searchsorted(milli, s.milli)) if 0 < s.milli < MILLI and s.count else -1 for s in items]
-        return cls(
-            np.cumsum(whole),
-            float(whole.sum()),
-            milli,
-            fp,
-            cdf,
-            float(fp.sum()),
-            host,
-            np.array([s.count for s in items], dtype=np.float64),
-            np.array([s.milli for s in items], dtype=np.float64),
-            np.array([s.weight / total for s in items], dtype=np.float64),
-            np.array([s.cpu_milli for s in items], dtype=np.float64),
-            np.array([s.host_memory_bytes for s in items], dtype=np.float64),
-            np.array(col, dtype=np.int64),
-            tuple(s.models for s in items),
-        )
-
-    def p_frac_upto(self, x: np.ndarray) -> np.ndarray:
-        """Probability of a fractional shape needing ≤ ``x`` milli."""
-        if not len(self.frac_milli):
-            return np.zeros(len(x))
-        j = np.searchsorted(self.frac_milli, x, side="right") - 1
-        return np.where(j >= 0, self.frac_cdf[np.maximum(j, 0)], 0.0)
-
-    def p_whole_fits(self, nfull: np.ndarray) -> np.ndarray:
-        """Probability of a whole-device shape fitting in ``nfull`` free devices."""
-        # min/max rather than np.clip: the same values, without np.clip's per-call overhead.
-        k = np.minimum(np.maximum(nfull, 0), len(self.whole_cdf) - 1).astype(np.int64)
-        return self.whole_cdf[k]
-
-
-def estimate_workload(
-    requests: Iterable[GPURequest], prior: tuple[WorkloadShape, ...] = DEFAULT_WORKLOAD
-) -> Workload:
-    """Shapes seen in ``requests`` (fractions rounded to 50 milli, with their allowed models),
-    blended half-and-half with ``prior``."""
-    seen: Counter[tuple[int, int, frozenset[str]]] = Counter()
-    for req in requests:
-        milli = req.milli_per_gpu
-        if milli < MILLI:
-            milli = min(MILLI - 50, max(50, round(milli / 50) * 50))
-        seen[(req.count, milli, req.models)] += 1
-    total = sum(seen.values())
-    shapes = [WorkloadShape(s.count, s.milli, s.weight * 0.5 if total else s.weight) for s in prior]
-    for (count, milli, models), n in seen.most_common(_MAX_SHAPES):
-        shapes.append(WorkloadShape(count, milli, 0.5 * n / total, models=models))
-    return _workload_of(tuple(shapes))
-
-
-@lru_cache(maxsize=256)
-def _workload_of(shapes: tuple[WorkloadShape, ...]) -> Workload:
-    # The same shapes give the same Workload object, so per-snapshot caches can key on it.
-    return Workload.of(shapes)
-
+__all__ = ["FragStats", "cached_stats"]
 
 class FragStats:
     """Per-node aggregates of free milli-GPU over in-service devices, for fragmentation deltas.

@@ -26,6 +26,8 @@ from gpusched.ledger import Ledger
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.node_builder import make_node
 from gpusched.placement import Policy, RunningTask
+from gpusched.placement.warm import WarmPlacement
+from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 
@@ -114,6 +116,7 @@ class _CycleCore(_Core):
         self.preemption = Preemptor(self)
         self.predicted: dict[str, Any] = {}
         self.use_uuids, self.replan_budget_ms, self.replan_weights = False, 0.0, (1.0, 1.0, 0.1)
+        self.warm, self.steady = WarmPlacement(), SteadyWorkload(0.1)
 
 
 def _executor_cycle(core: _CycleCore, *waiting: tuple[str, int]) -> tuple[CycleRequest, Any]:

@@ -61,3 +61,29 @@ def test_lookahead_policy_places_every_task_on_its_own_devices(
         assert alloc is not None and alloc.active and len(alloc.shares) == gpu["gpus"]
         taken.update(s.uuid for s in alloc.shares)
     assert max(taken.values()) == 1  # no device handed out twice
+
+
+def test_the_engine_stays_warm_between_cycles(executor: Any) -> None:
+    """The executor keeps its placement engine between cycles: a cycle whose fleet changed only in
+    usage (a task waiting, then a task ended) rebases it instead of building a new one, and
+    what it plans there is what a fresh engine plans: devices that are free, none twice."""
+    def work(name: str, gpus: int) -> Any:
+        return gpu_workload(name, {"gpusched": GPURequest.build(gpus=gpus).to_dict()})
+
+    first = [work("a", 1), work("b", 1), work("c", 2), work("d", 1)]
+    assert sorted(run_cycle(executor, *first)) == sorted(w.key for w in first)
+    big = work("e", 2)
+    assert run_cycle(executor, big) == []  # one GPU free: it waits
+    assert run_cycle(executor) == []  # the same fleet and mix: the kept engine is rebased
+    warm = executor.gpu.warm
+    assert warm.rebased >= 1
+    executor.ledger.release(ti_key("d", "c", "manual__1", 1, -1), reason="test: c ended")
+    c_devices = {s.uuid for s in executor.ledger.get(ti_key("d", "c", "manual__1", 1, -1)).shares}
+    rebased = warm.rebased
+    assert run_cycle(executor) == [big.key]  # c's two devices are free again, in usage only
+    assert warm.rebased == rebased + 1  # the mix moved less than workload_drift: no rebuild
+    e = executor.ledger.get(ti_key("d", "e", "manual__1", 1, -1))
+    assert e is not None and e.active and {s.uuid for s in e.shares} == c_devices
+    held = Counter(s.uuid for name in "abde"
+                   for s in executor.ledger.get(ti_key("d", name, "manual__1", 1, -1)).shares)
+    assert max(held.values()) == 1

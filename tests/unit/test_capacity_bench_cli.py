@@ -42,3 +42,20 @@ def test_bench_forecast_on_a_small_trace(tmp_path: Path) -> None:
     assert data["backtest"]["origins"] == 2 and data["chosen"] in ("seasonal_naive", "ets", "sarimax")
     assert data["mase_chosen"] <= data["mase_seasonal_naive"]
     assert (tmp_path / "fc.png").exists() and (tmp_path / "fc_backtest.png").exists()
+
+
+def test_bench_cycle_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, png = tmp_path / "c.json", tmp_path / "c.png"
+    code = main(["bench", "cycle", "--nodes", "24", "--cycles", "4", "--pending", "3", "--quiet",
+                 "--out", str(out), "--png", str(png)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert "| nodes (GPUs) |" in capsys.readouterr().out and png.stat().st_size > 0
+    (row,) = data["sweep"]
+    assert row["nodes"] == 24 and row["gpus"] == 192 and row["running"] == 24
+    # The kept engine is built once and rebased every later cycle (usage moved, inventory not).
+    assert (row["warm_engine_built"], row["warm_engine_rebased"]) == (1, 3)
+    for way in ("fresh", "warm"):
+        assert row[f"{way}_cycle_cpu_p99_ms"] >= row[f"{way}_cycle_cpu_p50_ms"] > 0
+    assert row["warm_over_fresh_cycle_cpu_p50"] == pytest.approx(
+        row["warm_cycle_cpu_p50_ms"] / row["fresh_cycle_cpu_p50_ms"], rel=1e-2)

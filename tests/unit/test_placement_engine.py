@@ -23,7 +23,8 @@ from gpusched.placement import (
     place,
 )
 from gpusched.placement.index import FreeState, fleet_index
-from gpusched.placement.score import FragStats, Workload
+from gpusched.placement.score import FragStats
+from gpusched.placement.workload import Workload
 from gpusched.request import GPURequest
 
 GIB = 1024**3

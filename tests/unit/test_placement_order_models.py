@@ -11,7 +11,8 @@ from gpusched.bench.synthetic import make_node
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Placer, Policy, QueueOrder, WorkloadShape, place
 from gpusched.placement.index import FreeState, fleet_index
-from gpusched.placement.score import FragStats, Workload, estimate_workload
+from gpusched.placement.score import FragStats
+from gpusched.placement.workload import Workload, estimate_workload
 from gpusched.request import GPURequest
 
 T4 = "T4"
