@@ -13,10 +13,11 @@ import sqlalchemy as sa
 
 from gpusched.errors import AllocationConflictError, LedgerError
 from gpusched.ledger.inventory import effective_health
+from gpusched.ledger.records import Allocation
 from gpusched.ledger.schema import ALLOCATIONS, DEVICES, NODES, SHARES
 from gpusched.model import MILLI, DeviceShare, DeviceUsage, Health
 
-__all__ = ["active_usage", "check_fit", "demand_series", "validate_shares"]
+__all__ = ["active_usage", "check_fit", "demand_series", "usage_of", "validate_shares"]
 
 # Built once: executing the same statement object reuses its cache key and compiled form, which
 # is most of the cost of a small query in SQLAlchemy.
@@ -63,6 +64,18 @@ def active_usage(conn: sa.Connection, uuids: Iterable[str] | None = None) -> dic
     """Milli-GPU and memory held by active allocations, per device (all devices when None)."""
     rows = conn.execute(_USAGE_ALL) if uuids is None else conn.execute(_USAGE_OF, {"uuids": list(uuids)})
     return {row[0]: DeviceUsage(int(row[1]), int(row[2])) for row in rows}
+
+
+def usage_of(active: Iterable[Allocation]) -> dict[str, DeviceUsage]:
+    """Per device, the sum of the shares of ``active`` (allocations read as active in the same
+    transaction): what :func:`active_usage` returns for all devices, without reading it again."""
+    milli: dict[str, int] = {}
+    memory: dict[str, int] = {}
+    for allocation in active:
+        for share in allocation.shares:
+            milli[share.uuid] = milli.get(share.uuid, 0) + share.milli
+            memory[share.uuid] = memory.get(share.uuid, 0) + share.memory_bytes
+    return {uuid: DeviceUsage(milli[uuid], memory[uuid]) for uuid in milli}
 
 
 def check_fit(conn: sa.Connection, key: str, shares: Sequence[DeviceShare]) -> None:

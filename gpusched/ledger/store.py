@@ -32,7 +32,7 @@ from gpusched.ledger.queue import LedgerQueue
 from gpusched.ledger.records import Allocation
 from gpusched.ledger.samples import LedgerSamples
 from gpusched.ledger.schema import DEVICES, NODES
-from gpusched.model import FleetSnapshot, Health, Node
+from gpusched.model import DeviceUsage, FleetSnapshot, Health, Node
 
 __all__ = ["Ledger"]
 
@@ -115,11 +115,17 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
         show as running on devices the snapshot already reports free (or the reverse).
         """
         with read_tx(self.engine) as conn:
-            return self._snapshot(conn, now), active_allocations(conn)
+            active = active_allocations(conn)
+            # The usage is the sum of the active allocations' shares: computed from the rows
+            # just read instead of a second pass over the shares table.
+            return self._snapshot(conn, now, capacity.usage_of(active)), active
 
-    def _snapshot(self, conn: sa.Connection, now: float | None) -> FleetSnapshot:
+    def _snapshot(
+        self, conn: sa.Connection, now: float | None, usage: dict[str, DeviceUsage] | None = None
+    ) -> FleetSnapshot:
         nodes, sources = self._load_fleet(conn)
-        usage = capacity.active_usage(conn)
+        if usage is None:
+            usage = capacity.active_usage(conn)
         known = self._known_devices(nodes)
         return FleetSnapshot(
             nodes,

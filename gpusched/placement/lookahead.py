@@ -48,11 +48,15 @@ class ShapeDeltas:
     """``D[n, s]``: the fragmentation increase of shape ``s``'s placement on node ``n`` (``inf``
     where it does not fit, and for CPU-only shapes, which hold no GPUs), kept per node stamp."""
 
-    def __init__(self, index: FleetIndex, workload: Workload, levels: int, weight: float, ties: int) -> None:
+    def __init__(
+        self, index: FleetIndex, workload: Workload, levels: int, weight: float, ties: int,
+        next_level: bool = False,
+    ) -> None:
         self.index = index
         self.workload = workload
         self.levels = levels
         self.ties = ties  # how many tied candidates are compared
+        self.next_level = next_level  # a node alone at the top level is compared with the next
         self.weight = weight  # the policy's fragmentation weight: the score is weight × Δ / MILLI
         shapes = len(workload.s_p)
         self.gpu = workload.s_count > 0
@@ -233,12 +237,17 @@ def lookahead_best(
     integer score, one per node (``node_of``: each candidate's node; ``take(i)``: the devices
     candidate ``i`` takes, ``milli`` on each).
 
-    Candidates on scarce models (:meth:`ShapeDeltas.scarce_models`) are dropped unless all are
-    scarce; the first ``lookahead_ties`` of the rest are compared, and a single one is taken
-    as it is."""
-    top = top_level(score, ahead.levels)
-    _, first = np.unique(node_of[top], return_index=True)
-    top = top[np.sort(first)]
+    With ``ahead.next_level``, a node alone at the top level is compared with the nodes of the
+    next level too (best level first, then inventory order). Candidates on scarce models
+    (:meth:`ShapeDeltas.scarce_models`) are dropped unless all are scarce; the first
+    ``lookahead_ties`` of the rest are compared, and a single one is taken as it is."""
+    top = _first_per_node(top_level(score, ahead.levels), node_of)
+    if len(top) == 1 and ahead.next_level:
+        # One node alone at the top: FGD's measure prefers it by up to one level, a difference
+        # the next request's placement may undo; compare it with the next level's nodes too.
+        q = integer_score(score, ahead.levels)
+        near = np.flatnonzero(q >= q[top[0]] - 1)
+        top = _first_per_node(near[np.argsort(-q[near], kind="stable")], node_of)
     scarce_models = ahead.scarce_models(stats, state)
     if len(top) > 1 and scarce_models.any():
         # Candidates on a model whose free capacity the pinned demand needs are dropped while
@@ -253,6 +262,12 @@ def lookahead_best(
         return int(top[0])
     options = [(take(int(i)), milli) for i in top]
     return int(top[ahead.pick(stats, state, options, task.cpu_milli, task.host_memory_bytes)])
+
+
+def _first_per_node(candidates: np.ndarray, node_of: np.ndarray) -> np.ndarray:
+    """``candidates`` (positions) keeping only the first of each node, in their order."""
+    _, first = np.unique(node_of[candidates], return_index=True)
+    return candidates[np.sort(first)]
 
 
 def level_choice(

@@ -52,8 +52,15 @@ def test_an_unchanged_inventory_is_loaded_once_and_usage_still_moves(ledger: Led
     assert second.nodes is first.nodes  # the same tuple: nothing reloaded
     assert fleet_index(second) is fleet_index(first)
     assert second.usage[device.uuid].used_milli == 1000 and [a.key for a in active] == ["a"]
+    half = GPURequest.build(gpus=0.25, memory="8GiB")
+    other = first.node("n1").devices[0]
+    for key in ("b", "c"):  # two fractions of one device: their usage adds up
+        ledger.allocate(key, half, [share(other, 250, 8 << 30)], holder="t")
+    view, _ = ledger.cycle_view()  # usage summed from the allocations it read ...
+    assert view.usage == ledger.snapshot().usage  # ... equals the usage query's
+    assert view.usage[other.uuid].used_milli == 500 and view.usage[other.uuid].used_memory_bytes == 16 << 30
     ledger.release("a", reason="done")
-    assert device.uuid not in ledger.snapshot().usage
+    assert device.uuid not in ledger.snapshot().usage and device.uuid not in ledger.cycle_view()[0].usage
 
 
 def test_a_sync_that_changes_nothing_keeps_the_revision_and_one_that_does_bumps_it(ledger: Ledger) -> None:

@@ -112,7 +112,8 @@ def test_a_new_inventory_or_policy_builds_a_new_engine() -> None:
 
 
 def _requests(mix: dict[float, int]) -> list[GPURequest]:
-    return [GPURequest.build(gpus=g, memory="8GiB" if g < 1 else None) for g, n in mix.items() for _ in range(n)]
+    return [GPURequest.build(gpus=g, memory="8GiB" if g < 1 else None)
+            for g, n in mix.items() for _ in range(n)]
 
 
 def test_the_distance_of_two_mixes_is_their_total_variation() -> None:
