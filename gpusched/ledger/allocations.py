@@ -73,25 +73,45 @@ def _locked(conn: sa.Connection, query: sa.Select[Any]) -> sa.Select[Any]:
 def _share_key(shares: Sequence[DeviceShare]) -> list[tuple[str, int, int]]:
     return sorted((s.uuid, s.milli, s.memory_bytes) for s in shares)
 
-def active_allocations(conn: sa.Connection, holder: str | None = None) -> list[Allocation]:
-    """Every active allocation (optionally only ``holder``'s), oldest first, read on ``conn``."""
+def active_allocations(
+    conn: sa.Connection, holder: str | None = None, known_shares: SharesCache | None = None
+) -> list[Allocation]:
+    """Every active allocation (optionally only ``holder``'s), oldest first, read on ``conn``.
+
+    ``known_shares`` (allocation id -> its key and shares, kept by the caller between reads): the
+    shares of the allocations it holds are not read again (an allocation's shares never change
+    once written, and allocation rows are never deleted, so an id with the same key names the
+    same shares); it is updated to hold exactly the active allocations'.
+    """
     query = sa.select(ALLOCATIONS).where(ALLOCATIONS.c.released_at.is_(None))
     if holder is not None:
         query = query.where(ALLOCATIONS.c.holder == holder)
-    return _to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all())
+    return _to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all(), known_shares)
 
 
-def _to_allocations(conn: sa.Connection, rows: Sequence[Any]) -> list[Allocation]:
-    shares: dict[int, list[DeviceShare]] = {r.id: [] for r in rows}
+SharesCache = dict[int, tuple[str, tuple[DeviceShare, ...]]]
+"""Allocation id -> (its key, its shares), as :func:`active_allocations` keeps them for a caller."""
+
+
+def _to_allocations(
+    conn: sa.Connection, rows: Sequence[Any], known: SharesCache | None = None
+) -> list[Allocation]:
+    cached = known if known is not None else {}
+    fresh = [r for r in rows if cached.get(r.id, ("",))[0] != r.key]
+    shares: dict[int, list[DeviceShare]] = {r.id: [] for r in fresh}
     ids = list(shares)
     for chunk in range(0, len(ids), 500):
         for s in conn.execute(_SHARES_OF, {"ids": ids[chunk:chunk + 500]}):
             shares[s.allocation_id].append(
                 DeviceShare(s.device_uuid, s.node, s.idx, s.milli, s.memory_bytes)
             )
+    held = {r.id: (r.key, tuple(shares[r.id])) if r.id in shares else cached[r.id] for r in rows}
+    if known is not None:
+        known.clear()
+        known.update(held)
     return [
         Allocation(
-            r.key, request_from_json(r.request), tuple(shares[r.id]), r.holder, r.created_at,
+            r.key, request_from_json(r.request), held[r.id][1], r.holder, r.created_at,
             r.lease_expires_at, r.released_at, r.release_reason, r.status,
             processes_from_json(r.processes), r.queued_at,
         )

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from gpusched.errors import LedgerError
 from gpusched.ledger import capacity, inventory
-from gpusched.ledger.allocations import LedgerAllocations, active_allocations
+from gpusched.ledger.allocations import LedgerAllocations, SharesCache, active_allocations
 from gpusched.ledger.checkpoints import LedgerCheckpoints
 from gpusched.ledger.engine import default_url, make_engine, read_tx, write_tx
 from gpusched.ledger.events import LedgerEvents, write_event
@@ -64,6 +64,7 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
         self._inventory: tuple[int, tuple[Node, ...], tuple[str, ...]] | None = None
         self._fleet_view: tuple[int, frozenset[str], tuple[Node, ...]] | None = None
         self._known: tuple[tuple[Node, ...], frozenset[str]] | None = None
+        self._active_shares: SharesCache = {}  # the shares of the active allocations last read
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -115,7 +116,7 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
         show as running on devices the snapshot already reports free (or the reverse).
         """
         with read_tx(self.engine) as conn:
-            active = active_allocations(conn)
+            active = active_allocations(conn, known_shares=self._active_shares)
             # The usage is the sum of the active allocations' shares: computed from the rows
             # just read instead of a second pass over the shares table.
             return self._snapshot(conn, now, capacity.usage_of(active)), active

@@ -121,3 +121,21 @@ def test_lost_hosts_leave_the_view_and_come_back(tmp_path: Path) -> None:
         again = led.snapshot().nodes
         assert {n.name for n in again} == {"host-a", "host-b"}
         assert again == both
+
+
+def test_the_allocations_a_cycle_reads_equal_a_fresh_read_as_they_come_and_go(ledger: Ledger) -> None:
+    devices = [d for n in ledger.snapshot().nodes for d in n.devices]
+    whole = GPURequest.build(gpus=1)
+    for step in range(6):  # each cycle: two tasks end (from the third on), two start
+        if step >= 2:
+            for part in "ab":
+                ledger.release(f"t{step - 2}-{part}", reason="done")
+        for part in "ab":
+            d = devices[(2 * step + (part == "b")) % len(devices)]
+            ledger.allocate(f"t{step}-{part}", whole, [share(d)], holder="t")
+        _, active = ledger.cycle_view()  # shares of allocations seen before come from its memory
+        assert [(a.key, a.shares, a.lease_expires_at) for a in active] == \
+            [(a.key, a.shares, a.lease_expires_at) for a in ledger.active()]
+    ledger.renew("t5-b", lease_s=9999)  # a renewed lease is read again, not remembered
+    renewed = {a.key: a for a in ledger.cycle_view()[1]}["t5-b"]
+    assert renewed.lease_expires_at == ledger.get("t5-b").lease_expires_at
