@@ -191,15 +191,15 @@ def _fraction_cached(
         (task.job_type, known or task.request.expected_duration_s > 0, tuple(present.tolist())),
         lambda: _speed_terms(placer, task, np.arange(len(idx.model_names)), present),
     )
-    s = entry.term + speed
-    if inc.any_degraded:
-        s = s + policy.degraded_penalty * (idx.dev_health == 1)
+    others = speed + policy.degraded_penalty * (idx.dev_health == 1) if inc.any_degraded else speed
+    s = entry.term + others
     if not policy.score_levels:
         best = int(np.argmin(np.where(fits, s, np.inf)))
         return Choice([best], milli, [memory], float(s[best]))
     cand = np.flatnonzero(fits)
     at = level_choice(placer.lookahead, stats, state, task, s[cand], idx.dev_node[cand],
-                      lambda i: [int(cand[i])], milli, levels=policy.score_levels, packing=False)
+                      lambda i: [int(cand[i])], milli, levels=policy.score_levels, packing=False,
+                      others=others[cand])
     return Choice([int(cand[at])], milli, [memory], float(s[cand[at]]))
 
 
@@ -268,20 +268,16 @@ def _fraction(
             full_pos = np.flatnonzero(full)
             repeat[full_pos[1:]] = node_of[full_pos[1:]] == node_of[full_pos[:-1]]
             cand, free = cand[~repeat], free[~repeat]
-        s = np.zeros(len(cand))
+        others = _speed_terms(placer, task, idx.dev_model[cand], idx.dev_model[cand])
+        others = others + policy.degraded_penalty * (idx.dev_health[cand] == 1)
+        s = others
         if use_stats and policy.fragmentation:
-            s = (
-                s
-                + policy.fragmentation
-                * placer.stats.delta_fraction(cand, milli, free, task.cpu_milli, task.host_memory_bytes)
-                / MILLI
-            )
-        s = s + _speed_terms(placer, task, idx.dev_model[cand], idx.dev_model[cand])
-        s = s + policy.degraded_penalty * (idx.dev_health[cand] == 1)
+            delta = placer.stats.delta_fraction(cand, milli, free, task.cpu_milli, task.host_memory_bytes)
+            s = policy.fragmentation * delta / MILLI + others
         if policy.score_levels:
             best = level_choice(placer.lookahead if use_stats else None, placer.stats if use_stats else None,
                                 state, task, s, idx.dev_node[cand], lambda i: [int(cand[i])], milli,
-                                levels=policy.score_levels, packing=bool(policy.packing))
+                                levels=policy.score_levels, packing=bool(policy.packing), others=others)
         else:
             best = tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
         d, score = int(cand[best]), float(s[best])
@@ -316,24 +312,22 @@ def _whole(
             left = left_after(placer, state, nodes, k * MILLI, task) if use_stats else nc.count[nodes]
             n = int(nodes[np.argmin(left)])
         else:
-            s = policy.locality * nc.tier(k)[nodes].astype(np.float64)
-            if use_stats and policy.fragmentation:
-                s += (
-                    policy.fragmentation
-                    * placer.stats.delta_whole(nodes, k, task.cpu_milli, task.host_memory_bytes)
-                    / MILLI
-                )
+            others = policy.locality * nc.tier(k)[nodes].astype(np.float64)
             node_models = idx.dev_model[idx.node_start[nodes]]
-            s += _speed_terms(placer, task, node_models, node_models)
+            others += _speed_terms(placer, task, node_models, node_models)
             if policy.degraded_penalty and fits.degraded and (fits.full()[0] & ~elig.healthy).any():
                 mask = fits.full()[0]
                 n_healthy = np.bincount(idx.dev_node[mask & elig.healthy], minlength=len(idx.nodes))[nodes]
-                s += policy.degraded_penalty * np.maximum(0, k - n_healthy)
+                others += policy.degraded_penalty * np.maximum(0, k - n_healthy)
+            s = others
+            if use_stats and policy.fragmentation:
+                delta = placer.stats.delta_whole(nodes, k, task.cpu_milli, task.host_memory_bytes)
+                s = policy.fragmentation * delta / MILLI + others
             if policy.score_levels:
                 best = level_choice(placer.lookahead if use_stats else None,
                                     placer.stats if use_stats else None, state, task, s, nodes,
                                     lambda i: fits.in_node(int(nodes[i]))[:k], MILLI,
-                                    levels=policy.score_levels, packing=bool(policy.packing))
+                                    levels=policy.score_levels, packing=bool(policy.packing), others=others)
             elif use_stats and policy.packing:
                 best = tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
             else:

@@ -154,7 +154,7 @@ class Placer:
         if self._lookahead is None:
             self._lookahead = ShapeDeltas(
                 self.index, self.workload, self.policy.score_levels, self.policy.fragmentation,
-                self.policy.lookahead_ties, self.policy.lookahead_next_level,
+                self.policy.lookahead_ties, self.policy.lookahead_widen,
             )
         return self._lookahead
 

@@ -50,13 +50,13 @@ class ShapeDeltas:
 
     def __init__(
         self, index: FleetIndex, workload: Workload, levels: int, weight: float, ties: int,
-        next_level: bool = False,
+        widen: int = 0,
     ) -> None:
         self.index = index
         self.workload = workload
         self.levels = levels
         self.ties = ties  # how many tied candidates are compared
-        self.next_level = next_level  # a node alone at the top level is compared with the next
+        self.widen = widen  # levels below the top a node alone at the top is compared with
         self.weight = weight  # the policy's fragmentation weight: the score is weight × Δ / MILLI
         shapes = len(workload.s_p)
         self.gpu = workload.s_count > 0
@@ -232,21 +232,26 @@ def lookahead_best(
     node_of: np.ndarray,
     take: Callable[[int], list[int]],
     milli: int,
+    others: np.ndarray | None = None,
 ) -> int:
     """The candidate (position in ``score``) the look-ahead prefers among those tied at the top
     integer score, one per node (``node_of``: each candidate's node; ``take(i)``: the devices
     candidate ``i`` takes, ``milli`` on each).
 
-    With ``ahead.next_level``, a node alone at the top level is compared with the nodes of the
-    next level too (best level first, then inventory order). Candidates on scarce models
+    With ``ahead.widen = w > 0``, a node alone at the top level is compared with the nodes of the
+    ``w`` levels below too (best level first, then inventory order) whose score differs from its
+    own only in the fragmentation term (``others``: each candidate's score less that term, equal
+    to 1e-9; None = all). Candidates on scarce models
     (:meth:`ShapeDeltas.scarce_models`) are dropped unless all are scarce; the first
     ``lookahead_ties`` of the rest are compared, and a single one is taken as it is."""
     top = _first_per_node(top_level(score, ahead.levels), node_of)
-    if len(top) == 1 and ahead.next_level:
-        # One node alone at the top: FGD's measure prefers it by up to one level, a difference
-        # the next request's placement may undo; compare it with the next level's nodes too.
+    if len(top) == 1 and ahead.widen:
+        # One node alone at the top: FGD's measure prefers it by a level or two, a difference
+        # the next request's placement may undo; compare it with those levels' nodes too.
         q = integer_score(score, ahead.levels)
-        near = np.flatnonzero(q >= q[top[0]] - 1)
+        near = np.flatnonzero(q >= q[top[0]] - ahead.widen)
+        if others is not None:  # locality, speed and energy are never traded for fragmentation
+            near = near[np.abs(others[near] - others[top[0]]) <= _NEAR]
         top = _first_per_node(near[np.argsort(-q[near], kind="stable")], node_of)
     scarce_models = ahead.scarce_models(stats, state)
     if len(top) > 1 and scarce_models.any():
@@ -282,6 +287,7 @@ def level_choice(
     *,
     levels: int,
     packing: bool,
+    others: np.ndarray | None = None,
 ) -> int:
     """Position of the candidate an integer score of ``levels`` picks among the top level: with
     ``packing`` the one on the node (``node_of``) with the least free capacity, with ``ahead`` the
@@ -290,7 +296,7 @@ def level_choice(
     if stats is not None and packing:
         return levels_best(score, levels, stats.total[node_of])
     if stats is not None and ahead is not None:
-        return lookahead_best(ahead, stats, state, task, score, node_of, take, milli)
+        return lookahead_best(ahead, stats, state, task, score, node_of, take, milli, others)
     return levels_best(score, levels)
 
 

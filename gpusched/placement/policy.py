@@ -116,9 +116,10 @@ class Policy:
             integer score (the first, one per node) a one-step look-ahead compares: the one that
             leaves the next request of the workload's shapes the least fragmentation wins
             (:mod:`gpusched.placement.lookahead`); 0 = the earliest, as FGD.
-        lookahead_next_level: with ``lookahead_ties``, when the candidates at the highest integer
-            score are all on one node, the look-ahead also compares that node with the nodes one
-            level below (the best level's first); False = the top level only.
+        lookahead_widen: with ``lookahead_ties``, when the candidates at the highest integer score
+            are all on one node, the look-ahead also compares that node with the nodes up to this
+            many levels below whose score differs from its own only in fragmentation (locality,
+            speed and energy are never traded for it); 0 = the top level only, as FGD.
         throughput: optional ``{job_type: {model: speed}}`` table (any unit, per job type).
         workload: expected request shapes for the fragmentation measure; empty = estimated from
             the pending and running tasks of the call, blended with a default prior.
@@ -156,7 +157,7 @@ class Policy:
     degraded_penalty: float = 5.0
     score_levels: int = 0
     lookahead_ties: int = 0
-    lookahead_next_level: bool = False
+    lookahead_widen: int = 0
     throughput: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: _EMPTY)
     workload: tuple[WorkloadShape, ...] = ()
     host_task_workload: tuple[WorkloadShape, ...] = ()

@@ -208,16 +208,16 @@ def test_the_vectorised_first_fill_equals_the_rows_node_by_node() -> None:
     assert checked > 1000 and float(free.sum()) < 0.8 * len(free) * MILLI  # the fleet did fill
 
 
-def _compared(next_level: bool, score: list[float]) -> tuple[list[int], int]:
-    """The candidates (one per node, nodes 0..3) the look-ahead compares for ``score`` and the
+def _compared(widen: int, score: list[float], others: list[float] | None = None) -> tuple[list[int], int]:
+    """The candidates (one per node, nodes 0..4) the look-ahead compares for ``score`` and the
     one it returns when its comparison prefers the second."""
     from gpusched.placement.lookahead import lookahead_best
 
-    fleet = uniform_fleet(4, 2, "T4")
-    placer = Placer(fleet, Policy.named("fgd-lookahead", score_levels=50, lookahead_next_level=next_level,
+    fleet = uniform_fleet(5, 2, "T4")
+    placer = Placer(fleet, Policy.named("fgd-lookahead", score_levels=50, lookahead_widen=widen,
                                         workload=WHOLE_SHAPES))
     ahead = placer.lookahead
-    assert ahead is not None and ahead.next_level is next_level
+    assert ahead is not None and ahead.widen == widen
     seen: list[int] = []
 
     def pick(stats: object, state: object, options: list[tuple[list[int], int]], *rest: object) -> int:
@@ -226,15 +226,19 @@ def _compared(next_level: bool, score: list[float]) -> tuple[list[int], int]:
 
     ahead.pick = pick  # type: ignore[method-assign,assignment]
     chosen = lookahead_best(ahead, placer.stats, placer.state, PendingTask("t", GPURequest(count=1), 0.0),
-                            np.array(score), np.arange(4),
-                            lambda i: [int(placer.index.node_start[i])], MILLI)
+                            np.array(score), np.arange(5),
+                            lambda i: [int(placer.index.node_start[i])], MILLI,
+                            None if others is None else np.array(others))
     return seen, chosen
 
 
-def test_a_node_alone_at_the_top_level_is_compared_with_the_next_level() -> None:
-    score = [-4.0, -3.5, -3.4, 0.0]
-    assert integer_score(np.array(score), 50).tolist() == [49, 48, 48, 25]
-    assert _compared(False, score) == ([], 0)  # alone at the top: taken as FGD takes it
-    assert _compared(True, score) == ([0, 1, 2], 1)  # the next level joins; level 25 does not
-    tied = [-4.0, -4.1, -3.5, 0.0]  # two nodes at the top: only they are compared, either way
-    assert _compared(False, tied) == ([0, 1], 1) == _compared(True, tied)
+def test_a_node_alone_at_the_top_level_is_compared_with_the_levels_below() -> None:
+    score = [-4.0, -3.5, -3.4, -3.0, 0.0]
+    assert integer_score(np.array(score), 50).tolist() == [49, 48, 48, 47, 25]
+    assert _compared(0, score) == ([], 0)  # alone at the top: taken as FGD takes it
+    assert _compared(1, score) == ([0, 1, 2], 1)  # the next level joins; the others do not
+    assert _compared(2, score) == ([0, 1, 2, 3], 1)
+    # A level lost to locality, speed or energy is never traded for fragmentation.
+    assert _compared(2, score, others=[0.0, 0.3, 0.0, 0.0, 0.0]) == ([0, 2, 3], 2)
+    tied = [-4.0, -4.1, -3.5, 0.0, 0.0]  # two nodes at the top: only they are compared
+    assert _compared(0, tied) == ([0, 1], 1) == _compared(2, tied)
