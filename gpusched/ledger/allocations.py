@@ -78,10 +78,10 @@ def active_allocations(
 ) -> list[Allocation]:
     """Every active allocation (optionally only ``holder``'s), oldest first, read on ``conn``.
 
-    ``known_shares`` (allocation id -> its key and shares, kept by the caller between reads): the
-    shares of the allocations it holds are not read again (an allocation's shares never change
-    once written, and allocation rows are never deleted, so an id with the same key names the
-    same shares); it is updated to hold exactly the active allocations'.
+    ``known_shares`` (allocation id -> its key, request and shares, kept by the caller between
+    reads): the shares of the allocations it holds are not read again, nor their requests parsed
+    (neither ever changes once written, and allocation rows are never deleted, so an id with the
+    same key names the same ones); it is updated to hold exactly the active allocations'.
     """
     query = sa.select(ALLOCATIONS).where(ALLOCATIONS.c.released_at.is_(None))
     if holder is not None:
@@ -89,8 +89,9 @@ def active_allocations(
     return _to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all(), known_shares)
 
 
-SharesCache = dict[int, tuple[str, tuple[DeviceShare, ...]]]
-"""Allocation id -> (its key, its shares), as :func:`active_allocations` keeps them for a caller."""
+SharesCache = dict[int, tuple[str, GPURequest, tuple[DeviceShare, ...]]]
+"""Allocation id -> its parts that never change (key, request, shares), as
+:func:`active_allocations` keeps them for a caller."""
 
 
 def _to_allocations(
@@ -105,13 +106,16 @@ def _to_allocations(
             shares[s.allocation_id].append(
                 DeviceShare(s.device_uuid, s.node, s.idx, s.milli, s.memory_bytes)
             )
-    held = {r.id: (r.key, tuple(shares[r.id])) if r.id in shares else cached[r.id] for r in rows}
+    held = {
+        r.id: (r.key, request_from_json(r.request), tuple(shares[r.id])) if r.id in shares else cached[r.id]
+        for r in rows
+    }
     if known is not None:
         known.clear()
         known.update(held)
     return [
         Allocation(
-            r.key, request_from_json(r.request), held[r.id][1], r.holder, r.created_at,
+            r.key, held[r.id][1], held[r.id][2], r.holder, r.created_at,
             r.lease_expires_at, r.released_at, r.release_reason, r.status,
             processes_from_json(r.processes), r.queued_at,
         )
