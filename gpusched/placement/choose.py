@@ -21,7 +21,7 @@ from gpusched.placement.lookahead import ShapeDeltas, level_choice
 from gpusched.placement.policy import Chooser, Policy
 from gpusched.placement.reasons import busy_reason, gang_reason, host_reason, never_fits
 from gpusched.placement.score import FragStats
-from gpusched.placement.speeds import typed
+from gpusched.placement.speeds import timed
 from gpusched.placement.ties import tie_break
 from gpusched.placement.topology import NodeCounts, node_counts, pick_in_node, pick_nodes
 from gpusched.placement.types import PendingTask, Rejection
@@ -186,9 +186,8 @@ def _fraction_cached(
     present = inc.models_present(fits)
     if not len(present):
         return None
-    known = typed(policy, task.job_type)
     speed = inc.per_device(
-        (task.job_type, known or task.request.expected_duration_s > 0, tuple(present.tolist())),
+        (task.job_type, timed(policy, task), tuple(present.tolist())),
         lambda: _speed_terms(placer, task, np.arange(len(idx.model_names)), present),
     )
     others = speed + policy.degraded_penalty * (idx.dev_health == 1) if inc.any_degraded else speed
@@ -209,8 +208,7 @@ def _speed_terms(
     policy = placer.policy
     speed, energy = placer.model_speed(task.job_type)
     out = np.zeros(len(models))
-    known = typed(policy, task.job_type)
-    if not (known or task.request.expected_duration_s > 0) or not len(eligible_models):
+    if not timed(policy, task) or not len(eligible_models):
         return out  # speed and energy matter for work that runs a known while
     if policy.speed:
         out += policy.speed * (1.0 - speed[models] / speed[eligible_models].max())
@@ -327,7 +325,8 @@ def _whole(
                 best = level_choice(placer.lookahead if use_stats else None,
                                     placer.stats if use_stats else None, state, task, s, nodes,
                                     lambda i: fits.in_node(int(nodes[i]))[:k], MILLI,
-                                    levels=policy.score_levels, packing=bool(policy.packing), others=others)
+                                    levels=policy.score_levels, packing=bool(policy.packing), others=others,
+                                    may_widen=not timed(policy, task))
             elif use_stats and policy.packing:
                 best = tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
             else:

@@ -233,6 +233,7 @@ def lookahead_best(
     take: Callable[[int], list[int]],
     milli: int,
     others: np.ndarray | None = None,
+    may_widen: bool = True,
 ) -> int:
     """The candidate (position in ``score``) the look-ahead prefers among those tied at the top
     integer score, one per node (``node_of``: each candidate's node; ``take(i)``: the devices
@@ -241,11 +242,12 @@ def lookahead_best(
     With ``ahead.widen = w > 0``, a node alone at the top level is compared with the nodes of the
     ``w`` levels below too (best level first, then inventory order) whose score differs from its
     own only in the fragmentation term (``others``: each candidate's score less that term, equal
-    to 1e-9; None = all). Candidates on scarce models
+    to 1e-9; None = all), unless the caller says this request may not (``may_widen``
+    False). Candidates on scarce models
     (:meth:`ShapeDeltas.scarce_models`) are dropped unless all are scarce; the first
     ``lookahead_ties`` of the rest are compared, and a single one is taken as it is."""
     top = _first_per_node(top_level(score, ahead.levels), node_of)
-    if len(top) == 1 and ahead.widen:
+    if len(top) == 1 and ahead.widen and may_widen:
         # One node alone at the top: FGD's measure prefers it by a level or two, a difference
         # the next request's placement may undo; compare it with those levels' nodes too.
         q = integer_score(score, ahead.levels)
@@ -288,6 +290,7 @@ def level_choice(
     levels: int,
     packing: bool,
     others: np.ndarray | None = None,
+    may_widen: bool = True,
 ) -> int:
     """Position of the candidate an integer score of ``levels`` picks among the top level: with
     ``packing`` the one on the node (``node_of``) with the least free capacity, with ``ahead`` the
@@ -296,7 +299,7 @@ def level_choice(
     if stats is not None and packing:
         return levels_best(score, levels, stats.total[node_of])
     if stats is not None and ahead is not None:
-        return lookahead_best(ahead, stats, state, task, score, node_of, take, milli, others)
+        return lookahead_best(ahead, stats, state, task, score, node_of, take, milli, others, may_widen)
     return levels_best(score, levels)
 
 

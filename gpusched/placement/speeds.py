@@ -12,8 +12,9 @@ import numpy as np
 from gpusched.model import MILLI
 from gpusched.placement.index import FleetIndex
 from gpusched.placement.policy import Policy
+from gpusched.placement.types import PendingTask
 
-__all__ = ["MIN_RELATIVE_SPEED", "model_speeds", "relative_speeds", "typed"]
+__all__ = ["MIN_RELATIVE_SPEED", "model_speeds", "relative_speeds", "timed", "typed"]
 
 MIN_RELATIVE_SPEED = 1e-3
 """Floor of a relative speed: a model the table gives 0 for counts as 1,000× slower, not infinitely."""
@@ -22,6 +23,12 @@ MIN_RELATIVE_SPEED = 1e-3
 def typed(policy: Policy, job_type: str | None) -> bool:
     """Whether ``policy``'s throughput table knows ``job_type`` (its speeds then rule)."""
     return job_type is not None and job_type in policy.throughput
+
+
+def timed(policy: Policy, task: PendingTask) -> bool:
+    """Whether the task's speed matters to the score: the throughput table knows its job type or
+    it has an expected duration (its speed and energy terms apply)."""
+    return typed(policy, task.job_type) or task.request.expected_duration_s > 0
 
 
 def model_speeds(policy: Policy, index: FleetIndex, job_type: str | None) -> np.ndarray:

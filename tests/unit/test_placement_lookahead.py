@@ -208,7 +208,9 @@ def test_the_vectorised_first_fill_equals_the_rows_node_by_node() -> None:
     assert checked > 1000 and float(free.sum()) < 0.8 * len(free) * MILLI  # the fleet did fill
 
 
-def _compared(widen: int, score: list[float], others: list[float] | None = None) -> tuple[list[int], int]:
+def _compared(
+    widen: int, score: list[float], others: list[float] | None = None, may_widen: bool = True
+) -> tuple[list[int], int]:
     """The candidates (one per node, nodes 0..4) the look-ahead compares for ``score`` and the
     one it returns when its comparison prefers the second."""
     from gpusched.placement.lookahead import lookahead_best
@@ -228,7 +230,7 @@ def _compared(widen: int, score: list[float], others: list[float] | None = None)
     chosen = lookahead_best(ahead, placer.stats, placer.state, PendingTask("t", GPURequest(count=1), 0.0),
                             np.array(score), np.arange(5),
                             lambda i: [int(placer.index.node_start[i])], MILLI,
-                            None if others is None else np.array(others))
+                            None if others is None else np.array(others), may_widen)
     return seen, chosen
 
 
@@ -240,5 +242,34 @@ def test_a_node_alone_at_the_top_level_is_compared_with_the_levels_below() -> No
     assert _compared(2, score) == ([0, 1, 2, 3], 1)
     # A level lost to locality, speed or energy is never traded for fragmentation.
     assert _compared(2, score, others=[0.0, 0.3, 0.0, 0.0, 0.0]) == ([0, 2, 3], 2)
+    assert _compared(2, score, may_widen=False) == ([], 0)  # the caller keeps FGD's choice
     tied = [-4.0, -4.1, -3.5, 0.0, 0.0]  # two nodes at the top: only they are compared
     assert _compared(0, tied) == ([0, 1], 1) == _compared(2, tied)
+
+
+def _one_at_a_time(widen: int, timed: bool) -> list[tuple[str, ...]]:
+    """The devices each of 120 whole-device tasks (1–8 GPUs) gets, placed one at a time."""
+    import random
+
+    from gpusched.bench.synthetic import synthetic_fleet
+    from gpusched.placement import PlacementRequest
+    from gpusched.quota.policy import QuotaState
+
+    fleet = synthetic_fleet(32, 8, 0, used_fraction=0.3)
+    policy = Policy.named("gpusched", lookahead_widen=widen)
+    placer, rng, taken = Placer(fleet, policy), random.Random(0), []
+    for i in range(120):
+        request = GPURequest.build(gpus=rng.choice([1, 1, 1, 2, 2, 4, 8]),
+                                   **({"expected_duration": "1h"} if timed else {}))
+        task = PendingTask(f"t{i}", request, float(i))
+        plan = placer.place(PlacementRequest(pending=[task], snapshot=fleet, policy=policy, now=float(i),
+                                             quota=QuotaState.unlimited()))
+        taken.append(tuple(s.uuid for a in plan.assignments for s in a.shares))
+    return taken
+
+
+def test_whole_device_tasks_with_a_known_duration_are_never_widened() -> None:
+    """Widening is for packing: a whole-device task whose run time is known (speed terms apply)
+    keeps FGD's choice at the top level; one without a duration may be placed elsewhere."""
+    assert _one_at_a_time(2, timed=True) == _one_at_a_time(0, timed=True)
+    assert _one_at_a_time(2, timed=False) != _one_at_a_time(0, timed=False)
