@@ -6,8 +6,10 @@ reads it. ``Policy.named(name)`` gives the presets:
 ``gpusched``  topology locality + fragmentation (FGD-style, model-aware) + heterogeneity-aware
               speed + energy, scored as a coarse integer (``DEFAULT_SCORE_LEVELS``, 50 levels)
               whose ties a one-step look-ahead over the workload's shapes breaks (as
-              ``fgd-lookahead``); reservations for critical tasks with backfill; within a
-              priority, shortest expected GPU-time first with aging.
+              ``fgd-lookahead``); a node alone at the top level is compared with the nodes up
+              to two levels below that differ from it only in fragmentation, for fractions and
+              for tasks of unknown run time (``lookahead_widen = 2``); reservations for critical
+              tasks with backfill; within a priority, shortest expected GPU-time first with aging.
 ``fgd``       fragmentation only (Weng et al., ATC '23), to compare with the published FGD,
               with the published scheduler's integer node score (ties to the earliest node).
               Like the baselines below, FIFO within a priority.
@@ -207,7 +209,7 @@ class Policy:
 
 def _presets() -> dict[str, Policy]:
     presets = {
-        "gpusched": Policy(score_levels=DEFAULT_SCORE_LEVELS, lookahead_ties=16),
+        "gpusched": Policy(score_levels=DEFAULT_SCORE_LEVELS, lookahead_ties=16, lookahead_widen=2),
         "random": Policy(
             name="random",
             chooser=Chooser.RANDOM,
