@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from _ledger_support import BACKENDS, GIB, database_url, fleet, share
+from _ledger_support import GIB, fleet, share
 
 from gpusched.errors import AllocationConflictError, LedgerError, UnknownAllocationError
 from gpusched.ledger import Allocation, Ledger
@@ -19,11 +19,6 @@ from gpusched.request import GPURequest
 
 WHOLE2 = GPURequest.build(gpus=2)
 HALF = GPURequest.build(gpus=0.5, memory="30GiB")
-
-
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    yield from database_url(request.param, tmp_path)
 
 
 @pytest.fixture

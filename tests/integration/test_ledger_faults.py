@@ -16,13 +16,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from _fault_support import PrivatePostgres, postgres_binaries
-from _ledger_support import BACKENDS, database_url, fleet, share
+from _ledger_support import fleet, share
 
 from gpusched.errors import AllocationConflictError, LedgerUnavailableError
 from gpusched.ledger import Ledger
@@ -32,11 +31,6 @@ from gpusched.request import GPURequest
 pytestmark = [pytest.mark.faults]
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    yield from database_url(request.param, tmp_path)
 
 
 def _ledger(url: str, **kwargs: float) -> Ledger:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from _ledger_support import BACKENDS, database_url, fleet, share
+from _ledger_support import fleet, share
 
 from gpusched.hardware.detect import detect_backend
 from gpusched.hardware.host_slice import HostSlice
@@ -24,11 +24,6 @@ from gpusched.placement.index import fleet_index
 from gpusched.request import GPURequest
 
 FLEET = Path(__file__).resolve().parents[2] / "gpusched" / "include" / "fleets" / "multihost.yaml"
-
-
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    yield from database_url(request.param, tmp_path)
 
 
 @pytest.fixture

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from _ledger_support import BACKENDS, database_url, fleet, share
+from _ledger_support import fleet, share
 
 from gpusched.faults.failures import clear_override, load_overrides, refuse_retry, set_override
 from gpusched.ledger import Ledger
@@ -15,11 +14,6 @@ from gpusched.ledger.migrate import upgrade
 from gpusched.ledger.overrides import OVERRIDE, OVERRIDE_CLEARED, REFUSED
 from gpusched.ledger.schema import EVENTS
 from gpusched.request import GPURequest
-
-
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    yield from database_url(request.param, tmp_path)
 
 
 @pytest.fixture

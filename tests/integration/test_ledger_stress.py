@@ -10,12 +10,11 @@ from __future__ import annotations
 import multiprocessing
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
-from _ledger_support import BACKENDS, database_url, fleet, migrate_worker, share, stress_worker
+from _ledger_support import fleet, migrate_worker, share, stress_worker
 
 from gpusched.errors import AllocationConflictError
 from gpusched.ledger import Allocation, Ledger
@@ -27,11 +26,6 @@ from gpusched.request import GPURequest
 WORKERS = 5
 ITERATIONS = 60
 SHARED_EVERY = 6
-
-
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    yield from database_url(request.param, tmp_path)
 
 
 def _run(target: object, args_for: list[tuple[object, ...]]) -> list[object]:
