@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,14 +18,6 @@ from gpusched.request import GPURequest
 
 WHOLE2 = GPURequest.build(gpus=2)
 HALF = GPURequest.build(gpus=0.5, memory="30GiB")
-
-
-@pytest.fixture
-def ledger(url: str) -> Iterator[Ledger]:
-    with Ledger(url) as led:
-        led.migrate()
-        led.sync_inventory(fleet(), "test")
-        yield led
 
 
 def _devices(led: Ledger, node: str = "n0") -> list:

@@ -8,11 +8,9 @@ engine's per-fleet index is reused too).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
 from _ledger_support import fleet, share
 
 from gpusched.hardware.detect import detect_backend
@@ -24,14 +22,6 @@ from gpusched.placement.index import fleet_index
 from gpusched.request import GPURequest
 
 FLEET = Path(__file__).resolve().parents[2] / "gpusched" / "include" / "fleets" / "multihost.yaml"
-
-
-@pytest.fixture
-def ledger(url: str) -> Iterator[Ledger]:
-    with Ledger(url) as led:
-        led.migrate()
-        led.sync_inventory(fleet(), "test")
-        yield led
 
 
 def _revision(led: Ledger) -> int:
