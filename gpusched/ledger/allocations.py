@@ -74,11 +74,11 @@ def _share_key(shares: Sequence[DeviceShare]) -> list[tuple[str, int, int]]:
     return sorted((s.uuid, s.milli, s.memory_bytes) for s in shares)
 
 def active_allocations(
-    conn: sa.Connection, holder: str | None = None, known_shares: SharesCache | None = None
+    conn: sa.Connection, holder: str | None = None, known: KnownParts | None = None
 ) -> list[Allocation]:
     """Every active allocation (optionally only ``holder``'s), oldest first, read on ``conn``.
 
-    ``known_shares`` (allocation id -> its key, request and shares, kept by the caller between
+    ``known`` (allocation id -> its key, request and shares, kept by the caller between
     reads): the shares of the allocations it holds are not read again, nor their requests parsed
     (neither ever changes once written, and allocation rows are never deleted, so an id with the
     same key names the same ones); it is updated to hold exactly the active allocations'.
@@ -86,16 +86,16 @@ def active_allocations(
     query = sa.select(ALLOCATIONS).where(ALLOCATIONS.c.released_at.is_(None))
     if holder is not None:
         query = query.where(ALLOCATIONS.c.holder == holder)
-    return _to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all(), known_shares)
+    return _to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all(), known)
 
 
-SharesCache = dict[int, tuple[str, GPURequest, tuple[DeviceShare, ...]]]
+KnownParts = dict[int, tuple[str, GPURequest, tuple[DeviceShare, ...]]]
 """Allocation id -> its parts that never change (key, request, shares), as
 :func:`active_allocations` keeps them for a caller."""
 
 
 def _to_allocations(
-    conn: sa.Connection, rows: Sequence[Any], known: SharesCache | None = None
+    conn: sa.Connection, rows: Sequence[Any], known: KnownParts | None = None
 ) -> list[Allocation]:
     cached = known if known is not None else {}
     fresh = [r for r in rows if cached.get(r.id, ("",))[0] != r.key]

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from gpusched.errors import LedgerError
 from gpusched.ledger import capacity, inventory
-from gpusched.ledger.allocations import LedgerAllocations, SharesCache, active_allocations
+from gpusched.ledger.allocations import KnownParts, LedgerAllocations, active_allocations
 from gpusched.ledger.checkpoints import LedgerCheckpoints
 from gpusched.ledger.engine import default_url, make_engine, read_tx, write_tx
 from gpusched.ledger.events import LedgerEvents, write_event
@@ -62,9 +62,9 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
         # same, so a scheduling cycle reads only the usage and the placement engine's per-fleet
         # index (keyed on the nodes tuple's identity) survives from cycle to cycle.
         self._inventory: tuple[int, tuple[Node, ...], tuple[str, ...]] | None = None
-        self._fleet_view: tuple[int, frozenset[str], tuple[Node, ...]] | None = None
-        self._known: tuple[tuple[Node, ...], frozenset[str]] | None = None
-        self._active_shares: SharesCache = {}  # the shares of the active allocations last read
+        # (revision, lost nodes, the nodes shown, their devices' uuids)
+        self._fleet_view: tuple[int, frozenset[str], tuple[Node, ...], frozenset[str]] | None = None
+        self._active_parts: KnownParts = {}  # the fixed parts of the active allocations last read
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -116,7 +116,7 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
         show as running on devices the snapshot already reports free (or the reverse).
         """
         with read_tx(self.engine) as conn:
-            active = active_allocations(conn, known_shares=self._active_shares)
+            active = active_allocations(conn, known=self._active_parts)
             # The usage is the sum of the active allocations' shares: computed from the rows
             # just read instead of a second pass over the shares table.
             return self._snapshot(conn, now, capacity.usage_of(active)), active
@@ -124,10 +124,9 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
     def _snapshot(
         self, conn: sa.Connection, now: float | None, usage: dict[str, DeviceUsage] | None = None
     ) -> FleetSnapshot:
-        nodes, sources = self._load_fleet(conn)
+        nodes, known, sources = self._load_fleet(conn)
         if usage is None:
             usage = capacity.active_usage(conn)
-        known = self._known_devices(nodes)
         return FleetSnapshot(
             nodes,
             {u: v for u, v in usage.items() if u in known},
@@ -135,9 +134,10 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
             taken_at=_now(now),
         )
 
-    def _load_fleet(self, conn: sa.Connection) -> tuple[tuple[Node, ...], tuple[str, ...]]:
-        """The nodes a snapshot shows (without those of lost hosts) and the inventory sources,
-        loaded again only when the inventory's revision or the set of lost nodes changed."""
+    def _load_fleet(self, conn: sa.Connection) -> tuple[tuple[Node, ...], frozenset[str], tuple[str, ...]]:
+        """The nodes a snapshot shows (without those of lost hosts), their devices' uuids and the
+        inventory sources, loaded again only when the inventory's revision or the set of lost
+        nodes changed."""
         at = inventory.revision(conn)
         loaded = self._inventory
         if loaded is None or loaded[0] != at:
@@ -148,17 +148,10 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
         view = self._fleet_view
         if view is None or view[0] != at or view[1] != gone:
             # nodes of lost GPU hosts take no work until their agent is back
-            view = (at, gone, tuple(n for n in nodes if n.name not in gone) if gone else nodes)
+            shown = tuple(n for n in nodes if n.name not in gone) if gone else nodes
+            view = (at, gone, shown, frozenset(d.uuid for n in shown for d in n.devices))
             self._fleet_view = view
-        return view[2], sources
-
-    def _known_devices(self, nodes: tuple[Node, ...]) -> frozenset[str]:
-        """The uuids of ``nodes``' devices (kept while the same nodes tuple is shown)."""
-        known = self._known
-        if known is None or known[0] is not nodes:
-            known = (nodes, frozenset(d.uuid for n in nodes for d in n.devices))
-            self._known = known
-        return known[1]
+        return view[2], view[3], sources
 
     def set_health(self, uuid: str, health: Health, reason: str, *, now: float | None = None) -> None:
         """Override a device's health (the snapshot shows the worse of this and the reported one)."""

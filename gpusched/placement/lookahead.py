@@ -33,7 +33,7 @@ import numpy as np
 from gpusched.model import MILLI
 from gpusched.placement.index import FleetIndex, FreeState
 from gpusched.placement.score import FragStats
-from gpusched.placement.ties import integer_score, levels_best, top_level
+from gpusched.placement.ties import integer_score, levels_best
 from gpusched.placement.types import PendingTask
 from gpusched.placement.workload import Workload
 
@@ -246,11 +246,11 @@ def lookahead_best(
     False). Candidates on scarce models
     (:meth:`ShapeDeltas.scarce_models`) are dropped unless all are scarce; the first
     ``lookahead_ties`` of the rest are compared, and a single one is taken as it is."""
-    top = _first_per_node(top_level(score, ahead.levels), node_of)
+    q = integer_score(score, ahead.levels)
+    top = _first_per_node(np.flatnonzero(q == q.max()), node_of)
     if len(top) == 1 and ahead.widen and may_widen:
         # One node alone at the top: FGD's measure prefers it by a level or two, a difference
         # the next request's placement may undo; compare it with those levels' nodes too.
-        q = integer_score(score, ahead.levels)
         near = np.flatnonzero(q >= q[top[0]] - ahead.widen)
         if others is not None:  # locality, speed and energy are never traded for fragmentation
             near = near[np.abs(others[near] - others[top[0]]) <= _NEAR]

@@ -52,6 +52,10 @@ class WarmPlacement:
         requests = [t.request for t in request.pending] + [r.request for r in request.running]
         workload = workload_for(request.policy.workload, requests)
         index = fleet_index(request.snapshot, request.catalog)
+        target = FreeState(index, request.snapshot)
+        for node, cpu_milli, memory_bytes in running_host(index, request.running):
+            target.host_cpu[node] -= cpu_milli
+            target.host_mem[node] -= memory_bytes
         with self._lock:
             placer, built_from = self._placer, self._built_from
             same = (
@@ -64,17 +68,13 @@ class WarmPlacement:
             )
             if placer is None or not same:
                 placer = Placer(request.snapshot, request.policy, workload=workload, catalog=request.catalog)
-                for node, cpu_milli, memory_bytes in running_host(index, request.running):
-                    placer.take_host(index.nodes[node].name, cpu_milli, memory_bytes)
                 self._placer, self._built_from = placer, (request.policy, request.catalog, workload)
                 self.built += 1
             else:
-                target = FreeState(index, request.snapshot)
-                for node, cpu_milli, memory_bytes in running_host(index, request.running):
-                    target.host_cpu[node] -= cpu_milli
-                    target.host_mem[node] -= memory_bytes
-                placer.rebase(request.snapshot, target)
                 self.rebased += 1
+            # A new engine holds the snapshot's usage, a kept one the last call's: either way
+            # the rebase brings it to this call's (devices and the running tasks' host CPU/RAM).
+            placer.rebase(request.snapshot, target)
             # The assignments stay in the engine's state: the next call's snapshot either holds
             # them (launched) or not (held back), and the rebase makes the state agree either way.
             return placer.place(request)
