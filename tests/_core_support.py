@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpusched.airflow.gpu_attained import AttainedService
 from gpusched.ledger import Ledger
+from gpusched.scheduler.attained import AttainedService
 
 
 class SilentLog:

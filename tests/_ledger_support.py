@@ -197,7 +197,7 @@ def record_finished_runs(
     """Write succeeded past runs of task ``dag_id.task_id`` into ``ledger`` — what the duration
     predictor and the service index (``preemption = service``) learn from: one run per entry of
     ``run_seconds`` (that long), one after another on ``device``, the last released at ``end``."""
-    from gpusched.airflow.keys import ti_key
+    from gpusched.scheduler.keys import ti_key
 
     at = end - sum(run_seconds) - len(run_seconds)
     for n, run_s in enumerate(run_seconds):

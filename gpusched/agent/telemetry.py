@@ -164,7 +164,7 @@ class TelemetryAgent:
     def _scheduling_families(self, snapshot: FleetSnapshot, at: float) -> list[Any]:
         """Queue waits and tenant budgets, read from the ledger (what the alert rules watch)."""
         from gpusched.airflow import api_views
-        from gpusched.airflow.quota_file import load_quota_policy
+        from gpusched.quota.file import load_quota_policy
         from gpusched.quota.policy import UNITS_PER_A100_HOUR
 
         waiting_since: dict[str, float] = {}

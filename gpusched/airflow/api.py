@@ -15,7 +15,7 @@ the redirect from ``/`` to ``/ui``. Data comes from the ledger (``$GPUSCHED_DB_U
 SQLite ledger under ``$AIRFLOW_HOME/gpusched``); the JSON is built
 by the pure functions of :mod:`gpusched.airflow.api_views`.
 
-Optional inputs: the quota policy (:mod:`gpusched.airflow.quota_file`), and the forecast from
+Optional inputs: the quota policy (:mod:`gpusched.quota.file`), and the forecast from
 the newest ledger event of kind ``forecast`` (detail = ``Forecast.to_dict()``) or
 ``$GPUSCHED_FORECAST_FILE`` / ``state_dir()/forecast.json``.
 """
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpusched.airflow import api_views
-from gpusched.airflow.quota_file import load_quota_policy, quota_file
 from gpusched.paths import state_dir
+from gpusched.quota.file import load_quota_policy, quota_file
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

@@ -207,7 +207,7 @@ def task_link(key: str) -> dict[str, Any] | None:
     under the UI's root), or None for keys that are not Airflow task tries."""
     from urllib.parse import quote
 
-    from gpusched.airflow.keys import parse_ti_key
+    from gpusched.scheduler.keys import parse_ti_key
 
     parts = parse_ti_key(key)
     if parts is None:

@@ -25,12 +25,12 @@ from airflow.providers.celery.executors.celery_executor import CeleryExecutor
 
 from gpusched.airflow.authoring import is_gpu_task
 from gpusched.airflow.executor_compat import celery_send
-from gpusched.airflow.gpu_cycle import Launch
 from gpusched.airflow.gpu_executor_hooks import GPUExecutorHooks
 from gpusched.airflow.gpu_scheduling import GPUScheduling
-from gpusched.airflow.keys import ti_key_of
 from gpusched.errors import ConfigurationError
 from gpusched.ledger.hosts import LAUNCH_EVENT, HostState, host_queue
+from gpusched.scheduler.cycle import Launch
+from gpusched.scheduler.keys import ti_key_of
 
 __all__ = ["GPUCeleryExecutor"]
 

@@ -82,7 +82,7 @@ def _ledger() -> Any:
 
 def report(step: int | None = None, *, path: str | None = None) -> bool:
     """Record that this try saved a checkpoint now (False outside a gpusched allocation)."""
-    from gpusched.airflow.keys import task_of
+    from gpusched.scheduler.keys import task_of
 
     key = allocation_key()
     if key is None:
@@ -94,7 +94,7 @@ def report(step: int | None = None, *, path: str | None = None) -> bool:
 def resume() -> Any:
     """The newest checkpoint an earlier try of this task instance reported (``.step``, ``.path``,
     ``.at``), or None."""
-    from gpusched.airflow.keys import task_of
+    from gpusched.scheduler.keys import task_of
 
     key = allocation_key()
     if key is None:

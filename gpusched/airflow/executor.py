@@ -51,9 +51,9 @@ from gpusched.airflow.executor_compat import (
     local_put,
     local_spawn_worker,
 )
-from gpusched.airflow.gpu_cycle import Launch
 from gpusched.airflow.gpu_executor_hooks import GPUExecutorHooks
 from gpusched.airflow.gpu_scheduling import GPUScheduling
+from gpusched.scheduler.cycle import Launch
 
 __all__ = ["GPUExecutor", "wait_for_execution_api"]
 

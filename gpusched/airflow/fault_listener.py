@@ -78,9 +78,9 @@ def read_log_tail(task_instance: Any, base_folder: str | None = None) -> str:
 def build_failure_record(task_instance: Any, error: Any, ledger: Any) -> Any:
     """The :class:`~gpusched.faults.failures.FailureRecord` of this failed try."""
     from gpusched.airflow.authoring import request_from_executor_config
-    from gpusched.airflow.keys import ti_key_of
     from gpusched.faults.failures import FailureRecord
     from gpusched.hardware.envexport import allocation_from_env
+    from gpusched.scheduler.keys import ti_key_of
 
     key = ti_key_of(task_instance)
     allocation = ledger.get(key)
@@ -120,8 +120,8 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
     if not is_gpu_task(task_instance):
         return
     try:
-        from gpusched.airflow.keys import ti_key_of
         from gpusched.faults.remediation import PidRegistry
+        from gpusched.scheduler.keys import ti_key_of
 
         PidRegistry().register(ti_key_of(task_instance))
     except Exception:
@@ -134,8 +134,8 @@ def on_task_instance_success(previous_state: Any, task_instance: Any) -> None:
     if not is_gpu_task(task_instance):
         return
     try:
-        from gpusched.airflow.keys import ti_key_of
         from gpusched.faults.remediation import PidRegistry
+        from gpusched.scheduler.keys import ti_key_of
 
         PidRegistry().unregister(ti_key_of(task_instance))
     except Exception:
@@ -148,10 +148,10 @@ def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any)
     if not is_gpu_task(task_instance):
         return
     try:
-        from gpusched.airflow.keys import ti_key_of
         from gpusched.faults.failures import record_failure
         from gpusched.faults.remediation import PidRegistry, handle_failure
         from gpusched.ledger import Ledger
+        from gpusched.scheduler.keys import ti_key_of
         from gpusched.settings import env_bool
 
         PidRegistry().unregister(ti_key_of(task_instance))

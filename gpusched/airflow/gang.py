@@ -24,70 +24,13 @@ lost, the executor stops the others; each member's retry waits for the whole gan
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from gpusched.errors import GPURequestError
+from gpusched.scheduler.gangs import GANG_KEY, GANG_SCOPES
 
-__all__ = ["GANG_KEY", "RENDEZVOUS_VARS", "GangMember", "gang_member", "gang_task", "rendezvous_env"]
-
-GANG_KEY = "gpusched_gang"
-"""Key of the gang spec in a member task's ``executor_config``."""
-
-RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "NNODES", "LOCAL_WORLD_SIZE",
-                   "GPUSCHED_GANG")
-"""Every variable :func:`rendezvous_env` sets."""
-
-_SCOPES = ("same_rack", "any")
-_PORT_BASE, _PORT_SPAN = 29500, 500
-
-
-@dataclass(frozen=True, slots=True)
-class GangMember:
-    """One member of a multi-node gang: ``gang`` is unique per DAG run (and map index)."""
-
-    gang: str
-    size: int
-    rank: int
-    scope: str = "same_rack"
-
-
-def gang_member(
-    executor_config: object, *, dag_id: str, run_id: str, map_index: int = -1
-) -> GangMember | None:
-    """The gang membership in a task's ``executor_config``, or None for an ordinary task.
-
-    Raises:
-        GPURequestError: the ``gpusched_gang`` entry is malformed.
-    """
-    if not isinstance(executor_config, Mapping) or GANG_KEY not in executor_config:
-        return None
-    spec = executor_config[GANG_KEY]
-    try:
-        name, size, rank = str(spec["name"]), int(spec["size"]), int(spec["rank"])
-        scope = str(spec.get("scope", "same_rack"))
-    except (KeyError, TypeError, ValueError):
-        raise GPURequestError(GANG_KEY, spec, "a mapping with name, size and rank (use gang_task)") from None
-    if size < 2 or not 0 <= rank < size or scope not in _SCOPES:
-        raise GPURequestError(GANG_KEY, spec, f"size >= 2, 0 <= rank < size, scope in {_SCOPES}")
-    return GangMember(f"{dag_id}/{run_id}/{map_index}/{name}", size, rank, scope)
-
-
-def rendezvous_env(member: GangMember, gpus_per_node: int, master_addr: str) -> dict[str, str]:
-    """The torchrun / DeepSpeed variables of ``member`` (``MASTER_PORT`` derived from the gang id)."""
-    port = _PORT_BASE + zlib.crc32(member.gang.encode()) % _PORT_SPAN
-    return {
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(port),
-        "WORLD_SIZE": str(member.size * gpus_per_node),
-        "NODE_RANK": str(member.rank),
-        "NNODES": str(member.size),
-        "LOCAL_WORLD_SIZE": str(gpus_per_node),
-        "GPUSCHED_GANG": member.gang,
-    }
-
+__all__ = ["gang_task"]
 
 def gang_task(
     python_callable: Callable[..., Any] | None = None,
@@ -115,9 +58,9 @@ def gang_task(
         raise GPURequestError("nodes", nodes, "an integer >= 2 (one member task per node)")
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise GPURequestError("gpus_per_node", gpus_per_node, "an integer >= 1 (whole GPUs per node)")
-    if interconnect not in _SCOPES:
+    if interconnect not in GANG_SCOPES:
         raise GPURequestError("interconnect", interconnect,
-                              f"one of {', '.join(_SCOPES)} for a multi-node gang")
+                              f"one of {', '.join(GANG_SCOPES)} for a multi-node gang")
     request_kwargs = {k: v for k, v in kwargs.items() if k in REQUEST_KEYS}
     for forbidden in ("gpus", "gang"):
         if forbidden in request_kwargs:

@@ -11,7 +11,7 @@ import socket
 from typing import Any, Protocol
 
 from gpusched.airflow.executor_compat import save_task_event
-from gpusched.airflow.keys import parse_ti_key, ti_key
+from gpusched.scheduler.keys import parse_ti_key, ti_key
 
 __all__ = ["FaultCore", "fail_orphaned", "handle_lost_hosts", "stop_broken_gangs"]
 

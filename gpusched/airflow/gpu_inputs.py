@@ -1,16 +1,16 @@
 """What one cycle of the GPU executors reads: the waiting workloads as pending work, and the request.
 
 :func:`pending_work` turns the executor's GPU workloads into the cycle's
-:class:`~gpusched.airflow.gpu_cycle.PendingWork`: the fault chain's overrides applied (a replaced
+:class:`~gpusched.scheduler.cycle.PendingWork`: the fault chain's overrides applied (a replaced
 request, a refused retry, a moved try's pin), the multi-node gang a task belongs to, and the
 allocation a workload already owns (queued again after a restart, or the next try of a move).
 :func:`read_cycle_request` reads the rest of the cycle's inputs from the ledger in one
-:class:`~gpusched.airflow.gpu_cycle.CycleRequest`: the fleet and the running tasks (one read
-transaction), predicted durations (:mod:`gpusched.airflow.gpu_durations`), the policy with the
+:class:`~gpusched.scheduler.cycle.CycleRequest`: the fleet and the running tasks (one read
+transaction), predicted durations (:mod:`gpusched.scheduler.durations`), the policy with the
 request mix it scores by (the executor's :class:`~gpusched.placement.workload.SteadyWorkload`
 unless the policy names its shapes), the quota and, with
 ``preemption = service``, the GPU-time the earlier tries of each task instance attained
-(:mod:`gpusched.airflow.gpu_attained`).
+(:mod:`gpusched.scheduler.attained`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from gpusched.airflow import gpu_quota
 from gpusched.airflow.authoring import request_from_executor_config
-from gpusched.airflow.gang import gang_member
-from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, running_tasks
-from gpusched.airflow.keys import ti_key_of
 from gpusched.errors import GPURequestError
 from gpusched.faults.failures import load_overrides
 from gpusched.request import GPURequest
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, running_tasks
+from gpusched.scheduler.gangs import gang_member
+from gpusched.scheduler.keys import ti_key_of
+from gpusched.scheduler.quota import cycle_quota
 
 __all__ = ["InputsCore", "pending_work", "read_cycle_request"]
 
@@ -34,8 +34,8 @@ __all__ = ["InputsCore", "pending_work", "read_cycle_request"]
 class InputsCore(Protocol):
     """What the cycle's inputs use of :class:`~gpusched.airflow.gpu_scheduling.GPUScheduling`."""
 
-    durations: Any  # gpu_durations.DurationHistory
-    attained: Any  # gpu_attained.AttainedService
+    durations: Any  # scheduler.durations.DurationHistory
+    attained: Any  # scheduler.attained.AttainedService
     preemption: Any  # gpu_preemption.Preemptor: its mode
     migration: Any  # gpu_migration.Migrator: moved tries own their held devices
     predicted: dict[str, Any]
@@ -110,7 +110,7 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
     """Every input of one cycle, read from the ledger now (quota: the quota file and usage;
     requests without ``expected_duration`` carry the predicted one, noted in ``core.predicted``;
     a later try of a task instance counts as submitted when its first try was queued
-    (:meth:`~gpusched.airflow.gpu_attained.AttainedService.first_queued`);
+    (:meth:`~gpusched.scheduler.attained.AttainedService.first_queued`);
     ``attained_gpu_s`` only with ``preemption = service``)."""
     ledger = core.ledger
     first = core.attained.first_queued(ledger, [w.key for w in pending])
@@ -127,7 +127,7 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
         policy = replace(policy, workload=core.steady.shapes(mix))
     return CycleRequest(
         work, snapshot, policy, busy, now,
-        gpu_quota.cycle_quota(ledger, snapshot, now), use_uuids=core.use_uuids,
+        cycle_quota(ledger, snapshot, now), use_uuids=core.use_uuids,
         replan_budget_ms=core.replan_budget_ms, replan_weights=core.replan_weights,
         addresses=ledger.node_addresses() if any(w.gang for w in work) else {},
         attained_gpu_s=attained, engine=core.warm,

@@ -49,16 +49,16 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gpusched import settings
-from gpusched.airflow import gpu_quota
 from gpusched.airflow.executor_compat import save_task_event
-from gpusched.airflow.gpu_cycle import running_tasks
 from gpusched.airflow.gpu_preemption import Eviction, Preemptor
-from gpusched.airflow.keys import parse_ti_key, task_of, ti_key
 from gpusched.airflow.task_log import append_task_log
 from gpusched.errors import AllocationConflictError, ConfigurationError
 from gpusched.ledger.moves import MoveIntent
 from gpusched.placement.migration import MIGRATE, MigrationRequest, Move, plan_migrations
 from gpusched.request import GPURequest
+from gpusched.scheduler.cycle import running_tasks
+from gpusched.scheduler.keys import parse_ti_key, task_of, ti_key
+from gpusched.scheduler.quota import cycle_quota
 
 __all__ = ["MIGRATION_REQUEUE_WAIT_S", "MigrationCore", "Migrator", "Moving", "throughput_table"]
 
@@ -167,7 +167,7 @@ class Migrator:
         ledger = self.core.ledger
         snapshot, active = ledger.cycle_view(now)
         running = running_tasks(active)
-        quota = gpu_quota.cycle_quota(ledger, snapshot, now)  # the proof places as the cycle does
+        quota = cycle_quota(ledger, snapshot, now)  # the proof places as the cycle does
         mine = set(self.core.gpu_running.values())
         gang_members = {self.core.gpu_running.get(k) for ks in self.core.gangs.values() for k in ks}
         stopping = set(self.core.preemption.evictions) | {m.old_key for m in self.moving.values()}

@@ -7,7 +7,7 @@ One implementation for both executors (it lives beside :class:`GPUScheduling`, t
 With ``service`` (Tiresias-style, :mod:`gpusched.durations.service`), :meth:`Preemptor.rank`
 orders every cycle's queue by each task's Gittins index (from the run-time distribution of its
 prediction group in the ledger's finished runs, :attr:`DurationHistory.service`), at the GPU-time
-its task instance has attained, earlier tries included (:mod:`gpusched.airflow.gpu_attained`), and
+its task instance has attained, earlier tries included (:mod:`gpusched.scheduler.attained`), and
 a held task may also preempt running tasks of its own priority whose index, at the GPU-time
 they have attained, is lower than its own by the model's margin.
 
@@ -41,10 +41,6 @@ from typing import Any, Protocol
 
 from gpusched import settings
 from gpusched.airflow.executor_compat import save_task_event
-from gpusched.airflow.gpu_attained import PREEMPTED_REASON
-from gpusched.airflow.gpu_cycle import CycleReply, CycleRequest, Hold, PendingWork, decide
-from gpusched.airflow.gpu_durations import task_of as task_name
-from gpusched.airflow.keys import task_of
 from gpusched.airflow.task_log import append_task_log
 from gpusched.durations.service import aged_index, gpu_seconds, queue_rank
 from gpusched.model import DeviceShare
@@ -59,6 +55,10 @@ from gpusched.placement.preemption import (
     check_mode,
     select_victims,
 )
+from gpusched.scheduler.attained import PREEMPTED_REASON
+from gpusched.scheduler.cycle import CycleReply, CycleRequest, Hold, PendingWork, decide
+from gpusched.scheduler.durations import task_name
+from gpusched.scheduler.keys import task_of
 
 __all__ = ["MAX_SELECTIONS_PER_CYCLE", "Eviction", "PreemptionCore", "Preemptor", "after_launches", "requeue"]
 
@@ -73,8 +73,8 @@ class PreemptionCore(Protocol):
     conf: Any
     gpu_running: dict[Any, str]
     gangs: dict[str, set[Any]]
-    durations: Any  # gpu_durations.DurationHistory: its ``service`` history (mode service)
-    attained: Any  # gpu_attained.AttainedService: which running tries were preempted before
+    durations: Any  # scheduler.durations.DurationHistory: its ``service`` history (mode service)
+    attained: Any  # scheduler.attained.AttainedService: which running tries were preempted before
 
     @property
     def log(self) -> Any: ...
@@ -160,7 +160,7 @@ class Preemptor:
         return replace(request, snapshot=snapshot.with_usage(held)) if held else request
 
     def decide(self, request: CycleRequest) -> CycleReply:
-        """:func:`~gpusched.airflow.gpu_cycle.decide`, with the beneficiaries whose victims have
+        """:func:`~gpusched.scheduler.cycle.decide`, with the beneficiaries whose victims have
         just ended (:attr:`first_pick`, a gang with all its members) placed first and the rest on
         what their launches leave. Without it, a victim requeued meanwhile, aged from its first
         queue time, or any work ahead in the queue order would take the room made for the
@@ -263,7 +263,7 @@ class Preemptor:
     def _prover(request: CycleRequest, group: list[PendingWork]) -> Prover | None:
         if group[0].gang is None:
             return None  # placement of the task itself, with the quota
-        from gpusched.airflow.gang_cycle import place_gang
+        from gpusched.scheduler.gangs import place_gang
 
         def prove(snapshot: Any, running: Any) -> Any:
             plan = place_gang(group, snapshot, request.policy, now=request.now, running=running,

@@ -3,9 +3,9 @@
 One implementation serves :class:`gpusched.airflow.executor.GPUExecutor` (LocalExecutor) and
 :class:`gpusched.airflow.celery_executor.GPUCeleryExecutor` (CeleryExecutor). The executor owns
 Airflow's bookkeeping and hands its GPU workloads here; :class:`GPUScheduling` builds one
-:class:`~gpusched.airflow.gpu_cycle.CycleRequest` per cycle (:mod:`gpusched.airflow.gpu_inputs`:
+:class:`~gpusched.scheduler.cycle.CycleRequest` per cycle (:mod:`gpusched.airflow.gpu_inputs`:
 fault-chain overrides applied, durations predicted where none was given, attained service), calls
-:func:`~gpusched.airflow.gpu_cycle.decide`, writes each launch's allocation to the ledger and
+:func:`~gpusched.scheduler.cycle.decide`, writes each launch's allocation to the ledger and
 gives the launch to the executor's :class:`Dispatcher` (a local worker with the devices'
 environment, or the Celery queue of the host that owns them).
 
@@ -21,13 +21,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched import settings
-from gpusched.airflow import gpu_attained, gpu_durations, gpu_faults, gpu_inputs, gpu_quota
+from gpusched.airflow import gpu_faults, gpu_inputs, gpu_over_budget
 from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
 from gpusched.airflow.executor_compat import save_task_event
-from gpusched.airflow.gpu_cycle import CycleRequest, Hold, Launch, PendingWork
 from gpusched.airflow.gpu_migration import Migrator, throughput_table
 from gpusched.airflow.gpu_preemption import Preemptor
-from gpusched.airflow.keys import ti_key_of
 from gpusched.airflow.ledger_guard import LedgerGuard
 from gpusched.airflow.orphans import reconcile_holder, task_state
 from gpusched.airflow.task_log import append_task_log
@@ -40,6 +38,11 @@ from gpusched.placement.genetic import parse_weights
 from gpusched.placement.warm import WarmPlacement
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.request import GPURequest
+from gpusched.scheduler.attained import AttainedService
+from gpusched.scheduler.cycle import CycleRequest, Hold, Launch, PendingWork
+from gpusched.scheduler.durations import DurationHistory
+from gpusched.scheduler.keys import ti_key_of
+from gpusched.scheduler.quota import over_budget_action
 
 if TYPE_CHECKING:
     from gpusched.ledger import Ledger
@@ -86,15 +89,15 @@ class GPUScheduling:
         self.host_timeout_s = settings.get_float("host_timeout_seconds", conf)
         self.ledger_wait_s = settings.get_float("ledger_wait_seconds", conf)
         self.reconcile_s = settings.get_float("reconcile_seconds", conf)
-        self.durations = gpu_durations.DurationHistory.from_settings(conf)  # run times learnt from history
-        self.attained = gpu_attained.AttainedService()  # GPU-time of earlier tries (preemption = service)
+        self.durations = DurationHistory.from_settings(conf)  # run times learnt from history
+        self.attained = AttainedService()  # GPU-time of earlier tries (preemption = service)
         self.predicted: dict[str, Any] = {}  # ledger key -> this cycle's Prediction
         # The placement engine kept between cycles, and the request mix it scores by (kept until
         # it drifts past [gpusched] workload_drift, so the engine need not be rebuilt every cycle).
         self.warm = WarmPlacement()
         self.steady = SteadyWorkload(settings.get_float("workload_drift", conf))
         # Running work over its tenant's hard budget: finish|stop, acted on once per allocation.
-        self.over_budget, self.over_budget_seen = gpu_quota.over_budget_action(conf), set[str]()
+        self.over_budget, self.over_budget_seen = over_budget_action(conf), set[str]()
         self._guard = LedgerGuard(self.ledger_wait_s, lambda: self.log)
         self._safe = self._guard.run
         self.process: Any = None  # this executor as a HolderProcess (set by start_process)
@@ -320,7 +323,7 @@ class GPUScheduling:
         if now - self._last_reconcile >= self.reconcile_s:
             self._last_reconcile = now
             self._safe(self.reconcile)
-            self._safe(lambda: gpu_quota.check_running(self, now))
+            self._safe(lambda: gpu_over_budget.check_running(self, now))
         if now - self._last_renew >= max(5.0, min(60.0, self.lease_s / 4)):
             self._last_renew = now
             held = self._safe(self.migration.held_keys) or set()  # devices held for moved tries

@@ -83,7 +83,7 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
 
     Returns None for a task that asked for no GPU, or when no allocation is found.
     """
-    from gpusched.airflow.keys import ti_key_of
+    from gpusched.scheduler.keys import ti_key_of
 
     env = os.environ if environ is None else environ
     key = ti_key_of(task_instance)
@@ -141,7 +141,7 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
 
 def release_devices(task_instance: Any, reason: str) -> bool:
     """Release the task's allocation in the ledger; True when one was active."""
-    from gpusched.airflow.keys import ti_key_of
+    from gpusched.scheduler.keys import ti_key_of
 
     key = ti_key_of(task_instance)
     allocation = allocation_from_env(os.environ)
@@ -176,8 +176,8 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
 
 def record_task_process(task_instance: Any) -> bool:
     """Record this process as the ``task`` holder of the task's active allocation."""
-    from gpusched.airflow.keys import ti_key_of
     from gpusched.ledger.liveness import current_process
+    from gpusched.scheduler.keys import ti_key_of
 
     return bool(_ledger().attach_process(ti_key_of(task_instance), current_process("task")))
 

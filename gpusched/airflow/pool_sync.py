@@ -124,7 +124,7 @@ def sync_pools(
     Runs in the scheduler/executor process (Airflow ORM). With ``session`` the caller owns the
     transaction (this only flushes); without, one is opened and committed here. Only pools whose
     slots or description differ are written; ``include_deferred`` stays False. ``split`` None:
-    the partition shares of the configured quota policy (:mod:`gpusched.airflow.quota_file`;
+    the partition shares of the configured quota policy (:mod:`gpusched.quota.file`;
     70/20/10 without one).
 
     Returns:
@@ -168,8 +168,8 @@ def sync_pools(
 
 
 def _configured_split() -> dict[Partition, int]:
-    """Per-mille shares of the configured quota policy (:mod:`gpusched.airflow.quota_file`)."""
-    from gpusched.airflow.quota_file import load_quota_policy
+    """Per-mille shares of the configured quota policy (:mod:`gpusched.quota.file`)."""
+    from gpusched.quota.file import load_quota_policy
 
     return {p: pct * 10 for p, pct in load_quota_policy().shares_pct.items()}
 

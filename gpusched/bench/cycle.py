@@ -115,8 +115,8 @@ def _one_size(
 def _timed_cycle(
     ledger: Any, waiting: Sequence[Any], policy: Any, warm: Any, steady: Any, times: dict[str, list[float]]
 ) -> None:
-    from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide, running_tasks
     from gpusched.quota.policy import QuotaState
+    from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide, running_tasks
 
     wall, cpu = time.perf_counter(), time.process_time()
     snapshot, active = ledger.cycle_view()

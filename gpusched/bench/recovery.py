@@ -3,7 +3,7 @@
 One trial:
 
 1. A GPU task (a real Python process) is placed by the executor's decision function
-   (:func:`gpusched.airflow.gpu_cycle.decide` with the ``gpusched`` policy), allocated in the
+   (:func:`gpusched.scheduler.cycle.decide` with the ``gpusched`` policy), allocated in the
    ledger (SQLite) and started with the executor's device environment. It reads its device
    through the simulated backend, like a CUDA program that hits a driver error on its next call.
 2. At t0 an Xid 79 is injected on its device (:meth:`SimulatedBackend.inject_fault`).
@@ -118,8 +118,6 @@ def run_trial(
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> Trial:
     """Run one trial in the current ``AIRFLOW_HOME`` (fresh state expected); see the module doc."""
-    from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide, running_tasks
-    from gpusched.airflow.keys import ti_key
     from gpusched.faults.failures import FailureRecord, load_overrides, record_failure
     from gpusched.faults.remediation import handle_failure
     from gpusched.hardware.simulated import SimulatedBackend
@@ -128,6 +126,8 @@ def run_trial(
     from gpusched.placement import Policy
     from gpusched.quota.policy import QuotaState
     from gpusched.request import GPURequest
+    from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide, running_tasks
+    from gpusched.scheduler.keys import ti_key
 
     backend = SimulatedBackend()
     ledger = Ledger()

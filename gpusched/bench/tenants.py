@@ -2,7 +2,7 @@
 
 One Philly window is replayed twice on the same fleet, with and without a quota file that this
 harness writes (``quota-<tag>.yaml``, the executor's format, read back through
-:func:`gpusched.airflow.quota_file.read_quota_policy`). The rules, all from the window's own
+:func:`gpusched.quota.file.read_quota_policy`). The rules, all from the window's own
 submitted demand (A100-equivalent GPU-hours: GPUs × run time × the catalog's speed of the fleet's
 model), none picked by hand:
 
@@ -120,9 +120,9 @@ def replay_tenants(
     quota run does with running work whose tenant crosses its budget
     (:class:`~gpusched.sim.overbudget.SimOverBudget`).
     """
-    from gpusched.airflow.quota_file import read_quota_policy
     from gpusched.durations import DurationModel
     from gpusched.placement import Policy
+    from gpusched.quota.file import read_quota_policy
     from gpusched.sim.engine import simulate, with_expected_durations
     from gpusched.sim.fleets import uniform_fleet
     from gpusched.sim.jobs import trace_jobs

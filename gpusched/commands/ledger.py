@@ -220,8 +220,8 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def _durations(ledger: Ledger, days: float, as_json: bool) -> int:
-    from gpusched.airflow.gpu_durations import carried_work, finished_runs
     from gpusched.durations import DurationModel, replay_errors
+    from gpusched.scheduler.durations import carried_work, finished_runs
 
     now = time.time()
     history = ledger.history(now - days * 86400.0, now)

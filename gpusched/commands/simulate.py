@@ -102,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
     policy = Policy.named(args.policy, fractions_need_partitioning=False)
     quota = None
     if args.quotas is not None:
-        from gpusched.airflow.quota_file import read_quota_policy
+        from gpusched.quota.file import read_quota_policy
 
         quota = read_quota_policy(args.quotas)
     from gpusched.sim.overbudget import SimOverBudget

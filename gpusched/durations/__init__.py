@@ -3,7 +3,7 @@
 In the spirit of Helios' QSSF (Hu et al., SC '21): a task's duration is predicted from the
 finished runs of similar tasks, most specific group first — the same DAG task (or trace job name)
 with the same tenant, GPU count and model constraint; then the tenant's runs of that GPU count;
-then the tenant's runs; then the whole fleet's. The executor (:mod:`gpusched.airflow.gpu_durations`)
+then the tenant's runs; then the whole fleet's. The executor (:mod:`gpusched.scheduler.durations`)
 feeds it from the ledger's finished allocations, the simulator (:mod:`gpusched.sim.durations`)
 from the jobs that have finished so far in the replay; both rewrite the waiting requests through
 :func:`with_prediction` before placement, so the policy's shortest-expected-GPU-time-first order,

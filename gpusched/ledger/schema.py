@@ -111,7 +111,7 @@ ALLOCATIONS = sa.Table(
     # restart or a worker's death can tell a live holder from a dead one.
     sa.Column("processes", sa.JSON, nullable=True),
     # When the try was first queued (the executor's first sighting; migration 0010): a requeued
-    # task instance ages from its first try's queue time (gpusched.airflow.gpu_attained).
+    # task instance ages from its first try's queue time (gpusched.scheduler.attained).
     sa.Column("queued_at", sa.Double, nullable=True),
     # At most one active allocation per key: the database itself refuses a second one.
     sa.Index(

@@ -254,7 +254,7 @@ def over_budget_mode(value: str) -> str:
 def over_budget(state: QuotaState, tenant: str) -> str | None:
     """Why ``tenant`` has crossed its hard budget this period (its running work is over), or None.
 
-    The one rule for running work: the executors' periodic check (``gpusched.airflow.gpu_quota``)
+    The one rule for running work: the executors' periodic check (``gpusched.scheduler.quota``)
     and the simulator (:mod:`gpusched.sim.overbudget`) act on every running task of a tenant for
     which this answers (let it finish or stop it, per :data:`OVER_BUDGET_ACTIONS`)."""
     budget = state.policy.budget(tenant) if state.enforced else None

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpusched.airflow.authoring import gpu, gpu_task, partition_pool, request_from_executor_config
-from gpusched.airflow.keys import parse_ti_key, ti_key, ti_key_of
 from gpusched.errors import GPURequestError
 from gpusched.request import GPURequest, Interconnect
+from gpusched.scheduler.keys import parse_ti_key, ti_key, ti_key_of
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpusched.airflow.keys import task_of
 from gpusched.ledger import Ledger
+from gpusched.scheduler.keys import task_of
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY1 = "airflow/d/train/-1/1/run1"

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from gpusched.airflow.gpu_durations import DurationHistory, carried_work, finished_runs
-from gpusched.airflow.keys import task_of, ti_key
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.node_builder import make_node
 from gpusched.request import GPURequest
+from gpusched.scheduler.durations import DurationHistory, carried_work, finished_runs
+from gpusched.scheduler.keys import task_of, ti_key
 
 NOW = 9_000_000.0
 ONE = GPURequest.build(gpus=1)

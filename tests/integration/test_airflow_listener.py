@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from gpusched.airflow import listener
-from gpusched.airflow.keys import ti_key
 from gpusched.hardware.envexport import devices_env
 from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
 from gpusched.ledger import Ledger
 from gpusched.model import MILLI, DeviceShare
 from gpusched.request import GPURequest
+from gpusched.scheduler.keys import ti_key
 
 
 def _ti(task_id: str, gpu: dict[str, Any] | None) -> Any:

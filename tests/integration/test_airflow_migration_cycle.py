@@ -20,13 +20,13 @@ from _core_support import StubCore
 from gpusched.airflow import gpu_migration, gpu_preemption
 from gpusched.airflow.gpu_migration import MIGRATION_REQUEUE_WAIT_S, Migrator
 from gpusched.airflow.gpu_preemption import Preemptor
-from gpusched.airflow.keys import parse_ti_key, ti_key
 from gpusched.faults.failures import load_overrides
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceShare
 from gpusched.node_builder import make_node
 from gpusched.placement import Policy
 from gpusched.request import GPURequest
+from gpusched.scheduler.keys import parse_ti_key, ti_key
 
 NOW = 50_000.0
 RUN = "manual__r"

@@ -20,13 +20,13 @@ from _ledger_support import assert_whole_devices_never_shared
 from gpusched.airflow import gpu_migration, gpu_preemption
 from gpusched.airflow.gpu_migration import MIGRATION_REQUEUE_WAIT_S, Migrator
 from gpusched.airflow.gpu_preemption import Preemptor
-from gpusched.airflow.keys import ti_key
 from gpusched.faults.failures import load_overrides
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceShare
 from gpusched.node_builder import make_node
 from gpusched.placement import Policy
 from gpusched.request import GPURequest
+from gpusched.scheduler.keys import ti_key
 
 NOW = 50_000.0
 RUN = "manual__r"
@@ -63,7 +63,7 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 def _airflow_key(key: str) -> Any:
     from airflow.models.taskinstancekey import TaskInstanceKey
 
-    from gpusched.airflow.keys import parse_ti_key
+    from gpusched.scheduler.keys import parse_ti_key
 
     p = parse_ti_key(key)
     assert p is not None

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from gpusched.airflow.keys import ti_key
 from gpusched.airflow.orphans import TaskView, stale_reason
 from gpusched.ledger.liveness import current_process, holders_alive, process_alive
 from gpusched.ledger.records import Allocation, HolderProcess
 from gpusched.request import GPURequest
+from gpusched.scheduler.keys import ti_key
 
 KEY = ti_key("train", "step", "manual__1", 1)
 

@@ -16,12 +16,8 @@ import pytest
 from _core_support import GpuschedConf, StubCore
 
 from gpusched.airflow import gpu_preemption
-from gpusched.airflow.gpu_attained import AttainedService
-from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide
-from gpusched.airflow.gpu_durations import DurationHistory
 from gpusched.airflow.gpu_inputs import read_cycle_request
 from gpusched.airflow.gpu_preemption import Preemptor
-from gpusched.airflow.keys import parse_ti_key, ti_key
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.node_builder import make_node
@@ -30,6 +26,10 @@ from gpusched.placement.warm import WarmPlacement
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
+from gpusched.scheduler.attained import AttainedService
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide
+from gpusched.scheduler.durations import DurationHistory
+from gpusched.scheduler.keys import parse_ti_key, ti_key
 
 NOW = 5_000_000.0
 ONE = GPURequest.build(gpus=1)
@@ -162,7 +162,7 @@ def test_a_requeued_try_keeps_the_service_its_earlier_tries_attained(ledger: Led
 def test_a_try_requeued_by_preemption_is_not_stopped_again_before_it_checkpoints(ledger: Ledger) -> None:
     from airflow.models.taskinstancekey import TaskInstanceKey
 
-    from gpusched.airflow.keys import task_of
+    from gpusched.scheduler.keys import task_of
 
     core = _CycleCore(ledger)
     first = ti_key("d", "train", "manual__p", 1, -1)

@@ -223,9 +223,9 @@ def test_plugin_registers_the_lazy_app_and_the_nav_view(ledger: Ledger) -> None:
 def test_queue_rows_link_to_the_airflow_task_instance() -> None:
     """Before: the fleet page showed the raw ledger key of a waiting task."""
     from gpusched.airflow.api_views import queue_view
-    from gpusched.airflow.keys import ti_key
     from gpusched.ledger.records import QueueEntry
     from gpusched.request import GPURequest
+    from gpusched.scheduler.keys import ti_key
 
     key = ti_key("train dag", "fit", "manual__2026-01-01T00:00:00+00:00", 2, 3)
     rows = queue_view([QueueEntry(key, GPURequest.build(gpus=8), "8 on standby nodes", 100.0, 150.0),
@@ -280,9 +280,9 @@ def test_preemptions_table_shows_moves_from_model_and_host_to(
     from gpusched.airflow.api import create_app
     from gpusched.airflow.gpu_migration import Migrator
     from gpusched.airflow.gpu_preemption import Preemptor
-    from gpusched.airflow.keys import ti_key
     from gpusched.node_builder import make_node
     from gpusched.placement import Policy
+    from gpusched.scheduler.keys import ti_key
 
     monkeypatch.setattr(gpu_migration, "append_task_log", lambda k, m, **kw: None)
     monkeypatch.setattr(gpu_migration, "save_task_event", lambda ex, **kw: None)

@@ -79,9 +79,9 @@ def test_hardware_failure_cordons_and_marks_the_device(ledger: Ledger) -> None:
 
 
 def test_oom_writes_an_override_the_executor_places_on_a_bigger_device(ledger: Ledger) -> None:
-    from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide
     from gpusched.placement import Policy
     from gpusched.quota.policy import QuotaState
+    from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide
 
     snapshot = ledger.snapshot()
     l40s = snapshot.node("a-l40s-1").devices[0]

@@ -145,7 +145,7 @@ def test_durations_reports_how_well_finished_runs_were_predicted(
 ) -> None:
     import time
 
-    from gpusched.airflow.keys import ti_key
+    from gpusched.scheduler.keys import ti_key
 
     url = next(database_url("sqlite", tmp_path))
     assert _run("--url", url, "migrate") == 0

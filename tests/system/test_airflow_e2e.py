@@ -24,8 +24,8 @@ from _run_sh_support import login as _login
 from _run_sh_support import stop_run_sh as _stop
 from _run_sh_support import wait_for as _wait
 
-from gpusched.airflow.keys import parse_ti_key, ti_key
 from gpusched.model import MILLI
+from gpusched.scheduler.keys import parse_ti_key, ti_key
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 

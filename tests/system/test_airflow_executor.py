@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from _airflow_support import gpu_workload, queue_reading_executor
 
-from gpusched.airflow.keys import ti_key
 from gpusched.model import DeviceShare
 from gpusched.request import GPURequest
+from gpusched.scheduler.keys import ti_key
 
 pytestmark = pytest.mark.airflow
 
@@ -305,7 +305,7 @@ def test_running_work_over_its_hard_budget_finishes_or_stops(
     action: str, small_fleet: Any, executor: Any
 ) -> None:
     from gpusched.airflow.fault_listener import read_log_tail
-    from gpusched.airflow.gpu_quota import check_running
+    from gpusched.airflow.gpu_over_budget import check_running
 
     small_fleet.write_text("budgets: {vision: 1}\nperiod_s: 604800\ndefault_duration_s: 60\n")
     ex = executor
@@ -336,7 +336,7 @@ def test_durations_predicted_from_finished_runs_change_the_order(
 ) -> None:
     from gpusched.airflow.api_views import queue_view
     from gpusched.airflow.fault_listener import read_log_tail
-    from gpusched.airflow.gpu_durations import DurationHistory
+    from gpusched.scheduler.durations import DurationHistory
 
     ex = executor
     ex.gpu.durations = DurationHistory(history_days, 60.0)  # [gpusched] duration_history_days

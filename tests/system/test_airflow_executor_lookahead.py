@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from _airflow_support import gpu_workload, queue_reading_executor, run_cycle
 
-from gpusched.airflow.keys import ti_key
 from gpusched.placement.lookahead import ShapeDeltas
 from gpusched.request import GPURequest
+from gpusched.scheduler.keys import ti_key
 
 pytestmark = pytest.mark.airflow
 

@@ -22,8 +22,8 @@ from _airflow_support import gpu_workload, queue_reading_executor
 from _ledger_support import assert_whole_devices_never_shared
 
 from gpusched.airflow import gpu_preemption
-from gpusched.airflow.keys import ti_key
 from gpusched.request import GPURequest
+from gpusched.scheduler.keys import ti_key
 
 pytestmark = pytest.mark.airflow
 

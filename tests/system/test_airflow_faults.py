@@ -42,10 +42,10 @@ from typing import Any
 
 import pytest
 
-from gpusched.airflow.keys import ti_key
 from gpusched.airflow.metadb import enable_wal
 from gpusched.deploy.airflow_instance import free_port
 from gpusched.ledger import Allocation, Ledger
+from gpusched.scheduler.keys import ti_key
 
 pytestmark = [pytest.mark.airflow, pytest.mark.faults, pytest.mark.slow]
 

@@ -25,7 +25,7 @@ from _run_sh_support import login as _login
 from _run_sh_support import trigger as _trigger
 from _run_sh_support import wait_for as _wait
 
-from gpusched.airflow.keys import ti_key
+from gpusched.scheduler.keys import ti_key
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 

@@ -29,7 +29,7 @@ from _run_sh_support import login as _login
 from _run_sh_support import trigger as _trigger
 from _run_sh_support import wait_for as _wait
 
-from gpusched.airflow.keys import ti_key
+from gpusched.scheduler.keys import ti_key
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
@@ -262,7 +262,7 @@ def test_a_requeued_try_is_not_preempted_again_before_it_checkpoints(airflow: Ai
 
         # What the duration predictor learns from this instance: its whole work, i.e. try 3's run
         # plus each earlier try's time from its start to its last checkpoint.
-        from gpusched.airflow.gpu_durations import carried_work, finished_runs
+        from gpusched.scheduler.durations import carried_work, finished_runs
 
         allocations = [a for a in ledger.history(0, time.time() + 1) if f"/{RESTARTED}/" in a.key]
         by_try = {int(a.key.split("/")[4]): a for a in allocations}

@@ -13,8 +13,8 @@ from _run_sh_support import log_text as _log_text
 from _run_sh_support import login as _login
 from _run_sh_support import wait_for as _wait
 
-from gpusched.airflow.keys import ti_key
 from gpusched.model import DeviceShare
+from gpusched.scheduler.keys import ti_key
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 

@@ -17,8 +17,8 @@ import pytest
 from _airflow_support import wait_on_cluster
 from test_airflow_preemption_e2e import CRITICAL, DAGS_SOURCE, VICTIM
 
-from gpusched.airflow.keys import ti_key
 from gpusched.deploy.multihost_cluster import LocalCluster
+from gpusched.scheduler.keys import ti_key
 
 pytestmark = [pytest.mark.multihost, pytest.mark.airflow, pytest.mark.slow]
 

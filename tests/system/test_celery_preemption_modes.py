@@ -34,9 +34,9 @@ import pytest
 from _airflow_support import wait_on_cluster
 from _ledger_support import assert_whole_devices_never_shared, record_finished_runs
 
-from gpusched.airflow.keys import ti_key
 from gpusched.deploy.multihost_cluster import LocalCluster
 from gpusched.ledger.hosts import LAUNCH_EVENT
+from gpusched.scheduler.keys import ti_key
 
 pytestmark = [pytest.mark.multihost, pytest.mark.airflow, pytest.mark.slow]
 

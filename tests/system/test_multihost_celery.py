@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from _airflow_support import wait_on_cluster
 
-from gpusched.airflow.keys import ti_key
 from gpusched.deploy.multihost_cluster import LocalCluster
+from gpusched.scheduler.keys import ti_key
 
 pytestmark = [pytest.mark.multihost, pytest.mark.airflow, pytest.mark.slow]
 

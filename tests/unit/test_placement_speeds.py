@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpusched.airflow.gpu_cycle import CycleReply, CycleRequest, PendingWork, decide
 from gpusched.placement import PendingTask, Policy
 from gpusched.placement.engine import Placer
 from gpusched.placement.ga_objective import DEFAULT_DURATION_S, Problem
@@ -12,6 +11,7 @@ from gpusched.placement.index import fleet_index
 from gpusched.placement.speeds import model_speeds, relative_speeds
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
+from gpusched.scheduler.cycle import CycleReply, CycleRequest, PendingWork, decide
 from gpusched.sim.fleets import gavel_fleet
 from gpusched.throughputs import parse_throughputs
 

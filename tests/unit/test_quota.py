@@ -147,8 +147,8 @@ def test_running_tasks_on_devices_gone_from_the_fleet_are_tolerated() -> None:
 
 
 def test_over_budget_setting_is_checked() -> None:
-    from gpusched.airflow.gpu_quota import over_budget_action
     from gpusched.errors import ConfigurationError
+    from gpusched.scheduler.quota import over_budget_action
 
     class Conf:
         def __init__(self, value: str | None) -> None:

@@ -6,7 +6,7 @@ Create Date: 2026-12-03
 
 A task instance requeued by a preemption (a new Airflow try) ages in the queue from when its
 first try was queued, as the simulator's requeued job keeps its arrival
-(gpusched.airflow.gpu_attained.first_queued); the executor writes the try's first sighting here
+(gpusched.scheduler.attained.first_queued); the executor writes the try's first sighting here
 when it allocates. Older rows stay NULL (their creation time is used instead).
 """
 

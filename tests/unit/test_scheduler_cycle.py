@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from gpusched.airflow.gpu_cycle import CycleRequest, PendingWork, decide, running_tasks
 from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement import Policy
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide, running_tasks
 
 NO_QUOTA = QuotaState.unlimited()
 

@@ -4,11 +4,11 @@ move's abandoned hold never ran; the sum is final once every earlier allocation 
 
 from __future__ import annotations
 
-from gpusched.airflow.gpu_attained import attained_before
-from gpusched.airflow.keys import ti_key
 from gpusched.ledger.records import Allocation
 from gpusched.model import DeviceShare
 from gpusched.request import GPURequest
+from gpusched.scheduler.attained import attained_before
+from gpusched.scheduler.keys import ti_key
 
 SHARE = (DeviceShare("u0", "n0", 0, 1000, 0),)
 ONE, TWO, HALF = GPURequest.build(gpus=1), GPURequest.build(gpus=2), GPURequest.build(gpus=0.5, memory="8GiB")

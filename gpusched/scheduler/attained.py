@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from gpusched.airflow.keys import KEY_PREFIX, TaskKeyParts, parse_ti_key
 from gpusched.durations.service import gpu_seconds
+from gpusched.scheduler.keys import KEY_PREFIX, TaskKeyParts, parse_ti_key
 
 __all__ = [
     "PREEMPTED_REASON", "AttainedService", "attained_before", "first_queued", "identity",

@@ -29,9 +29,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpusched.airflow.gpu_attained import identity, instance_allocations
-from gpusched.airflow.gpu_cycle import PendingWork
-from gpusched.airflow.keys import parse_ti_key
 from gpusched.durations import (
     DurationModel,
     DurationPredictor,
@@ -41,9 +38,12 @@ from gpusched.durations import (
     with_prediction,
 )
 from gpusched.placement import RunningTask
+from gpusched.scheduler.attained import identity, instance_allocations
+from gpusched.scheduler.cycle import PendingWork
+from gpusched.scheduler.keys import parse_ti_key
 
 __all__ = [
-    "DurationHistory", "carried_work", "finished_runs", "predict_pending", "predict_running", "task_of",
+    "DurationHistory", "carried_work", "finished_runs", "predict_pending", "predict_running", "task_name",
 ]
 
 _SUCCEEDED = ("task succeeded", "task process ended (task success)")
@@ -51,8 +51,8 @@ _SUCCEEDED = ("task succeeded", "task process ended (task success)")
 _OVERLAP_S = 120.0
 
 
-def task_of(key: str) -> str:
-    """``dag_id/task_id`` of a ledger key (the task part of :func:`~gpusched.airflow.keys.ti_key`), or ""."""
+def task_name(key: str) -> str:
+    """``dag_id/task_id`` of a ledger key (the task of :func:`~gpusched.scheduler.keys.ti_key`), or ""."""
     parts = parse_ti_key(key)
     return f"{parts.dag_id}/{parts.task_id}" if parts else ""
 
@@ -70,7 +70,7 @@ def finished_runs(
     done = [a for a in allocations if a.released_at is not None and succeeded(a.release_reason)]
     done.sort(key=lambda a: a.released_at)
     extra = carried or {}
-    return [FinishedRun.of(a.request, task_of(a.key),
+    return [FinishedRun.of(a.request, task_name(a.key),
                            max(0.0, a.released_at - a.created_at) + extra.get(a.key, 0.0)) for a in done]
 
 
@@ -172,7 +172,7 @@ def predict_pending(
     """``pending`` with predicted durations where the request has none, and the predictions by key."""
     out, made = [], {}
     for work in pending:
-        request, prediction = with_prediction(work.request, task_of(work.key), predictor)
+        request, prediction = with_prediction(work.request, task_name(work.key), predictor)
         if prediction is None:
             out.append(work)
         else:
@@ -187,7 +187,7 @@ def predict_running(
     """The running tasks with an ``expected_end`` from the predicted duration where they had none."""
     out = []
     for task in running:
-        request, prediction = with_prediction(task.request, task_of(task.key), predictor)
+        request, prediction = with_prediction(task.request, task_name(task.key), predictor)
         if prediction is None:
             out.append(task)
         else:

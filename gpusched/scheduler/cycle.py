@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpusched.airflow.gang import GangMember
 from gpusched.errors import PlacementError
 from gpusched.hardware.envexport import devices_env
 from gpusched.model import DeviceShare, FleetSnapshot
@@ -21,9 +20,10 @@ from gpusched.placement import PendingTask, PlacementRequest, Policy, Rejection,
 from gpusched.placement.warm import WarmPlacement
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
+from gpusched.scheduler.gangs import GangMember, membership, place_gang
 
 __all__ = [
-    "CycleDecision", "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "decide", "running_tasks",
+    "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "decide", "running_tasks",
 ]
 
 
@@ -73,16 +73,12 @@ class CycleReply:
     holds: tuple[Hold, ...]
 
 
-CycleDecision = CycleReply
-"""Former name of :class:`CycleReply`."""
-
-
 @dataclass(frozen=True, slots=True)
 class CycleRequest:
     """Every input of one cycle (no caller can leave one out: all but the tuning knobs are required).
 
     ``pending``: the waiting work, requests as the fault chain's overrides left them and with
-    predicted durations where the author gave none (:mod:`gpusched.airflow.gpu_durations`);
+    predicted durations where the author gave none (:mod:`gpusched.scheduler.durations`);
     ``snapshot``: the fleet now (usage counts every active allocation); ``running``: the tasks
     holding devices (for the policy's expected ends); ``now``: the clock; ``replan_budget_ms`` /
     ``replan_weights``: the genetic re-planning budget (0 = greedy only) and its objective weights
@@ -167,14 +163,12 @@ def _place_gangs(
     holds: list[Hold],
 ) -> FleetSnapshot:
     """Launch every complete gang that fits (all members or none); return the snapshot after them."""
-    from gpusched.airflow.gang_cycle import place_gang
-
     for members in gangs.values():
-        size = members[0].gang.size  # type: ignore[union-attr]
-        ranks = {m.gang.rank for m in members}  # type: ignore[union-attr]
-        if len(ranks) < size:
-            reason = (f"multi-node gang {members[0].gang.gang.rsplit('/', 1)[-1]}: "  # type: ignore[union-attr]
-                      f"{len(ranks)} of {size} members queued; waiting for the rest")
+        gang = membership(members[0])
+        ranks = {membership(m).rank for m in members}
+        if len(ranks) < gang.size:
+            reason = (f"multi-node gang {gang.gang.rsplit('/', 1)[-1]}: "
+                      f"{len(ranks)} of {gang.size} members queued; waiting for the rest")
             holds.extend(Hold(m.key, reason) for m in members)
             continue
         plan = place_gang(members, snapshot, request.policy, now=request.now, running=request.running,

@@ -1,21 +1,17 @@
-"""Quotas in the GPU executors: each cycle's quota state, and running work over its budget.
+"""Running work over its tenant's hard budget in the GPU executors (``[gpusched] over_budget``).
 
-:func:`cycle_quota` builds the :class:`~gpusched.quota.policy.QuotaState` every cycle places
-with: the quota file's policy (:mod:`gpusched.airflow.quota_file`) and each tenant's use this
-period from the ledger's allocation history (released and active, normalised by the catalog);
-no quota file gives :meth:`QuotaState.unlimited`. :func:`check_running` handles running work
-whose tenant crossed its hard budget the way Slurm's ``GrpTRESMins`` does, as ``[gpusched]
-over_budget`` says: ``finish`` lets it run (and says so in its log), ``stop`` fails it now.
+:func:`check_running` acts the way Slurm's ``GrpTRESMins`` does, as ``[gpusched] over_budget``
+says: ``finish`` lets the task run (and says so in its log), ``stop`` fails it now. The quota
+state is the cycle's (:func:`gpusched.scheduler.quota.cycle_quota`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from gpusched.quota.policy import OVER_BUDGET_ACTIONS, QuotaState, over_budget_mode
+from gpusched.scheduler.quota import cycle_quota
 
-if TYPE_CHECKING:
-    from gpusched.model import FleetSnapshot
+__all__ = ["QuotaCore", "check_running"]
 
 
 class QuotaCore(Protocol):
@@ -33,27 +29,6 @@ class QuotaCore(Protocol):
     def log(self) -> Any: ...
 
     def release(self, key: Any, reason: str) -> None: ...
-
-__all__ = ["OVER_BUDGET_ACTIONS", "QuotaCore", "check_running", "cycle_quota", "over_budget_action"]
-
-def over_budget_action(conf: Any) -> str:
-    """``[gpusched] over_budget``, checked (``finish`` or ``stop``; the simulator reads the same values)."""
-    from gpusched import settings
-
-    return over_budget_mode(settings.get_str("over_budget", conf))
-
-
-def cycle_quota(ledger: Any, snapshot: FleetSnapshot, now: float) -> QuotaState:
-    """The quota state of a cycle at ``now`` (unlimited without a quota file)."""
-    from gpusched.airflow.quota_file import load_quota_policy, quota_file
-    from gpusched.quota.usage import period_start, quota_state, spans_of
-
-    if not quota_file().is_file():
-        return QuotaState.unlimited()
-    policy = load_quota_policy()
-    history = ledger.history(period_start(now, policy.period_s), now)
-    return quota_state(policy, spans_of(history), snapshot, now)
-
 
 def check_running(core: QuotaCore, now: float) -> list[Any]:
     """Act once on each running task of a tenant over its hard budget; return the Airflow keys."""
