@@ -12,18 +12,29 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpusched.errors import PlacementError
 from gpusched.hardware.envexport import devices_env
 from gpusched.model import DeviceShare, FleetSnapshot
-from gpusched.placement import PendingTask, PlacementRequest, Policy, Rejection, RunningTask, place
-from gpusched.placement.warm import WarmPlacement
+from gpusched.placement import (
+    Assignment,
+    PendingTask,
+    PlacementPlan,
+    PlacementRequest,
+    Policy,
+    Rejection,
+    RunningTask,
+    place,
+)
+from gpusched.placement.genetic import optimise_with_report
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 from gpusched.scheduler.gangs import GangMember, membership, place_gang
 
 __all__ = [
-    "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "decide", "running_tasks",
+    "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "PlacementEngine", "decide",
+    "running_tasks",
 ]
 
 
@@ -34,7 +45,10 @@ class PendingWork:
     ``gang``: this work is one member (one node) of a multi-node gang. ``existing`` holds the
     shares of an allocation the ledger already has under ``key`` (a workload queued again after a
     scheduler restart): it is launched on them, not placed anew. ``rank``: its queue key under
-    ``QueueOrder.RANKED`` (``preemption = service``: −log2 of its Gittins index).
+    ``QueueOrder.RANKED`` (``preemption = service``: −log2 of its Gittins index). ``job_type``:
+    the row of the policy's throughput table (None: the request's own ``job_type``);
+    ``cpu_milli`` / ``host_memory_bytes``: host CPU and RAM it needs besides its GPUs (0: not
+    checked; trace replays give them, Airflow tasks do not).
     """
 
     key: str
@@ -43,6 +57,15 @@ class PendingWork:
     existing: tuple[DeviceShare, ...] = ()
     gang: GangMember | None = None
     rank: float = 0.0
+    job_type: str | None = None
+    cpu_milli: int = 0
+    host_memory_bytes: int = 0
+
+    def task(self) -> PendingTask:
+        """Placement's view of this work."""
+        return PendingTask(self.key, self.request, self.submitted_at,
+                           job_type=self.job_type if self.job_type is not None else self.request.job_type,
+                           cpu_milli=self.cpu_milli, host_memory_bytes=self.host_memory_bytes, rank=self.rank)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,19 +81,31 @@ class Launch:
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """Keep ``key`` waiting this cycle; ``permanent`` when it can never fit this fleet."""
+    """Keep ``key`` waiting this cycle; ``permanent`` when it can never fit this fleet;
+    ``queued_behind`` when it fits but waits behind earlier work (``CycleRequest.strict_fifo``)."""
 
     key: str
     reason: str
     permanent: bool = False
+    queued_behind: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class CycleReply:
-    """Every pending key appears once: in ``launches`` or in ``holds``."""
+    """Every pending key appears once: in ``launches`` or in ``holds``. ``replanned``: the genetic
+    optimiser searched this cycle's batch; ``replan_improved``: it found a better plan than greedy."""
 
     launches: tuple[Launch, ...]
     holds: tuple[Hold, ...]
+    replanned: bool = False
+    replan_improved: bool = False
+
+
+class PlacementEngine(Protocol):
+    """A placement engine a driver keeps between cycles: plans what :func:`~gpusched.placement.place`
+    plans (:class:`~gpusched.placement.warm.WarmPlacement`, or a resident ``Placer``)."""
+
+    def place(self, request: PlacementRequest) -> PlacementPlan: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +122,12 @@ class CycleRequest:
     ``addresses``: node -> address of its GPU host (rendezvous of multi-node gangs);
     ``attained_gpu_s``: key -> GPU-seconds the earlier tries of its task instance held devices
     (``preemption = service``: a requeued try keeps the service it attained; absent: none);
-    ``engine``: the placement engine the executor keeps warm between cycles
+    ``engine``: the placement engine the driver keeps warm between cycles
     (:class:`~gpusched.placement.warm.WarmPlacement`: the plan ``place`` would make, without
-    rebuilding the engine every cycle; None = a fresh engine).
+    rebuilding the engine every cycle; None = a fresh engine); ``replan_generations``: the
+    optimiser's generation cap (with the budget, whichever binds first; a cap that binds first
+    makes a seeded replay deterministic); ``strict_fifo``: of the plan, only the work ahead of the
+    first task left waiting (queue order) starts; the rest waits behind it (``Hold.queued_behind``).
     """
 
     pending: tuple[PendingWork, ...]
@@ -104,7 +142,9 @@ class CycleRequest:
     replan_weights: tuple[float, float, float] = (1.0, 1.0, 0.1)
     addresses: Mapping[str, str] = field(default_factory=dict)
     attained_gpu_s: Mapping[str, float] = field(default_factory=dict)
-    engine: WarmPlacement | None = field(default=None, compare=False)
+    engine: PlacementEngine | None = field(default=None, compare=False)
+    replan_generations: int = 200
+    strict_fifo: bool = False
 
 
 def decide(request: CycleRequest) -> CycleReply:
@@ -133,9 +173,9 @@ def decide(request: CycleRequest) -> CycleReply:
         elif work.gang is not None:
             gangs.setdefault(work.gang.gang, []).append(work)
         else:
-            to_place.append(PendingTask(work.key, work.request, work.submitted_at,
-                                        job_type=work.request.job_type, rank=work.rank))
+            to_place.append(work.task())
     snapshot = _place_gangs(request, gangs, snapshot, launches, holds)
+    replanned = improved = False
     if to_place:
         placement = PlacementRequest(
             pending=to_place, snapshot=snapshot, policy=request.policy, now=request.now,
@@ -144,15 +184,36 @@ def decide(request: CycleRequest) -> CycleReply:
         plan = request.engine.place(placement) if request.engine is not None else place(placement)
         # The optimiser does not check quotas: with quotas in force the greedy plan stands.
         if replan_budget_ms > 0 and len(to_place) >= 2 and not request.quota.enforced:
-            from gpusched.placement.genetic import optimise
-
-            plan = optimise(placement, budget_ms=replan_budget_ms, weights=replan_weights, greedy=plan)
-        for assignment in plan.assignments:
+            report = optimise_with_report(placement, budget_ms=replan_budget_ms, weights=replan_weights,
+                                          greedy=plan, max_generations=request.replan_generations)
+            plan, replanned, improved = report.plan, True, report.improved
+        assignments = _fifo_prefix(plan, to_place) if request.strict_fifo else plan.assignments
+        for assignment in assignments:
             work = by_key[assignment.key]
             _launch_or_hold(work, assignment.shares, snapshot, use_uuids, False, launches, holds)
         for rejection in plan.rejections:
             holds.append(Hold(rejection.key, rejection.reason, rejection.permanent))
-    return CycleReply(tuple(launches), tuple(holds))
+        if len(assignments) < len(plan.assignments):
+            kept = {a.key for a in assignments}
+            holds.extend(Hold(a.key, "fits, but waits behind earlier work (strict FIFO)", queued_behind=True)
+                         for a in plan.assignments if a.key not in kept)
+    return CycleReply(tuple(launches), tuple(holds), replanned, improved)
+
+
+def _fifo_prefix(plan: PlacementPlan, queue: Sequence[PendingTask]) -> tuple[Assignment, ...]:
+    """The plan's assignments for the work before the first task it leaves waiting (queue order).
+
+    Dropping the later ones is safe: a subset of a plan that double-books nothing double-books nothing.
+    """
+    by_key = {a.key: a for a in plan.assignments}
+    waiting = {r.key for r in plan.rejections if not r.permanent}
+    kept = []
+    for task in queue:
+        if task.key in waiting:
+            break
+        if task.key in by_key:
+            kept.append(by_key[task.key])
+    return tuple(kept)
 
 
 def _place_gangs(

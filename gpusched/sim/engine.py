@@ -1,9 +1,9 @@
-"""Discrete-event replay of a job trace on a fleet, driving the real placement engine.
+"""Discrete-event replay of a job trace on a fleet, driving the executors' scheduling cycle.
 
-Events are arrivals, completions and scheduling passes. A scheduling pass calls
-:func:`gpusched.placement.place` — the same function the executor calls — with one
-``PlacementRequest``: the waiting jobs, the current :class:`~gpusched.model.FleetSnapshot`, the
-running jobs and the quota state the executor would have (``sim/quota.py``); every assignment starts
+Events are arrivals, completions and scheduling passes. A scheduling pass is one cycle of
+:func:`gpusched.scheduler.cycle.decide` — the function both executors call — with one
+``CycleRequest``: the waiting jobs, the current :class:`~gpusched.model.FleetSnapshot`, the
+running jobs and the quota state the executor would have (``sim/quota.py``); every launch starts
 at once and finishes after the job's run time *on the model it got* (the slowest device's model
 for a multi-device job). Without ``preemption`` a started job keeps its devices until it ends;
 with it, the executor's victim selection may stop lower-priority jobs, or the migration rule move
@@ -29,16 +29,9 @@ from dataclasses import replace
 
 from gpusched.durations import DurationModel, FinishedRun
 from gpusched.model import DeviceShare, FleetSnapshot
-from gpusched.placement import (
-    Assignment,
-    PendingTask,
-    PlacementPlan,
-    PlacementRequest,
-    Policy,
-    RunningTask,
-    place,
-)
+from gpusched.placement import PendingTask, Policy, RunningTask
 from gpusched.quota.policy import QuotaPolicy, physical_milli
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide
 from gpusched.sim import quota as sim_quota
 from gpusched.sim.durations import OnlineDurations
 from gpusched.sim.overbudget import SimOverBudget
@@ -238,22 +231,14 @@ def simulate(
             if service is not None:
                 offered = service.rank(offered, preempt.served_s)
             as_offered = {o.key: o for o in offered}
-            request = PlacementRequest(pending=offered, snapshot=snapshot, policy=pass_policy, now=t,
-                                       quota=state, running=tuple(running.values()), seed=seed + calls)
-            plan = place(request)
-            if replan_budget_ms > 0 and len(offered) >= 2 and not state.enforced:
-                from gpusched.placement.genetic import optimise_with_report
-
-                report = optimise_with_report(
-                    request,
-                    budget_ms=replan_budget_ms,
-                    weights=replan_weights,
-                    greedy=plan,
-                    max_generations=replan_generations,
-                )
-                plan = report.plan
-                replans += 1
-                improved += int(report.improved)
+            reply = decide(CycleRequest(
+                pending=tuple(_work(o) for o in offered), snapshot=snapshot, policy=pass_policy,
+                running=tuple(running.values()), now=t, quota=state, seed=seed + calls,
+                replan_budget_ms=replan_budget_ms, replan_weights=replan_weights,
+                replan_generations=replan_generations, strict_fifo=head_of_line,
+            ))
+            replans += int(reply.replanned)
+            improved += int(reply.replan_improved)
             spent += time.perf_counter() - started
             calls += 1
             taken: list[DeviceShare] = []
@@ -286,13 +271,13 @@ def simulate(
                 taken.extend(shares)
                 used += physical_milli(shares, fleet)
 
-            assignments = _blocking_prefix(plan, offered) if head_of_line else plan.assignments
-            for a in assignments:
-                start(a.key, a.shares)
+            for launch in reply.launches:
+                start(launch.key, launch.shares)
             if preempt.enabled:
-                waiting = [as_offered[r.key] for r in plan.rejections if not r.permanent and r.key in pending]
+                waiting = [as_offered[h.key] for h in reply.holds
+                           if not h.permanent and not h.queued_behind and h.key in pending]
                 after = snapshot.with_usage(taken)
-                fresh = frozenset(a.key for a in assignments)
+                fresh = frozenset(launch.key for launch in reply.launches)
                 types = {k: by_key[k].job_type for k in running} if preempt.migrates else None
                 indices = None if service is None or not waiting else service.indices(
                     waiting, tuple(running.values()), job_types, preempt.served_s, t,
@@ -304,12 +289,12 @@ def simulate(
                         requeue(victim.key, t)
                     for key, shares in pplan.placement.items():
                         start(key, tuple(shares))
-            for r in plan.rejections:
-                if r.permanent:
-                    rejected[r.key] = r.reason
-                    del pending[r.key]
-                    if watch is not None and r.key in watch:
-                        watch.discard(r.key)
+            for hold in reply.holds:
+                if hold.permanent:
+                    rejected[hold.key] = hold.reason
+                    del pending[hold.key]
+                    if watch is not None and hold.key in watch:
+                        watch.discard(hold.key)
                         if bar is not None:
                             bar.update(1)
             snapshot = snapshot.with_usage(taken)
@@ -349,20 +334,10 @@ def simulate(
     )
 
 
-def _blocking_prefix(plan: PlacementPlan, offered: Sequence[PendingTask]) -> tuple[Assignment, ...]:
-    """The plan's assignments for the jobs before the first one it leaves waiting (queue order).
-
-    Dropping the later ones is safe: a subset of a non-double-booking plan does not double-book.
-    """
-    by_key = {a.key: a for a in plan.assignments}
-    waiting = {r.key for r in plan.rejections if not r.permanent}
-    kept = []
-    for task in offered:
-        if task.key in waiting:
-            break
-        if task.key in by_key:
-            kept.append(by_key[task.key])
-    return tuple(kept)
+def _work(task: PendingTask) -> PendingWork:
+    """The scheduling cycle's pending work for a replay's waiting job."""
+    return PendingWork(task.key, task.request, task.submitted_at, rank=task.rank, job_type=task.job_type,
+                       cpu_milli=task.cpu_milli, host_memory_bytes=task.host_memory_bytes)
 
 
 def _bar(total: int, enabled: bool):  # type: ignore[no-untyped-def]

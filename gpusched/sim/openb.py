@@ -29,10 +29,11 @@ Procedure (Weng et al., ATC '23; ``shared/traces/README.md``):
    arrivals could read (:mod:`gpusched.sim.packing_bound`: GPU capacity only, so a lower bound
    for every policy; it depends on the seed's arrivals, not on the policy).
 
-Every decision is made by the placement engine (:class:`gpusched.placement.Placer`, the engine
-behind :func:`~gpusched.placement.place`, kept alive across arrivals) with the named policy: GPU
-tasks through ``Placer.place`` (one ``PlacementRequest`` each, no quota) with their host CPU/RAM
-(``PendingTask.cpu_milli`` / ``host_memory_bytes``), CPU-only tasks through
+Every GPU task is one cycle of the executors' scheduler (:func:`gpusched.scheduler.cycle.decide`,
+no quota) on a placement engine kept alive across arrivals (:class:`gpusched.placement.Placer`,
+the engine behind :func:`~gpusched.placement.place`) with the named policy and the task's host
+CPU/RAM (``PendingWork.cpu_milli`` / ``host_memory_bytes``). CPU-only tasks are no GPU work (no
+executor schedules them): they go through
 ``Placer.choose_host_node`` + ``take_host``. For score-based presets the expected workload is the
 trace's own shape distribution, with host CPU/RAM per shape, as FGD assumes.
 """
@@ -49,9 +50,10 @@ from typing import Any
 
 from gpusched.catalog import default_catalog
 from gpusched.model import MILLI
-from gpusched.placement import PendingTask, PlacementRequest, Placer, Policy, WorkloadShape
+from gpusched.placement import Placer, Policy, WorkloadShape
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide
 from gpusched.sim.fleets import MIB, openb_fleet
 from gpusched.sim.packing_bound import gpus_by_model, unallocated_bound_pct
 from gpusched.sim.traces import OpenbNode, OpenbPod
@@ -257,14 +259,12 @@ def run_openb(
             else:
                 placer.take_host(node, cpu, mem)
         else:
-            task = PendingTask(
-                f"{pod.name}#{i}", pod_request(pod), float(i), cpu_milli=cpu, host_memory_bytes=mem
-            )
-            plan = placer.place(PlacementRequest(
-                pending=(task,), snapshot=fleet, policy=policy, now=float(i), quota=unlimited, seed=step_seed,
-            ))
-            if plan.assignments:
-                allocated += sum(s.milli for s in plan.assignments[0].shares)
+            work = PendingWork(f"{pod.name}#{i}", pod_request(pod), float(i), cpu_milli=cpu,
+                               host_memory_bytes=mem)
+            reply = decide(CycleRequest(pending=(work,), snapshot=fleet, policy=policy, running=(),
+                                        now=float(i), quota=unlimited, seed=step_seed, engine=placer))
+            if reply.launches:
+                allocated += sum(s.milli for s in reply.launches[0].shares)
             else:
                 failed += 1
         arrived_pct = 100.0 * arrived / capacity
