@@ -4,6 +4,7 @@ log and the ledger. Shared by the cycle tests that drive those parts without Air
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,3 +41,4 @@ class StubCore:
         self.log = SilentLog()
         self.ledger = ledger
         self.attained = AttainedService()
+        self.clock = time.time

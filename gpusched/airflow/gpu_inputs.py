@@ -23,7 +23,7 @@ from gpusched.airflow.authoring import request_from_executor_config
 from gpusched.errors import GPURequestError
 from gpusched.faults.failures import load_overrides
 from gpusched.request import GPURequest
-from gpusched.scheduler.cycle import CycleRequest, PendingWork, running_tasks
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy, running_tasks
 from gpusched.scheduler.gangs import gang_member
 from gpusched.scheduler.keys import ti_key_of
 from gpusched.scheduler.quota import cycle_quota
@@ -121,10 +121,7 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
     attained = {}
     if core.preemption.mode == "service":
         attained = core.attained.earlier_tries(ledger, [w.key for w in work] + [r.key for r in busy], now)
-    policy = core.policy
-    if not policy.workload:  # score by the kept estimate of the mix (a warm engine survives)
-        mix = [w.request for w in work] + [r.request for r in busy]
-        policy = replace(policy, workload=core.steady.shapes(mix))
+    policy = cycle_policy(core.policy, core.steady, [w.request for w in work] + [r.request for r in busy])
     return CycleRequest(
         work, snapshot, policy, busy, now,
         cycle_quota(ledger, snapshot, now), use_uuids=core.use_uuids,

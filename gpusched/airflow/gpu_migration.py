@@ -44,7 +44,6 @@ A move whose next try had already started is just forgotten (its pin removed).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -86,6 +85,7 @@ class MigrationCore(Protocol):
     gpu_running: dict[Any, str]
     gangs: dict[str, set[Any]]
     preemption: Preemptor
+    clock: Any  # () -> now
 
     @property
     def log(self) -> Any: ...
@@ -159,7 +159,7 @@ class Migrator:
 
     def consider(self, policy: Any, now: float | None = None) -> list[Moving]:
         """Run the rule if ``migration_interval_seconds`` have passed; start the moves it proves."""
-        now = time.time() if now is None else now
+        now = self.core.clock() if now is None else now
         self.restore(now)
         if not self.enabled or now - self._last < self.interval_s:
             return []
@@ -238,7 +238,7 @@ class Migrator:
         self.restore(now)
         if not self.moving:
             return
-        now = time.time() if now is None else now
+        now = self.core.clock() if now is None else now
         running = set(self.core.gpu_running.values())
         for next_key, moving in list(self.moving.items()):
             if next_key in running:  # the next try started: the move is done
@@ -288,7 +288,7 @@ class Migrator:
         """
         if self._restored:
             return []
-        now = time.time() if now is None else now
+        now = self.core.clock() if now is None else now
         ledger = self.core.ledger
         resumed: list[Moving] = []
         for intent in ledger.moves(self.core.holder):

@@ -35,7 +35,6 @@ from the notice (:meth:`Preemptor.restore`), and its beneficiary keeps waiting f
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -75,6 +74,7 @@ class PreemptionCore(Protocol):
     gangs: dict[str, set[Any]]
     durations: Any  # scheduler.durations.DurationHistory: its ``service`` history (mode service)
     attained: Any  # scheduler.attained.AttainedService: which running tries were preempted before
+    clock: Any  # () -> now
 
     @property
     def log(self) -> Any: ...
@@ -323,7 +323,7 @@ class Preemptor:
 
     def advance(self, now: float | None = None) -> None:
         """Stop the victims whose grace ran out or who checkpointed; forget those that ended."""
-        now = time.time() if now is None else now
+        now = self.core.clock() if now is None else now
         self.restore(now)
         running = set(self.core.gpu_running.values())
         for key, eviction in list(self.evictions.items()):

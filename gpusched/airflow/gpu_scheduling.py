@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched import settings
@@ -74,8 +74,10 @@ class GPUScheduling:
     uses, read from its team-scoped config (``policy``, leases, quotas, re-planning, hosts, preemption …).
     """
 
-    def __init__(self, executor: Any, dispatcher: Dispatcher, *, holder: str) -> None:
+    def __init__(self, executor: Any, dispatcher: Dispatcher, *, holder: str,
+                 clock: Callable[[], float] = time.time) -> None:
         self.executor = executor
+        self.clock = clock  # every "now" of the GPU core (a test or a replay passes its own)
         self.dispatcher, self.holder = dispatcher, holder
         conf = executor.conf  # the executor's team-scoped config (BaseExecutor's ExecutorConf)
         self.conf, self.throughputs = conf, throughput_table(conf)  # job type -> model -> speed
@@ -168,7 +170,7 @@ class GPUScheduling:
     def queued(self, workload: Any) -> None:
         """Remember when a GPU workload started to wait."""
         if is_gpu_task(workload):
-            self._submitted.setdefault(workload.key, time.time())
+            self._submitted.setdefault(workload.key, self.clock())
 
     def revoke(self, ti: Any) -> None:
         """Forget a task: drop it from the GPU queue and release its devices. Never raises."""
@@ -182,7 +184,8 @@ class GPUScheduling:
         if key in self.gpu_running:
             self.release(key, "revoked: stuck in queued")
         else:
-            self._safe(lambda: self.ledger.release(ledger_key, reason="revoked: stuck in queued"))
+            self._safe(lambda: self.ledger.release(ledger_key, reason="revoked: stuck in queued",
+                                                  now=self.clock()))
 
     def finished(self, key: Any, state: Any) -> None:
         """The executor learnt ``state`` for ``key``: release its devices once the process ended."""
@@ -211,7 +214,7 @@ class GPUScheduling:
         return gpu_inputs.read_cycle_request(self, pending, now)
 
     def _schedule(self, workloads: Sequence[Any]) -> None:
-        now = time.time()
+        now = self.clock()
         self.migration.claim(now)  # a moved task's target, freed by another mover, before anyone else
         pending, by_key = gpu_inputs.pending_work(self, workloads, now)
         if not pending:
@@ -238,7 +241,7 @@ class GPUScheduling:
         refusal = self.dispatcher.refuse(launch)
         if refusal:
             if launch.reused:
-                self._safe(lambda: self.ledger.release(launch.key, reason=refusal))
+                self._safe(lambda: self.ledger.release(launch.key, reason=refusal, now=now))
             self.hold(workload, Hold(launch.key, refusal), now)
             return
         if not launch.reused:
@@ -317,7 +320,7 @@ class GPUScheduling:
 
     def periodic(self, now: float | None = None) -> None:
         """Renew this executor's leases, expire dead ones, and handle GPU hosts that went silent."""
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         if not self._guard.usable():
             return
         if now - self._last_reconcile >= self.reconcile_s:
@@ -362,7 +365,7 @@ class GPUScheduling:
         ledger_key = self.gpu_running.pop(key, None)
         if ledger_key is None:
             return
-        if self._safe(lambda: self.ledger.release(ledger_key, reason=reason)) is not None:
+        if self._safe(lambda: self.ledger.release(ledger_key, reason=reason, now=self.clock())) is not None:
             self.log.info("gpusched: released %s (%s)", ledger_key, reason)
 
     def fail_orphaned(self) -> list[str]:

@@ -11,7 +11,7 @@ executors do the I/O around it (:mod:`gpusched.airflow.gpu_scheduling`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gpusched.errors import PlacementError
@@ -28,13 +28,14 @@ from gpusched.placement import (
     place,
 )
 from gpusched.placement.genetic import optimise_with_report
+from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 from gpusched.scheduler.gangs import GangMember, membership, place_gang
 
 __all__ = [
-    "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "PlacementEngine", "decide",
-    "running_tasks",
+    "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "PlacementEngine", "cycle_policy",
+    "decide", "running_tasks",
 ]
 
 
@@ -145,6 +146,16 @@ class CycleRequest:
     engine: PlacementEngine | None = field(default=None, compare=False)
     replan_generations: int = 200
     strict_fifo: bool = False
+
+
+def cycle_policy(policy: Policy, kept: SteadyWorkload, requests: Iterable[GPURequest]) -> Policy:
+    """The policy one cycle places with. A policy that names no workload scores by the driver's
+    kept estimate of the mix of ``requests`` (every request pending and running this cycle;
+    :class:`~gpusched.placement.workload.SteadyWorkload` re-estimates it only once it drifts, so
+    a warm engine survives tasks starting and ending). Each driver calls this once per cycle."""
+    if policy.workload:
+        return policy
+    return replace(policy, workload=kept.shapes(requests))
 
 
 def decide(request: CycleRequest) -> CycleReply:

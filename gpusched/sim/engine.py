@@ -30,8 +30,9 @@ from dataclasses import replace
 from gpusched.durations import DurationModel, FinishedRun
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask
+from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaPolicy, physical_milli
-from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy, decide
 from gpusched.sim import quota as sim_quota
 from gpusched.sim.durations import OnlineDurations
 from gpusched.sim.overbudget import SimOverBudget
@@ -65,6 +66,7 @@ def simulate(
     predict_durations: DurationModel | None = None,
     duration_history: Sequence[FinishedRun] = (),
     over_budget: SimOverBudget | None = None,
+    workload_drift: float = 0.1,
 ) -> SimResult:
     """Replay ``jobs`` (any order; sorted by arrival here) on ``fleet`` under ``policy``.
 
@@ -101,6 +103,9 @@ def simulate(
             ``SimPreemption("service")`` learns its run-time distributions the same way (from
             ``duration_history`` and the jobs finished so far) and orders the queue by their
             Gittins index (:mod:`gpusched.sim.service`).
+        workload_drift: ``[gpusched] workload_drift`` (0.1, the default): a policy that names no
+            workload scores by the kept estimate of the waiting and running requests
+            (:func:`~gpusched.scheduler.cycle.cycle_policy`, as the executors do).
         progress: a tqdm bar on stderr, counting arrivals — or, with ``stop_after``, the
             watched jobs that have finished (so it reaches 100 % when the run stops); every few
             seconds it also shows the replay's day and the jobs waiting and running, so the
@@ -152,6 +157,7 @@ def simulate(
     pass_policy = service.policy(policy) if service is not None else policy
     job_types = {j.key: j.job_type for j in ordered} if service is not None else {}
     tracker = sim_quota.QuotaTracker(quota, by_key, fleet)
+    kept = SteadyWorkload(workload_drift)
 
     def requeue(key: str, now: float, *, preempted: bool = True) -> float:
         """Stop ``key``'s run at ``now`` and put it back in the queue; the GPU-seconds it lost."""
@@ -231,8 +237,10 @@ def simulate(
             if service is not None:
                 offered = service.rank(offered, preempt.served_s)
             as_offered = {o.key: o for o in offered}
+            waiting_and_running = [o.request for o in offered] + [r.request for r in running.values()]
+            now_policy = cycle_policy(pass_policy, kept, waiting_and_running)
             reply = decide(CycleRequest(
-                pending=tuple(_work(o) for o in offered), snapshot=snapshot, policy=pass_policy,
+                pending=tuple(_work(o) for o in offered), snapshot=snapshot, policy=now_policy,
                 running=tuple(running.values()), now=t, quota=state, seed=seed + calls,
                 replan_budget_ms=replan_budget_ms, replan_weights=replan_weights,
                 replan_generations=replan_generations, strict_fifo=head_of_line,
@@ -283,7 +291,7 @@ def simulate(
                     waiting, tuple(running.values()), job_types, preempt.served_s, t,
                     policy.service_halving_s)
                 ranked = {"indices": indices} if indices is not None else {}  # mode service only
-                plans = preempt.plans(waiting, after, running, pass_policy, t, state, fresh, types, **ranked)
+                plans = preempt.plans(waiting, after, running, now_policy, t, state, fresh, types, **ranked)
                 for pplan in plans:
                     for victim in pplan.victims:
                         requeue(victim.key, t)
