@@ -33,6 +33,7 @@ from gpusched.placement import PendingTask, Policy, RunningTask
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy, decide
+from gpusched.scheduler.gangs import GangMember
 from gpusched.sim import quota as sim_quota
 from gpusched.sim.durations import OnlineDurations
 from gpusched.sim.overbudget import SimOverBudget
@@ -237,10 +238,12 @@ def simulate(
             if service is not None:
                 offered = service.rank(offered, preempt.served_s)
             as_offered = {o.key: o for o in offered}
-            waiting_and_running = [o.request for o in offered] + [r.request for r in running.values()]
-            now_policy = cycle_policy(pass_policy, kept, waiting_and_running)
+            # Every waiting request (also those the quota keeps from this pass), as the executors count.
+            mix = [*(p.request for p in pending.values()), *(r.request for r in running.values())]
+            now_policy = cycle_policy(pass_policy, kept, mix)
             reply = decide(CycleRequest(
-                pending=tuple(_work(o) for o in offered), snapshot=snapshot, policy=now_policy,
+                pending=tuple(_work(o, by_key[o.key].gang) for o in offered), snapshot=snapshot,
+                policy=now_policy,
                 running=tuple(running.values()), now=t, quota=state, seed=seed + calls,
                 replan_budget_ms=replan_budget_ms, replan_weights=replan_weights,
                 replan_generations=replan_generations, strict_fifo=head_of_line,
@@ -342,10 +345,11 @@ def simulate(
     )
 
 
-def _work(task: PendingTask) -> PendingWork:
-    """The scheduling cycle's pending work for a replay's waiting job."""
-    return PendingWork(task.key, task.request, task.submitted_at, rank=task.rank, job_type=task.job_type,
-                       cpu_milli=task.cpu_milli, host_memory_bytes=task.host_memory_bytes)
+def _work(task: PendingTask, gang: GangMember | None) -> PendingWork:
+    """The scheduling cycle's pending work for a replay's waiting job (``gang``: its gang membership)."""
+    return PendingWork(task.key, task.request, task.submitted_at, gang=gang, rank=task.rank,
+                       job_type=task.job_type, cpu_milli=task.cpu_milli,
+                       host_memory_bytes=task.host_memory_bytes)
 
 
 def _bar(total: int, enabled: bool):  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from gpusched.errors import ConfigurationError
 from gpusched.request import GPURequest
+from gpusched.scheduler.gangs import GangMember
 
 __all__ = ["SimJob", "check_jobs", "with_expected_durations"]
 
@@ -20,7 +21,8 @@ class SimJob:
     """One job to replay: its request, arrival and run time (per catalog model if it varies).
 
     ``job_type`` is handed to the placement engine (``PendingTask.job_type``) so a policy with a
-    throughput table can prefer the models where this job runs fastest.
+    throughput table can prefer the models where this job runs fastest. ``gang``: the job is one
+    member (one node) of a multi-node gang; the scheduler starts all members together or none.
     """
 
     key: str
@@ -29,6 +31,7 @@ class SimJob:
     duration_s: float
     durations: Mapping[str, float] = field(default_factory=dict)
     job_type: str | None = None
+    gang: GangMember | None = None
 
     def duration_on(self, models: Collection[str]) -> float:
         """Run time on devices of ``models``: the slowest of them (the plain duration if unknown)."""
