@@ -3,8 +3,10 @@
 One workload — whole-GPU tasks, fractions sharing a device, a two-node gang, two tenants under a
 quota file (a budget and the 70/20/10 partitions), a high-priority task and one that can never
 fit — is run (a) through the simulator (:func:`gpusched.sim.engine.simulate`) and (b) through
-the in-process :class:`~gpusched.airflow.executor.GPUExecutor` on a real SQLite ledger and a
-migrated Airflow database, both on the same controlled clock. The executor is driven the way
+an in-process executor on a migrated Airflow database, both on the same controlled clock: the
+:class:`~gpusched.airflow.executor.GPUExecutor` on a SQLite ledger, and the
+:class:`~gpusched.airflow.celery_executor.GPUCeleryExecutor` on a PostgreSQL ledger with two
+registered GPU hosts (Celery's send recorded, as in ``test_celery_executor``). The executor is driven the way
 the simulator replays: at each instant, tasks that end are finished, arrivals are queued, then
 one scheduling cycle runs. The two ordered lists of decisions (start with devices, fail with the
 reason) must be equal.
@@ -14,10 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from _airflow_support import gpu_workload, queue_reading_executor
+from _ledger_support import BACKENDS, database_url
 
 from gpusched.quota.policy import QuotaPolicy
 from gpusched.quota.usage import period_start
@@ -39,8 +43,8 @@ DAG, RUN = "parity", "manual__1"
 FLEET = """racks:
   - name: r
     nodes:
-      - {name: n1, cpu: 64, memory: 512GiB, devices: {model: A100-SXM-80GB, count: 4}}
-      - {name: n2, cpu: 64, memory: 512GiB, devices: {model: A100-SXM-80GB, count: 4}}
+      - {name: host-a, cpu: 64, memory: 512GiB, devices: {model: A100-SXM-80GB, count: 4}}
+      - {name: host-b, cpu: 64, memory: 512GiB, devices: {model: A100-SXM-80GB, count: 4}}
 """
 QUOTA = """shares: {training: 70, burst: 20, dev: 10}
 borrowing: true
@@ -126,9 +130,8 @@ def _executed(ex: Any, reasons: dict[str, set[str]]) -> list[tuple[Any, ...]]:
         ex.trigger_tasks(ex.parallelism)
         for entry in ex.ledger.queue():
             reasons.setdefault(entry.key, set()).add(entry.reason)
-        while not ex.activity_queue.empty():
-            sent, _env = ex.activity_queue.get()
-            key = next(k for k, w in workloads.items() if w.key == sent.key)
+        for sent in ex.take_dispatched():
+            key = next(k for k, w in workloads.items() if w.key == sent)
             alloc = ex.ledger.get(key)
             decisions.append((round(t, 3), "start", key, _devices(alloc.shares)))
             ends[key] = t + by_key[key].run_s
@@ -160,14 +163,70 @@ def _yaml(text: str) -> dict[str, Any]:
     return dict(yaml.safe_load(text))
 
 
-@pytest.fixture
-def executor(airflow_db: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+@pytest.fixture(params=["local-sqlite", pytest.param("celery-postgresql", marks=BACKENDS[1].marks)])
+def executor(
+    request: pytest.FixtureRequest, airflow_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Any]:
     fleet, quota = tmp_path / "fleet.yaml", tmp_path / "quota.yaml"
     fleet.write_text(FLEET)
     quota.write_text(QUOTA)
     monkeypatch.setenv("GPUSCHED_FLEET", str(fleet))
     monkeypatch.setenv("GPUSCHED_QUOTA_FILE", str(quota))
-    yield from queue_reading_executor(monkeypatch)
+    if request.param == "local-sqlite":
+        for ex in queue_reading_executor(monkeypatch):
+            ex.take_dispatched = lambda ex=ex: _drain_local(ex)
+            yield ex
+        return
+    for url in database_url("postgresql", tmp_path):
+        yield from _celery_executor(url, fleet, monkeypatch)
+
+
+def _drain_local(ex: Any) -> list[Any]:
+    """The Airflow keys the local executor handed to its workers since the last call."""
+    keys = []
+    while not ex.activity_queue.empty():
+        keys.append(ex.activity_queue.get()[0].key)
+    return keys
+
+
+def _celery_executor(url: str, fleet: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A GPUCeleryExecutor on the PostgreSQL ledger at ``url``, GPU hosts host-a and host-b
+    registered; what it sends to Celery is recorded instead (with the queue it was sent to)."""
+    monkeypatch.setenv("GPUSCHED_DB_URL", url)
+    from gpusched.airflow import celery_executor
+    from gpusched.hardware.detect import detect_backend
+    from gpusched.hardware.host_slice import HostSlice
+
+    sent: list[Any] = []
+
+    def record(ex: Any, workloads: Any) -> None:  # what CeleryExecutor's sending does, minus Celery
+        for workload in workloads:
+            sent.append(workload)
+            ex.queued_tasks.pop(workload.key, None)
+
+    monkeypatch.setattr(celery_executor, "celery_send", record)
+    ex = celery_executor.GPUCeleryExecutor(parallelism=8)
+    ex.ledger.migrate()
+    for host in ("host-a", "host-b"):
+        nodes = HostSlice(detect_backend("simulated", fleet=fleet), host).discover()
+        ex.ledger.register_host(host, nodes, stale_after_s=3600, address=f"10.0.0.{host[-1]}")
+
+    def take() -> list[Any]:
+        for workload in sent:  # each went to the queue of the host that owns its devices
+            (node,) = {s.node for s in ex.ledger.get(_ledger_key(workload)).shares}
+            assert workload.ti.queue == f"gpusched@{node}", (workload.ti.queue, node)
+        keys = [w.key for w in sent]
+        sent.clear()
+        return keys
+
+    ex.take_dispatched = take
+    yield ex
+    ex.ledger.close()
+
+
+def _ledger_key(workload: Any) -> str:
+    ti = workload.ti
+    return ti_key(ti.dag_id, ti.task_id, ti.run_id, ti.try_number, -1)
 
 
 def test_the_simulator_and_the_executor_make_the_same_decisions(executor: Any) -> None:
@@ -180,7 +239,7 @@ def test_the_simulator_and_the_executor_make_the_same_decisions(executor: Any) -
     assert {d[2] for d in executed if d[1] == "fail"} == {ti_key(DAG, "too_big", RUN, 1, -1)}
     gang = [starts[ti_key(DAG, f"fit__node{r}", RUN, 1, -1)] for r in (0, 1)]
     assert gang[0][0] == gang[1][0] > 600  # together, once both nodes are free
-    assert {dev[0] for d in gang for dev in d[3]} == {"n1", "n2"}
+    assert {dev[0] for d in gang for dev in d[3]} == {"host-a", "host-b"}
     shared = [d for d in starts.values() if any(dev[2] < 1000 for dev in d[3])]
     assert len(shared) == 2 and shared[0][3][0][:2] == shared[1][3][0][:2]  # the fractions share one GPU
     vision_b = ti_key(DAG, "vision_b", RUN, 1, -1)
