@@ -15,6 +15,7 @@ from typing import Any
 from gpusched.catalog import LinkKind, Vendor
 
 __all__ = [
+    "HOST_SOURCE_PREFIX",
     "MILLI",
     "Device",
     "DeviceSample",
@@ -22,11 +23,17 @@ __all__ = [
     "DeviceUsage",
     "FleetSnapshot",
     "Health",
+    "MigStep",
     "Node",
 ]
 
 MILLI = 1000
 """Compute share of one whole device, in milli-GPU."""
+
+HOST_SOURCE_PREFIX = "host:"
+"""Inventory source of the nodes a GPU host's agent registered: ``host:<name>`` (what a
+:class:`FleetSnapshot`'s nodes came from; the ledger's host records and the hardware's host slice
+both name it)."""
 
 
 class Health(StrEnum):
@@ -142,6 +149,21 @@ class DeviceShare:
         """Inverse of :meth:`to_dict`."""
         return cls(str(data["uuid"]), str(data["node"]), int(data["index"]), int(data["milli"]),
                    int(data["memory_bytes"]))
+
+
+@dataclass(frozen=True, slots=True)
+class MigStep:
+    """Re-partition GPU ``gpu`` (on ``node``) into MIG instances of the ``layout`` profiles.
+
+    What the dynamic-MIG planner (:mod:`gpusched.capacity.mig_plan`) decides and a provider
+    (:mod:`gpusched.hardware.mig_provider`) carries out; an empty layout turns MIG off.
+    """
+
+    gpu: str
+    node: str
+    model: str
+    layout: tuple[str, ...]
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

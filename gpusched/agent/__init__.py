@@ -1,1 +1,2 @@
-"""The per-host agent: sample device telemetry, evaluate the alert rules, export Prometheus metrics."""
+"""The per-host agent: sample device telemetry, run the fault chain's alert rules on it
+(:mod:`gpusched.faults.alerts`), export Prometheus metrics."""

@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
-from gpusched.agent.alerts import HasShares
+from gpusched.faults.alerts import HasShares
 from gpusched.model import DeviceSample, FleetSnapshot, Health
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 :func:`sample_once` reads every device once and stores the readings. :class:`TelemetryAgent`
 is what ``gpusched agent`` runs each interval: sample → evaluate the alert rules over the recent
-window (:mod:`gpusched.agent.alerts`) → apply the actions (:mod:`gpusched.faults.remediation`) → refresh the
+window (:mod:`gpusched.faults.alerts`) → apply the actions (:mod:`gpusched.faults.remediation`) → refresh the
 Prometheus text (:mod:`gpusched.agent.prometheus`). The agent only judges the devices its own backend
 sees, so one agent per GPU host can share one ledger.
 """
@@ -17,12 +17,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpusched.agent.alerts import Action, ActionKind, AlertConfig, evaluate
 from gpusched.agent.prometheus import TenantBudget, exposition, metric_families, scheduling_families
+from gpusched.capacity.mig_plan import plan_repartition
+from gpusched.capacity.scaling import react_to_waiting
 from gpusched.errors import HardwareError, TelemetryError
+from gpusched.faults.alerts import Action, ActionKind, AlertConfig, evaluate
 from gpusched.faults.remediation import TaskStopper, apply_actions
 from gpusched.hardware.base import HardwareBackend
 from gpusched.model import DeviceSample, FleetSnapshot
+from gpusched.quota.file import load_quota_policy
+from gpusched.quota.policy import UNITS_PER_A100_HOUR
+from gpusched.quota.usage import period_start, spans_of, tenant_usage
 
 if TYPE_CHECKING:
     from gpusched.hardware.mig_provider import MigProvider
@@ -128,8 +133,6 @@ class TelemetryAgent:
             self.sync_inventory(at)
         scaled: list[str] = []
         if self.scale_after_s is not None:
-            from gpusched.capacity.scaling import react_to_waiting
-
             try:
                 scaled = list(react_to_waiting(self.ledger, threshold_s=self.scale_after_s, now=at).reasons)
             except Exception as exc:  # a scaler failure must not stop sampling and alerting
@@ -163,17 +166,13 @@ class TelemetryAgent:
 
     def _scheduling_families(self, snapshot: FleetSnapshot, at: float) -> list[Any]:
         """Queue waits and tenant budgets, read from the ledger (what the alert rules watch)."""
-        from gpusched.airflow import api_views
-        from gpusched.quota.file import load_quota_policy
-        from gpusched.quota.policy import UNITS_PER_A100_HOUR
-
         waiting_since: dict[str, float] = {}
         for entry in self.ledger.queue():
             partition = str(entry.request.partition)
             waiting_since[partition] = min(entry.since, waiting_since.get(partition, entry.since))
         policy = load_quota_policy()
-        start = api_views.period_start(at, policy.period_s)
-        usage = api_views.tenant_usage(self.ledger.history(start, at), snapshot, start, at)
+        start = period_start(at, policy.period_s)
+        usage = tenant_usage(spans_of(self.ledger.history(start, at)), snapshot, start, at)
         budgets = []
         for tenant in sorted(set(usage) | set(policy.budgets_hours)):
             budget = policy.budget(tenant)
@@ -183,8 +182,6 @@ class TelemetryAgent:
 
     def repartition(self, now: float) -> tuple[str, ...]:
         """Dynamic MIG: re-partition idle GPUs for waiting hard requests; the GPUs changed."""
-        from gpusched.capacity.mig_plan import plan_repartition
-
         if self.mig_provider is None:
             return ()
         waiting = [entry.request for entry in self.ledger.queue()]

@@ -12,24 +12,12 @@ too). Busy GPUs are never touched.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from gpusched.catalog import AcceleratorModel, SliceProfile, arch_rank, default_catalog, layout_problem
-from gpusched.model import Device, FleetSnapshot, Health
+from gpusched.model import Device, FleetSnapshot, Health, MigStep
 from gpusched.request import GPURequest
 
-__all__ = ["MigStep", "best_layout", "plan_repartition"]
-
-
-@dataclass(frozen=True, slots=True)
-class MigStep:
-    """Re-partition GPU ``gpu`` (on ``node``) into MIG instances of the ``layout`` profiles."""
-
-    gpu: str
-    node: str
-    model: str
-    layout: tuple[str, ...]
-    reason: str
+__all__ = ["best_layout", "plan_repartition"]
 
 
 def best_layout(model: AcceleratorModel, request: GPURequest, memory_bytes: int) -> tuple[str, ...]:

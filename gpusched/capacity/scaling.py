@@ -40,7 +40,8 @@ from gpusched.capacity.prescale import (
     standby_for_waiting,
 )
 from gpusched.errors import ConfigurationError, ScalingError
-from gpusched.paths import state_dir
+from gpusched.hardware.standby import read_state, write_state
+from gpusched.hardware.standby import state_file as standby_state_file
 
 __all__ = [
     "CommandScaler",
@@ -86,25 +87,18 @@ class LocalFleetScaler:
     """Activates standby nodes of the local (simulated or on-premises) fleet.
 
     The state — activated nodes, burst reserve, the last plan — is kept in a JSON file
-    (default ``state_dir()/scaling.json``) that every process can read.
+    (default ``state_dir()/scaling.json``, :mod:`gpusched.hardware.standby`) that every process can
+    read; the simulated backend powers the activated nodes on from it.
     """
 
     name = "local"
 
     def __init__(self, state_file: str | Path | None = None) -> None:
-        self.state_file = Path(state_file) if state_file else state_dir() / "scaling.json"
+        self.state_file = Path(state_file) if state_file else standby_state_file()
 
     def state(self) -> dict[str, Any]:
         """The persisted state (``{"active_standby": [], "burst_reserve_gpus": 0}`` when none)."""
-        try:
-            data = json.loads(self.state_file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {"active_standby": [], "burst_reserve_gpus": 0, "last_plan": None}
-        except (OSError, ValueError) as exc:
-            raise ScalingError(
-                f"cannot read scaling state {self.state_file}: {exc}; delete it to reset"
-            ) from exc
-        return dict(data)
+        return read_state(self.state_file)
 
     def apply(self, plan: ScalingPlan) -> ScalingResult:
         """Add ``plan.activate`` to the active standby nodes and set the burst reserve."""
@@ -112,14 +106,7 @@ class LocalFleetScaler:
         active = list(dict.fromkeys([*state.get("active_standby", []), *plan.activate]))
         state.update(active_standby=active, burst_reserve_gpus=plan.burst_reserve_gpus,
                      last_plan=plan.to_dict(), applied_at=time.time())
-        try:
-            self.state_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.state_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(state, indent=2), encoding="utf-8")
-            os.replace(tmp, self.state_file)
-        except OSError as exc:
-            raise ScalingError(f"cannot write scaling state {self.state_file}: {exc}; "
-                               "check that AIRFLOW_HOME is writable") from exc
+        write_state(self.state_file, state)
         return ScalingResult(self.name, True, plan.activate, plan.burst_reserve_gpus,
                              f"{len(active)} standby node(s) active; state in {self.state_file}")
 
@@ -127,8 +114,7 @@ class LocalFleetScaler:
         """Return nodes to standby (scale-in)."""
         state = self.state()
         state["active_standby"] = [n for n in state.get("active_standby", []) if n not in set(names)]
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        self.state_file.write_text(json.dumps(state, indent=2), encoding="utf-8")
+        write_state(self.state_file, state)
 
 
 class CommandScaler:

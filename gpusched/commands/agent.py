@@ -80,9 +80,9 @@ def register(subparsers: Any) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from gpusched.agent.alerts import AlertConfig
     from gpusched.catalog import Vendor
     from gpusched.errors import ConfigurationError
+    from gpusched.faults.alerts import AlertConfig
 
     limits = dict(AlertConfig().temperature_limits_mc)
     for item in args.temp_limit:

@@ -1,1 +1,2 @@
-"""The fault chain: classify failed GPU tasks, choose and apply remedies, record them in the ledger."""
+"""The fault chain: alert rules over device samples, classify failed GPU tasks, choose and apply
+remedies, record them in the ledger."""

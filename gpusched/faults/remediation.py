@@ -1,6 +1,6 @@
 """Applying decisions: alert actions and recovery remedies turned into ledger writes and signals.
 
-The policies (:mod:`gpusched.agent.alerts`, :mod:`gpusched.faults.classify`,
+The policies (:mod:`gpusched.faults.alerts`, :mod:`gpusched.faults.classify`,
 :mod:`gpusched.faults.remedies`) return data; this edge module does what the data says:
 
 - :func:`apply_actions` — ``set_health`` / ``cordon`` through the ledger, ``stop_task`` through a
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from gpusched.agent.alerts import Action, ActionKind
+from gpusched.faults.alerts import Action, ActionKind
 from gpusched.faults.classify import Classification, classify_failure
 from gpusched.faults.failures import FailureRecord, mark_handled, record_failure, refuse_retry, set_override
 from gpusched.faults.remedies import Remedy, choose_remedy

@@ -11,8 +11,7 @@ from typing import Any
 
 from gpusched.errors import ConfigurationError
 from gpusched.hardware.base import BackendFeature, HardwareBackend
-from gpusched.ledger.hosts import HOST_SOURCE_PREFIX
-from gpusched.model import DeviceSample, Node
+from gpusched.model import HOST_SOURCE_PREFIX, DeviceSample, Node
 
 __all__ = ["HostSlice"]
 

@@ -1,4 +1,5 @@
-"""Dynamic MIG providers: carry out :class:`~gpusched.capacity.mig_plan.MigStep` re-partitions.
+"""Dynamic MIG providers: carry out :class:`~gpusched.model.MigStep` re-partitions (planned by
+:mod:`gpusched.capacity.mig_plan`).
 
 Like the scaler providers (:mod:`gpusched.capacity.scaling`), a provider has a ``name`` and
 ``apply(steps) -> MigResult``. Chosen by ``GPUSCHED_DYNAMIC_MIG``:
@@ -21,13 +22,11 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from gpusched.errors import ConfigurationError, HardwareError
+from gpusched.model import MigStep
 from gpusched.paths import state_dir
-
-if TYPE_CHECKING:
-    from gpusched.capacity.mig_plan import MigStep
 
 __all__ = [
     "DYNAMIC_MIG_KINDS",

@@ -17,11 +17,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpusched.catalog import default_catalog
+from gpusched.catalog import default_catalog, layout_problem
 from gpusched.errors import HardwareError
+from gpusched.hardware import standby
 from gpusched.hardware.base import BackendFeature
 from gpusched.hardware.faults import FAULT_KINDS, Fault, FaultStore, health_for
 from gpusched.hardware.fleetfile import load_fleet
+from gpusched.hardware.mig_provider import LocalMigProvider
+from gpusched.hardware.slices import mig_slices
 from gpusched.model import Device, DeviceSample, Node
 from gpusched.paths import include_dir, state_dir
 
@@ -68,7 +71,7 @@ class SimulatedBackend:
         self._devices = {d.uuid: d for n in self._nodes for d in n.devices}
         self._standby = {d.uuid for n in self._nodes if n.standby for d in n.devices}
         self.store = FaultStore(state_folder or state_dir())
-        self._scaling_file = (state_folder or state_dir()) / "scaling.json"
+        self._scaling_file = standby.state_file(state_folder)
         self._allocated: dict[str, tuple[int, int]] = {}
         self._mig_file = (state_folder or state_dir()) / "mig_layouts.json"
         self._clock = clock
@@ -80,7 +83,8 @@ class SimulatedBackend:
         """The fleet's nodes; devices with faults carry the health the faults imply.
 
         Standby nodes that a :class:`~gpusched.capacity.scaling.LocalFleetScaler` switched on (scale-out,
-        pre-scaling) are reported as active: that is how the simulated fleet "provisions" a node.
+        pre-scaling; :mod:`gpusched.hardware.standby`) are reported as active: that is how the
+        simulated fleet "provisions" a node.
         """
         faults = self.store.faults()
         powered = self.powered_standby()
@@ -99,16 +103,11 @@ class SimulatedBackend:
 
     def _mig_layouts(self) -> dict[str, list[str]]:
         """MIG layouts set by dynamic MIG (:class:`~gpusched.hardware.mig_provider.LocalMigProvider`)."""
-        from gpusched.hardware.mig_provider import LocalMigProvider
-
         return LocalMigProvider(self._mig_file).layouts()
 
     def powered_standby(self) -> frozenset[str]:
         """Names of standby nodes switched on through the local scaler's state file."""
-        from gpusched.capacity.scaling import LocalFleetScaler
-
-        active = LocalFleetScaler(self._scaling_file).state().get("active_standby", [])
-        return frozenset(str(name) for name in active)
+        return standby.powered_standby(self._scaling_file)
 
     def sample(self) -> list[DeviceSample]:
         """One reading per powered device (standby nodes are off; ``lost`` devices do not answer)."""
@@ -229,9 +228,6 @@ class SimulatedBackend:
 
 def _relayout(devices: tuple[Device, ...], layouts: dict[str, list[str]]) -> tuple[Device, ...]:
     """``devices`` with the GPUs named in ``layouts`` re-partitioned (an empty layout: MIG off)."""
-    from gpusched.catalog import layout_problem
-    from gpusched.hardware.slices import mig_slices
-
     out: list[Device] = []
     for device in devices:
         if device.parent in layouts:

@@ -21,18 +21,15 @@ from gpusched.errors import HostConflictError, LedgerError
 from gpusched.ledger.engine import read_tx, write_tx
 from gpusched.ledger.events import write_event
 from gpusched.ledger.schema import HOSTS, NODES
-from gpusched.model import Node
+from gpusched.model import HOST_SOURCE_PREFIX, Node
 
 __all__ = [
-    "HOST_SOURCE_PREFIX", "LAUNCH_EVENT", "HostRecord", "HostState", "LedgerHosts", "devices_fingerprint",
+    "LAUNCH_EVENT", "HostRecord", "HostState", "LedgerHosts", "devices_fingerprint",
     "host_queue",
 ]
 
 LAUNCH_EVENT = "launch"
 """Event the Celery executor records per dispatched task: the task's environment and its host."""
-
-HOST_SOURCE_PREFIX = "host:"
-"""Inventory source of the nodes a host's agent registered: ``host:<name>``."""
 
 
 class HostState:

@@ -14,12 +14,12 @@ import pynvml
 import pytest
 from _placement_support import no_quota
 
-from gpusched.capacity.mig_plan import MigStep, plan_repartition
+from gpusched.capacity.mig_plan import plan_repartition
 from gpusched.errors import ConfigurationError
 from gpusched.hardware.fleetfile import load_fleet
 from gpusched.hardware.mig_provider import LocalMigProvider, NvmlMigProvider, mig_provider_from_spec
 from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
-from gpusched.model import DeviceShare, FleetSnapshot
+from gpusched.model import DeviceShare, FleetSnapshot, MigStep
 from gpusched.placement import PendingTask, Policy, place
 from gpusched.request import GPURequest
 

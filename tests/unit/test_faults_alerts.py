@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpusched.agent.alerts import ActionKind, AlertConfig, evaluate, memory_growth_rate
 from gpusched.catalog import Vendor
+from gpusched.faults.alerts import ActionKind, AlertConfig, evaluate, memory_growth_rate
 from gpusched.faults.xid import XidClass, classify_xid
 from gpusched.ledger import Allocation
 from gpusched.model import Device, DeviceSample, DeviceShare, FleetSnapshot, Health, Node
