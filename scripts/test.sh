@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: lint (ruff), type-check (mypy), then the whole pytest suite.
+# The test command: lint (ruff), type-check (mypy), the layers contract (import-linter, contracts in
+# pyproject.toml), then the whole pytest suite.
 #
 # Starts the services the tests need when they are installed and not already running — a Docker
 # engine (scripts/start_dockerd.sh) and a throwaway PostgreSQL (scripts/start_postgres.sh) — and
@@ -12,6 +13,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy
+echo "== import-linter"; lint-imports
 
 PGDIR=""
 STARTED_DOCKERD=""
