@@ -43,9 +43,9 @@ from gpusched.scheduler.cycle import CycleRequest, Hold, Launch, PendingWork
 from gpusched.scheduler.durations import DurationHistory
 from gpusched.scheduler.keys import ti_key_of
 from gpusched.scheduler.quota import over_budget_action
+from gpusched.scheduler.store import LedgerStore
 
 if TYPE_CHECKING:
-    from gpusched.ledger import Ledger
     from gpusched.placement import Policy
 
 __all__ = ["Dispatcher", "GPUScheduling"]
@@ -103,7 +103,7 @@ class GPUScheduling:
         self._guard = LedgerGuard(self.ledger_wait_s, lambda: self.log)
         self._safe = self._guard.run
         self.process: Any = None  # this executor as a HolderProcess (set by start_process)
-        self._ledger: Ledger | None = None
+        self._ledger: LedgerStore | None = None
         self._policy: Policy | None = None
         # Airflow key -> ledger key of dispatched GPU work (the executors' ``running`` is not enough).
         self.gpu_running: dict[Any, str] = {}
@@ -121,12 +121,10 @@ class GPUScheduling:
         return self.executor.log
 
     @property
-    def ledger(self) -> Ledger:
-        """The allocation ledger (opened on first use)."""
+    def ledger(self) -> LedgerStore:
+        """The allocation ledger, as the scheduler's store (opened on first use)."""
         if self._ledger is None:
-            from gpusched.ledger import Ledger
-
-            self._ledger = Ledger(lock_wait_s=self.ledger_wait_s)
+            self._ledger = LedgerStore(lock_wait_s=self.ledger_wait_s)
         return self._ledger
 
     @property

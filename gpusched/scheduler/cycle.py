@@ -19,6 +19,7 @@ from gpusched.hardware.envexport import devices_env
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import (
     Assignment,
+    Chooser,
     PendingTask,
     PlacementPlan,
     PlacementRequest,
@@ -153,7 +154,7 @@ def cycle_policy(policy: Policy, kept: SteadyWorkload, requests: Iterable[GPUReq
     kept estimate of the mix of ``requests`` (every request pending and running this cycle;
     :class:`~gpusched.placement.workload.SteadyWorkload` re-estimates it only once it drifts, so
     a warm engine survives tasks starting and ending). Each driver calls this once per cycle."""
-    if policy.workload:
+    if policy.workload or policy.chooser != Chooser.SCORE:  # only a score reads the workload
         return policy
     return replace(policy, workload=kept.shapes(requests))
 

@@ -2,7 +2,8 @@
 
 :func:`cycle_quota` builds the :class:`~gpusched.quota.policy.QuotaState` every cycle places
 with: the quota file's policy (:mod:`gpusched.quota.file`) and each tenant's use this
-period from the ledger's allocation history (released and active, normalised by the catalog);
+period from the store (:meth:`~gpusched.scheduler.store.Store.tenant_use`: released and active
+allocations, normalised by the catalog);
 no quota file gives :meth:`QuotaState.unlimited`. What the executors do with running work over its budget is
 :mod:`gpusched.airflow.gpu_over_budget`.
 """
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpusched.quota.policy import OVER_BUDGET_ACTIONS, QuotaState, over_budget_mode
+from gpusched.quota.policy import OVER_BUDGET_ACTIONS, QuotaPolicy, QuotaState, over_budget_mode
+from gpusched.quota.usage import period_start
 
 if TYPE_CHECKING:
     from gpusched.model import FleetSnapshot
+    from gpusched.scheduler.store import Store
 
-__all__ = ["OVER_BUDGET_ACTIONS", "cycle_quota", "over_budget_action"]
+__all__ = ["OVER_BUDGET_ACTIONS", "configured_policy", "cycle_quota", "over_budget_action", "quota_at"]
 
 
 def over_budget_action(conf: Any) -> str:
@@ -26,14 +29,22 @@ def over_budget_action(conf: Any) -> str:
     return over_budget_mode(settings.get_str("over_budget", conf))
 
 
-def cycle_quota(ledger: Any, snapshot: FleetSnapshot, now: float) -> QuotaState:
-    """The quota state of a cycle at ``now`` (unlimited without a quota file)."""
+def configured_policy() -> QuotaPolicy | None:
+    """The quota file's policy (:mod:`gpusched.quota.file`), or None when there is no quota file."""
     from gpusched.quota.file import load_quota_policy, quota_file
-    from gpusched.quota.usage import period_start, quota_state, spans_of
 
-    if not quota_file().is_file():
+    return load_quota_policy() if quota_file().is_file() else None
+
+
+def quota_at(policy: QuotaPolicy | None, store: Store, snapshot: FleetSnapshot, now: float) -> QuotaState:
+    """The quota state at ``now``: ``policy`` with each tenant's use this period from ``store``
+    (:meth:`QuotaState.unlimited` without a policy)."""
+    if policy is None:
         return QuotaState.unlimited()
-    policy = load_quota_policy()
-    history = ledger.history(period_start(now, policy.period_s), now)
-    return quota_state(policy, spans_of(history), snapshot, now)
+    start = period_start(now, policy.period_s)
+    return QuotaState(policy, store.tenant_use(snapshot, start, now), start)
 
+
+def cycle_quota(store: Store, snapshot: FleetSnapshot, now: float) -> QuotaState:
+    """The quota state of an executor's cycle at ``now`` (the quota file's policy; unlimited without)."""
+    return quota_at(configured_policy(), store, snapshot, now)

@@ -34,6 +34,8 @@ from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy, decide
 from gpusched.scheduler.gangs import GangMember
+from gpusched.scheduler.quota import quota_at
+from gpusched.scheduler.store import InMemoryStore
 from gpusched.sim import quota as sim_quota
 from gpusched.sim.durations import OnlineDurations
 from gpusched.sim.overbudget import SimOverBudget
@@ -139,7 +141,7 @@ def simulate(
     budget_rule = over_budget or SimOverBudget()
     runs: dict[str, list[tuple[float, float, tuple[DeviceShare, ...]]]] = {}  # key -> its stopped runs
     hinted: dict[str, int] = {}  # key -> expected duration it first started with (given or predicted)
-    quota_at = _INF  # next over-budget check or period reset
+    check_at = _INF  # next over-budget check or period reset
     timeline: list[TimelinePoint] = [TimelinePoint(0.0, 0, 0)]
     used = 0
     nxt = 0
@@ -157,7 +159,8 @@ def simulate(
     service = OnlineService(duration_history) if preempt.mode == "service" else None
     pass_policy = service.policy(policy) if service is not None else policy
     job_types = {j.key: j.job_type for j in ordered} if service is not None else {}
-    tracker = sim_quota.QuotaTracker(quota, by_key, fleet)
+    store = InMemoryStore(fleet)  # the allocations, as the executors' ledger holds them
+    window = sim_quota.QuotaWindow(quota, fleet)
     kept = SteadyWorkload(workload_drift)
 
     def requeue(key: str, now: float, *, preempted: bool = True) -> float:
@@ -167,7 +170,7 @@ def simulate(
         lost = preempt.evict(stopped, full_run[key], now, fleet, preempted=preempted)
         runs.setdefault(key, []).append((stopped.started_at, now, stopped.shares))
         del run_seq[key], records[key]
-        tracker.stopped(key, now)
+        store.release(key, reason="preempted" if preempted else "stopped: over budget", now=now)
         job = by_key[key]
         request = job.request
         if key in hinted:  # committed (and charged at admission) only what is left of its estimate
@@ -192,7 +195,7 @@ def simulate(
         nc = completions[0][0] if completions else _INF
         wanted = (len(pending) > 0 and (used < capacity or preempt.enabled)) or (preempt.migrates and running)
         ns = sched_at if dirty and wanted else _INF
-        t = min(na, nc, ns, quota_at)
+        t = min(na, nc, ns, check_at)
         if t == _INF:
             break
         if nc <= t:
@@ -203,6 +206,7 @@ def simulate(
                     continue  # a run that was preempted
                 task = running.pop(key)
                 freed.extend(task.shares)
+                store.release(key, reason="task succeeded", now=t)
                 if online is not None:
                     online.finished(by_key[key], full_run[key])
                 if service is not None:
@@ -222,17 +226,17 @@ def simulate(
                 if bar is not None and watch is None:
                     bar.update(1)
             dirty = True
-        elif quota_at <= t:  # the executor's over-budget check (or a budget period starts)
-            state = tracker.state_at(t)
+        elif check_at <= t:  # the executor's over-budget check (or a budget period starts)
+            state = quota_at(quota, store, fleet, t)
             for key in budget_rule.over(state, ((k, r.request.tenant) for k, r in running.items()), t):
                 lost = requeue(key, t, preempted=False)
                 budget_rule.stopped(key, lost)
             dirty = True
         else:
             started = time.perf_counter()
-            state = tracker.state_at(t)
-            offered = tracker.offer(pending.values(), state, snapshot, tuple(running.values()), t,
-                                    max_pending, predicted=online is not None)
+            state = quota_at(quota, store, fleet, t)
+            offered = window.offer(pending.values(), state, snapshot, tuple(running.values()), t,
+                                   max_pending, predicted=online is not None)
             if online is not None:  # the executor's rewrite: predicted durations where none given
                 offered = online.offer(offered)
             if service is not None:
@@ -267,7 +271,7 @@ def simulate(
                 records[key] = JobRecord(key, job.arrival_s, first_start.get(key, t), end, shares, models,
                                          preempt.times.get(key, 0),
                                          (*earlier, (t, end, shares)) if earlier else ())
-                tracker.started(records[key])
+                store.allocate(key, job.request, shares, now=t)
                 asked = as_offered[key].request if key in as_offered else job.request  # + prediction
                 if online is not None and key not in first_start:
                     online.started(key, asked, full_run[key])
@@ -316,10 +320,10 @@ def simulate(
         mark(t)
         sched_at = math.ceil(t / round_s) * round_s if round_s > 0 else t
         if quota is not None:
-            quota_at = budget_rule.next_reset(quota, t) if pending else _INF
+            check_at = budget_rule.next_reset(quota, t) if pending else _INF
             if budget_rule.stops_work and running:
-                crossing = budget_rule.next_check(tracker.state_at(t), tracker.rates(running), t)
-                quota_at = min(quota_at, crossing)
+                crossing = budget_rule.next_check(quota_at(quota, store, fleet, t), store.rates(running), t)
+                check_at = min(check_at, crossing)
     if bar is not None:
         bar.close()
     end_time = t if t != _INF else timeline[-1].t
