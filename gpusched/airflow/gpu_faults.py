@@ -11,6 +11,7 @@ import socket
 from typing import Any, Protocol
 
 from gpusched.airflow.executor_compat import save_task_event
+from gpusched.ledger.liveness import process_alive
 from gpusched.scheduler.keys import parse_ti_key, ti_key
 
 __all__ = ["FaultCore", "fail_orphaned", "handle_lost_hosts", "stop_broken_gangs"]
@@ -112,7 +113,6 @@ def fail_orphaned(core: FaultCore) -> list[str]:
     Judged by pid and start time (a respawned worker may reuse a dead one's pid); a task
     whose worker has not picked it up yet has no worker record and is left alone.
     """
-    from gpusched.ledger.liveness import process_alive
 
     host = socket.gethostname()
     by_ledger_key = {v: k for k, v in core.gpu_running.items()}

@@ -58,6 +58,7 @@ from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import running_tasks
 from gpusched.scheduler.keys import parse_ti_key, task_of, ti_key
 from gpusched.scheduler.quota import cycle_quota
+from gpusched.throughputs import load_throughputs
 
 __all__ = ["MIGRATION_REQUEUE_WAIT_S", "MigrationCore", "Migrator", "Moving", "throughput_table"]
 
@@ -70,7 +71,6 @@ def throughput_table(conf: Any) -> dict[str, dict[str, float]]:
     path = settings.get_str("throughput_file", conf).strip()
     if not path:
         return {}
-    from gpusched.throughputs import load_throughputs
 
     return load_throughputs(path)
 

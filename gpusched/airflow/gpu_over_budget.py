@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from gpusched.airflow.executor_compat import save_task_event
+from gpusched.airflow.task_log import append_task_log
+from gpusched.quota.policy import over_budget
 from gpusched.scheduler.quota import cycle_quota
 
 __all__ = ["QuotaCore", "check_running"]
@@ -32,9 +35,6 @@ class QuotaCore(Protocol):
 
 def check_running(core: QuotaCore, now: float) -> list[Any]:
     """Act once on each running task of a tenant over its hard budget; return the Airflow keys."""
-    from gpusched.airflow.executor_compat import save_task_event
-    from gpusched.airflow.task_log import append_task_log
-    from gpusched.quota.policy import over_budget
 
     if not core.gpu_running:
         return []

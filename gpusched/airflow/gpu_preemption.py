@@ -57,6 +57,7 @@ from gpusched.placement.preemption import (
 from gpusched.scheduler.attained import PREEMPTED_REASON
 from gpusched.scheduler.cycle import CycleReply, CycleRequest, Hold, PendingWork, decide
 from gpusched.scheduler.durations import task_name
+from gpusched.scheduler.gangs import place_gang
 from gpusched.scheduler.keys import task_of
 
 __all__ = ["MAX_SELECTIONS_PER_CYCLE", "Eviction", "PreemptionCore", "Preemptor", "after_launches", "requeue"]
@@ -263,7 +264,6 @@ class Preemptor:
     def _prover(request: CycleRequest, group: list[PendingWork]) -> Prover | None:
         if group[0].gang is None:
             return None  # placement of the task itself, with the quota
-        from gpusched.scheduler.gangs import place_gang
 
         def prove(snapshot: Any, running: Any) -> Any:
             plan = place_gang(group, snapshot, request.policy, now=request.now, running=running,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from gpusched import settings
 from gpusched.airflow import gpu_faults, gpu_inputs, gpu_over_budget
@@ -34,6 +34,8 @@ from gpusched.errors import (
     LedgerUnavailableError,
     UnknownAllocationError,
 )
+from gpusched.ledger.liveness import current_process
+from gpusched.placement import Policy
 from gpusched.placement.genetic import parse_weights
 from gpusched.placement.warm import WarmPlacement
 from gpusched.placement.workload import SteadyWorkload
@@ -44,9 +46,6 @@ from gpusched.scheduler.durations import DurationHistory
 from gpusched.scheduler.keys import ti_key_of
 from gpusched.scheduler.quota import over_budget_action
 from gpusched.scheduler.store import LedgerStore
-
-if TYPE_CHECKING:
-    from gpusched.placement import Policy
 
 __all__ = ["Dispatcher", "GPUScheduling"]
 
@@ -131,8 +130,6 @@ class GPUScheduling:
     def policy(self) -> Policy:
         """The placement policy named by ``[gpusched] policy``."""
         if self._policy is None:
-            from gpusched.placement import Policy
-
             self._policy = Policy.named(settings.get_str("policy", self.conf), throughput=self.throughputs)
         return self._policy
 
@@ -140,8 +137,6 @@ class GPUScheduling:
 
     def start_process(self) -> None:
         """Record this process as the executor that holds the allocations it makes."""
-        from gpusched.ledger.liveness import current_process
-
         self.process = current_process("executor")
 
     def reconcile(self) -> list[str]:

@@ -28,9 +28,10 @@ from gpusched.placement import (
     RunningTask,
     place,
 )
+from gpusched.placement.admission import QuotaGate
 from gpusched.placement.genetic import optimise_with_report
 from gpusched.placement.workload import SteadyWorkload
-from gpusched.quota.policy import QuotaState
+from gpusched.quota.policy import QuotaState, physical_milli
 from gpusched.request import GPURequest
 from gpusched.scheduler.gangs import GangMember, membership, place_gang
 
@@ -275,8 +276,6 @@ def _gang_quota_refusal(
     """Why the quota refuses a whole gang on ``shares`` (each member admitted in turn), or None."""
     if not request.quota.enforced:
         return None
-    from gpusched.placement.admission import QuotaGate
-    from gpusched.quota.policy import physical_milli
 
     waiting = [PendingTask(w.key, w.request, w.submitted_at) for w in request.pending]
     admission = QuotaGate(snapshot, request.quota, request.running, waiting, request.now)

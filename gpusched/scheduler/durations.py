@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from gpusched import settings
 from gpusched.durations import (
     DurationModel,
     DurationPredictor,
@@ -124,7 +125,6 @@ class DurationHistory:
     def from_settings(cls, conf: Any) -> DurationHistory:
         """``[gpusched] duration_history_days`` and ``duration_refresh_seconds`` of ``conf`` (the
         executor's team-scoped config); the service history only when ``preemption = service``."""
-        from gpusched import settings
 
         days = settings.get_float("duration_history_days", conf)
         mode = settings.get_str("preemption", conf).strip().lower()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gpusched import settings
+from gpusched.quota.file import load_quota_policy, quota_file
 from gpusched.quota.policy import OVER_BUDGET_ACTIONS, QuotaPolicy, QuotaState, over_budget_mode
 from gpusched.quota.usage import period_start
 
@@ -24,14 +26,12 @@ __all__ = ["OVER_BUDGET_ACTIONS", "configured_policy", "cycle_quota", "over_budg
 
 def over_budget_action(conf: Any) -> str:
     """``[gpusched] over_budget``, checked (``finish`` or ``stop``; the simulator reads the same values)."""
-    from gpusched import settings
 
     return over_budget_mode(settings.get_str("over_budget", conf))
 
 
 def configured_policy() -> QuotaPolicy | None:
     """The quota file's policy (:mod:`gpusched.quota.file`), or None when there is no quota file."""
-    from gpusched.quota.file import load_quota_policy, quota_file
 
     return load_quota_policy() if quota_file().is_file() else None
 

@@ -16,7 +16,7 @@ from gpusched.errors import ConfigurationError
 from gpusched.fields import MAX_DEVICES_PER_NODE
 from gpusched.model import FleetSnapshot
 from gpusched.node_builder import SIM_LAYOUT, make_node
-from gpusched.sim.traces import GAVEL_MODELS, OpenbNode
+from gpusched.sim.traces import GAVEL_MODELS, OpenbNode, load_openb_nodes
 
 __all__ = [
     "GAVEL_GPUS_PER_SERVER",
@@ -151,8 +151,6 @@ def fleet_from_spec(spec: str) -> FleetSnapshot:
             "an openb node CSV or a fleet YAML"
         )
     if path.suffix == ".csv":
-        from gpusched.sim.traces import load_openb_nodes
-
         return openb_fleet(load_openb_nodes(path))
     try:
         from gpusched.hardware.fleetfile import load_fleet  # type: ignore[import-not-found,unused-ignore]

@@ -12,6 +12,7 @@ from pathlib import Path
 from gpusched.errors import TraceError
 from gpusched.request import GPURequest, Interconnect
 from gpusched.sim.engine import SimJob
+from gpusched.sim.openb import pod_request
 from gpusched.sim.tracefile import header
 from gpusched.sim.traces import (
     TraceJob,
@@ -72,8 +73,6 @@ def load_any_trace(path: Path, *, utc_weeks: bool = False) -> list[SimJob]:
         first = min((j.arrival_s for j in dated), default=0.0)
         return _shifted(dated, _MONDAY - (first // WEEK_S) * WEEK_S)
     if {"num_gpu", "gpu_milli", "creation_time", "deletion_time"} <= set(columns):
-        from gpusched.sim.openb import pod_request
-
         times = load_openb_lifetimes(path)
         return _shifted([
             SimJob(p.name, pod_request(p), times[p.name][0], max(1.0, times[p.name][1] - times[p.name][0]))

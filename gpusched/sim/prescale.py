@@ -31,6 +31,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpusched.capacity.forecast import DemandSeries, Forecast, fit_forecast
+from gpusched.capacity.prescale import plan_prescale
 from gpusched.catalog import default_catalog
 from gpusched.model import Device, Node
 
@@ -188,8 +190,6 @@ class _Pool:
 
 def simulate_prescale(cfg: PrescaleConfig, strategy: str, jobs: list[SimJob] | None = None) -> PrescaleResult:
     """Run one strategy (``"reactive"`` or ``"predictive"``) on the scenario."""
-    from gpusched.capacity.forecast import DemandSeries, Forecast, fit_forecast
-    from gpusched.capacity.prescale import plan_prescale
 
     if strategy not in ("reactive", "predictive"):
         raise ValueError(f"strategy must be 'reactive' or 'predictive', not {strategy!r}")

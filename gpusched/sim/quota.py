@@ -15,9 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.placement.admission import QuotaGate
 from gpusched.placement.types import PendingTask, RunningTask
 from gpusched.quota.policy import QuotaPolicy, QuotaState, normalised_rate
-from gpusched.quota.usage import UsageSpan
+from gpusched.quota.usage import UsageSpan, budgets_view, partition_usage, quota_state
 
 __all__ = ["QuotaWindow", "quota_state_at", "report"]
 
@@ -33,8 +34,6 @@ def quota_state_at(
     fleet: FleetSnapshot, now: float,
 ) -> QuotaState:
     """The executor's quota state (:func:`gpusched.quota.usage.quota_state`) at simulated ``now``."""
-    from gpusched.quota.usage import quota_state
-
     return quota_state(policy, _spans(records, jobs) if policy is not None else (), fleet, now)
 
 
@@ -70,7 +69,6 @@ class QuotaWindow:
                 if len(out) >= limit:
                     break
             return out
-        from gpusched.placement.admission import QuotaGate
 
         committed = QuotaGate(snapshot, state, running, (), now).committed
         for task in pending:
@@ -94,7 +92,6 @@ def report(
     fleet: FleetSnapshot, end: float,
 ) -> dict[str, Any]:
     """Per tenant budget and use in the period holding ``end``; per partition its GPU-hours."""
-    from gpusched.quota.usage import budgets_view, partition_usage
 
     spans = _spans(records, jobs)
     state = quota_state_at(policy, records, jobs, fleet, end)
