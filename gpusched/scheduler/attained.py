@@ -19,7 +19,7 @@ task instance was first queued (:func:`first_queued`): a later try waits in the 
 been queued then, so the queue's aging counts from the task's first try, as the simulator's
 requeued job keeps its arrival. Without that a job preempted after a long wait would start over
 behind newcomers, and a multi-GPU job stopped for smaller work would wait for a whole node with
-no age to claim one (measured in docs/benchmarks.md).
+no age to claim one (measured in docs/lab-notebook.md, 2026-12-03).
 """
 
 from __future__ import annotations
