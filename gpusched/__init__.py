@@ -4,15 +4,11 @@ The vocabulary (catalog, fleet model, GPU requests, errors) is re-exported here;
 edges and Airflow faces live in their sub-packages (see ARCHITECTURE.md).
 """
 
-from typing import TYPE_CHECKING, Any
-
 from gpusched.catalog import AcceleratorModel, Catalog, LinkKind, Vendor, default_catalog
 from gpusched.errors import GPURequestError, GpuschedError
+from gpusched.hardware.envexport import devices_env  # pure (vocabulary only): cheap at DAG parse
 from gpusched.model import Device, DeviceSample, DeviceShare, DeviceUsage, FleetSnapshot, Health, Node
 from gpusched.request import GPURequest, Interconnect, Partition
-
-if TYPE_CHECKING:
-    from gpusched.hardware.envexport import devices_env
 
 __version__ = "0.1.0"  # the release; pyproject.toml reads it (one source)
 
@@ -37,15 +33,3 @@ __all__ = [
     "default_catalog",
     "devices_env",
 ]
-
-__version__ = "0.1.0"
-
-
-def __getattr__(name: str) -> Any:
-    # devices_env lives with the vendor backends (gpusched.hardware); imported on first use so that
-    # parsing a DAG (which imports gpusched) never loads the hardware package.
-    if name == "devices_env":
-        from gpusched.hardware.envexport import devices_env
-
-        return devices_env
-    raise AttributeError(f"module 'gpusched' has no attribute {name!r}")

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from gpusched import __version__
 from gpusched.errors import GpuschedError
 
 __all__ = ["COMMANDS", "main"]
@@ -41,8 +42,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    from gpusched import __version__
-
     parser = _Parser(prog="gpusched", description="GPU-aware scheduling for Airflow")
     parser.add_argument("--version", action="version", version=f"gpusched {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

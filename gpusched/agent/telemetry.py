@@ -15,23 +15,22 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpusched.agent.prometheus import TenantBudget, exposition, metric_families, scheduling_families
 from gpusched.capacity.mig_plan import plan_repartition
 from gpusched.capacity.scaling import react_to_waiting
 from gpusched.errors import HardwareError, TelemetryError
 from gpusched.faults.alerts import Action, ActionKind, AlertConfig, evaluate
-from gpusched.faults.remediation import TaskStopper, apply_actions
+from gpusched.faults.remediation import apply_actions
+from gpusched.faults.stopping import TaskStopper
 from gpusched.hardware.base import HardwareBackend
+from gpusched.hardware.mig_provider import MigProvider
+from gpusched.ledger import Ledger
 from gpusched.model import DeviceSample, FleetSnapshot
 from gpusched.quota.file import load_quota_policy
 from gpusched.quota.policy import UNITS_PER_A100_HOUR
 from gpusched.quota.usage import period_start, spans_of, tenant_usage
-
-if TYPE_CHECKING:
-    from gpusched.hardware.mig_provider import MigProvider
-    from gpusched.ledger import Ledger
 
 __all__ = ["CycleResult", "TelemetryAgent", "sample_once"]
 

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpusched.airflow import api_views
+from gpusched.airflow.ui_page import render_page, security_headers
+from gpusched.ledger import Ledger
 from gpusched.paths import state_dir
 from gpusched.quota.file import load_quota_policy, quota_file
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
-
-    from gpusched.ledger import Ledger
 
 __all__ = ["URL_PREFIX", "LazyApp", "create_app", "load_forecast", "load_quota_policy"]
 
@@ -82,8 +82,6 @@ class _LedgerHolder:
     def get(self) -> Ledger:
         with self._lock:
             if self._ledger is None:
-                from gpusched.ledger import Ledger
-
                 ledger = Ledger(self._url)
                 ledger.migrate()
                 self._ledger = ledger
@@ -101,8 +99,6 @@ def create_app(ledger_url: str | None = None) -> FastAPI:
     from airflow.api_fastapi.core_api.security import requires_authenticated
     from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
     from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-
-    from gpusched.airflow.ui_page import render_page, security_headers
 
     holder = _LedgerHolder(ledger_url)
     app = FastAPI(

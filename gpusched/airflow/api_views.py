@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from urllib.parse import quote
 
-from gpusched.model import MILLI, Health
+from gpusched.ledger import Allocation, QueueEntry
+from gpusched.model import MILLI, Device, DeviceSample, FleetSnapshot, Health, Node
+from gpusched.quota import usage as quota_usage
+from gpusched.quota.policy import UNITS_PER_A100_HOUR, QuotaPolicy, partition_capacity
 from gpusched.request import Partition
-
-if TYPE_CHECKING:
-    from gpusched.ledger import Allocation, QueueEntry
-    from gpusched.model import Device, DeviceSample, FleetSnapshot, Node
-    from gpusched.quota.policy import QuotaPolicy
+from gpusched.scheduler.keys import parse_ti_key
 
 __all__ = [
     "DEVICE_STATES",
@@ -205,10 +205,6 @@ def allocations_view(allocations: Sequence[Allocation], now: float) -> list[dict
 def task_link(key: str) -> dict[str, Any] | None:
     """The Airflow task instance a ledger key names, with its page in the Airflow UI (a path
     under the UI's root), or None for keys that are not Airflow task tries."""
-    from urllib.parse import quote
-
-    from gpusched.scheduler.keys import parse_ti_key
-
     parts = parse_ti_key(key)
     if parts is None:
         return None
@@ -281,10 +277,7 @@ def tenant_usage(
 ) -> dict[str, int]:
     """Normalised usage (A100-equivalent milli-GPU-seconds) per tenant since ``period_start``
     (:func:`gpusched.quota.usage.tenant_usage` over the allocations)."""
-    from gpusched.quota.usage import spans_of
-    from gpusched.quota.usage import tenant_usage as usage
-
-    return usage(spans_of(history), snapshot, period_start, now)
+    return quota_usage.tenant_usage(quota_usage.spans_of(history), snapshot, period_start, now)
 
 
 def quotas_view(
@@ -296,8 +289,6 @@ def quotas_view(
     period_start: float,
 ) -> dict[str, Any]:
     """Partitions (share, capacity, use, borrowing, waiting demand) and tenant budgets."""
-    from gpusched.quota.policy import UNITS_PER_A100_HOUR, partition_capacity
-
     capacity = partition_capacity(snapshot)
     used = dict.fromkeys(Partition, 0)
     for alloc in active:
@@ -343,6 +334,4 @@ def quotas_view(
 
 def period_start(now: float, period_s: int) -> float:
     """Start of the budget period holding ``now`` (:func:`gpusched.quota.usage.period_start`)."""
-    from gpusched.quota.usage import period_start as start
-
-    return start(now, period_s)
+    return quota_usage.period_start(now, period_s)

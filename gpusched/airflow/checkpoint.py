@@ -38,6 +38,10 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from gpusched.ledger import Ledger
+from gpusched.ledger.engine import default_url
+from gpusched.scheduler.keys import task_of
+
 __all__ = [
     "NO_CHECKPOINT", "PREEMPTED_VAR", "allocation_key", "on_preempt", "preempted", "report", "resume",
     "wait_for_stop",
@@ -71,9 +75,6 @@ def allocation_key() -> str | None:
 
 
 def _ledger() -> Any:
-    from gpusched.ledger import Ledger
-    from gpusched.ledger.engine import default_url
-
     url = default_url()
     if url not in _ledgers:
         _ledgers[url] = Ledger(url, lock_wait_s=10.0)
@@ -82,7 +83,6 @@ def _ledger() -> Any:
 
 def report(step: int | None = None, *, path: str | None = None) -> bool:
     """Record that this try saved a checkpoint now (False outside a gpusched allocation)."""
-    from gpusched.scheduler.keys import task_of
 
     key = allocation_key()
     if key is None:
@@ -94,7 +94,6 @@ def report(step: int | None = None, *, path: str | None = None) -> bool:
 def resume() -> Any:
     """The newest checkpoint an earlier try of this task instance reported (``.step``, ``.path``,
     ``.at``), or None."""
-    from gpusched.scheduler.keys import task_of
 
     key = allocation_key()
     if key is None:

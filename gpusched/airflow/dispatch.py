@@ -20,6 +20,10 @@ import os
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Protocol
 
+from gpusched.hardware.envexport import ALLOCATION_VAR
+from gpusched.ledger import Ledger
+from gpusched.ledger.liveness import current_process
+
 __all__ = ["EnvApplyingQueue", "QueueLike", "apply_env", "record_worker", "restore_env", "run_gpu_worker"]
 
 _log = logging.getLogger("gpusched.dispatch")
@@ -109,14 +113,11 @@ _worker_ledger: Any = None
 def record_worker(env: Mapping[str, str]) -> None:
     """Record this process as the ``worker`` holder of the allocation named in ``env`` (never raises)."""
     global _worker_ledger
-    from gpusched.hardware.envexport import ALLOCATION_VAR
 
     try:
         key = json.loads(env.get(ALLOCATION_VAR) or "{}").get("key")
         if not key:
             return
-        from gpusched.ledger import Ledger
-        from gpusched.ledger.liveness import current_process
 
         if _worker_ledger is None:
             _worker_ledger = Ledger(lock_wait_s=10.0)

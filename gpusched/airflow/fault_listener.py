@@ -1,7 +1,7 @@
 """Task-side listener of the fault chain: register the running try, record a failed one.
 
 ``on_task_instance_running`` (in the task process) registers the process id under the task key
-(:class:`gpusched.faults.remediation.PidRegistry`), so ``gpusched agent`` on this host can stop the task
+(:class:`gpusched.faults.stopping.PidRegistry`), so ``gpusched agent`` on this host can stop the task
 when an alert rule says so. ``on_task_instance_failed`` (task process; scheduler for a task that
 never started; called for ``up_for_retry`` as well as ``failed``) records a
 :class:`gpusched.faults.failures.FailureRecord` — task identity, devices, request, log tail and the
@@ -26,7 +26,14 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
-from gpusched.airflow.authoring import is_gpu_task
+from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
+from gpusched.airflow.task_log import task_log_path
+from gpusched.faults.failures import FailureRecord, record_failure
+from gpusched.faults.stopping import PidRegistry
+from gpusched.hardware.envexport import allocation_from_env
+from gpusched.ledger import Ledger
+from gpusched.scheduler.keys import ti_key_of
+from gpusched.settings import env_bool
 
 __all__ = [
     "build_failure_record",
@@ -52,7 +59,6 @@ def read_log_tail(task_instance: Any, base_folder: str | None = None) -> str:
 
     Airflow 3 writes JSON lines; their ``event`` text is returned, one per line.
     """
-    from gpusched.airflow.task_log import task_log_path
 
     path = task_log_path(task_instance, base_folder)
     if path is None:
@@ -77,10 +83,6 @@ def read_log_tail(task_instance: Any, base_folder: str | None = None) -> str:
 
 def build_failure_record(task_instance: Any, error: Any, ledger: Any) -> Any:
     """The :class:`~gpusched.faults.failures.FailureRecord` of this failed try."""
-    from gpusched.airflow.authoring import request_from_executor_config
-    from gpusched.faults.failures import FailureRecord
-    from gpusched.hardware.envexport import allocation_from_env
-    from gpusched.scheduler.keys import ti_key_of
 
     key = ti_key_of(task_instance)
     allocation = ledger.get(key)
@@ -120,9 +122,6 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
     if not is_gpu_task(task_instance):
         return
     try:
-        from gpusched.faults.remediation import PidRegistry
-        from gpusched.scheduler.keys import ti_key_of
-
         PidRegistry().register(ti_key_of(task_instance))
     except Exception:
         _log.exception("gpusched: could not register the task process for alert actions")
@@ -134,9 +133,6 @@ def on_task_instance_success(previous_state: Any, task_instance: Any) -> None:
     if not is_gpu_task(task_instance):
         return
     try:
-        from gpusched.faults.remediation import PidRegistry
-        from gpusched.scheduler.keys import ti_key_of
-
         PidRegistry().unregister(ti_key_of(task_instance))
     except Exception:
         _log.exception("gpusched: could not unregister the task process")
@@ -148,11 +144,8 @@ def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any)
     if not is_gpu_task(task_instance):
         return
     try:
-        from gpusched.faults.failures import record_failure
-        from gpusched.faults.remediation import PidRegistry, handle_failure
-        from gpusched.ledger import Ledger
-        from gpusched.scheduler.keys import ti_key_of
-        from gpusched.settings import env_bool
+        # local: remediation loads placement (numpy), wanted only when a GPU task fails, not at plugin load
+        from gpusched.faults.remediation import handle_failure
 
         PidRegistry().unregister(ti_key_of(task_instance))
         ledger = Ledger()

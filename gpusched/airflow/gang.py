@@ -27,7 +27,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpusched.airflow.authoring import gpu
 from gpusched.errors import GPURequestError
+from gpusched.request import REQUEST_KEYS
 from gpusched.scheduler.gangs import GANG_KEY, GANG_SCOPES
 
 __all__ = ["gang_task"]
@@ -52,7 +54,6 @@ def gang_task(
     Raises:
         GPURequestError: at parse time, for a bad size, scope or request field.
     """
-    from gpusched.request import REQUEST_KEYS
 
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 2:
         raise GPURequestError("nodes", nodes, "an integer >= 2 (one member task per node)")
@@ -70,8 +71,6 @@ def gang_task(
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
         from airflow.sdk import task
-
-        from gpusched.airflow.authoring import gpu
 
         name = str(task_kwargs.pop("task_id", fn.__name__))
         per_node = gpu(gpus=gpus_per_node, interconnect="same_node", **request_kwargs)

@@ -29,7 +29,12 @@ from airflow.listeners import hookimpl
 
 from gpusched.airflow.authoring import is_gpu_task
 from gpusched.errors import WrongHostError
-from gpusched.hardware.envexport import ALLOCATION_VAR, allocation_from_env
+from gpusched.hardware.envexport import ALLOCATION_VAR, allocation_from_env, devices_env
+from gpusched.ledger import Ledger
+from gpusched.ledger.engine import default_url
+from gpusched.ledger.hosts import LAUNCH_EVENT
+from gpusched.ledger.liveness import current_process
+from gpusched.scheduler.keys import ti_key_of
 
 __all__ = [
     "HOST_VAR",
@@ -65,8 +70,6 @@ _LEDGERS: dict[str, Any] = {}
 
 def _ledger() -> Any:
     """One ledger per task process (export and release share its connection pool)."""
-    from gpusched.ledger import Ledger
-    from gpusched.ledger.engine import default_url
 
     url = default_url()
     if url not in _LEDGERS:
@@ -83,7 +86,6 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
 
     Returns None for a task that asked for no GPU, or when no allocation is found.
     """
-    from gpusched.scheduler.keys import ti_key_of
 
     env = os.environ if environ is None else environ
     key = ti_key_of(task_instance)
@@ -93,8 +95,6 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
     if allocation is None:
         if not is_gpu_task(task_instance):
             return None
-        from gpusched.hardware.envexport import devices_env
-        from gpusched.ledger.hosts import LAUNCH_EVENT
 
         host = os.environ.get(HOST_VAR, "").strip()
         ledger = _ledger()
@@ -141,7 +141,6 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
 
 def release_devices(task_instance: Any, reason: str) -> bool:
     """Release the task's allocation in the ledger; True when one was active."""
-    from gpusched.scheduler.keys import ti_key_of
 
     key = ti_key_of(task_instance)
     allocation = allocation_from_env(os.environ)
@@ -176,8 +175,6 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
 
 def record_task_process(task_instance: Any) -> bool:
     """Record this process as the ``task`` holder of the task's active allocation."""
-    from gpusched.ledger.liveness import current_process
-    from gpusched.scheduler.keys import ti_key_of
 
     return bool(_ledger().attach_process(ti_key_of(task_instance), current_process("task")))
 

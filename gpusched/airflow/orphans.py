@@ -10,13 +10,12 @@ metadata database, and :func:`reconcile_holder` applies the decisions to the led
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
+from gpusched.ledger import Ledger
+from gpusched.ledger.liveness import holders_alive
 from gpusched.ledger.records import Allocation
-from gpusched.scheduler.keys import TaskKeyParts, parse_ti_key
-
-if TYPE_CHECKING:
-    from gpusched.ledger import Ledger
+from gpusched.scheduler.keys import KEY_PREFIX, TaskKeyParts, parse_ti_key, ti_key_of
 
 __all__ = ["LIVE_STATES", "TaskView", "reconcile_holder", "stale_reason", "task_state", "task_views"]
 
@@ -90,7 +89,6 @@ def task_views(keys: Iterable[str]) -> dict[str, TaskView]:
 
 def task_state(airflow_key: Any) -> str | None:
     """The state Airflow records now for the try ``airflow_key`` (a TaskInstanceKey), if still current."""
-    from gpusched.scheduler.keys import ti_key_of
 
     view = task_views([ti_key_of(airflow_key)]).get(ti_key_of(airflow_key))
     if view is None or view.try_number != int(airflow_key.try_number):
@@ -113,8 +111,6 @@ def reconcile_holder(
     left alone: the executor tracks those itself. Waiting records of tasks no longer queued are
     dropped. Returns the released keys.
     """
-    from gpusched.ledger.liveness import holders_alive
-    from gpusched.scheduler.keys import KEY_PREFIX
 
     mine = set(dispatched) | set(waiting)
     candidates = [

@@ -18,13 +18,12 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gpusched.model import Health
+from gpusched.errors import ConfigurationError
+from gpusched.model import FleetSnapshot, Health
+from gpusched.quota.file import load_quota_policy
 from gpusched.request import Partition
-
-if TYPE_CHECKING:
-    from gpusched.model import FleetSnapshot
 
 __all__ = [
     "DEFAULT_SPLIT_PERMILLE",
@@ -87,7 +86,6 @@ def desired_pool_slots(
     Raises:
         ConfigurationError: the split does not name every partition or does not sum to 1000.
     """
-    from gpusched.errors import ConfigurationError
 
     shares = dict(split if split is not None else DEFAULT_SPLIT_PERMILLE)
     if set(shares) != set(Partition) or sum(shares.values()) != 1000 or min(shares.values()) < 0:
@@ -169,7 +167,6 @@ def sync_pools(
 
 def _configured_split() -> dict[Partition, int]:
     """Per-mille shares of the configured quota policy (:mod:`gpusched.quota.file`)."""
-    from gpusched.quota.file import load_quota_policy
 
     return {p: pct * 10 for p, pct in load_quota_policy().shares_pct.items()}
 

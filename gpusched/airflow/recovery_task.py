@@ -18,6 +18,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from gpusched.airflow.rest import AirflowApi
+from gpusched.faults.failures import HANDLED, pending_failures
+from gpusched.faults.remediation import handle_failure
+from gpusched.ledger import Ledger
+
 __all__ = ["run_recovery"]
 
 _log = logging.getLogger("gpusched.recovery_task")
@@ -26,9 +31,6 @@ RETRY_REQUESTED = "retry_requested"
 
 def run_recovery(ledger: Any = None, api: Any = None, *, max_attempts: int = 3) -> dict[str, Any]:
     """Handle pending failures; returns a JSON-safe summary (handled, retried, errors)."""
-    from gpusched.faults.failures import HANDLED, pending_failures
-    from gpusched.faults.remediation import handle_failure
-    from gpusched.ledger import Ledger
 
     own = ledger is None
     ledger = ledger or Ledger()
@@ -52,8 +54,6 @@ def run_recovery(ledger: Any = None, api: Any = None, *, max_attempts: int = 3) 
             requested.add(event.subject)
             try:
                 if api is None:
-                    from gpusched.airflow.rest import AirflowApi
-
                     api = AirflowApi()
                 api.clear_task(str(detail["dag_id"]), str(detail["run_id"]), str(detail["task_id"]))
             except Exception as exc:  # report and move on; the next run tries again

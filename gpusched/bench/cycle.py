@@ -35,6 +35,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
+from gpusched.ledger import Ledger
+from gpusched.model import DeviceShare
+from gpusched.placement import Policy
+from gpusched.placement.warm import WarmPlacement
+from gpusched.placement.workload import SteadyWorkload
+from gpusched.quota.policy import QuotaState
+from gpusched.request import GPURequest
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide, running_tasks
 from gpusched.sim.metrics import percentile
 
 __all__ = ["cycle_png", "cycle_table", "run_cycle_latency"]
@@ -63,12 +72,6 @@ def _one_size(
     folder: Path, n: int, gpus_per_node: int, cycles: int, pending: int, busy: float, seed: int,
     progress: bool,
 ) -> dict[str, Any]:
-    from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
-    from gpusched.ledger import Ledger
-    from gpusched.placement import Policy
-    from gpusched.placement.warm import WarmPlacement
-    from gpusched.placement.workload import SteadyWorkload
-
     url = f"sqlite:///{folder / 'ledger.db'}"
     rng = random.Random(seed)
     inventory = synthetic_fleet(n, gpus_per_node, seed, used_fraction=0.0).nodes
@@ -115,9 +118,6 @@ def _one_size(
 def _timed_cycle(
     ledger: Any, waiting: Sequence[Any], policy: Any, warm: Any, steady: Any, times: dict[str, list[float]]
 ) -> None:
-    from gpusched.quota.policy import QuotaState
-    from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide, running_tasks
-
     wall, cpu = time.perf_counter(), time.process_time()
     snapshot, active = ledger.cycle_view()
     busy = running_tasks(active)
@@ -157,9 +157,6 @@ def _churn(ledger: Any, running: list[str], inventory: Sequence[Any], rng: rando
 
 
 def _allocate(ledger: Any, node: Any, take: int, rng: random.Random) -> str:
-    from gpusched.model import DeviceShare
-    from gpusched.request import GPURequest
-
     # Each node holds at most one bench allocation at a time, so the devices are free.
     devices = rng.sample(list(node.devices), take)
     key = f"run-{node.name}-{rng.getrandbits(40):x}"

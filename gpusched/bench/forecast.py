@@ -17,13 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpusched.capacity.forecast import backtest, fit_forecast, load_philly_demand, plot_forecast
+from gpusched.sim.prescale import PrescaleConfig, compare
+
 __all__ = ["measure", "run"]
 
 
 def run(trace: Path, *, origins: int = 14, horizon: int = 24, plot: Path | None = None,
         progress: bool = True) -> dict[str, Any]:
     """Backtest on the trace's hourly demand, refit the chosen model, plot; returns the figures."""
-    from gpusched.capacity.forecast import backtest, fit_forecast, load_philly_demand, plot_forecast
 
     series = load_philly_demand(trace)
     result = backtest(series, horizon=horizon, origins=origins, spacing=96, progress=progress)
@@ -53,8 +55,6 @@ def measure(trace: Path, *, origins: int = 14, horizon: int = 24, plot: Path | N
     """:func:`run`, then (unless ``prescale`` is false) predictive vs reactive pre-scaling."""
     result = run(trace, origins=origins, horizon=horizon, plot=plot, progress=progress)
     if prescale:
-        from gpusched.sim.prescale import PrescaleConfig, compare
-
         if progress:
             print("pre-scaling simulation (reactive, then predictive)…", file=sys.stderr)
         result["prescale"] = compare(PrescaleConfig(provisioning_delay_s=delay_s,

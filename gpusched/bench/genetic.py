@@ -27,6 +27,13 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
+from gpusched.catalog import default_catalog
+from gpusched.model import DeviceShare
+from gpusched.placement import PendingTask, PlacementRequest, Policy, place
+from gpusched.placement.genetic import optimise, optimise_with_report
+from gpusched.quota.policy import QuotaState
+
 __all__ = ["measure", "replay", "run"]
 
 
@@ -43,10 +50,6 @@ def run(
     seed: int = 0, progress: bool = True, weights: tuple[float, float, float] = (1.0, 1.0, 0.1),
 ) -> dict[str, Any]:
     """Latency and objective gain over ``runs`` batches (see the module docstring)."""
-    from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
-    from gpusched.placement import PlacementRequest, Policy, place
-    from gpusched.placement.genetic import optimise_with_report
-    from gpusched.quota.policy import QuotaState
 
     fleet = synthetic_fleet(nodes, seed=seed)
     policy = Policy.named(policy_name)
@@ -111,13 +114,6 @@ def replay(
 ) -> dict[str, Any]:
     """Replay a synthetic stream with greedy (``optimiser=False``) or greedy + optimiser plans."""
     import random
-
-    from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
-    from gpusched.catalog import default_catalog
-    from gpusched.model import DeviceShare
-    from gpusched.placement import PendingTask, PlacementRequest, Policy, place
-    from gpusched.placement.genetic import optimise
-    from gpusched.quota.policy import QuotaState
 
     catalog = default_catalog()
     fleet = synthetic_fleet(nodes, seed=seed, used_fraction=0.0)

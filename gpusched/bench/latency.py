@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.model import FleetSnapshot
 from gpusched.placement import PendingTask, PlacementRequest, Placer, Policy, place
 from gpusched.quota.policy import QuotaState
@@ -46,7 +47,6 @@ def run_latency(
     figures also at the top level) and the same in CPU time of this process (``cpu_p50_ms``,
     ``cpu_p99_ms``), which a busy shared machine does not inflate.
     """
-    from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 
     policy = Policy.named(policy_name)
     requests = synthetic_requests(samples, seed=seed)

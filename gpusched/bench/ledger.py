@@ -29,6 +29,7 @@ import uuid
 from gpusched.catalog import Vendor
 from gpusched.errors import AllocationConflictError
 from gpusched.ledger import Ledger
+from gpusched.ledger.audit import audit
 from gpusched.model import Device, DeviceShare, Node
 from gpusched.request import GPURequest
 
@@ -73,7 +74,6 @@ def _worker(args: tuple[str, int, int]) -> tuple[int, int, float, int]:
 
 def _violations(url: str) -> int:
     """Over-commitments and doubly held keys, replaying the whole history in commit order."""
-    from gpusched.ledger.audit import audit
 
     with Ledger(url) as led:
         found = audit(led)

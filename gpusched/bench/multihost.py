@@ -35,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpusched.deploy.multihost_cluster import LocalCluster
+from gpusched.ledger import Ledger
 
 REPO = Path(__file__).resolve().parents[2]  # gpusched/bench/ → the repository
 
@@ -177,8 +178,6 @@ def _summary(runs: list[tuple[list[float], float, float]]) -> dict[str, float]:
 
 
 def _death(cluster: LocalCluster, round_no: int) -> dict[str, float | str]:
-    from gpusched.ledger import Ledger
-
     run_id = cluster.trigger("bench_death")
     safe = run_id.replace(":", "_")
     first = cluster.out / f"{safe}-1.host"

@@ -42,6 +42,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpusched.faults.failures import FailureRecord, load_overrides, record_failure
+from gpusched.faults.remediation import handle_failure
+from gpusched.hardware.simulated import SimulatedBackend
+from gpusched.ledger import Ledger
+from gpusched.model import Health
+from gpusched.placement import Policy
+from gpusched.quota.policy import QuotaState
+from gpusched.request import GPURequest
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide, running_tasks
+from gpusched.scheduler.keys import ti_key
+
 __all__ = ["TASK_SCRIPT", "Trial", "run_trial"]
 
 TASK_SCRIPT = r"""
@@ -118,16 +129,6 @@ def run_trial(
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> Trial:
     """Run one trial in the current ``AIRFLOW_HOME`` (fresh state expected); see the module doc."""
-    from gpusched.faults.failures import FailureRecord, load_overrides, record_failure
-    from gpusched.faults.remediation import handle_failure
-    from gpusched.hardware.simulated import SimulatedBackend
-    from gpusched.ledger import Ledger
-    from gpusched.model import Health
-    from gpusched.placement import Policy
-    from gpusched.quota.policy import QuotaState
-    from gpusched.request import GPURequest
-    from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide, running_tasks
-    from gpusched.scheduler.keys import ti_key
 
     backend = SimulatedBackend()
     ledger = Ledger()

@@ -26,8 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpusched.airflow.rest import AirflowApi
 from gpusched.deploy.airflow_instance import free_port, scheduler_healthy, wait_until
 from gpusched.errors import AirflowBootError
+from gpusched.hardware.simulated import SimulatedBackend
+from gpusched.ledger import Ledger
+from gpusched.model import Health
 
 REPO = Path(__file__).resolve().parents[2]  # gpusched/bench/ → the repository
 DAG_ID = "bench_gpu_fault"
@@ -179,11 +183,6 @@ def main() -> int:
     )
     trials: list[dict[str, Any]] = []
     try:
-        from gpusched.airflow.rest import AirflowApi
-        from gpusched.hardware.simulated import SimulatedBackend
-        from gpusched.ledger import Ledger
-        from gpusched.model import Health
-
         started = time.monotonic()
         url = f"http://localhost:{port}"
         _wait("Airflow to be healthy", lambda: scheduler_healthy(url), 300, airflow, log)
@@ -263,8 +262,6 @@ def main() -> int:
 
 def _leak_check(api: Any, dag_path: str, bench: Path, airflow: subprocess.Popen[bytes], log: Path
                 ) -> dict[str, Any]:
-    from gpusched.ledger import Ledger
-
     run_id = api.call("POST", f"{dag_path}/dagRuns", {"logical_date": None})["dag_run_id"]
     started = bench / f"leak_{run_id}.json"
     _wait("the leaking task to run", started.exists, 180, airflow, log)

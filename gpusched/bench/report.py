@@ -12,6 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpusched.bench.calibration import read_published_seeds, report_sections
+from gpusched.bench.headroom import bound_medians, headroom_section
+
 __all__ = ["gavel_report", "latency_report", "openb_report", "philly_report", "read_published_openb"]
 
 _OPENB_COLUMNS = ("random", "best-fit", "gpusched", "fgd", "fgd-full", "fgd-lookahead", "fgd-memory")
@@ -155,7 +158,6 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
                 hatch="//" if pub_key else None,
                 alpha=0.85,
             )
-        from gpusched.bench.headroom import bound_medians
 
         bounds = bound_medians(runs)
         ax.scatter(  # no placement of the same arrivals can read lower (sim/packing_bound.py)
@@ -172,8 +174,6 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
     text = "\n".join(lines) + "\n\n![openb](openb_unallocated.png)\n"
     per_seed = folder / "published_per_seed.tsv"
     if per_seed.exists():  # the rank tests need the published runs seed by seed
-        from gpusched.bench.calibration import read_published_seeds, report_sections
-        from gpusched.bench.headroom import headroom_section
 
         by_seed = read_published_seeds(per_seed)
         text += "\n" + "\n".join(report_sections(runs, per_seed) + headroom_section(runs, by_seed))

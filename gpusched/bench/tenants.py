@@ -32,10 +32,18 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.bench.tenants_measure import a100_equiv_per_device, measure_run
+from gpusched.durations import DurationModel
 from gpusched.errors import TraceError
+from gpusched.placement import Policy
+from gpusched.quota.file import read_quota_policy
 from gpusched.quota.policy import DEFAULT_SHARES, QuotaPolicy
 from gpusched.request import Partition
-from gpusched.sim.engine import SimJob, SimResult
+from gpusched.sim.engine import SimJob, SimResult, simulate, with_expected_durations
+from gpusched.sim.fleets import uniform_fleet
+from gpusched.sim.jobs import trace_jobs
+from gpusched.sim.overbudget import SimOverBudget
+from gpusched.sim.preempt import SimPreemption
+from gpusched.sim.traces import load_philly_jobs
 
 __all__ = ["WEEK_S", "Replay", "assign_partitions", "budgets_for", "demand_hours", "measure_tenants",
            "replay_tenants", "run_tenants"]
@@ -120,15 +128,6 @@ def replay_tenants(
     quota run does with running work whose tenant crosses its budget
     (:class:`~gpusched.sim.overbudget.SimOverBudget`).
     """
-    from gpusched.durations import DurationModel
-    from gpusched.placement import Policy
-    from gpusched.quota.file import read_quota_policy
-    from gpusched.sim.engine import simulate, with_expected_durations
-    from gpusched.sim.fleets import uniform_fleet
-    from gpusched.sim.jobs import trace_jobs
-    from gpusched.sim.overbudget import SimOverBudget
-    from gpusched.sim.preempt import SimPreemption
-    from gpusched.sim.traces import load_philly_jobs
 
     start = datetime.strptime(window[0], "%Y-%m-%d").replace(tzinfo=UTC)
     end = datetime.strptime(window[1], "%Y-%m-%d").replace(tzinfo=UTC)

@@ -15,9 +15,11 @@ from typing import Any
 
 from gpusched.catalog import default_catalog
 from gpusched.model import FleetSnapshot
-from gpusched.quota.policy import QuotaPolicy, physical_milli
+from gpusched.quota.policy import UNITS_PER_A100_HOUR, QuotaPolicy, physical_milli
+from gpusched.quota.usage import UsageSpan, period_start, tenant_usage
 from gpusched.request import Partition
 from gpusched.sim.engine import SimJob, SimResult
+from gpusched.sim.metrics import summarize
 
 __all__ = ["a100_equiv_per_device", "measure_run", "partition_rows", "tenant_rows"]
 
@@ -68,8 +70,6 @@ def _shortfall_grid(result: SimResult, jobs: Mapping[str, SimJob], policy: Quota
     ``min(its share, its eligible demand)``; eligible = running + waiting work that its tenant's
     budget would let start then (the executor's ``check_budget`` over use + committed + cost)."""
     import numpy as np
-
-    from gpusched.quota.usage import period_start
 
     equiv = a100_equiv_per_device(result.fleet) * 1000  # normalised milli per whole device
     tenants = sorted({j.request.tenant for j in jobs.values()})
@@ -178,8 +178,6 @@ def tenant_rows(result: SimResult, jobs: Mapping[str, SimJob], policy: QuotaPoli
                 largest: Mapping[str, float], demand: Mapping[str, float],
                 week_start: float) -> dict[str, Any]:
     """Per tenant: budget, use in the replay week's period and in the worst period, overshoot."""
-    from gpusched.quota.policy import UNITS_PER_A100_HOUR
-    from gpusched.quota.usage import UsageSpan, period_start, tenant_usage
 
     spans = [UsageSpan(jobs[r.key].request.tenant, jobs[r.key].request.partition, shares, start, end)
              for r in result.records for start, end, shares in r.segments]
@@ -213,8 +211,6 @@ def tenant_rows(result: SimResult, jobs: Mapping[str, SimJob], policy: QuotaPoli
 def measure_run(result: SimResult, jobs: Mapping[str, SimJob], policy: QuotaPolicy,
              largest: Mapping[str, float], demand: Mapping[str, float],
              lo: float, hi: float, enforced: bool) -> dict[str, Any]:
-    from gpusched.sim.metrics import summarize
-
     tenants = tenant_rows(result, jobs, policy, largest, demand, lo)
     parts = partition_rows(result, jobs, policy, lo, hi, enforced=enforced)
     summary = summarize(result)

@@ -18,6 +18,7 @@ from typing import Any
 from gpusched.capacity.forecast import Forecast
 from gpusched.errors import ScalingError
 from gpusched.model import FleetSnapshot, Node
+from gpusched.placement.feasible import feasible
 from gpusched.request import GPURequest
 
 __all__ = [
@@ -205,7 +206,6 @@ def standby_for_waiting(
     standby node helps are not served here. Longest-waiting tasks choose first; a node chosen
     for one task is offered to the next ones too.
     """
-    from gpusched.placement.feasible import feasible
 
     current = snapshot
     chosen: list[str] = []

@@ -28,6 +28,15 @@ import time
 from types import MappingProxyType
 from typing import Any
 
+from gpusched.catalog import Vendor
+from gpusched.commands.args import finite_float, port
+from gpusched.errors import ConfigurationError
+from gpusched.faults.alerts import AlertConfig
+from gpusched.faults.stopping import PidStopper
+from gpusched.hardware.detect import detect_backend
+from gpusched.hardware.host_slice import HostSlice
+from gpusched.hardware.mig_provider import mig_provider_from_spec
+
 __all__ = ["register", "run"]
 
 
@@ -38,7 +47,6 @@ def register(subparsers: Any) -> None:
         description="Per-host telemetry agent: sampling, alert rules and a Prometheus endpoint "
                     "with DCGM-compatible metric names.",
     )
-    from gpusched.commands.args import finite_float, port
 
     parser.add_argument("--interval", type=finite_float(0.0, 86_400.0, strict_min=True), default=10.0,
                         help="seconds between cycles (default 10)")
@@ -80,10 +88,6 @@ def register(subparsers: Any) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from gpusched.catalog import Vendor
-    from gpusched.errors import ConfigurationError
-    from gpusched.faults.alerts import AlertConfig
-
     limits = dict(AlertConfig().temperature_limits_mc)
     for item in args.temp_limit:
         vendor, _, value = item.partition("=")
@@ -103,10 +107,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the agent; returns the exit code."""
     import os
 
+    # local: the ledger (sqlalchemy) and prometheus_client load when the agent runs, not at `gpusched --help`
     from gpusched.agent.prometheus import MetricsServer
     from gpusched.agent.telemetry import TelemetryAgent
-    from gpusched.faults.remediation import PidStopper
-    from gpusched.hardware.detect import detect_backend
     from gpusched.ledger import Ledger
 
     config = _config(args)
@@ -119,8 +122,6 @@ def run(args: argparse.Namespace) -> int:
     ledger.migrate()
     heartbeat = None
     if host:
-        from gpusched.hardware.host_slice import HostSlice
-
         backend = HostSlice(backend, host)
         ledger.register_host(host, backend.discover(), stale_after_s=args.host_timeout,
                              address=_address(args.address))
@@ -128,7 +129,6 @@ def run(args: argparse.Namespace) -> int:
         if not args.once:
             heartbeat = _Heartbeat(ledger, host, args.heartbeat)
             heartbeat.start()
-    from gpusched.hardware.mig_provider import mig_provider_from_spec
 
     agent = TelemetryAgent(backend, ledger, config=config, window_s=args.window,
                            stopper=None if args.no_stop else PidStopper(),

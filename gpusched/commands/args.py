@@ -67,20 +67,23 @@ def comma_list(text: str) -> frozenset[str]:
     return items
 
 
-def policy_name(text: str) -> str:
-    """A placement policy preset (see :meth:`gpusched.placement.Policy.names`)."""
+def _preset_names() -> tuple[str, ...]:
+    # local: the placement package loads numpy; `gpusched ledger|agent|inventory` parse without it
     from gpusched.placement import Policy
 
+    return Policy.names()
+
+
+def policy_name(text: str) -> str:
+    """A placement policy preset (see :meth:`gpusched.placement.Policy.names`)."""
     name = text.strip().lower()
-    if name not in Policy.names():
-        names = ", ".join(Policy.names())
+    if name not in _preset_names():
+        names = ", ".join(_preset_names())
         raise argparse.ArgumentTypeError(f"unknown policy {text[:40]!r}; use one of: {names}")
     return name
 
 
 def policy_help(what: str = "placement policy") -> str:
     """Help text for a ``--policy`` option that lists the preset names."""
-    from gpusched.placement import Policy
-
-    names = Policy.names()
+    names = _preset_names()
     return f"{what}: {', '.join(names)} (default {names[0]})"

@@ -10,12 +10,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gpusched.commands.args import finite_float, int_range
+from gpusched.commands.bench import emit
+
 __all__ = ["register_bench"]
 
 
 def register_bench(bench_subparsers: Any) -> None:
     """Add ``cycle`` under ``gpusched bench``."""
-    from gpusched.commands.args import finite_float, int_range
 
     parser = bench_subparsers.add_parser(
         "cycle", help="one executor scheduling cycle (ledger read + decision): fresh vs kept engine")
@@ -38,8 +40,8 @@ def register_bench(bench_subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    # local: the harness loads the ledger (sqlalchemy); not at `gpusched --help`
     from gpusched.bench.cycle import cycle_png, cycle_table, run_cycle_latency
-    from gpusched.commands.bench import emit
 
     sizes = [args.nodes] + ([n for n in (100, 10000) if n != args.nodes] if args.sweep else [])
     result = run_cycle_latency(sorted(sizes), gpus_per_node=args.gpus_per_node, cycles=args.cycles,

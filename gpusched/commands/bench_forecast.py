@@ -12,6 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpusched.bench.forecast import measure
+from gpusched.capacity.forecast import MODELS
+from gpusched.commands.args import int_range
+
 __all__ = ["register_bench"]
 
 
@@ -21,8 +25,6 @@ def _default_trace() -> Path:
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", type=Path, default=_default_trace(), help="Philly philly_jobs.csv")
-    from gpusched.capacity.forecast import MODELS
-    from gpusched.commands.args import int_range
 
     parser.add_argument("--origins", type=int_range(1, 1000), default=14,
                         help="backtest origins, 4 days apart (default 14)")
@@ -49,8 +51,6 @@ def register_bench(bench_subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from gpusched.bench.forecast import measure
-
     result = measure(args.trace, origins=args.origins, horizon=args.horizon, plot=args.plot,
                      prescale=not args.no_prescale, delay_s=args.delay_s,
                      measure_days=args.measure_days, model=args.model, progress=not args.quiet)

@@ -11,12 +11,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpusched.bench.genetic import measure
+from gpusched.commands.args import finite_float, int_range, policy_help, policy_name
+from gpusched.placement.genetic import parse_weights
+
 __all__ = ["register_bench"]
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    from gpusched.commands.args import finite_float, int_range, policy_help, policy_name
-
     parser.add_argument("--nodes", type=int_range(1, 100_000), default=1000,
                         help="synthetic fleet size in nodes for the latency runs (default 1000)")
     parser.add_argument("--pending", type=int_range(1, 10_000), default=64,
@@ -45,9 +47,6 @@ def register_bench(bench_subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from gpusched.bench.genetic import measure
-    from gpusched.placement.genetic import parse_weights
-
     w3 = parse_weights(args.weights, where="--weights")
     result = measure(args.nodes, args.pending, args.runs, replay_nodes=args.replay_nodes,
                      replay_jobs=args.replay_jobs, round_s=args.round_s, budget_ms=args.budget_ms,

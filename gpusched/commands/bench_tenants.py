@@ -12,15 +12,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gpusched import settings
+from gpusched.bench.tenants_report import tenants_png, tenants_table
+from gpusched.commands.args import finite_float, int_range, policy_help, policy_name
+from gpusched.commands.bench import emit
+from gpusched.quota.policy import OVER_BUDGET_ACTIONS
+from gpusched.sim.traces import default_trace_dir
+
 __all__ = ["register_bench"]
 
 
 def register_bench(bench_subparsers: Any) -> None:
     """Add ``tenants`` under ``gpusched bench``."""
-    from gpusched import settings
-    from gpusched.commands.args import finite_float, int_range, policy_help, policy_name
-    from gpusched.quota.policy import OVER_BUDGET_ACTIONS
-    from gpusched.sim.traces import default_trace_dir
 
     parser = bench_subparsers.add_parser(
         "tenants", help="multi-tenant Philly replay: VC budgets and 70/20/10 partitions vs no quota")
@@ -56,9 +59,8 @@ def register_bench(bench_subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    # local: the harness reaches the ledger (sqlalchemy) via the simulator; not at `gpusched --help`
     from gpusched.bench.tenants import run_tenants
-    from gpusched.bench.tenants_report import tenants_png, tenants_table
-    from gpusched.commands.bench import emit
 
     result = run_tenants(args.jobs, window=(args.start, args.end), nodes=args.nodes,
                          gpus_per_node=args.gpus_per_node, budget_fraction=args.budget_fraction,

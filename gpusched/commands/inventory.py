@@ -22,6 +22,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from gpusched.hardware.detect import detect_backend
 from gpusched.model import Node
 
 __all__ = ["inventory_dict", "register", "render_text"]
@@ -46,7 +47,6 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Discover and print; returns the exit code."""
-    from gpusched.hardware.detect import detect_backend
 
     kind = args.backend or ("simulated" if args.fleet else None)
     backend = detect_backend(kind, fleet=args.fleet)

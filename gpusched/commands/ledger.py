@@ -27,8 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpusched.commands.args import finite_float, int_range
+from gpusched.errors import ConfigurationError, LedgerError
+from gpusched.model import Health
+from gpusched.paths import state_dir
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the ledger (sqlalchemy) loads when a ledger command runs, not at `gpusched --help`
     from gpusched.ledger import Ledger
 
 __all__ = ["register", "run"]
@@ -88,7 +91,6 @@ def ledger_url(explicit: str | None) -> str:
 
     Creates nothing (unlike :func:`gpusched.ledger.engine.default_url`, which makes the folder).
     """
-    from gpusched.paths import state_dir
 
     url = (explicit or os.environ.get("GPUSCHED_DB_URL", "")).strip()
     return url or f"sqlite:///{state_dir() / 'ledger.db'}"
@@ -128,8 +130,7 @@ def run(args: argparse.Namespace) -> int:
     """
     import sqlalchemy as sa
 
-    from gpusched.errors import LedgerError
-    from gpusched.ledger import Ledger
+    from gpusched.ledger import Ledger  # local: sqlalchemy only when a ledger command runs
 
     url = ledger_url(args.url)
     action = args.ledger_command
@@ -149,8 +150,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _act(ledger: Ledger, args: argparse.Namespace) -> int:
-    from gpusched.errors import LedgerError
-    from gpusched.ledger.migrate import current_revision
+    from gpusched.ledger.migrate import current_revision  # local: alembic/sqlalchemy, as in run()
 
     action = args.ledger_command
     if action == "migrate":
@@ -220,6 +220,7 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def _durations(ledger: Ledger, days: float, as_json: bool) -> int:
+    # local: the duration models load numpy, which no other ledger command needs
     from gpusched.durations import DurationModel, replay_errors
     from gpusched.scheduler.durations import carried_work, finished_runs
 
@@ -244,9 +245,9 @@ def _where(ledger: Ledger) -> str:
 
 
 def _status(ledger: Ledger, as_json: bool) -> int:
+    # local: both load the ledger (sqlalchemy), as in run()
     from gpusched.airflow.api_views import DEVICE_STATES, device_state
     from gpusched.ledger.migrate import current_revision, head_revision
-    from gpusched.model import Health
 
     snapshot = ledger.snapshot()
     active = ledger.active()
@@ -281,8 +282,6 @@ def _status(ledger: Ledger, as_json: bool) -> int:
 
 
 def _targets(ledger: Any, args: argparse.Namespace) -> list[str]:
-    from gpusched.errors import ConfigurationError
-
     if bool(args.target) == bool(args.host):
         raise ConfigurationError(
             f"ledger {args.ledger_command}: give a device uuid or node name, or --host H (one)"

@@ -17,14 +17,24 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gpusched import settings
+from gpusched.commands.args import finite_float, int_range, policy_help, policy_name
+from gpusched.commands.bench import emit
+from gpusched.durations import DurationModel
+from gpusched.errors import TraceError
+from gpusched.placement import Policy
+from gpusched.quota.file import read_quota_policy
+from gpusched.quota.policy import OVER_BUDGET_ACTIONS
+from gpusched.sim.fleets import fleet_from_spec
+from gpusched.sim.metrics import summarize
+from gpusched.sim.overbudget import SimOverBudget
+from gpusched.sim.preempt import SimPreemption
+
 __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
     """Add ``simulate``."""
-    from gpusched import settings
-    from gpusched.commands.args import finite_float, int_range, policy_help, policy_name
-    from gpusched.quota.policy import OVER_BUDGET_ACTIONS
 
     parser = subparsers.add_parser(
         "simulate", help="replay a job trace on a fleet with a policy",
@@ -83,14 +93,9 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpusched.commands.bench import emit
-    from gpusched.durations import DurationModel
-    from gpusched.errors import TraceError
-    from gpusched.placement import Policy
+    # local: the engine reaches the ledger (sqlalchemy) via scheduler.store; not at `gpusched --help`
     from gpusched.sim.engine import simulate, with_expected_durations
-    from gpusched.sim.fleets import fleet_from_spec
     from gpusched.sim.jobs import load_any_trace
-    from gpusched.sim.metrics import summarize
 
     jobs = load_any_trace(args.trace, utc_weeks=args.quotas is not None)
     if not jobs:
@@ -102,11 +107,7 @@ def _run(args: argparse.Namespace) -> int:
     policy = Policy.named(args.policy, fractions_need_partitioning=False)
     quota = None
     if args.quotas is not None:
-        from gpusched.quota.file import read_quota_policy
-
         quota = read_quota_policy(args.quotas)
-    from gpusched.sim.overbudget import SimOverBudget
-    from gpusched.sim.preempt import SimPreemption
 
     preemption = None if args.preemption == "off" else SimPreemption(
         args.preemption, checkpoint_s=args.checkpoint_minutes * 60, min_runtime_s=args.min_runtime_s,

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from gpusched.errors import BackendUnavailableError, ConfigurationError
+from gpusched.hardware import amd, ascend, nvidia, simulated
 from gpusched.hardware.base import HardwareBackend
 
 __all__ = ["BACKEND_KINDS", "detect_backend", "fleet_path_from_env"]
@@ -27,10 +28,9 @@ BACKEND_KINDS = ("auto", "nvidia", "amd", "ascend", "simulated")
 
 def fleet_path_from_env() -> Path:
     """The simulated fleet file: ``GPUSCHED_FLEET`` or ``gpusched/include/fleets/default.yaml``."""
-    from gpusched.hardware.simulated import default_fleet_path
 
     override = os.environ.get("GPUSCHED_FLEET")
-    return Path(override) if override else default_fleet_path()
+    return Path(override) if override else simulated.default_fleet_path()
 
 
 def detect_backend(kind: str | None = None, *, fleet: str | Path | None = None) -> HardwareBackend:
@@ -52,17 +52,11 @@ def detect_backend(kind: str | None = None, *, fleet: str | Path | None = None) 
         )
     fleet_path = Path(fleet) if fleet is not None else fleet_path_from_env()
     if chosen == "nvidia":
-        from gpusched.hardware.nvidia import NvidiaBackend
-
-        return NvidiaBackend()
+        return nvidia.NvidiaBackend()
     if chosen == "amd":
-        from gpusched.hardware.amd import AmdBackend
-
-        return AmdBackend()
+        return amd.AmdBackend()
     if chosen == "ascend":
-        from gpusched.hardware.ascend import AscendBackend
-
-        return AscendBackend()
+        return ascend.AscendBackend()
     if chosen == "simulated":
         return _simulated(fleet_path, "the simulated backend was asked for")
     reasons = []
@@ -75,8 +69,6 @@ def detect_backend(kind: str | None = None, *, fleet: str | Path | None = None) 
 
 
 def _simulated(fleet_path: Path, why: str) -> HardwareBackend:
-    from gpusched.hardware.simulated import SimulatedBackend
-
-    backend = SimulatedBackend(fleet_path)
+    backend = simulated.SimulatedBackend(fleet_path)
     log.warning("using the %s: %s", backend.description, why)
     return backend

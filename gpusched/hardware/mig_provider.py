@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gpusched.errors import ConfigurationError, HardwareError
+from gpusched.hardware.nvidia_mig import gpu_instance_profiles
 from gpusched.model import MigStep
 from gpusched.paths import state_dir
 
@@ -107,7 +108,6 @@ class NvmlMigProvider:
 
     def apply(self, steps: Sequence[MigStep]) -> MigResult:
         """Create each step's GPU instances (and one full compute instance in each)."""
-        from gpusched.hardware.nvidia_mig import gpu_instance_profiles
 
         nvml = self._nvml
         applied, detail = [], []

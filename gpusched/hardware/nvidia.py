@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from gpusched.catalog import LinkKind, Vendor, default_catalog
 from gpusched.errors import BackendUnavailableError, HardwareError
 from gpusched.hardware.base import BackendFeature
+from gpusched.hardware.nvidia_mig import mig_instances
 from gpusched.hardware.topology import HostInfo, connected_groups, host_info, island_members, normalise_bus_id
 from gpusched.model import Device, DeviceSample, Health, Node
 
@@ -168,7 +169,6 @@ class NvidiaBackend:
 
     def _mig_instances(self, handle: Any, gpu: Device) -> list[Device]:
         """The MIG instances of a MIG-enabled GPU (none when the driver cannot list them)."""
-        from gpusched.hardware.nvidia_mig import mig_instances
 
         try:
             return mig_instances(self._nvml, handle, gpu, default_catalog().find(gpu.model))

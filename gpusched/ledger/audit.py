@@ -11,13 +11,10 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from gpusched.ledger.records import Allocation
+from gpusched.ledger.store import Ledger
 from gpusched.model import MILLI
-
-if TYPE_CHECKING:
-    from gpusched.ledger import Ledger
 
 __all__ = ["audit", "replay_violations"]
 

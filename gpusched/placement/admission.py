@@ -11,7 +11,14 @@ from collections.abc import Sequence
 
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement.types import PendingTask, Rejection, RunningTask
-from gpusched.quota.policy import QuotaState, check_budget, check_partition, physical_milli
+from gpusched.quota.policy import (
+    QuotaState,
+    check_budget,
+    check_partition,
+    normalised_rate,
+    partition_capacity,
+    physical_milli,
+)
 from gpusched.request import GPURequest, Partition
 
 __all__ = ["QuotaGate"]
@@ -29,8 +36,6 @@ class QuotaGate:
         pending: Sequence[PendingTask],
         now: float,
     ) -> None:
-        from gpusched.quota.policy import normalised_rate, partition_capacity
-
         self.quota = quota
         self.snapshot = snapshot
         self.capacity = partition_capacity(self.snapshot)

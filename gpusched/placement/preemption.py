@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gpusched.durations.service import outranks
 from gpusched.errors import ConfigurationError
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement.engine import place
@@ -332,7 +333,6 @@ def _unsaved_restart(request: PreemptionRequest, task: RunningTask) -> bool:
 
 def _lower_index(request: PreemptionRequest, task: RunningTask) -> str:
     """Why ``task`` may be stopped by index for the waiting work ("" = it may not)."""
-    from gpusched.durations.service import outranks
 
     mine = [request.indices[t.key] for t in request.waiting if t.key in request.indices]
     theirs = request.indices.get(task.key)

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from gpusched.catalog import Catalog
 from gpusched.model import DeviceShare, FleetSnapshot
+from gpusched.placement.policy import Policy
+from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
-
-if TYPE_CHECKING:
-    from gpusched.catalog import Catalog
-    from gpusched.placement.policy import Policy
-    from gpusched.quota.policy import QuotaState
 
 __all__ = [
     "Assignment",

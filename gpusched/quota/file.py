@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gpusched.errors import ConfigurationError
 from gpusched.paths import state_dir
-
-if TYPE_CHECKING:
-    from gpusched.quota.policy import QuotaPolicy
+from gpusched.quota.policy import QuotaPolicy
 
 __all__ = ["load_quota_policy", "quota_file", "read_quota_policy"]
 
@@ -39,7 +36,6 @@ def load_quota_policy() -> QuotaPolicy:
     Raises:
         ConfigurationError: the file exists but is not a valid policy (the message says why).
     """
-    from gpusched.quota.policy import QuotaPolicy
 
     path = quota_file()
     if not path.is_file():
@@ -54,8 +50,6 @@ def read_quota_policy(path: Path) -> QuotaPolicy:
         ConfigurationError: the file is missing or not a valid policy (the message says why).
     """
     import yaml
-
-    from gpusched.quota.policy import QuotaPolicy
 
     try:
         data = yaml.safe_load(path.read_text()) or {}

@@ -20,7 +20,7 @@ from typing import Any
 
 from gpusched.catalog import Catalog, default_catalog
 from gpusched.errors import ConfigurationError
-from gpusched.model import MILLI, DeviceShare, FleetSnapshot
+from gpusched.model import MILLI, DeviceShare, FleetSnapshot, Health
 from gpusched.request import GPURequest, Partition
 
 __all__ = [
@@ -202,7 +202,6 @@ def physical_milli(shares: Sequence[DeviceShare], snapshot: FleetSnapshot) -> in
 
 def partition_capacity(snapshot: FleetSnapshot) -> int:
     """In-service capacity in milli-GPU: devices not unhealthy, not cordoned, not on standby nodes."""
-    from gpusched.model import Health
 
     # Slices count by their share of the physical device; a MIG-enabled GPU through its slices.
     return sum(

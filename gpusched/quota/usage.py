@@ -14,7 +14,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpusched.model import DeviceShare, FleetSnapshot
-from gpusched.quota.policy import QuotaPolicy, QuotaState, normalised_rate, physical_milli
+from gpusched.quota.policy import (
+    UNITS_PER_A100_HOUR,
+    QuotaPolicy,
+    QuotaState,
+    normalised_rate,
+    physical_milli,
+)
 from gpusched.request import Partition
 
 __all__ = ["UsageSpan", "partition_usage", "period_start", "quota_state", "spans_of", "tenant_usage"]
@@ -91,7 +97,6 @@ def quota_state(
 
 def budgets_view(state: QuotaState, tenants: Iterable[str] = ()) -> Mapping[str, Mapping[str, float | None]]:
     """Per tenant: ``budget_gpu_hours`` (None = unlimited) and ``used_gpu_hours`` (normalised)."""
-    from gpusched.quota.policy import UNITS_PER_A100_HOUR
 
     names = set(tenants) | set(state.used) | set(state.policy.budgets_hours)
     out = {}

@@ -10,7 +10,7 @@ import time
 from gpusched.agent.telemetry import TelemetryAgent, sample_once
 from gpusched.cli import main
 from gpusched.faults.failures import pending_failures
-from gpusched.faults.remediation import PidRegistry, PidStopper
+from gpusched.faults.stopping import PidRegistry, PidStopper
 from gpusched.hardware.simulated import SimulatedBackend
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceSample, DeviceShare, Health
