@@ -1,65 +1,27 @@
-"""Placement policies: the gpusched default and the baselines it is measured against.
+"""Placement policies: the frozen record the engine reads, built from a profile of named parts.
 
 A :class:`Policy` is a frozen record of weights and switches; :func:`gpusched.placement.place`
-reads it. ``Policy.named(name)`` gives the presets:
-
-``gpusched``  topology locality + fragmentation (FGD-style, model-aware) + heterogeneity-aware
-              speed + energy, scored as a coarse integer (``DEFAULT_SCORE_LEVELS``, 50 levels)
-              whose ties a one-step look-ahead over the workload's shapes breaks (as
-              ``fgd-lookahead``); a node alone at the top level is compared with the nodes up
-              to two levels below that differ from it only in fragmentation, for fractions and
-              for tasks of unknown run time (``lookahead_widen = 2``); reservations for critical
-              tasks with backfill; within a priority, shortest expected GPU-time first with aging.
-``fgd``       fragmentation only (Weng et al., ATC '23), to compare with the published FGD,
-              with the published scheduler's integer node score (ties to the earliest node).
-              Like the baselines below, FIFO within a priority.
-``fgd-full``  the ``fgd`` rule (integer node score, ties to the earliest node) scoring against the
-              workload's *whole* shape distribution instead of FGD's 95 % "typical pods" (the sim
-              harness gives it every exact class; elsewhere the same estimate as ``fgd``).
-``fgd-lookahead``  ``fgd-full`` whose ties at the top integer score are broken by a one-step
-              look-ahead over the next request's shape (:mod:`gpusched.placement.lookahead`)
-              instead of by the earliest node, with tied nodes of models that the pinned demand
-              makes scarce dropped first.
-``fgd-memory``  ``fgd-lookahead`` whose expected shapes also carry host RAM when a GPU task is
-              placed, so a node whose RAM a likely GPU request would not fit in counts as
-              fragmented; CPU-only tasks are placed by the shapes without RAM
-              (``host_task_workload``). Where tasks declare no host RAM (the Airflow executor
-              today) it decides as ``fgd-lookahead``.
-``best-fit``  the node (and device) with the least free capacity that still fits (for tasks
-              with host CPU, the published BestFit's CPU+GPU key in whole hundredths).
-``first-fit`` FIFO and count-based, like Airflow pools: the first node in inventory order with
-              enough free devices; no topology or model preference; a fractional request takes a
-              whole device (a pool slot).
-``random``    a uniformly random feasible node and devices (seeded).
+reads it. ``Policy.named(name)`` builds it from the preset's profile
+(:data:`gpusched.placement.profiles.PROFILES`: one queue order, filters, weighted scores, one
+chooser and tie-break, each a named part of :mod:`gpusched.placement.parts`), the one source of
+every preset: ``gpusched`` (the default), ``fgd``, ``fgd-full``, ``fgd-lookahead``,
+``fgd-memory``, ``best-fit``, ``first-fit`` and ``random`` (their summaries are
+``Profile.summary``; docs/placement.md, "Profiles and parts", tabulates them).
+``Policy.configured(name, parts)`` is the same with the ``[gpusched] policy_parts`` changes (a
+weight, a part swapped), as the executor reads its settings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from enum import StrEnum
 from types import MappingProxyType
 
-from gpusched.errors import PlacementError
+from gpusched.errors import ConfigurationError, PlacementError
+from gpusched.placement.parts import Chooser, QueueOrder
+from gpusched.placement.profiles import DEFAULT_SCORE_LEVELS, PROFILES, SETTING, Profile, profile
 
-__all__ = ["Chooser", "Policy", "QueueOrder", "WorkloadShape"]
-
-
-class Chooser(StrEnum):
-    """How a policy picks among feasible nodes/devices."""
-
-    SCORE = "score"  # weighted score (gpusched, fgd)
-    BEST_FIT = "best-fit"
-    FIRST_FIT = "first-fit"
-    RANDOM = "random"
-
-
-class QueueOrder(StrEnum):
-    """In which order ``place`` considers pending tasks (after priority, which always comes first)."""
-
-    FIFO = "fifo"  # submission time
-    SHORTEST_FIRST = "shortest-first"  # least expected GPU-time first, with aging (see Policy)
-    RANKED = "ranked"  # the caller's PendingTask.rank (lower first), with the same aging
+__all__ = ["DEFAULT_SCORE_LEVELS", "Chooser", "Policy", "QueueOrder", "WorkloadShape"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +45,6 @@ class WorkloadShape:
 
 
 _EMPTY: Mapping[str, Mapping[str, float]] = MappingProxyType({})
-
-# The ``gpusched`` preset's integer score: half FGD's 100 levels, so candidates whose scores
-# differ by less than about 0.08 GPU of fragmentation near zero tie and the look-ahead, which
-# judges the next request's placement, decides between them. Chosen on the development openb
-# lists and checked on held-out and unseen ones (docs/benchmarks.md, "gpusched preset").
-DEFAULT_SCORE_LEVELS = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,28 +130,52 @@ class Policy:
 
     @classmethod
     def named(cls, name: str, **overrides: object) -> Policy:
-        """The preset called ``name`` (see the module docstring), with optional field overrides.
+        """The preset called ``name`` (its profile, :data:`~gpusched.placement.profiles.PROFILES`),
+        with optional field overrides.
 
         Raises:
-            PlacementError: for an unknown name, listing the known ones.
+            PlacementError: for an unknown name, listing the known ones, or an unknown field.
         """
-        key = name.strip().lower()
-        presets = _presets()
-        if key not in presets:
+        found = profile(name)
+        if found is None:
             raise PlacementError(f"unknown placement policy {name!r}; use one of: {', '.join(cls.names())}")
-        base = presets[key]
-        if not overrides:
-            return base
+        return cls.of(found, **overrides)
+
+    @classmethod
+    def configured(cls, name: str, parts: str = "", **overrides: object) -> Policy:
+        """The preset ``name`` changed by ``parts`` (the ``[gpusched] policy_parts`` text, e.g.
+        ``score.locality=0.5, tiebreak=earliest``; :meth:`Profile.with_parts`), with optional
+        field overrides (the executor's throughput table).
+
+        Raises:
+            ConfigurationError: one line, for an unknown preset or a wrong part, parameter or value.
+        """
+        found = profile(name)
+        if found is None:
+            raise ConfigurationError(
+                f"[gpusched] policy = {name!r} is not a placement policy; "
+                f"use one of: {', '.join(cls.names())}"
+            )
+        return cls.of(found.with_parts(parts, where=SETTING), **overrides)
+
+    @classmethod
+    def of(cls, preset: Profile, **overrides: object) -> Policy:
+        """The record of the profile ``preset`` (:meth:`Profile.fields`), with optional field overrides.
+
+        Raises:
+            PlacementError: for a field the record does not have.
+        """
         valid = {f.name for f in fields(cls)}
         unknown = set(overrides) - valid
         if unknown:
             raise PlacementError(f"unknown Policy field(s) {sorted(unknown)}; valid fields: {sorted(valid)}")
-        return replace(base, **overrides)  # type: ignore[arg-type]
+        base = cls(**preset.fields())  # type: ignore[arg-type]
+        return replace(base, **overrides) if overrides else base  # type: ignore[arg-type]
 
     @staticmethod
     def names() -> tuple[str, ...]:
         """Names accepted by :meth:`named`, the default first."""
-        return tuple(_presets())
+        return tuple(PROFILES)
 
     def speed_of(self, job_type: str | None, model: str, a100_equiv_milli: int) -> float:
         """Relative speed of ``job_type`` on ``model``: the throughput table if it knows both,
@@ -206,44 +186,3 @@ class Policy:
                 return float(row[model])
         return a100_equiv_milli / 1000.0
 
-
-def _presets() -> dict[str, Policy]:
-    presets = {
-        "gpusched": Policy(score_levels=DEFAULT_SCORE_LEVELS, lookahead_ties=16, lookahead_widen=2),
-        "random": Policy(
-            name="random",
-            chooser=Chooser.RANDOM,
-            reservations=False,
-            queue_order=QueueOrder.FIFO,
-        ),
-        "first-fit": Policy(
-            name="first-fit",
-            chooser=Chooser.FIRST_FIT,
-            reservations=False,
-            round_up_fractions=True,
-            queue_order=QueueOrder.FIFO,
-        ),
-        "best-fit": Policy(
-            name="best-fit", chooser=Chooser.BEST_FIT, reservations=False, queue_order=QueueOrder.FIFO
-        ),
-        "fgd": Policy(
-            name="fgd",
-            fragmentation=1.0,
-            locality=0.0,
-            speed=0.0,
-            energy=0.0,
-            packing=0.0,
-            score_levels=100,
-            reservations=False,
-            queue_order=QueueOrder.FIFO,
-        ),
-    }
-    # The same rule as ``fgd``; the openb harness hands it every exact pod class, not FGD's
-    # typical ones (gpusched.sim.openb).
-    presets["fgd-full"] = replace(presets["fgd"], name="fgd-full")
-    # ``fgd-full`` whose ties at the top integer score go to a one-step look-ahead; 16 tied
-    # candidates bound its work per decision.
-    presets["fgd-lookahead"] = replace(presets["fgd-full"], name="fgd-lookahead", lookahead_ties=16)
-    # ``fgd-lookahead`` whose harness shapes carry host RAM for GPU tasks only (gpusched.sim.openb).
-    presets["fgd-memory"] = replace(presets["fgd-lookahead"], name="fgd-memory")
-    return presets
