@@ -59,6 +59,13 @@ OPTIONS: tuple[Option, ...] = (
            "Placement policy of the GPU executor: gpusched (topology- and heterogeneity-aware), "
            "fgd, fgd-full, fgd-lookahead, fgd-memory (fragmentation only; see docs/benchmarks.md), "
            "first-fit, best-fit or random.", "best-fit"),
+    Option("policy_parts", "string", "",
+           "Changes to the parts of the chosen policy's profile (docs/placement.md, Profiles and "
+           "parts), comma-separated: swap a part (queue=fifo, chooser=exact, tiebreak=earliest), set "
+           "a parameter (queue.halving_s=43200, chooser.levels=100, tiebreak.ties=8), a score's weight "
+           "(score.locality=0.5; on = its default weight, off leaves it out) or switch an optional "
+           "filter (filter.reservations=off, filter.reservations.critical_priority=50). Empty: the "
+           "profile as it is.", "score.locality=0.5, tiebreak=earliest"),
     Option("lease_seconds", "integer", "600",
            "Seconds an allocation's lease lasts without a heartbeat renewing it; an expired lease "
            "is released (a crashed scheduler never holds devices forever).", "300"),

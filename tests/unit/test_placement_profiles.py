@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from gpusched import settings
 from gpusched.errors import ConfigurationError, PlacementError
 from gpusched.placement.parts import PARTS, SCORE_FIELDS, Chooser, Part, Point, QueueOrder
 from gpusched.placement.policy import Policy
@@ -232,3 +233,30 @@ def test_part_accepts_lists_parameters() -> None:
     assert part.accepts() == "no parameters"
     accepts = PARTS[Point.QUEUE]["shortest-first"].accepts()
     assert accepts.startswith("halving_s (a number > 0, default 86400)")
+
+
+class _Conf:
+    """Airflow's conf.get(section, key, fallback=...) over a dict (the executor's team conf)."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, section: str, key: str, fallback: str = "") -> str:
+        assert section == settings.SECTION
+        return self.values.get(key, fallback)
+
+
+def test_the_gpusched_settings_build_the_configured_policy() -> None:
+    """What the executor's ``policy`` property reads: ``[gpusched] policy`` and ``policy_parts``."""
+    def read(conf: _Conf) -> Policy:
+        return Policy.configured(settings.get_str("policy", conf), settings.get_str("policy_parts", conf))
+
+    assert settings.default("policy_parts") == ""
+    assert read(_Conf({})) == Policy.named("gpusched")
+    changed = read(_Conf({"policy": "gpusched", "policy_parts": "score.locality=0.5, tiebreak=earliest"}))
+    assert (changed.locality, changed.lookahead_ties, changed.score_levels) == (0.5, 0, 50)
+    assert read(_Conf({"policy": "best-fit"})) == Policy.named("best-fit")
+    example = settings.OPTIONS[[o.name for o in settings.OPTIONS].index("policy_parts")].example
+    assert example is not None and read(_Conf({"policy_parts": example})).locality == 0.5
+    with pytest.raises(ConfigurationError, match=r"^\[gpusched\] policy_parts: score 'local' is not a part"):
+        read(_Conf({"policy_parts": "score.local=1"}))
