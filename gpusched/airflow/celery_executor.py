@@ -14,6 +14,11 @@ runs the tasks; the task-side listener (:mod:`gpusched.airflow.listener`) reads 
 from the ledger, exports exactly its devices' variables and refuses to run on any other host.
 A host whose heartbeat stops for ``[gpusched] host_timeout_seconds`` is lost: its allocations are
 released and its tasks failed ("node lost"), so Airflow retries them on another host.
+
+With ``[gpusched] pool_sync`` (default: ``GPUSCHED_POOL_SYNC``, on in the compose files) the
+``gpu_<partition>`` pools that :func:`gpusched.airflow.authoring.gpu` assigns are created and
+sized to the live hosts' GPUs exactly as under GPUExecutor (the shared hooks,
+:mod:`gpusched.airflow.gpu_executor_hooks`).
 """
 
 from __future__ import annotations
@@ -118,7 +123,8 @@ class GPUCeleryExecutor(GPUExecutorHooks, CeleryExecutor):
         celery_send(self, workloads)
 
     def sync(self) -> None:
-        """Poll Celery (releasing finished GPU tasks), renew leases, handle lost hosts."""
+        """Poll Celery (releasing finished GPU tasks; pools kept by the shared hooks), renew
+        leases, handle lost hosts."""
         super().sync()
         self.gpu.periodic()
 

@@ -26,7 +26,8 @@ fgd, fgd-full, fgd-lookahead, fgd-memory, first-fit, best-fit, random), ``lease_
 waiting), ``visible_devices_by_uuid`` (False), ``sync_inventory_on_start`` (True: discover the
 hardware or simulated fleet on start),
 ``pool_sync`` (default: the ``GPUSCHED_POOL_SYNC`` variable; keeps the ``gpu_<partition>`` pools
-sized to the fleet, see :mod:`gpusched.airflow.pool_sync`), ``wait_for_api_seconds`` (90: on start,
+sized to the fleet, see :mod:`gpusched.airflow.pool_sync`; done by the hooks both executors
+share, :mod:`gpusched.airflow.gpu_executor_hooks`), ``wait_for_api_seconds`` (90: on start,
 wait this long for the execution API to answer before dispatching anything; 0 = do not wait),
 ``ledger_wait_seconds`` (5: the most one ledger operation waits for a lock), ``reconcile_seconds``
 (5: how often allocations of gone or superseded tries are looked for).
@@ -65,13 +66,6 @@ class GPUExecutor(GPUExecutorHooks, LocalExecutor):
         super().__init__(*args, **kwargs)
         holder = f"GPUExecutor@{socket.gethostname()}" + (f"/{self.team_name}" if self.team_name else "")
         self.gpu = GPUScheduling(self, _LocalDispatcher(self), holder=holder)
-        self._last_pool_check = 0.0
-        pool_default = settings.env_bool("GPUSCHED_POOL_SYNC")
-        self._pool_syncer: Any = None
-        if settings.get_bool("pool_sync", self.conf, empty=pool_default):
-            from gpusched.airflow.pool_sync import PoolSyncer
-
-            self._pool_syncer = PoolSyncer()
 
     @property
     def holder(self) -> str:
@@ -119,13 +113,10 @@ class GPUExecutor(GPUExecutorHooks, LocalExecutor):
     # ---- completion, leases --------------------------------------------------------------------
 
     def sync(self) -> None:
-        """Read results (releasing finished GPU tasks), then renew leases now and then."""
+        """Read results (releasing finished GPU tasks; pools kept by the shared hooks), then renew
+        leases now and then."""
         super().sync()
-        now = time.time()
-        self.gpu.periodic(now)
-        if self._pool_syncer is not None and now - self._last_pool_check >= 10.0:
-            self._last_pool_check = now
-            self.gpu._safe(lambda: self._pool_syncer.maybe_sync(self.ledger.snapshot(now)))
+        self.gpu.periodic(time.time())
 
     def _spawn_worker(self) -> None:
         local_spawn_worker(self, run_gpu_worker)

@@ -27,9 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpusched.airflow.authoring import gpu
+from gpusched.airflow.authoring import gpu, split_task_kwargs
 from gpusched.errors import GPURequestError
-from gpusched.request import REQUEST_KEYS
 from gpusched.scheduler.gangs import GANG_KEY, GANG_SCOPES
 
 __all__ = ["gang_task"]
@@ -48,8 +47,11 @@ def gang_task(
         nodes: members (one per node), at least 2.
         gpus_per_node: whole GPUs each member gets on its node.
         interconnect: ``same_rack`` (every member in one rack) or ``any``.
-        **kwargs: other request fields (``models``, ``vendor``, ``memory`` …) and ``@task``
-            arguments (``retries`` …); ``task_id`` names the gang (default: the function name).
+        **kwargs: other request fields (``models``, ``vendor``, ``memory`` …), the options of
+            :func:`~gpusched.airflow.authoring.gpu` (``pool_sync``, ``pool``, ``pool_slots``:
+            the same pool rule, per member) and ``@task`` arguments (``retries``,
+            ``executor_config`` — merged with each member's request …); ``task_id`` names the
+            gang (default: the function name).
 
     Raises:
         GPURequestError: at parse time, for a bad size, scope or request field.
@@ -62,26 +64,26 @@ def gang_task(
     if interconnect not in GANG_SCOPES:
         raise GPURequestError("interconnect", interconnect,
                               f"one of {', '.join(GANG_SCOPES)} for a multi-node gang")
-    request_kwargs = {k: v for k, v in kwargs.items() if k in REQUEST_KEYS}
-    for forbidden in ("gpus", "gang"):
-        if forbidden in request_kwargs:
-            raise GPURequestError(forbidden, request_kwargs[forbidden],
+    gpu_kwargs, task_kwargs, user_config = split_task_kwargs(kwargs)
+    gang_name = task_kwargs.pop("task_id", None)
+    for forbidden in ("gpus", "count", "milli", "gang"):
+        if forbidden in gpu_kwargs:
+            raise GPURequestError(forbidden, gpu_kwargs[forbidden],
                                   "not given: use nodes and gpus_per_node")
-    task_kwargs = {k: v for k, v in kwargs.items() if k not in REQUEST_KEYS}
+    per_node = gpu(gpus=gpus_per_node, interconnect="same_node", **gpu_kwargs)
+    pool = {k: v for k, v in per_node.items() if k != "executor_config"}  # the pool rule's answer
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
         from airflow.sdk import task
 
-        name = str(task_kwargs.pop("task_id", fn.__name__))
-        per_node = gpu(gpus=gpus_per_node, interconnect="same_node", **request_kwargs)
+        name = str(fn.__name__ if gang_name is None else gang_name)
 
         def add_members(*args: Any, **call_kwargs: Any) -> list[Any]:
             members = []
             for rank in range(nodes):
-                config = dict(per_node["executor_config"])
+                config = {**user_config, **per_node["executor_config"]}
                 config[GANG_KEY] = {"name": name, "size": nodes, "rank": rank, "scope": interconnect}
-                extra = {k: v for k, v in per_node.items() if k != "executor_config"}
-                member = task(task_id=f"{name}__node{rank}", executor_config=config, **extra,
+                member = task(task_id=f"{name}__node{rank}", executor_config=config, **pool,
                               **task_kwargs)(fn)
                 members.append(member(*args, **call_kwargs))
             return members

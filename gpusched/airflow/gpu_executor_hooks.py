@@ -4,14 +4,22 @@ Both executors hand every GPU decision to :class:`gpusched.airflow.gpu_schedulin
 (``self.gpu``); this mixin is the one place where Airflow's executor calls reach it. A concrete
 executor lists it before its Airflow base class and adds only :meth:`send_plain` (how a workload
 without a GPU request is sent) and its own dispatcher.
+
+It also keeps the partition pools (``gpu_training`` / ``gpu_burst`` / ``gpu_dev``) sized to the
+ledger's fleet when ``[gpusched] pool_sync`` is on (default: ``GPUSCHED_POOL_SYNC``), for every
+executor alike: the fleet is the ledger's snapshot — on several GPU hosts the nodes of live
+hosts only, so a lost host's GPUs leave the pools until its agent is back
+(:mod:`gpusched.airflow.pool_sync`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpusched.airflow.authoring import is_gpu_task
+from gpusched import settings
+from gpusched.airflow.authoring import POOL_SYNC_VAR, is_gpu_task
 from gpusched.airflow.executor_compat import save_task_event
+from gpusched.airflow.pool_sync import PoolSyncer
 
 if TYPE_CHECKING:
     from airflow.executors.base_executor import BaseExecutor
@@ -30,6 +38,32 @@ class GPUExecutorHooks(_ExecutorBase):
     """Queueing, dispatch split, completion and event-log hooks routed to ``self.gpu``."""
 
     gpu: GPUScheduling
+
+    pool_check_seconds = 10.0
+    """How often :meth:`sync` offers the fleet to the pool syncer (which writes only when its
+    interval passed or the usable GPU count changed)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pool_syncer: PoolSyncer | None = None
+        self._last_pool_check = float("-inf")
+        if settings.get_bool("pool_sync", self.conf, empty=settings.env_bool(POOL_SYNC_VAR)):
+            self._pool_syncer = PoolSyncer()
+
+    def sync(self) -> None:
+        """Sync as the base executor does, then keep the partition pools sized to the fleet."""
+        super().sync()
+        self.sync_pools()
+
+    def sync_pools(self, now: float | None = None) -> bool:
+        """Offer the ledger's fleet to the pool syncer, at most every :attr:`pool_check_seconds`
+        (never while the ledger is unusable); True when a pool sync ran."""
+        syncer = self._pool_syncer
+        now = self.gpu.clock() if now is None else now
+        if syncer is None or now - self._last_pool_check < self.pool_check_seconds:
+            return False
+        self._last_pool_check = now
+        return bool(self.gpu._safe(lambda: syncer.maybe_sync(self.ledger.snapshot(now))))
 
     @property
     def ledger(self) -> Ledger:

@@ -8,12 +8,18 @@ or any executor list), ``airflow api-server`` and ``airflow dag-processor``; and
 each host in its own process group so that :meth:`LocalCluster.kill_host` can SIGKILL it like a
 machine dying. The hosts' slices of the simulated fleet are the nodes of the fleet file named
 after them.
+
+``LocalCluster(..., role_env=compose_environments())`` boots it with the environment that
+``docker-compose.yaml``'s ``celery`` profile gives each of those processes (read from the YAML,
+anchors and merges resolved), keeping only this machine's addresses, paths and hardware
+(:data:`LOCATION_VARS`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,9 +34,78 @@ from gpusched.deploy.airflow_instance import free_port, poll_until
 from gpusched.errors import ConfigurationError
 from gpusched.paths import include_dir
 
-__all__ = ["LocalCluster", "free_port"]
+__all__ = ["COMPOSE_CELERY_SERVICES", "COMPOSE_FILE", "LOCATION_VARS", "LocalCluster", "compose_environment",
+           "compose_environments", "free_port"]
 
 REPO = Path(__file__).resolve().parents[2]  # gpusched/deploy/ → the repository
+
+COMPOSE_FILE = REPO / "docker-compose.yaml"
+
+COMPOSE_CELERY_SERVICES: Mapping[str, str] = {
+    "api-server": "airflow-apiserver",
+    "dag-processor": "airflow-dag-processor",
+    "scheduler": "airflow-scheduler-celery",
+    "worker": "airflow-worker-gpu-host-a",
+    "agent": "gpusched-agent-gpu-host-a",
+}
+"""The compose service (``celery`` profile) whose environment each role of the cluster takes
+(every GPU host's worker and agent take the first host's; the host name is the cluster's)."""
+
+LOCATION_VARS: frozenset[str] = frozenset({
+    "AIRFLOW_CONFIG",
+    "AIRFLOW__CELERY__BROKER_URL",
+    "AIRFLOW__CELERY__RESULT_BACKEND",
+    "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC",
+    "GPUSCHED_BACKEND",
+    "GPUSCHED_DB_URL",
+    "GPUSCHED_FLEET",
+    "GPUSCHED_HOST",
+})
+"""Variables that say where things are in a compose deployment (container host names, mounted
+paths, which machine, its GPUs): :func:`compose_environments` leaves them out, the cluster sets
+its own. Every other variable is taken as compose gives it."""
+
+_COMPOSE_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
+
+
+def compose_environment(service: str, path: Path = COMPOSE_FILE) -> dict[str, str]:
+    """The environment ``service`` of compose file ``path`` declares, as compose resolves it.
+
+    YAML anchors, aliases and ``<<`` merges are resolved by the loader; the list form
+    (``KEY=VALUE``) is read too; ``${NAME:-default}`` / ``${NAME-default}`` take their default and
+    ``${NAME}`` is empty (the operator's shell and ``.env`` are not this machine's), ``$$`` is ``$``.
+
+    Raises:
+        ConfigurationError: the file cannot be read, or has no such service.
+    """
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())  # the safe loader resolves ``<<`` merges
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigurationError(f"cannot read compose file {path}: {exc}") from exc
+    services = data.get("services") if isinstance(data, dict) else None
+    if not isinstance(services, dict) or not isinstance(services.get(service), dict):
+        raise ConfigurationError(f"compose file {path} has no service {service!r}; name one of its services")
+    raw = services[service].get("environment") or {}
+    if isinstance(raw, list):
+        raw = dict(str(item).partition("=")[::2] for item in raw)
+
+    def interpolate(match: re.Match[str]) -> str:
+        return "$" if match.group(0) == "$$" else (match.group(3) or "")
+
+    return {str(k): _COMPOSE_VAR.sub(interpolate, "" if v is None else str(v)) for k, v in raw.items()}
+
+
+def compose_environments(
+    path: Path = COMPOSE_FILE, services: Mapping[str, str] = COMPOSE_CELERY_SERVICES
+) -> dict[str, dict[str, str]]:
+    """Role (``scheduler``, ``worker`` …) → the environment compose gives its service in ``path``,
+    without :data:`LOCATION_VARS`: the ``role_env`` of a :class:`LocalCluster`."""
+    return {role: {k: v for k, v in compose_environment(service, path).items() if k not in LOCATION_VARS}
+            for role, service in services.items()}
 
 
 class LocalCluster:
@@ -45,6 +120,9 @@ class LocalCluster:
         env: extra environment for every process (``AIRFLOW__…`` settings).
         worker_concurrency: Celery worker slots per host.
         scheduler_env: extra environment for the scheduler only (see :meth:`restart_scheduler`).
+        role_env: environment per role (``api-server``, ``dag-processor``, ``scheduler``,
+            ``worker``, ``agent``) over the cluster's defaults, e.g. :func:`compose_environments`;
+            the cluster's addresses and paths, ``env`` and ``scheduler_env`` still win.
     """
 
     def __init__(
@@ -58,6 +136,7 @@ class LocalCluster:
         env: Mapping[str, str] | None = None,
         worker_concurrency: int = 2,
         scheduler_env: Mapping[str, str] | None = None,
+        role_env: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.base = base
         self.hosts = tuple(hosts)
@@ -80,7 +159,9 @@ class LocalCluster:
         self._fleet = fleet or include_dir() / "fleets" / "multihost.yaml"
         self._extra = dict(env or {})
         self.scheduler_env: dict[str, str] = dict(scheduler_env or {})
+        self.role_env: dict[str, dict[str, str]] = {role: dict(e) for role, e in (role_env or {}).items()}
         self.env: dict[str, str] = {}
+        self._locations: dict[str, str] = {}
 
     # ---- start / stop ----------------------------------------------------------------------
 
@@ -97,32 +178,38 @@ class LocalCluster:
         self.db_url = started.stdout.strip()
         redis_port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
-        env.update({
-            "PYTHONPATH": str(REPO),
-            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
-            "AIRFLOW_HOME": str(self.home),
+        env.update({  # defaults: a role_env (the compose file's) replaces them
             "AIRFLOW__CORE__EXECUTOR": self._executor,
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.db_url,
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": self.db_url,  # psycopg 3 is async too
             "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_SIZE": "2",
-            "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:{redis_port}/0",
-            "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.db_url,
             "AIRFLOW__CELERY__SYNC_PARALLELISM": "1",
-            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-            "AIRFLOW__API__PORT": str(self.api_port),
             "AIRFLOW__API_AUTH__JWT_SECRET": "gpusched-local-cluster",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__GPUSCHED__HOST_TIMEOUT_SECONDS": "10",
+        })
+        self._locations = {  # where things are on this machine: always the cluster's
+            "PYTHONPATH": str(REPO),
+            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW_CONFIG": str(self.home / "airflow.cfg"),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.db_url,
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": self.db_url,  # psycopg 3 is async too
+            "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:{redis_port}/0",
+            "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.db_url,
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__API__PORT": str(self.api_port),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": "127.0.0.1",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(free_port()),
             "GPUSCHED_DB_URL": self.db_url,
             "GPUSCHED_BACKEND": "simulated",
             "GPUSCHED_FLEET": str(self._fleet),
             "GPUSCHED_TEST_OUT": str(self.out),
-        })
+        }
+        env.update(self._locations)
         env.update(self._extra)
         self.env = env
         self._spawn("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
@@ -131,11 +218,12 @@ class LocalCluster:
                                   text=True, timeout=600)
         if migrated.returncode != 0:
             raise ConfigurationError(f"airflow db migrate failed: {migrated.stderr.strip()[-800:]}")
-        self._spawn("api-server", [*self._airflow, "api-server", "--port", str(self.api_port)])
-        self._spawn("dag-processor", [*self._airflow, "dag-processor"])
+        self._spawn("api-server", [*self._airflow, "api-server", "--port", str(self.api_port)],
+                    self._role("api-server"))
+        self._spawn("dag-processor", [*self._airflow, "dag-processor"], self._role("dag-processor"))
         for host in self.hosts:
             self.start_host(host)
-        self._spawn("scheduler", [*self._airflow, "scheduler"], self.scheduler_env)
+        self._spawn("scheduler", [*self._airflow, "scheduler"], self._role("scheduler", self.scheduler_env))
         return self
 
     def start_host(self, host: str) -> None:
@@ -143,11 +231,11 @@ class LocalCluster:
         host_env = {"GPUSCHED_HOST": host, "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
         self._spawn(f"{host}-agent", [sys.executable, "-m", "gpusched.cli", "agent", "--host-name", host,
                                       "--port", "0", "--interval", "30", "--heartbeat", "2",
-                                      "--host-timeout", "10"], host_env)
+                                      "--host-timeout", "10"], self._role("agent", host_env))
         self._spawn(f"{host}-worker", [*self._airflow, "celery", "worker", "--queues",
                                        f"gpusched@{host},default", "--celery-hostname", f"{host}@%h",
                                        "--concurrency", str(self.worker_concurrency), "--without-mingle",
-                                       "--without-gossip"], host_env)
+                                       "--without-gossip"], self._role("worker", host_env))
 
     def restart_scheduler(self, env: Mapping[str, str] | None = None) -> None:
         """Stop the scheduler (SIGTERM, SIGKILL of its group after 30 s) and start it again with
@@ -167,7 +255,7 @@ class LocalCluster:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # children left in its group
         self.scheduler_env = dict(env or {})
-        self._spawn("scheduler", [*self._airflow, "scheduler"], self.scheduler_env)
+        self._spawn("scheduler", [*self._airflow, "scheduler"], self._role("scheduler", self.scheduler_env))
 
     def kill_host(self, host: str) -> None:
         """SIGKILL every process of GPU host ``host`` (worker, its pool and task processes, agent)."""
@@ -226,6 +314,14 @@ class LocalCluster:
             body["conf"] = dict(conf)
         return str(self.api("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"])
 
+    def unpause(self, dag_id: str) -> None:
+        """Unpause ``dag_id`` (as an operator does where DAGs are paused at creation)."""
+        self.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+
+    def pools(self) -> dict[str, int]:
+        """Airflow pool name → slots."""
+        return {p["name"]: int(p["slots"]) for p in self.api("GET", "/pools", params={"limit": 100})["pools"]}
+
     def run_state(self, dag_id: str, run_id: str) -> str:
         """The state of one DAG run."""
         return str(self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
@@ -266,6 +362,11 @@ class LocalCluster:
         return poll_until(what, check, timeout=timeout, abort=exited, logs=self.tail, interval=interval)
 
     # ---- helpers -------------------------------------------------------------------------------
+
+    def _role(self, role: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of one role's process over :attr:`env`: its ``role_env``, then the
+        cluster's locations, ``env`` and ``extra`` (which win)."""
+        return {**self.role_env.get(role, {}), **self._locations, **self._extra, **(extra or {})}
 
     @property
     def _airflow(self) -> list[str]:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,12 +37,77 @@ def test_gpu_pool_sync_assigns_the_partition_pool(monkeypatch: pytest.MonkeyPatc
     assert "pool" not in gpu(gpus=1, pool_sync=False)
 
 
+def test_an_explicit_pool_wins_over_the_partition_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSCHED_POOL_SYNC", "true")
+    assert gpu(gpus=2, pool="team_a")["pool"] == "team_a"
+    assert gpu(gpus=2, pool="team_a")["pool_slots"] == 2  # slots default to the device count
+    assert gpu(gpus=2, pool="team_a", pool_slots=1)["pool_slots"] == 1
+    assert gpu(gpus=2, pool="team_a", pool_sync=False)["pool"] == "team_a"  # whatever pool sync says
+    partition = gpu(gpus=2, pool_slots=5)
+    assert (partition["pool"], partition["pool_slots"]) == ("gpu_training", 5)
+
+    @gpu_task(gpus=2, pool="team_a", retries=1)
+    def train() -> None:
+        return None
+
+    op = train().operator
+    assert (op.pool, op.pool_slots, op.retries) == ("team_a", 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"gpus": 1, "pool": ""}, "pool"), ({"gpus": 1, "pool": 3}, "pool"),
+     ({"gpus": 1, "pool_slots": 0}, "pool_slots"), ({"gpus": 1, "pool_slots": True}, "pool_slots")],
+)
+def test_a_bad_pool_is_one_line_naming_the_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(GPURequestError) as info:
+        gpu(**kwargs)
+    assert info.value.field == field
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"GPURequest.{field}:") and "accepted:" in message
+
+
+def test_gang_task_takes_the_options_of_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk import DAG
+
+    from gpusched.airflow.gang import gang_task
+
+    monkeypatch.setenv("GPUSCHED_POOL_SYNC", "true")
+
+    def members(**kwargs: Any) -> dict[str, Any]:
+        with DAG(dag_id="g", schedule=None) as dag:
+            @gang_task(nodes=2, gpus_per_node=2, vendor="nvidia", **kwargs)
+            def train() -> None:
+                return None
+
+            train()
+        return {t.task_id: t for t in dag.tasks}
+
+    synced = members(retries=2)
+    assert sorted(synced) == ["train__node0", "train__node1"]
+    assert {(t.pool, t.pool_slots, t.retries) for t in synced.values()} == {("gpu_training", 2, 2)}
+    unsynced = members(pool_sync=False)  # an option of gpu(), not forwarded to @task
+    assert {t.pool for t in unsynced.values()} == {"default_pool"}
+    own = members(pool="team_a", pool_slots=1, task_id="pretrain", executor_config={"other": 1})
+    assert sorted(own) == ["pretrain__node0", "pretrain__node1"]
+    for rank, member in enumerate(own[f"pretrain__node{r}"] for r in (0, 1)):
+        assert (member.pool, member.pool_slots) == ("team_a", 1)
+        assert member.executor_config["other"] == 1
+        assert member.executor_config["gpusched_gang"]["rank"] == rank
+        assert request_from_executor_config(member.executor_config) == GPURequest.build(
+            gpus=2, vendor="nvidia", interconnect="same_node")
+    with pytest.raises(GPURequestError, match=r"GPURequest\.pool_slots: 0 is not valid"):
+        gang_task(nodes=2, gpus_per_node=1, pool_slots=0)
+    with pytest.raises(GPURequestError, match="use nodes and gpus_per_node"):
+        gang_task(nodes=2, gpus_per_node=1, count=2)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [({"gpus": 0.5}, "memory"), ({"gpus": 2, "interconect": "island"}, "interconect"),
      ({"gpus": 1, "partition": "prod"}, "partition")],
 )
-def test_gpu_rejects_bad_fields_at_parse_time(kwargs: dict[str, object], field: str) -> None:
+def test_gpu_rejects_bad_fields_at_parse_time(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(GPURequestError) as info:
         gpu(**kwargs)
     assert info.value.field == field

@@ -12,7 +12,10 @@ Shows: every GPU task ran in the worker of the host that owns its devices, with 
 devices visible; a two-host gang starts together with one rendezvous and, when one member
 fails, is stopped and retried as a whole; SIGKILL of one host mid-task marks it lost, releases
 its allocation, and the task succeeds on a retry on the other host; at the end no allocation is
-left.
+left. And the compose ``celery`` profile as shipped: with the environment ``docker-compose.yaml``
+gives each service (``GPUSCHED_POOL_SYNC`` on, so every GPU task is parsed into a partition
+pool), the executor creates and sizes those pools from the live hosts' GPUs, and a GPU task and
+a two-node gang run to success.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Any
 import pytest
 from _airflow_support import wait_on_cluster
 
-from gpusched.deploy.multihost_cluster import LocalCluster
+from gpusched.airflow.pool_sync import desired_pool_slots
+from gpusched.deploy.multihost_cluster import LocalCluster, compose_environments
 from gpusched.scheduler.keys import ti_key
 
 pytestmark = [pytest.mark.multihost, pytest.mark.airflow, pytest.mark.slow]
@@ -220,6 +224,110 @@ def test_gpu_tasks_run_on_their_devices_host_and_survive_a_host_death(cluster: L
         print(f"host death -> task running on {survivor}: {recovered_s:.1f} s")
 
         # 4. Nothing is left allocated.
+        _wait(cluster, "every allocation to be released", lambda: not ledger.active(), 60)
+    finally:
+        ledger.close()
+
+
+COMPOSE_DAG_SOURCE = '''
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+
+from airflow.sdk import dag, get_current_context, task
+
+from gpusched.airflow.authoring import gpu
+from gpusched.airflow.gang import gang_task
+
+OUT = Path(os.environ["GPUSCHED_TEST_OUT"])
+
+
+def _record() -> None:
+    ti = get_current_context()["ti"]
+    names = ("GPUSCHED_HOST", "CUDA_VISIBLE_DEVICES", "NODE_RANK", "WORLD_SIZE")
+    seen = {k: os.environ.get(k) for k in names}
+    (OUT / f"{ti.task_id}-{ti.try_number}.json").write_text(json.dumps(seen))
+
+
+@dag(dag_id="compose_celery", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def compose_celery():
+    @task(task_id="one_gpu", **gpu(gpus=1, vendor="nvidia"))
+    def one_gpu() -> None:
+        _record()
+
+    @gang_task(nodes=2, gpus_per_node=1, vendor="nvidia", interconnect="same_rack")
+    def gang() -> None:
+        _record()
+
+    one_gpu()
+    gang()
+
+
+compose_celery()
+'''
+
+
+@pytest.fixture
+def compose_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The cluster with the environment docker-compose.yaml's celery profile gives each service."""
+    local = LocalCluster(tmp_path_factory.mktemp("compose"), {"compose_dags.py": COMPOSE_DAG_SOURCE},
+                         hosts=HOSTS, role_env=compose_environments())
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+
+
+def test_compose_celery_profile_keeps_the_pools_and_runs_gpu_tasks(compose_cluster: LocalCluster) -> None:
+    from gpusched.ledger import Ledger
+
+    cluster = compose_cluster
+    # What the issue is about, read from the compose file: pool sync on for the DAG processor and
+    # the scheduler, the scheduler on GPUCeleryExecutor.
+    assert cluster.role_env["dag-processor"]["GPUSCHED_POOL_SYNC"] == "true"
+    assert cluster.role_env["scheduler"]["GPUSCHED_POOL_SYNC"] == "true"
+    assert cluster.role_env["scheduler"]["AIRFLOW__CORE__EXECUTOR"].endswith(".GPUCeleryExecutor")
+    _wait(cluster, "scheduler and dag-processor to be healthy", cluster.healthy, 300, 2)
+    ledger = Ledger(cluster.db_url)
+    try:
+        _wait(cluster, "both GPU hosts to register", lambda: len(ledger.hosts()) == 2, 120)
+
+        # The executor sizes the partition pools from the ledger's fleet (4 GPUs on live hosts).
+        def pools_match() -> bool:
+            wanted = {name: spec.slots for name, spec in desired_pool_slots(ledger.snapshot()).items()}
+            pools = cluster.pools()
+            return sum(wanted.values()) == 4 and all(pools.get(n) == k for n, k in wanted.items())
+
+        _wait(cluster, "the gpu_<partition> pools to follow the fleet", pools_match, 90, 2)
+        assert {n: k for n, k in cluster.pools().items() if n.startswith("gpu_")} == {
+            "gpu_training": 3, "gpu_burst": 1, "gpu_dev": 0}
+
+        _wait(cluster, "the DAG to be parsed", lambda: cluster.api("GET", "/dags/compose_celery"), 180, 2)
+        cluster.unpause("compose_celery")  # compose pauses DAGs at creation
+        run_id = cluster.trigger("compose_celery")
+        _wait(cluster, "compose_celery to finish",
+              lambda: _finished(cluster, "compose_celery", run_id), 240, 2)
+        tis = _tis(cluster, "compose_celery", run_id)
+        assert {t: (ti["state"], ti["pool"], ti["pool_slots"]) for t, ti in tis.items()} == {
+            "one_gpu": ("success", "gpu_training", 1),
+            "gang__node0": ("success", "gpu_training", 1),
+            "gang__node1": ("success", "gpu_training", 1),
+        }, cluster.tail()
+        assert _seen(cluster, "one_gpu", 1)["GPUSCHED_HOST"] in HOSTS
+        members = [_seen(cluster, f"gang__node{rank}", 1) for rank in (0, 1)]
+        assert {m["GPUSCHED_HOST"] for m in members} == set(HOSTS)
+        assert [(m["NODE_RANK"], m["WORLD_SIZE"]) for m in members] == [("0", "2"), ("1", "2")]
+
+        # A lost host's GPUs leave the pools (the ledger's fleet is the live hosts').
+        cluster.kill_host("host-b")
+        _wait(cluster, "the pools to shrink to host-a's 2 GPUs",
+              lambda: cluster.pools().get("gpu_training") == 2 and cluster.pools().get("gpu_burst") == 0,
+              120, 2)
+        assert "host-b" not in {n.name for n in ledger.snapshot().nodes}
         _wait(cluster, "every allocation to be released", lambda: not ledger.active(), 60)
     finally:
         ledger.close()

@@ -1,4 +1,5 @@
-"""Pool sync: pure slot computation, and writes into a real (migrated) Airflow metadata DB."""
+"""Pool sync: pure slot computation, writes into a real (migrated) Airflow metadata DB, and both
+GPU executors keeping the pools from the ledger's live hosts through their shared hooks."""
 
 from __future__ import annotations
 
@@ -122,3 +123,58 @@ def test_sync_follows_the_configured_quota_shares(
     monkeypatch.setenv("GPUSCHED_QUOTA_FILE", str(quota))
     assert sync_pools(_fleet(_node("q", 10))) == {"gpu_training": 5, "gpu_burst": 3, "gpu_dev": 2}
     assert "50.0% of 10 usable GPUs" in _pools()["gpu_training"][1]
+
+
+FLEET = Path(__file__).resolve().parents[2] / "gpusched" / "include" / "fleets" / "multihost.yaml"
+
+
+@pytest.mark.airflow
+@pytest.mark.parametrize(("module", "name"), [("executor", "GPUExecutor"),
+                                              ("celery_executor", "GPUCeleryExecutor")])
+def test_both_executors_keep_the_pools_of_the_live_hosts(
+    airflow_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, name: str
+) -> None:
+    import importlib
+
+    from gpusched.airflow.gpu_executor_hooks import GPUExecutorHooks
+    from gpusched.hardware.detect import detect_backend
+    from gpusched.hardware.host_slice import HostSlice
+
+    monkeypatch.setenv("GPUSCHED_POOL_SYNC", "true")  # as docker-compose.yaml sets it
+    monkeypatch.setenv("GPUSCHED_DB_URL", f"sqlite:///{tmp_path / 'ledger.db'}")
+    monkeypatch.delenv("GPUSCHED_QUOTA_FILE", raising=False)
+    cls = getattr(importlib.import_module(f"gpusched.airflow.{module}"), name)
+    assert cls.sync_pools is GPUExecutorHooks.sync_pools  # one implementation for every executor
+    executor = cls(parallelism=4)
+    try:
+        executor.ledger.migrate()
+        t0 = 1_000_000.0
+        for host in ("host-a", "host-b"):  # two GPU hosts with 2 GPUs each
+            nodes = HostSlice(detect_backend("simulated", fleet=FLEET), host).discover()
+            executor.ledger.register_host(host, nodes, stale_after_s=10, now=t0)
+        assert executor.sync_pools(now=t0) is True
+        pools = _pools()
+        assert (pools["gpu_training"][0], pools["gpu_burst"][0], pools["gpu_dev"][0]) == (3, 1, 0)
+        assert "4 usable GPUs" in pools["gpu_training"][1]
+
+        executor.ledger.heartbeat_host("host-a", now=t0 + 60)
+        assert [h.name for h in executor.ledger.mark_lost_hosts(30, now=t0 + 60)] == ["host-b"]
+        assert executor.sync_pools(now=t0 + 5) is False  # checked at most every 10 s
+        assert executor.sync_pools(now=t0 + 60) is True  # the fleet shrank: synced at once
+        pools = _pools()
+        assert (pools["gpu_training"][0], pools["gpu_burst"][0], pools["gpu_dev"][0]) == (2, 0, 0)
+    finally:
+        executor.ledger.close()
+
+
+@pytest.mark.airflow
+def test_no_pools_without_pool_sync(airflow_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpusched.airflow.celery_executor import GPUCeleryExecutor
+
+    monkeypatch.setenv("GPUSCHED_POOL_SYNC", "false")
+    monkeypatch.setenv("GPUSCHED_DB_URL", f"sqlite:///{tmp_path / 'ledger.db'}")
+    executor = GPUCeleryExecutor(parallelism=4)
+    try:
+        assert executor.sync_pools(now=0.0) is False
+    finally:
+        executor.ledger.close()
