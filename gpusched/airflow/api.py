@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from gpusched.airflow import api_views
 from gpusched.airflow.ui_page import render_page, security_headers
-from gpusched.ledger import Ledger
 from gpusched.paths import state_dir
 from gpusched.quota.file import load_quota_policy, quota_file
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+
+    from gpusched.ledger import Ledger  # at run time only in LazyApp.get (plugin load stays light)
 
 __all__ = ["URL_PREFIX", "LazyApp", "create_app", "load_forecast", "load_quota_policy"]
 
@@ -82,6 +83,8 @@ class _LedgerHolder:
     def get(self) -> Ledger:
         with self._lock:
             if self._ledger is None:
+                from gpusched.ledger import Ledger  # local: the ledger's SQL tables, on the first request
+
                 ledger = Ledger(self._url)
                 ledger.migrate()
                 self._ledger = ledger

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from gpusched.ledger import Allocation, QueueEntry
 from gpusched.model import MILLI, Device, DeviceSample, FleetSnapshot, Health, Node
 from gpusched.quota import usage as quota_usage
 from gpusched.quota.policy import UNITS_PER_A100_HOUR, QuotaPolicy, partition_capacity
 from gpusched.request import Partition
 from gpusched.scheduler.keys import parse_ti_key
+
+if TYPE_CHECKING:  # the records only annotate; the plugin loads this module without the ledger
+    from gpusched.ledger import Allocation, QueueEntry
 
 __all__ = [
     "DEVICE_STATES",

@@ -28,10 +28,8 @@ from airflow.listeners import hookimpl
 
 from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
 from gpusched.airflow.task_log import task_log_path
-from gpusched.faults.failures import FailureRecord, record_failure
 from gpusched.faults.stopping import PidRegistry
 from gpusched.hardware.envexport import allocation_from_env
-from gpusched.ledger import Ledger
 from gpusched.scheduler.keys import ti_key_of
 from gpusched.settings import env_bool
 
@@ -83,6 +81,8 @@ def read_log_tail(task_instance: Any, base_folder: str | None = None) -> str:
 
 def build_failure_record(task_instance: Any, error: Any, ledger: Any) -> Any:
     """The :class:`~gpusched.faults.failures.FailureRecord` of this failed try."""
+    # local: failures loads the ledger (SQL tables); the plugin loads this module in every Airflow process
+    from gpusched.faults.failures import FailureRecord
 
     key = ti_key_of(task_instance)
     allocation = ledger.get(key)
@@ -144,8 +144,11 @@ def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any)
     if not is_gpu_task(task_instance):
         return
     try:
-        # local: remediation loads placement (numpy), wanted only when a GPU task fails, not at plugin load
+        # local: remediation loads placement (numpy), the ledger its SQL tables; wanted only when a GPU
+        # task fails, not at plugin load (every Airflow process)
+        from gpusched.faults.failures import record_failure
         from gpusched.faults.remediation import handle_failure
+        from gpusched.ledger import Ledger
 
         PidRegistry().unregister(ti_key_of(task_instance))
         ledger = Ledger()

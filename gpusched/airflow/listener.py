@@ -30,10 +30,6 @@ from airflow.listeners import hookimpl
 from gpusched.airflow.authoring import is_gpu_task
 from gpusched.errors import WrongHostError
 from gpusched.hardware.envexport import ALLOCATION_VAR, allocation_from_env, devices_env
-from gpusched.ledger import Ledger
-from gpusched.ledger.engine import default_url
-from gpusched.ledger.hosts import LAUNCH_EVENT
-from gpusched.ledger.liveness import current_process
 from gpusched.scheduler.keys import ti_key_of
 
 __all__ = [
@@ -70,6 +66,9 @@ _LEDGERS: dict[str, Any] = {}
 
 def _ledger() -> Any:
     """One ledger per task process (export and release share its connection pool)."""
+    # local (also below): the ledger's SQL tables load on use; the plugin loads this in every Airflow process
+    from gpusched.ledger import Ledger
+    from gpusched.ledger.engine import default_url
 
     url = default_url()
     if url not in _LEDGERS:
@@ -110,6 +109,8 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
                 "restriction. Run it under gpusched.airflow.executor.GPUExecutor.", key,
             )
             return None
+        from gpusched.ledger.hosts import LAUNCH_EVENT  # local: the ledger package, as in _ledger()
+
         launched = ledger.events(1, kinds=[LAUNCH_EVENT], subject=key)
         if launched:  # the Celery executor recorded the environment and the host at dispatch
             detail = launched[0].detail
@@ -175,6 +176,7 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
 
 def record_task_process(task_instance: Any) -> bool:
     """Record this process as the ``task`` holder of the task's active allocation."""
+    from gpusched.ledger.liveness import current_process  # local: the ledger package, as in _ledger()
 
     return bool(_ledger().attach_process(ti_key_of(task_instance), current_process("task")))
 
