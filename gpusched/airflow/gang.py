@@ -29,7 +29,7 @@ from typing import Any
 
 from gpusched.airflow.authoring import gpu, split_task_kwargs
 from gpusched.errors import GPURequestError
-from gpusched.scheduler.gangs import GANG_KEY, GANG_SCOPES
+from gpusched.gang import GANG_KEY, GANG_SCOPES
 
 __all__ = ["gang_task"]
 

@@ -22,9 +22,9 @@ from typing import Any, Protocol
 from gpusched.airflow.authoring import request_from_executor_config
 from gpusched.errors import GPURequestError
 from gpusched.faults.failures import load_overrides
+from gpusched.gang import gang_member
 from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy, running_tasks
-from gpusched.scheduler.gangs import gang_member
 from gpusched.scheduler.keys import ti_key_of
 from gpusched.scheduler.quota import cycle_quota
 

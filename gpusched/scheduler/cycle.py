@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gpusched.errors import PlacementError
+from gpusched.gang import GangMember
 from gpusched.hardware.envexport import devices_env
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import (
@@ -33,7 +34,7 @@ from gpusched.placement.genetic import optimise_with_report
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaState, physical_milli
 from gpusched.request import GPURequest
-from gpusched.scheduler.gangs import GangMember, membership, place_gang
+from gpusched.scheduler.gangs import membership, place_gang
 
 __all__ = [
     "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "PlacementEngine", "cycle_policy",

@@ -1,86 +1,22 @@
-"""Multi-node gangs in the scheduling cycle: membership, placement (every member on its own node, or none
-of them) and the rendezvous variables (pure).
+"""Multi-node gangs in the scheduling cycle: every member on its own node, or none of them (pure).
 
-A gang member is one task per node; its membership travels in the task's ``executor_config`` under
-:data:`GANG_KEY` (written by :func:`gpusched.airflow.gang.gang_task`).
+What a gang is — its members' membership in ``executor_config`` and their rendezvous variables —
+is vocabulary (:mod:`gpusched.gang`); this module places a complete gang.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpusched.errors import GPURequestError
+from gpusched.gang import LOCAL_ADDRESS, GangMember, rendezvous_env
 from gpusched.model import DeviceShare, FleetSnapshot, Node
 from gpusched.placement import PendingTask, PlacementRequest, Policy, RunningTask, place
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 
-__all__ = [
-    "GANG_KEY", "GANG_SCOPES", "RENDEZVOUS_VARS", "GangMember", "GangPlan", "GangWork", "gang_member",
-    "membership", "place_gang", "rendezvous_env",
-]
-
-GANG_KEY = "gpusched_gang"
-"""Key of the gang spec in a member task's ``executor_config``."""
-
-RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "NNODES", "LOCAL_WORLD_SIZE",
-                   "GPUSCHED_GANG")
-"""Every variable :func:`rendezvous_env` sets."""
-
-GANG_SCOPES = ("same_rack", "any")
-_PORT_BASE, _PORT_SPAN = 29500, 500
-
-
-@dataclass(frozen=True, slots=True)
-class GangMember:
-    """One member of a multi-node gang: ``gang`` is unique per DAG run (and map index)."""
-
-    gang: str
-    size: int
-    rank: int
-    scope: str = "same_rack"
-
-
-def gang_member(
-    executor_config: object, *, dag_id: str, run_id: str, map_index: int = -1
-) -> GangMember | None:
-    """The gang membership in a task's ``executor_config``, or None for an ordinary task.
-
-    Raises:
-        GPURequestError: the ``gpusched_gang`` entry is malformed.
-    """
-    if not isinstance(executor_config, Mapping) or GANG_KEY not in executor_config:
-        return None
-    spec = executor_config[GANG_KEY]
-    try:
-        name, size, rank = str(spec["name"]), int(spec["size"]), int(spec["rank"])
-        scope = str(spec.get("scope", "same_rack"))
-    except (KeyError, TypeError, ValueError):
-        raise GPURequestError(GANG_KEY, spec, "a mapping with name, size and rank (use gang_task)") from None
-    if size < 2 or not 0 <= rank < size or scope not in GANG_SCOPES:
-        raise GPURequestError(GANG_KEY, spec, f"size >= 2, 0 <= rank < size, scope in {GANG_SCOPES}")
-    return GangMember(f"{dag_id}/{run_id}/{map_index}/{name}", size, rank, scope)
-
-
-def rendezvous_env(member: GangMember, gpus_per_node: int, master_addr: str) -> dict[str, str]:
-    """The torchrun / DeepSpeed variables of ``member`` (``MASTER_PORT`` derived from the gang id)."""
-    port = _PORT_BASE + zlib.crc32(member.gang.encode()) % _PORT_SPAN
-    return {
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(port),
-        "WORLD_SIZE": str(member.size * gpus_per_node),
-        "NODE_RANK": str(member.rank),
-        "NNODES": str(member.size),
-        "LOCAL_WORLD_SIZE": str(gpus_per_node),
-        "GPUSCHED_GANG": member.gang,
-    }
-
-LOCAL_ADDRESS = "127.0.0.1"
-"""Rendezvous address of a node with no registered GPU host (the local executor: one machine)."""
-
+__all__ = ["GangPlan", "GangWork", "membership", "place_gang"]
 
 class GangWork(Protocol):
     """What gang placement reads of a member's work (:class:`~gpusched.scheduler.cycle.PendingWork`)."""

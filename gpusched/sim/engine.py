@@ -28,12 +28,12 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from gpusched.durations import DurationModel, FinishedRun
+from gpusched.gang import GangMember
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy, decide
-from gpusched.scheduler.gangs import GangMember
 from gpusched.scheduler.quota import quota_at
 from gpusched.scheduler.store import InMemoryStore
 from gpusched.sim import quota as sim_quota

@@ -10,8 +10,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpusched.errors import ConfigurationError
+from gpusched.gang import GangMember
 from gpusched.request import GPURequest
-from gpusched.scheduler.gangs import GangMember
 
 __all__ = ["SimJob", "check_jobs", "with_expected_durations"]
 

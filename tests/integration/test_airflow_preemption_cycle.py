@@ -18,6 +18,7 @@ from _core_support import StubCore
 
 from gpusched.airflow import gpu_preemption
 from gpusched.airflow.gpu_preemption import Preemptor
+from gpusched.gang import GangMember
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.node_builder import make_node
@@ -25,7 +26,6 @@ from gpusched.placement import Policy, RunningTask
 from gpusched.quota.policy import QuotaPolicy, QuotaState
 from gpusched.request import GPURequest, Partition
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide
-from gpusched.scheduler.gangs import GangMember
 from gpusched.scheduler.keys import parse_ti_key, task_of
 
 NOW = 50_000.0

@@ -14,8 +14,8 @@ import pytest
 from _airflow_support import gpu_workload, queue_reading_executor
 from _airflow_support import run_cycle as _cycle
 
+from gpusched.gang import GANG_KEY
 from gpusched.request import GPURequest
-from gpusched.scheduler.gangs import GANG_KEY
 from gpusched.scheduler.keys import ti_key
 
 pytestmark = pytest.mark.airflow

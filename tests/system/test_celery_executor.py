@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from gpusched.errors import ConfigurationError
+from gpusched.gang import GANG_KEY
 from gpusched.hardware.detect import detect_backend
 from gpusched.hardware.host_slice import HostSlice
 from gpusched.request import GPURequest
-from gpusched.scheduler.gangs import GANG_KEY
 from gpusched.scheduler.keys import ti_key
 
 pytestmark = pytest.mark.airflow

@@ -23,10 +23,10 @@ import pytest
 from _airflow_support import gpu_workload, queue_reading_executor
 from _ledger_support import BACKENDS, database_url
 
+from gpusched.gang import GANG_KEY, GangMember
 from gpusched.quota.policy import QuotaPolicy
 from gpusched.quota.usage import period_start
 from gpusched.request import GPURequest
-from gpusched.scheduler.gangs import GANG_KEY, GangMember
 from gpusched.scheduler.keys import ti_key
 from gpusched.sim.engine import SimJob, simulate
 

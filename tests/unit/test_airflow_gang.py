@@ -8,13 +8,13 @@ import pytest
 
 from gpusched.airflow.gang import gang_task
 from gpusched.errors import GPURequestError
+from gpusched.gang import GANG_KEY, GangMember, gang_member, rendezvous_env
 from gpusched.hardware.detect import detect_backend
 from gpusched.model import FleetSnapshot
 from gpusched.placement import Policy
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide
-from gpusched.scheduler.gangs import GANG_KEY, GangMember, gang_member, rendezvous_env
 
 FLEETS = Path(__file__).resolve().parents[2] / "gpusched" / "include" / "fleets"
 
