@@ -15,8 +15,9 @@ Tasks
    empty ledger) the task is *skipped* with the reason, records a ``forecast_skipped`` ledger
    event the fleet page shows, and ``forecast``/``prescale`` are skipped: the run succeeds.
 4. ``forecast`` — refit the chosen model, forecast 24 h with a 90 % interval, write
-   ``$AIRFLOW_HOME/gpusched/forecast/latest.json`` + ``forecast-<stamp>.png``, the UI's
-   ``$AIRFLOW_HOME/gpusched/forecast.json``, and a ``forecast`` event in the ledger.
+   ``$AIRFLOW_HOME/gpusched/forecast/latest.json``, the UI's ``$AIRFLOW_HOME/gpusched/forecast.json``,
+   a ``forecast`` event in the ledger and, with the ``lab`` extra (matplotlib), the picture
+   ``forecast-<stamp>.png`` (without it the task logs why and writes ``"plot": null``).
 5. ``prescale`` — :func:`gpusched.capacity.scaling.plan_prescale` with the provisioning delay
    (``GPUSCHED_PROVISIONING_DELAY_S``, default 900) applied through ``GPUSCHED_SCALER``
    (``local`` | ``command:<cmd>`` | ``webhook:<url>``).
@@ -143,6 +144,7 @@ def gpusched_capacity_forecast() -> None:
         import json
 
         from gpusched.capacity.forecast import fit_forecast, plot_forecast, since_first_demand
+        from gpusched.errors import MissingExtraError
         from gpusched.paths import state_dir
 
         series = since_first_demand(_series(history))
@@ -151,8 +153,12 @@ def gpusched_capacity_forecast() -> None:
         out_dir = state_dir() / "forecast"
         out_dir.mkdir(parents=True, exist_ok=True)
         stamp = datetime.fromtimestamp(fc.start).strftime("%Y%m%dT%H%M")
-        png = plot_forecast(series, fc, out_dir / f"forecast-{stamp}.png")
-        data = fc.to_dict() | {"backtest": selection, "plot": str(png), "source": history["source"]}
+        png: str | None = None
+        try:
+            png = str(plot_forecast(series, fc, out_dir / f"forecast-{stamp}.png"))
+        except MissingExtraError as exc:  # the picture is optional: the UI reads the JSON
+            print(f"capacity_forecast: no forecast picture: {exc}")
+        data = fc.to_dict() | {"backtest": selection, "plot": png, "source": history["source"]}
         for path in (out_dir / "latest.json", state_dir() / "forecast.json"):
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")

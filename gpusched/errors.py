@@ -8,7 +8,8 @@ Hierarchy::
     GpuschedError
     ├── ConfigurationError          bad settings, environment, files or command-line arguments
     │   ├── FleetFileError          a fleet YAML that cannot be read or is inconsistent
-    │   └── TraceError              a trace file that cannot be read or has a bad row
+    │   ├── TraceError              a trace file that cannot be read or has a bad row
+    │   └── MissingExtraError       an optional dependency (the ``lab`` extra) is not installed
     ├── CatalogError                an accelerator model the catalog does not know
     ├── GPURequestError             a GPU request field that is invalid (raised at DAG parse time)
     ├── HardwareError               a vendor library failed (translated at the backend boundary)
@@ -41,6 +42,7 @@ __all__ = [
     "HostConflictError",
     "LedgerError",
     "LedgerUnavailableError",
+    "MissingExtraError",
     "PlacementError",
     "ScalingError",
     "TelemetryError",
@@ -73,6 +75,10 @@ class TraceError(ConfigurationError):
         where = self.path + (f", line {line}" if line is not None else "")
         at = f", field {field!r}" if field is not None else ""
         super().__init__(f"trace file {where}{at}: {problem}; fix: {fix}")
+
+
+class MissingExtraError(ConfigurationError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
 
 
 class CatalogError(GpuschedError):

@@ -3,7 +3,7 @@
     gpusched bench cycle --nodes 1000 [--sweep] [--cycles 20]
 
 Per fleet size, a SQLite ledger holds ``nodes`` × ``gpus_per_node`` devices of the synthetic
-fleet (:func:`gpusched.bench.synthetic.synthetic_fleet`'s inventory) with about ``busy`` of them
+fleet (:func:`gpusched.testing.synthetic_fleet`'s inventory) with about ``busy`` of them
 allocated (a few devices per node, one allocation each). Each cycle does what
 ``GPUScheduling._schedule`` does around the placement: one ``Ledger.cycle_view`` (fleet snapshot
 and active allocations in one read), then ``gpu_cycle.decide`` for ``pending`` newly waiting tasks
@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
+from gpusched.extras import pyplot
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceShare
 from gpusched.placement import Policy
@@ -45,6 +45,7 @@ from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide, running_tasks
 from gpusched.sim.metrics import percentile
+from gpusched.testing import synthetic_fleet, synthetic_requests
 
 __all__ = ["cycle_png", "cycle_table", "run_cycle_latency"]
 
@@ -186,11 +187,7 @@ def cycle_table(result: dict[str, Any]) -> str:
 
 def cycle_png(result: dict[str, Any], path: Path) -> Path:
     """Plot the CPU time of one cycle (p50 solid, p99 dashed) against fleet size, both ways."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     sweep = sorted(result["sweep"], key=lambda r: r["nodes"])
     nodes = [r["nodes"] for r in sweep]
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -27,12 +27,13 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.catalog import default_catalog
+from gpusched.extras import lab_module
 from gpusched.model import DeviceShare
 from gpusched.placement import PendingTask, PlacementRequest, Policy, place
 from gpusched.placement.genetic import optimise, optimise_with_report
 from gpusched.quota.policy import QuotaState
+from gpusched.testing import synthetic_fleet, synthetic_requests
 
 __all__ = ["measure", "replay", "run"]
 
@@ -63,9 +64,7 @@ def run(
     improved = 0
     iterator: Any = range(runs)
     if progress:
-        from tqdm import tqdm
-
-        iterator = tqdm(iterator, desc="optimise runs", file=sys.stderr)
+        iterator = lab_module("tqdm").tqdm(iterator, desc="optimise runs", file=sys.stderr)
     # One warm-up call: imports deap and builds the fleet index, like a long-running scheduler.
     warm = synthetic_requests(pending, seed=10_000, start=now - 3600)
     unlimited = QuotaState.unlimited()
@@ -138,10 +137,8 @@ def replay(
     nxt, now, rounds = 0, 0.0, 0
     bar = None
     if progress:
-        from tqdm import tqdm
-
         label = "optimiser" if optimiser else "greedy"
-        bar = tqdm(total=len(stream), desc=f"replay {label}", file=sys.stderr)
+        bar = lab_module("tqdm").tqdm(total=len(stream), desc=f"replay {label}", file=sys.stderr)
     while nxt < len(stream) or pending or ends:
         now += round_s
         freed: list[DeviceShare] = []

@@ -8,11 +8,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.model import FleetSnapshot
 from gpusched.placement import PendingTask, PlacementRequest, Placer, Policy, place
 from gpusched.quota.policy import QuotaState
 from gpusched.sim.metrics import percentile
+from gpusched.testing import synthetic_fleet, synthetic_requests
 
 __all__ = ["run_latency"]
 
@@ -40,9 +40,9 @@ def run_latency(
     main figures (``p50_ms``…). The release is timed beside the decision
     (``release_p50_ms``/``release_p99_ms``, second pass).
 
-    The fleet is :func:`gpusched.bench.synthetic.synthetic_fleet` (mixed models and
+    The fleet is :func:`gpusched.testing.synthetic_fleet` (mixed models and
     topology) with about ``busy`` of the devices taken; the requests are
-    :func:`~gpusched.bench.synthetic.synthetic_requests` (fractions, 1–8 GPUs, some
+    :func:`~gpusched.testing.synthetic_requests` (fractions, 1–8 GPUs, some
     16-GPU rack gangs), one per call. Returns wall-clock p50/p99 in ms per size (the first size's
     figures also at the top level) and the same in CPU time of this process (``cpu_p50_ms``,
     ``cpu_p99_ms``), which a busy shared machine does not inflate.

@@ -35,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpusched.deploy.multihost_cluster import LocalCluster
+from gpusched.extras import pyplot
 from gpusched.ledger import Ledger
 
 REPO = Path(__file__).resolve().parents[2]  # gpusched/bench/ → the repository
@@ -200,11 +201,7 @@ def _death(cluster: LocalCluster, round_no: int) -> dict[str, float | str]:
 
 def plot(result: dict[str, object], path: Path) -> None:
     """Two panels: queued -> running p50/p95 per executor; host death -> running per round."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     names = [("plain_celery", "CeleryExecutor\nhand-routed queues"),
              ("gpu_celery", "GPU Celery executor\n(placed + allocated)")]

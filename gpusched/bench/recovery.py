@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpusched.extras import lab_module
 from gpusched.faults.failures import FailureRecord, load_overrides, record_failure
 from gpusched.faults.remediation import handle_failure
 from gpusched.hardware.simulated import SimulatedBackend
@@ -220,7 +221,6 @@ def _trial(with_chain: bool, args: argparse.Namespace) -> dict[str, object]:
 
 def main() -> int:
     """Run ``--trials`` trials with the fault chain and as the baseline; print the summary JSON."""
-    from tqdm import tqdm
 
     parser = argparse.ArgumentParser(
         description="Fault-recovery benchmark: Xid 79 to the retried task running on a healthy GPU.")
@@ -231,7 +231,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="write all trials as JSON here")
     args = parser.parse_args()
     results: dict[str, list[dict[str, object]]] = {"gpusched": [], "baseline": []}
-    for _ in tqdm(range(args.trials), desc="fault-recovery trials", file=sys.stderr):
+    for _ in lab_module("tqdm").tqdm(range(args.trials), desc="fault-recovery trials", file=sys.stderr):
         results["gpusched"].append(_trial(True, args))
         results["baseline"].append(_trial(False, args))
     chain, base = results["gpusched"], results["baseline"]

@@ -3,7 +3,8 @@
 Layout read: ``results/openb/<podlist>__<policy>.json``, ``results/gavel/rate<r>__<policy>.json``,
 ``results/philly/<policy>.json``, ``results/latency/latency.json`` (what ``gpusched bench … --out``
 writes). Each ``*_report`` writes ``report.md`` and PNGs into the same folder and returns the
-markdown. matplotlib is imported inside the plotting helpers (Agg backend).
+markdown. matplotlib (the ``lab`` extra) is imported inside the plotting helpers
+(Agg backend, :func:`gpusched.extras.pyplot`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from gpusched.bench.calibration import read_published_seeds, report_sections
 from gpusched.bench.headroom import bound_medians, headroom_section
+from gpusched.extras import pyplot
 
 __all__ = ["gavel_report", "latency_report", "openb_report", "philly_report", "read_published_openb"]
 
@@ -23,15 +25,6 @@ _BEAT_FGD_BY = 0.1  # issue 13's bar: strictly below the published FGD by at lea
 
 def _load(folder: Path) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))}
-
-
-def _plt():  # type: ignore[no-untyped-def]
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def read_published_openb(tsv: Path) -> dict[str, dict[str, float]]:
@@ -127,7 +120,7 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
         lines.append("")
     lines.append("`*` = a run of the earlier harness (one reading at the crossing arrival): not comparable.")
     if names:
-        plt = _plt()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(13, 4.5))
         width = 0.09
         series = [
@@ -211,7 +204,7 @@ def gavel_report(folder: Path, published_tsv: Path) -> str:
         lines.append(f"| {rate:.1f} | {_fmt(pub.get('fifo'))} | {_fmt(pub.get('fifo_perf'))} | "
                      f"{_fmt(pub.get('max_min_fairness_perf'))} | " + " | ".join(cells) + " |")
     if rates:
-        plt = _plt()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(7, 4))
         xs = sorted(rates)
         for column, style, label in (("fifo", "k--o", "Gavel FIFO (pub.)"),
@@ -322,7 +315,7 @@ def philly_report(folder: Path, baseline: str = "first-fit") -> str:
             + f" | {_fmt(d_ratio, 3)} | {_fmt(u_ratio, 3)} |"
         )
     if runs:
-        plt = _plt()
+        plt = pyplot()
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
         names = list(runs)
         axes[0].bar(names, [runs[n]["queue_delay_mean_s"] / 3600 for n in names])
@@ -350,7 +343,7 @@ def latency_report(folder: Path) -> str:
         "| cold CPU p99 ms | samples |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    plt = _plt() if runs else None
+    plt = pyplot() if runs else None
     fig, ax = plt.subplots(figsize=(6, 4)) if plt is not None else (None, None)
     for data in runs.values():
         sweep = sorted(data["sweep"], key=lambda r: r["nodes"])

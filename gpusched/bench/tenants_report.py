@@ -1,6 +1,6 @@
 """Table and PNG of one ``gpusched bench tenants`` result (:mod:`gpusched.bench.tenants`).
 
-matplotlib is imported inside :func:`tenants_png` (Agg backend, through ``report._plt``).
+matplotlib is imported inside :func:`tenants_png` (Agg backend, :func:`gpusched.extras.pyplot`).
 """
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpusched.bench.report import _fmt, _plt
+from gpusched.bench.report import _fmt
+from gpusched.extras import pyplot
 
 __all__ = ["tenants_png", "tenants_table"]
 
@@ -44,7 +45,7 @@ def tenants_table(result: dict[str, Any]) -> str:
 
 def tenants_png(result: dict[str, Any], path: Path) -> Path:
     """Per-partition daily share of the fleet vs target, and per-tenant use vs budget (quota and not)."""
-    plt = _plt()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for i, (name, row) in enumerate(result["quota"]["partitions"].items()):
         colour = f"C{i}"

@@ -1,7 +1,8 @@
 """Demand forecasting: hourly GPU demand, model choice by rolling-origin backtest, intervals.
 
-Policy module: pure functions over immutable series. numpy, pandas, statsmodels and matplotlib
-are imported inside the functions that need them.
+Policy module: pure functions over immutable series. numpy, pandas and statsmodels are imported
+inside the functions that need them; :func:`plot_forecast` (matplotlib) and ``backtest``'s progress
+bar (tqdm) need the ``lab`` extra (:mod:`gpusched.extras`).
 
 The candidate models are
 
@@ -34,6 +35,7 @@ from gpusched.capacity.demand import (
     synthetic_demand,
 )
 from gpusched.errors import ForecastError
+from gpusched.extras import lab_module, pyplot
 
 __all__ = [
     "MODELS",
@@ -286,9 +288,7 @@ def backtest(
     seconds: dict[str, float] = dict.fromkeys(models, 0.0)
     iterator: Iterable[int] = cuts
     if progress:
-        from tqdm import tqdm
-
-        iterator = tqdm(cuts, desc="backtest origins", unit="origin")
+        iterator = lab_module("tqdm").tqdm(cuts, desc="backtest origins", unit="origin")
     for cut in iterator:
         train = series.window(cut - train_window, cut)
         actual = values[cut:cut + horizon]
@@ -325,13 +325,10 @@ def plot_forecast(
 ) -> Path:
     """Write a PNG of the recent history, the forecast and its interval; returns the path.
 
-    ``actual`` (optional) is drawn over the forecast window, for backtest pictures.
+    ``actual`` (optional) is drawn over the forecast window, for backtest pictures. Needs the
+    ``lab`` extra (matplotlib): without it, :class:`~gpusched.errors.MissingExtraError`.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     recent = series.window(len(series) - history_steps, len(series))
     import numpy as np
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpusched.catalog import default_catalog
+from gpusched.extras import lab_module
 from gpusched.model import MILLI
 from gpusched.placement import Placer, Policy, WorkloadShape
 from gpusched.quota.policy import QuotaState
@@ -235,9 +236,7 @@ def run_openb(
     wide: list[float] = []
     bar = None
     if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(
+        bar = lab_module("tqdm").tqdm(
             total=capacity,
             unit="mGPU",
             file=sys.stderr,

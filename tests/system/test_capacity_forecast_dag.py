@@ -86,10 +86,10 @@ def test_capacity_forecast_dag_reads_the_ledger_and_records_a_forecast_event() -
     import time
     from dataclasses import replace
 
-    from gpusched.bench.synthetic import synthetic_fleet
     from gpusched.ledger import Ledger
     from gpusched.model import DeviceShare
     from gpusched.request import GPURequest
+    from gpusched.testing import synthetic_fleet
 
     home = Path(os.environ["AIRFLOW_HOME"])  # the ledger lives under it, for both processes
     ledger = Ledger()

@@ -6,7 +6,9 @@ and runs everything from a folder outside the repository with no ``PYTHONPATH`` 
 folder of ours: ``airflow providers list`` shows gpusched, ``airflow config list --section
 gpusched`` its options with their defaults, the executor loads by its import path, ``gpusched
 --version`` answers, and a real ``airflow api-server`` serves the plugin's routes and lists its
-"GPU fleet" nav view.
+"GPU fleet" nav view. The wheel is installed without extras: the lean provider install, with no
+``lab`` extra (matplotlib), still loads the executors and the plugin and parses every bundled DAG,
+and a lab command says in one line how to get the extra.
 
 One virtualenv for the whole module; installing Airflow's dependency tree takes minutes, hence
 the ``wheel`` marker (``pytest -m wheel``).
@@ -142,6 +144,28 @@ def test_executor_loads_by_its_import_path(venv: dict[str, Any]) -> None:
             "print(cls.__module__, cls.__name__, ex.gpu.lease_s, ex.gpu.policy.name)\n")
     out = _run([venv["python"], "-c", code], env=env, cwd=venv["cwd"]).split()
     assert out[-4:] == ["gpusched.airflow.executor", "GPUExecutor", "321", "gpusched"]
+
+
+def test_the_lean_install_runs_the_product_without_the_lab(venv: dict[str, Any], tmp_path: Path) -> None:
+    code = ("import importlib.util, json, os, sys\n"
+            "assert importlib.util.find_spec('matplotlib') is None, 'the plain wheel pulled in matplotlib'\n"
+            "import gpusched.airflow.celery_executor, gpusched.airflow.executor, gpusched.airflow.plugin\n"
+            "from airflow.dag_processing.dagbag import DagBag\n"
+            "bag = DagBag(dag_folder=sys.argv[1], safe_mode=False)\n"
+            "assert not bag.import_errors, bag.import_errors\n"
+            "print(json.dumps({i: os.path.basename(d.fileloc) for i, d in bag.dags.items()}))\n")
+    dags = json.loads(_run([venv["python"], "-c", code, str(REPO / "dags")], env=venv["env"],
+                           cwd=venv["cwd"]).splitlines()[-1])
+    assert set(dags.values()) == {p.name for p in (REPO / "dags").glob("*.py")}, dags
+    assert "gpusched_capacity_forecast" in dags and "gpusched_fault_recovery" in dags
+    # A lab command (report plots need matplotlib) fails with the one line that names the fix.
+    (tmp_path / "latency").mkdir()
+    (tmp_path / "latency" / "l.json").write_text('{"policy": "gpusched", "sweep": []}', encoding="utf-8")
+    done = subprocess.run([str(venv["bin"] / "gpusched"), "bench", "report", "--results", str(tmp_path)],
+                          env=venv["env"], cwd=venv["cwd"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == ("gpusched bench report: error: matplotlib is not installed; it comes with "
+                           "gpusched's lab extra: pip install 'gpusched[lab]'\n")
 
 
 @pytest.fixture(scope="module")

@@ -156,10 +156,10 @@ def test_scaler_from_spec(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_standby_for_waiting_serves_only_tasks_a_standby_node_helps() -> None:
     from dataclasses import replace as _replace
 
-    from gpusched.bench.synthetic import synthetic_fleet
     from gpusched.capacity.prescale import WaitingTask, standby_for_waiting
     from gpusched.model import FleetSnapshot
     from gpusched.request import GPURequest
+    from gpusched.testing import synthetic_fleet
 
     nodes = list(synthetic_fleet(3, used_fraction=0.0).nodes)
     nodes[2] = _replace(nodes[2], standby=True)

@@ -7,12 +7,12 @@ from collections import defaultdict
 import pytest
 from _placement_support import no_quota
 
-from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.catalog import arch_rank, default_catalog
 from gpusched.model import MILLI, FleetSnapshot
 from gpusched.placement import PendingTask, PlacementPlan, Policy, place
 from gpusched.placement.genetic import optimise, optimise_with_report, plan_objective
 from gpusched.request import GPURequest, Interconnect
+from gpusched.testing import synthetic_fleet, synthetic_requests
 
 NOW = 10_000.0
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from _placement_support import no_quota, no_quota_on
 
-from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.errors import PlacementError
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.node_builder import make_node
@@ -26,6 +25,7 @@ from gpusched.placement.index import FreeState, fleet_index
 from gpusched.placement.score import FragStats
 from gpusched.placement.workload import Workload
 from gpusched.request import GPURequest
+from gpusched.testing import synthetic_fleet, synthetic_requests
 
 GIB = 1024**3
 

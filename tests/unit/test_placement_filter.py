@@ -6,10 +6,10 @@ from dataclasses import replace
 
 from _placement_support import no_quota
 
-from gpusched.bench.synthetic import make_node
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot, Health
 from gpusched.placement import PendingTask, Policy, place
 from gpusched.request import GPURequest
+from gpusched.testing import make_node
 
 GIB = 1024**3
 

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from _placement_support import no_quota_on
 
-from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.model import Device, DeviceShare, FleetSnapshot, Health
 from gpusched.node_builder import make_node
 from gpusched.placement import Assignment, PendingTask, PlacementPlan, Placer, Policy, RunningTask
@@ -27,6 +26,7 @@ from gpusched.placement.incremental import Incremental
 from gpusched.placement.index import FreeState, fleet_index
 from gpusched.placement.topology import node_counts
 from gpusched.request import GPURequest
+from gpusched.testing import synthetic_fleet, synthetic_requests
 
 _CRITICAL = GPURequest.from_dict(
     {"gpus": 8, "interconnect": "island", "priority": "critical", "expected_duration": 3600}

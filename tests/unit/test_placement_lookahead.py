@@ -251,9 +251,9 @@ def _one_at_a_time(widen: int, timed: bool) -> list[tuple[str, ...]]:
     """The devices each of 120 whole-device tasks (1–8 GPUs) gets, placed one at a time."""
     import random
 
-    from gpusched.bench.synthetic import synthetic_fleet
     from gpusched.placement import PlacementRequest
     from gpusched.quota.policy import QuotaState
+    from gpusched.testing import synthetic_fleet
 
     fleet = synthetic_fleet(32, 8, 0, used_fraction=0.3)
     policy = Policy.named("gpusched", lookahead_widen=widen)

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from _placement_support import no_quota
 
-from gpusched.bench.synthetic import make_node
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Placer, Policy, QueueOrder, WorkloadShape, place
 from gpusched.placement.index import FreeState, fleet_index
 from gpusched.placement.score import FragStats
 from gpusched.placement.workload import Workload, estimate_workload
 from gpusched.request import GPURequest
+from gpusched.testing import make_node
 
 T4 = "T4"
 V100 = "V100-SXM2-16GB"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from _placement_support import no_quota
 
-from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.model import MILLI
 from gpusched.placement import Policy, place
+from gpusched.testing import synthetic_fleet, synthetic_requests
 
 
 @pytest.mark.parametrize("name", Policy.names())
@@ -27,8 +27,8 @@ def test_every_policy_gives_a_complete_plan_without_double_booking(name: str) ->
 
 @pytest.mark.parametrize("name", Policy.names())
 def test_empty_fleets_and_nodes_without_devices(name: str) -> None:
-    from gpusched.bench.synthetic import make_node
     from gpusched.model import FleetSnapshot, Node
+    from gpusched.testing import make_node
 
     pending = synthetic_requests(8, seed=4)
     assert place(no_quota([], synthetic_fleet(2), Policy.named(name), now=0.0)).assignments == ()

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from gpusched.bench.synthetic import synthetic_fleet, synthetic_requests
 from gpusched.errors import ConfigurationError
 from gpusched.model import FleetSnapshot
 from gpusched.placement import (
@@ -32,6 +31,7 @@ from gpusched.placement.warm import WarmPlacement
 from gpusched.placement.workload import DEFAULT_WORKLOAD, SteadyWorkload, distance, estimated_shapes
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
+from gpusched.testing import synthetic_fleet, synthetic_requests
 
 
 def _plan(plan: PlacementPlan) -> tuple[list[Any], list[Any], list[Any]]:

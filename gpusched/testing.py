@@ -1,8 +1,17 @@
-"""Synthetic fleets and request streams for latency benchmarks and tests (seeded, no I/O).
+"""Helpers for tests and DAG authors: seeded synthetic fleets, request streams and nodes (no I/O).
 
-``synthetic_fleet(1000)`` gives 1,000 nodes × 8 devices of mixed models with realistic topology
-(NVSwitch/xGMI islands of 8, NVLink/HCCS islands of 4, PCIe switches and two NUMA nodes per host),
-16 nodes per rack, and about 40 % of the devices partly or wholly in use.
+Part of the installed package (no lab extra needed), so a DAG's own tests can build the fleets
+gpusched's tests and latency benchmarks use::
+
+    from gpusched.testing import make_node, synthetic_fleet, synthetic_requests
+
+* :func:`synthetic_fleet` — ``synthetic_fleet(1000)`` gives 1,000 nodes × 8 devices of mixed models
+  with realistic topology (NVSwitch/xGMI islands of 8, NVLink/HCCS islands of 4, PCIe switches and
+  two NUMA nodes per host), 16 nodes per rack, and about 40 % of the devices partly or wholly in
+  use. The same ``seed`` gives the same fleet.
+* :func:`synthetic_requests` — ``n`` pending tasks of mixed shapes for the placement engine.
+* :func:`make_node` — one node of catalog devices with a conventional topology
+  (:mod:`gpusched.node_builder`, re-exported here).
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from gpusched.node_builder import make_node
 from gpusched.placement.types import PendingTask
 from gpusched.request import GPURequest, Interconnect, Partition
 
-__all__ = ["synthetic_fleet", "synthetic_requests"]
+__all__ = ["make_node", "synthetic_fleet", "synthetic_requests"]
 
 # (model, weight, devices per high-speed island; 0 = PCIe only)
 _MODELS = (
