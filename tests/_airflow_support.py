@@ -103,3 +103,34 @@ def wait_on_cluster(cluster: Any, what: str, check: Any, timeout: float, interva
         return cluster.wait(what, check, timeout, interval)
     except AirflowBootError as exc:
         pytest.fail(str(exc))
+
+
+def recording_celery_executor(
+    monkeypatch: pytest.MonkeyPatch, url: str, fleet: Any, *, stale_after_s: float = 10.0
+) -> Iterator[Any]:
+    """A ``GPUCeleryExecutor`` on the ledger at ``url`` with GPU hosts ``host-a`` and ``host-b``
+    (the nodes of those names in the simulated ``fleet`` file) registered; what it would send to
+    Celery is appended to ``executor.sent`` instead (the multihost tests send through Redis).
+    Use as the body of a fixture (``yield from``); needs the ``airflow_db`` fixture first."""
+    monkeypatch.setenv("GPUSCHED_DB_URL", url)
+    from gpusched.airflow import celery_executor
+    from gpusched.hardware.detect import detect_backend
+    from gpusched.hardware.host_slice import HostSlice
+
+    sent: list[Any] = []
+
+    def record(ex: Any, workloads: Any) -> None:  # what CeleryExecutor's sending does, minus Celery
+        for workload in workloads:
+            sent.append(workload)
+            ex.queued_tasks.pop(workload.key, None)
+
+    monkeypatch.setattr(celery_executor, "celery_send", record)
+    ex = celery_executor.GPUCeleryExecutor(parallelism=8)
+    ex.sent = sent
+    ex.ledger.migrate()
+    for host in ("host-a", "host-b"):
+        nodes = HostSlice(detect_backend("simulated", fleet=fleet), host).discover()
+        ex.ledger.register_host(host, nodes, stale_after_s=stale_after_s, address=f"10.0.0.{len(host)}")
+    yield ex
+    ex.ledger.close()
+

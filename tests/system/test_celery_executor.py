@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _airflow_support import recording_celery_executor
 
 from gpusched.errors import ConfigurationError
 from gpusched.gang import GANG_KEY
 from gpusched.hardware.detect import detect_backend
-from gpusched.hardware.host_slice import HostSlice
 from gpusched.request import GPURequest
 from gpusched.scheduler.keys import ti_key
 
@@ -28,25 +28,7 @@ FLEET = Path(__file__).resolve().parents[2] / "gpusched" / "include" / "fleets" 
 
 @pytest.fixture
 def executor(airflow_db: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
-    monkeypatch.setenv("GPUSCHED_DB_URL", f"sqlite:///{tmp_path / 'ledger.db'}")
-    from gpusched.airflow import celery_executor
-
-    sent: list[Any] = []
-
-    def record(ex: Any, workloads: Any) -> None:  # what CeleryExecutor's sending does, minus Celery
-        for workload in workloads:
-            sent.append(workload)
-            ex.queued_tasks.pop(workload.key, None)
-
-    monkeypatch.setattr(celery_executor, "celery_send", record)
-    ex = celery_executor.GPUCeleryExecutor(parallelism=8)
-    ex.sent = sent
-    ex.ledger.migrate()
-    for host in ("host-a", "host-b"):
-        nodes = HostSlice(detect_backend("simulated", fleet=FLEET), host).discover()
-        ex.ledger.register_host(host, nodes, stale_after_s=10, address=f"10.0.0.{len(host)}")
-    yield ex
-    ex.ledger.close()
+    yield from recording_celery_executor(monkeypatch, f"sqlite:///{tmp_path / 'ledger.db'}", FLEET)
 
 
 def _workload(task_id: str, gpu: dict[str, Any] | None, config: dict[str, Any] | None = None) -> Any:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _airflow_support import gpu_workload, queue_reading_executor
+from _airflow_support import gpu_workload, queue_reading_executor, recording_celery_executor
 from _ledger_support import BACKENDS, database_url
 
 from gpusched.gang import GANG_KEY, GangMember
@@ -190,38 +190,20 @@ def _drain_local(ex: Any) -> list[Any]:
 
 
 def _celery_executor(url: str, fleet: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A GPUCeleryExecutor on the PostgreSQL ledger at ``url``, GPU hosts host-a and host-b
-    registered; what it sends to Celery is recorded instead (with the queue it was sent to)."""
-    monkeypatch.setenv("GPUSCHED_DB_URL", url)
-    from gpusched.airflow import celery_executor
-    from gpusched.hardware.detect import detect_backend
-    from gpusched.hardware.host_slice import HostSlice
+    """The recording GPUCeleryExecutor on the PostgreSQL ledger at ``url``; each workload it sends
+    must go to the queue of the host that owns its devices."""
+    for ex in recording_celery_executor(monkeypatch, url, fleet, stale_after_s=3600):
 
-    sent: list[Any] = []
+        def take(ex: Any = ex) -> list[Any]:
+            for workload in ex.sent:
+                (node,) = {s.node for s in ex.ledger.get(_ledger_key(workload)).shares}
+                assert workload.ti.queue == f"gpusched@{node}", (workload.ti.queue, node)
+            keys = [w.key for w in ex.sent]
+            ex.sent.clear()
+            return keys
 
-    def record(ex: Any, workloads: Any) -> None:  # what CeleryExecutor's sending does, minus Celery
-        for workload in workloads:
-            sent.append(workload)
-            ex.queued_tasks.pop(workload.key, None)
-
-    monkeypatch.setattr(celery_executor, "celery_send", record)
-    ex = celery_executor.GPUCeleryExecutor(parallelism=8)
-    ex.ledger.migrate()
-    for host in ("host-a", "host-b"):
-        nodes = HostSlice(detect_backend("simulated", fleet=fleet), host).discover()
-        ex.ledger.register_host(host, nodes, stale_after_s=3600, address=f"10.0.0.{host[-1]}")
-
-    def take() -> list[Any]:
-        for workload in sent:  # each went to the queue of the host that owns its devices
-            (node,) = {s.node for s in ex.ledger.get(_ledger_key(workload)).shares}
-            assert workload.ti.queue == f"gpusched@{node}", (workload.ti.queue, node)
-        keys = [w.key for w in sent]
-        sent.clear()
-        return keys
-
-    ex.take_dispatched = take
-    yield ex
-    ex.ledger.close()
+        ex.take_dispatched = take
+        yield ex
 
 
 def _ledger_key(workload: Any) -> str:
