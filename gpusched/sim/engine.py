@@ -28,6 +28,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from gpusched.durations import DurationModel, FinishedRun
+from gpusched.extras import lab_module
 from gpusched.gang import GangMember
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask
@@ -359,6 +360,4 @@ def _work(task: PendingTask, gang: GangMember | None) -> PendingWork:
 def _bar(total: int, enabled: bool):  # type: ignore[no-untyped-def]
     if not enabled:
         return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="job", file=sys.stderr, desc="simulate", mininterval=1.0)
+    return lab_module("tqdm").tqdm(total=total, unit="job", file=sys.stderr, desc="simulate", mininterval=1.0)
