@@ -4,11 +4,15 @@ The vocabulary (catalog, fleet model, GPU requests, errors) is re-exported here;
 edges and Airflow faces live in their sub-packages (see ARCHITECTURE.md).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from gpusched.catalog import AcceleratorModel, Catalog, LinkKind, Vendor, default_catalog
 from gpusched.errors import GPURequestError, GpuschedError
-from gpusched.hardware.envexport import devices_env  # pure (vocabulary only): cheap at DAG parse
 from gpusched.model import Device, DeviceSample, DeviceShare, DeviceUsage, FleetSnapshot, Health, Node
 from gpusched.request import GPURequest, Interconnect, Partition
+
+if TYPE_CHECKING:
+    from gpusched.hardware.envexport import devices_env
 
 __version__ = "0.1.0"  # the release; pyproject.toml reads it (one source)
 
@@ -33,3 +37,12 @@ __all__ = [
     "default_catalog",
     "devices_env",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "devices_env":
+        # Resolved on first use: parsing a DAG imports gpusched and must not load gpusched.hardware.
+        from gpusched.hardware.envexport import devices_env
+
+        return devices_env
+    raise AttributeError(f"module 'gpusched' has no attribute {name!r}")

@@ -44,8 +44,8 @@ from gpusched.scheduler.attained import AttainedService
 from gpusched.scheduler.cycle import CycleRequest, Hold, Launch, PendingWork
 from gpusched.scheduler.durations import DurationHistory
 from gpusched.scheduler.keys import ti_key_of
+from gpusched.scheduler.ledger_store import LedgerStore
 from gpusched.scheduler.quota import over_budget_action
-from gpusched.scheduler.store import LedgerStore
 
 __all__ = ["Dispatcher", "GPUScheduling"]
 

@@ -2,16 +2,16 @@
 
 :class:`Store` is the port; two implementations serve it:
 
-* :class:`LedgerStore` — the SQL ledger (SQLite or PostgreSQL) the executors share with their
-  tasks, agents and the UI: :class:`gpusched.ledger.Ledger` plus the one read the ledger cannot
-  answer by itself without knowing the quota rule (:meth:`LedgerStore.tenant_use`).
+* :class:`~gpusched.scheduler.ledger_store.LedgerStore` — the SQL ledger (SQLite or PostgreSQL)
+  the executors share with their tasks, agents and the UI: :class:`gpusched.ledger.Ledger` plus
+  the one read the ledger cannot answer without knowing the quota rule (``tenant_use``).
 * :class:`InMemoryStore` — the same reads over allocations kept in memory, for the simulator and
   tests. It keeps each tenant's use of the current budget period incrementally (a finished run
   adds a fixed amount once), so a replay of a week of jobs does not recount every run each pass.
 
 Both answer :meth:`Store.tenant_use` by the one rule of :func:`gpusched.quota.usage.tenant_usage`
-(tested equal), and :func:`gpusched.scheduler.quota.cycle_quota` turns it into the cycle's quota
-state.
+(tested equal), and :func:`gpusched.scheduler.quota.quota_at` turns it into the cycle's quota
+state. This module imports no SQL: the simulator never loads it.
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ import bisect
 from collections.abc import Collection, Iterable
 from typing import Protocol
 
-from gpusched.ledger import Ledger
 from gpusched.ledger.records import Allocation, AllocationStatus
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.quota.policy import normalised_rate
-from gpusched.quota.usage import spans_of, tenant_usage
 from gpusched.request import GPURequest
 
-__all__ = ["InMemoryStore", "LedgerStore", "Store"]
+__all__ = ["InMemoryStore", "Store"]
 
 
 class Store(Protocol):
@@ -62,14 +60,6 @@ class Store(Protocol):
         """Normalised units each tenant used in ``[since, now]``
         (:func:`~gpusched.quota.usage.tenant_usage`)."""
         ...
-
-
-class LedgerStore(Ledger):
-    """The SQL ledger as the scheduler's store (the executors open this one)."""
-
-    def tenant_use(self, snapshot: FleetSnapshot, since: float, now: float) -> dict[str, int]:
-        """Each tenant's use in ``[since, now]``, counted over the ledger's allocation history."""
-        return tenant_usage(spans_of(self.history(since, now)), snapshot, since, now)
 
 
 class InMemoryStore:
