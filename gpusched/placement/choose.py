@@ -3,12 +3,20 @@
 Used by :class:`gpusched.placement.engine.Placer` through the narrow :class:`PlacerView` (the
 fleet index, the policy, the fragmentation statistics and per-model speeds): this module does
 not import the engine, so the engine module stays about ordering, reservations and quota.
+
+How the candidates become one choice is the policy's chooser part (``Policy.chooser``;
+:mod:`gpusched.placement.parts`): :data:`SELECTORS` holds one :class:`Selector` per chooser —
+the weighted score (parts exact and levels, with their tie-breaks), best-fit, first-fit and
+random — each saying how it picks a fraction's device, a whole request's node, a gang's node
+order and a CPU-only task's node; the decision code dispatches on it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
@@ -22,12 +30,14 @@ from gpusched.placement.policy import Chooser, Policy
 from gpusched.placement.reasons import busy_reason, gang_reason, host_reason, never_fits
 from gpusched.placement.score import FragStats
 from gpusched.placement.speeds import timed
-from gpusched.placement.ties import tie_break
+from gpusched.placement.ties import levels_best, tie_break
 from gpusched.placement.topology import NodeCounts, node_counts, pick_in_node, pick_nodes
 from gpusched.placement.types import PendingTask, Rejection
-from gpusched.request import Interconnect
+from gpusched.request import GPURequest, Interconnect
 
-__all__ = ["Choice", "PlacerView", "choose", "left_after"]
+__all__ = [
+    "SELECTORS", "Choice", "HostPlacerView", "PlacerView", "Selector", "choose", "left_after", "selector",
+]
 
 
 @dataclass(slots=True)
@@ -70,6 +80,21 @@ class PlacerView(Protocol):
 
     def model_speed(self, job_type: str | None) -> tuple[np.ndarray, np.ndarray]:
         """Per-model (speed, energy per unit of work) for ``job_type``."""
+        ...
+
+
+class HostPlacerView(PlacerView, Protocol):
+    """What a CPU-only task's choice (:meth:`Selector.host`) reads of the engine besides
+    :class:`PlacerView`."""
+
+    @property
+    def state(self) -> FreeState:
+        """The working free capacity."""
+        ...
+
+    @property
+    def host_stats(self) -> FragStats:
+        """Fragmentation statistics CPU-only tasks are scored by."""
         ...
 
 
@@ -141,7 +166,7 @@ def _cached_fraction_applies(placer: PlacerView) -> bool:
     (whose shape-by-shape form sums with a matrix product)."""
     policy = placer.policy
     return (
-        policy.chooser is Chooser.SCORE
+        selector(policy).scored
         and not policy.packing
         and not flt.slice_info(placer.index).any_slices
         and not placer.stats.workload.host_aware
@@ -229,7 +254,7 @@ def _fraction(
     use_stats: bool,
 ) -> Choice | Rejection:
     idx = placer.index
-    policy = placer.policy
+    picker = selector(placer.policy)
     cand = np.flatnonzero(fits)
     if len(cand) == 0:
         return Rejection(task.key, busy_reason(task.request, elig, fits, fits_now, True), False)
@@ -238,47 +263,11 @@ def _fraction(
         shared = cand[~info.is_slice[cand]]
         if len(shared) == 0:  # only slices: the smallest free one that holds the task
             d = int(cand[np.lexsort((cand, info.compute[cand], idx.dev_mem[cand]))[0]])
-            if policy.chooser is Chooser.RANDOM:
-                d = int(rng.choice(cand))
+            d = picker.slice(cand, d, rng)
             take_milli, take_mem = flt.fraction_take(idx, d, milli, task.request.memory_per_gpu)
             return Choice([d], take_milli, [take_mem], 0.0)
         cand = shared  # "any": share a whole device while one has room; slices stay for "hard"
-    free = state.free_milli[cand]
-    score = 0.0
-    if policy.chooser is Chooser.FIRST_FIT:
-        d = int(cand[0])
-    elif policy.chooser is Chooser.RANDOM:
-        # A uniformly random node, then a random device of it (not a random device, which would
-        # favour nodes with many fitting devices).
-        node_of = idx.dev_node[cand]
-        n = int(rng.choice(np.unique(node_of)))
-        d = int(rng.choice(cand[node_of == n]))
-    elif policy.chooser is Chooser.BEST_FIT:
-        node_of = idx.dev_node[cand]
-        left = left_after(placer, state, node_of, milli, task) if use_stats else free.astype(np.float64)
-        d = int(cand[np.lexsort((cand, free, node_of, left))[0]])
-    else:
-        # Fully free devices of one node are interchangeable: score only the first of each node.
-        full = free >= MILLI
-        if full.any():
-            node_of = idx.dev_node[cand]
-            repeat = np.zeros(len(cand), dtype=bool)
-            full_pos = np.flatnonzero(full)
-            repeat[full_pos[1:]] = node_of[full_pos[1:]] == node_of[full_pos[:-1]]
-            cand, free = cand[~repeat], free[~repeat]
-        others = _speed_terms(placer, task, idx.dev_model[cand], idx.dev_model[cand])
-        others = others + policy.degraded_penalty * (idx.dev_health[cand] == 1)
-        s = others
-        if use_stats and policy.fragmentation:
-            delta = placer.stats.delta_fraction(cand, milli, free, task.cpu_milli, task.host_memory_bytes)
-            s = policy.fragmentation * delta / MILLI + others
-        if policy.score_levels:
-            best = level_choice(placer.lookahead if use_stats else None, placer.stats if use_stats else None,
-                                state, task, s, idx.dev_node[cand], lambda i: [int(cand[i])], milli,
-                                levels=policy.score_levels, packing=bool(policy.packing), others=others)
-        else:
-            best = tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
-        d, score = int(cand[best]), float(s[best])
+    d, score = picker.fraction(placer, task, state, cand, milli, rng, use_stats)
     return Choice([d], milli, [task.request.memory_per_gpu], score)
 
 
@@ -298,48 +287,18 @@ def _whole(
     k = req.count
     nc = counts if counts is not None else node_counts(idx, fits.full()[0], k)
     nodes = np.flatnonzero(nc.feasible(k, req.interconnect))
-    local = policy.chooser is Chooser.SCORE
+    picker = selector(policy)
     score = 0.0
     plan: list[tuple[int, int]]
     if len(nodes):
-        if policy.chooser is Chooser.FIRST_FIT:
-            n = int(nodes[0])
-        elif policy.chooser is Chooser.RANDOM:
-            n = int(rng.choice(nodes))
-        elif policy.chooser is Chooser.BEST_FIT:
-            left = left_after(placer, state, nodes, k * MILLI, task) if use_stats else nc.count[nodes]
-            n = int(nodes[np.argmin(left)])
-        else:
-            others = policy.locality * nc.tier(k)[nodes].astype(np.float64)
-            node_models = idx.dev_model[idx.node_start[nodes]]
-            others += _speed_terms(placer, task, node_models, node_models)
-            if policy.degraded_penalty and fits.degraded and (fits.full()[0] & ~elig.healthy).any():
-                mask = fits.full()[0]
-                n_healthy = np.bincount(idx.dev_node[mask & elig.healthy], minlength=len(idx.nodes))[nodes]
-                others += policy.degraded_penalty * np.maximum(0, k - n_healthy)
-            s = others
-            if use_stats and policy.fragmentation:
-                delta = placer.stats.delta_whole(nodes, k, task.cpu_milli, task.host_memory_bytes)
-                s = policy.fragmentation * delta / MILLI + others
-            if policy.score_levels:
-                best = level_choice(placer.lookahead if use_stats else None,
-                                    placer.stats if use_stats else None, state, task, s, nodes,
-                                    lambda i: fits.in_node(int(nodes[i]))[:k], MILLI,
-                                    levels=policy.score_levels, packing=bool(policy.packing), others=others,
-                                    may_widen=not timed(policy, task))
-            elif use_stats and policy.packing:
-                best = tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
-            else:
-                best = int(np.argmin(s))
-            n, score = int(nodes[best]), float(s[best])
+        n, score = picker.node(placer, task, state, nodes, nc, fits, elig, rng, use_stats)
         plan = [(n, k)]
     elif req.may_span_nodes and k > 1:
-        order = {Chooser.FIRST_FIT: "first", Chooser.RANDOM: "random"}.get(policy.chooser, "best")
-        gang = pick_nodes(idx, nc.count, k, req.interconnect, order=order, rng=rng)
+        gang = pick_nodes(idx, nc.count, k, req.interconnect, order=picker.gang_order, rng=rng)
         if gang is None:
             return Rejection(task.key, gang_reason(idx, req, elig, nc, *fits.full()), False)
         plan, tier = gang
-        if local:
+        if picker.scored:
             score = policy.locality * tier
     else:
         return Rejection(task.key, gang_reason(idx, req, elig, nc, *fits.full()), False)
@@ -349,9 +308,8 @@ def _whole(
         inter = req.interconnect if len(plan) == 1 else Interconnect.ANY
         healthy = [d for d in in_node if idx.dev_health[d] == 0]
         pool = healthy if len(healthy) >= take and _ok(idx, healthy, take, inter) else in_node
-        if policy.chooser is Chooser.RANDOM:
-            pool = rng.permutation(pool).tolist()
-        chosen.extend(pick_in_node(idx, pool, take, inter, local=local))
+        pool = picker.pool(pool, rng)
+        chosen.extend(pick_in_node(idx, pool, take, inter, local=picker.scored))
     return Choice(chosen, MILLI, [int(idx.dev_mem[d]) for d in chosen], score)
 
 
@@ -380,3 +338,220 @@ def _ok(idx: FleetIndex, devs: list[int], k: int, inter: Interconnect) -> bool:
     groups = idx.dev_island if inter is Interconnect.ISLAND else idx.dev_numa
     values = [int(groups[d]) for d in devs if groups[d] >= 0]
     return any(values.count(v) >= k for v in set(values))
+
+
+class Selector:
+    """How one chooser part picks among the candidates (:data:`SELECTORS`, by ``Policy.chooser``).
+
+    ``scored``: the chooser reads the score parts (then devices inside a node are picked by
+    topology, a gang across nodes is scored by its locality, and fractions may come from the
+    engine's per-node cache); ``gang_order``: how a gang across nodes takes its nodes
+    (:func:`~gpusched.placement.topology.pick_nodes`)."""
+
+    scored = False
+    gang_order = "best"
+
+    def slice(self, cand: np.ndarray, smallest: int, rng: np.random.Generator) -> int:
+        """The slice (device position) for a fraction that only slices hold; ``smallest`` is the
+        smallest that holds it."""
+        return smallest
+
+    def pool(self, pool: list[int], rng: np.random.Generator) -> list[int]:
+        """The devices of the chosen node in the order they are picked from."""
+        return pool
+
+    def fraction(
+        self, placer: PlacerView, task: PendingTask, state: FreeState, cand: np.ndarray, milli: int,
+        rng: np.random.Generator, use_stats: bool,
+    ) -> tuple[int, float]:
+        """The device (position) for a fraction of ``milli`` among the fitting ``cand``, and its score."""
+        raise NotImplementedError
+
+    def node(
+        self, placer: PlacerView, task: PendingTask, state: FreeState, nodes: np.ndarray, nc: NodeCounts,
+        fits: WholeFits, elig: flt.Eligibility, rng: np.random.Generator, use_stats: bool,
+    ) -> tuple[int, float]:
+        """The node (position) for a whole-device request among the feasible ``nodes``, and its score."""
+        raise NotImplementedError
+
+    def host(
+        self, placer: HostPlacerView, ok: np.ndarray, cpu_milli: int, host_memory_bytes: int, seed: int
+    ) -> int:
+        """The node (position) for a CPU-only task among the nodes ``ok`` with room for it."""
+        raise NotImplementedError
+
+
+class _FirstFit(Selector):
+    """The first fitting device or node in inventory order."""
+
+    gang_order = "first"
+
+    def fraction(
+        self, placer: PlacerView, task: PendingTask, state: FreeState, cand: np.ndarray, milli: int,
+        rng: np.random.Generator, use_stats: bool,
+    ) -> tuple[int, float]:
+        return int(cand[0]), 0.0
+
+    def node(
+        self, placer: PlacerView, task: PendingTask, state: FreeState, nodes: np.ndarray, nc: NodeCounts,
+        fits: WholeFits, elig: flt.Eligibility, rng: np.random.Generator, use_stats: bool,
+    ) -> tuple[int, float]:
+        return int(nodes[0]), 0.0
+
+    def host(
+        self, placer: HostPlacerView, ok: np.ndarray, cpu_milli: int, host_memory_bytes: int, seed: int
+    ) -> int:
+        return int(ok[0])
+
+
+class _Random(Selector):
+    """A uniformly random fitting node, then a random device of it (seeded)."""
+
+    gang_order = "random"
+
+    def slice(self, cand: np.ndarray, smallest: int, rng: np.random.Generator) -> int:
+        return int(rng.choice(cand))
+
+    def pool(self, pool: list[int], rng: np.random.Generator) -> list[int]:
+        return rng.permutation(pool).tolist()
+
+    def fraction(
+        self, placer: PlacerView, task: PendingTask, state: FreeState, cand: np.ndarray, milli: int,
+        rng: np.random.Generator, use_stats: bool,
+    ) -> tuple[int, float]:
+        # A uniformly random node, then a random device of it (not a random device, which would
+        # favour nodes with many fitting devices).
+        node_of = placer.index.dev_node[cand]
+        n = int(rng.choice(np.unique(node_of)))
+        return int(rng.choice(cand[node_of == n])), 0.0
+
+    def node(
+        self, placer: PlacerView, task: PendingTask, state: FreeState, nodes: np.ndarray, nc: NodeCounts,
+        fits: WholeFits, elig: flt.Eligibility, rng: np.random.Generator, use_stats: bool,
+    ) -> tuple[int, float]:
+        return int(rng.choice(nodes)), 0.0
+
+    def host(
+        self, placer: HostPlacerView, ok: np.ndarray, cpu_milli: int, host_memory_bytes: int, seed: int
+    ) -> int:
+        return int(np.random.default_rng(seed).choice(ok))
+
+
+class _BestFit(Selector):
+    """The node (then device) left with the least free capacity (:func:`left_after`)."""
+
+    def fraction(
+        self, placer: PlacerView, task: PendingTask, state: FreeState, cand: np.ndarray, milli: int,
+        rng: np.random.Generator, use_stats: bool,
+    ) -> tuple[int, float]:
+        free = state.free_milli[cand]
+        node_of = placer.index.dev_node[cand]
+        left = left_after(placer, state, node_of, milli, task) if use_stats else free.astype(np.float64)
+        return int(cand[np.lexsort((cand, free, node_of, left))[0]]), 0.0
+
+    def node(
+        self, placer: PlacerView, task: PendingTask, state: FreeState, nodes: np.ndarray, nc: NodeCounts,
+        fits: WholeFits, elig: flt.Eligibility, rng: np.random.Generator, use_stats: bool,
+    ) -> tuple[int, float]:
+        k = task.request.count
+        left = left_after(placer, state, nodes, k * MILLI, task) if use_stats else nc.count[nodes]
+        return int(nodes[np.argmin(left)]), 0.0
+
+    def host(
+        self, placer: HostPlacerView, ok: np.ndarray, cpu_milli: int, host_memory_bytes: int, seed: int
+    ) -> int:
+        probe = PendingTask("", _ANY_GPU, 0.0, cpu_milli=cpu_milli, host_memory_bytes=host_memory_bytes)
+        return int(ok[np.argmin(left_after(placer, placer.state, ok, 0, probe))])
+
+
+class _Scored(Selector):
+    """The weighted score of the policy's score parts: the lowest (chooser exact) or the highest
+    integer level (chooser levels), ties to the policy's tie-break (earliest, least capacity left,
+    or the look-ahead)."""
+
+    scored = True
+
+    def fraction(
+        self, placer: PlacerView, task: PendingTask, state: FreeState, cand: np.ndarray, milli: int,
+        rng: np.random.Generator, use_stats: bool,
+    ) -> tuple[int, float]:
+        idx, policy = placer.index, placer.policy
+        free = state.free_milli[cand]
+        # Fully free devices of one node are interchangeable: score only the first of each node.
+        full = free >= MILLI
+        if full.any():
+            node_of = idx.dev_node[cand]
+            repeat = np.zeros(len(cand), dtype=bool)
+            full_pos = np.flatnonzero(full)
+            repeat[full_pos[1:]] = node_of[full_pos[1:]] == node_of[full_pos[:-1]]
+            cand, free = cand[~repeat], free[~repeat]
+        others = _speed_terms(placer, task, idx.dev_model[cand], idx.dev_model[cand])
+        others = others + policy.degraded_penalty * (idx.dev_health[cand] == 1)
+        s = others
+        if use_stats and policy.fragmentation:
+            delta = placer.stats.delta_fraction(cand, milli, free, task.cpu_milli, task.host_memory_bytes)
+            s = policy.fragmentation * delta / MILLI + others
+        if policy.score_levels:
+            best = level_choice(placer.lookahead if use_stats else None, placer.stats if use_stats else None,
+                                state, task, s, idx.dev_node[cand], lambda i: [int(cand[i])], milli,
+                                levels=policy.score_levels, packing=bool(policy.packing), others=others)
+        else:
+            best = tie_break(s, free - milli) if policy.packing else int(np.argmin(s))
+        return int(cand[best]), float(s[best])
+
+    def node(
+        self, placer: PlacerView, task: PendingTask, state: FreeState, nodes: np.ndarray, nc: NodeCounts,
+        fits: WholeFits, elig: flt.Eligibility, rng: np.random.Generator, use_stats: bool,
+    ) -> tuple[int, float]:
+        idx, policy = placer.index, placer.policy
+        k = task.request.count
+        others = policy.locality * nc.tier(k)[nodes].astype(np.float64)
+        node_models = idx.dev_model[idx.node_start[nodes]]
+        others += _speed_terms(placer, task, node_models, node_models)
+        if policy.degraded_penalty and fits.degraded and (fits.full()[0] & ~elig.healthy).any():
+            mask = fits.full()[0]
+            n_healthy = np.bincount(idx.dev_node[mask & elig.healthy], minlength=len(idx.nodes))[nodes]
+            others += policy.degraded_penalty * np.maximum(0, k - n_healthy)
+        s = others
+        if use_stats and policy.fragmentation:
+            delta = placer.stats.delta_whole(nodes, k, task.cpu_milli, task.host_memory_bytes)
+            s = policy.fragmentation * delta / MILLI + others
+        if policy.score_levels:
+            best = level_choice(placer.lookahead if use_stats else None,
+                                placer.stats if use_stats else None, state, task, s, nodes,
+                                lambda i: fits.in_node(int(nodes[i]))[:k], MILLI,
+                                levels=policy.score_levels, packing=bool(policy.packing), others=others,
+                                may_widen=not timed(policy, task))
+        elif use_stats and policy.packing:
+            best = tie_break(s, (placer.stats.total[nodes] - k * MILLI) / (idx.node_size[nodes] * MILLI))
+        else:
+            best = int(np.argmin(s))
+        return int(nodes[best]), float(s[best])
+
+    def host(
+        self, placer: HostPlacerView, ok: np.ndarray, cpu_milli: int, host_memory_bytes: int, seed: int
+    ) -> int:
+        policy, st = placer.policy, placer.state
+        stats = placer.host_stats
+        delta = stats.delta_host(ok, cpu_milli, host_memory_bytes)
+        if policy.score_levels:
+            left = stats.total[ok] if policy.packing else None
+            return int(ok[levels_best(policy.fragmentation * delta / MILLI, policy.score_levels, left)])
+        # Among equal fragmentation, the node with the least free GPU capacity, then CPU.
+        return int(ok[np.lexsort((st.host_cpu[ok], stats.total[ok], delta))[0]])
+
+
+_ANY_GPU = GPURequest()
+
+SELECTORS: Mapping[Chooser, Selector] = MappingProxyType({
+    Chooser.SCORE: _Scored(),
+    Chooser.BEST_FIT: _BestFit(),
+    Chooser.FIRST_FIT: _FirstFit(),
+    Chooser.RANDOM: _Random(),
+})
+"""The engine's dispatch on the chooser part: one :class:`Selector` per ``Policy.chooser``."""
+
+
+def selector(policy: Policy) -> Selector:
+    """How ``policy``'s chooser picks."""
+    return SELECTORS[policy.chooser]

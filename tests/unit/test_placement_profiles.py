@@ -4,11 +4,13 @@ as before; ``policy_parts`` changes a weight or swaps a part, and every wrong in
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from gpusched import settings
 from gpusched.errors import ConfigurationError, PlacementError
+from gpusched.placement.choose import SELECTORS, Selector, selector
 from gpusched.placement.parts import PARTS, SCORE_FIELDS, Chooser, Part, Point, QueueOrder
 from gpusched.placement.policy import Policy
 from gpusched.placement.profiles import PROFILES, Profile, Use, profile
@@ -260,3 +262,25 @@ def test_the_gpusched_settings_build_the_configured_policy() -> None:
     assert example is not None and read(_Conf({"policy_parts": example})).locality == 0.5
     with pytest.raises(ConfigurationError, match=r"^\[gpusched\] policy_parts: score 'local' is not a part"):
         read(_Conf({"policy_parts": "score.local=1"}))
+
+
+def test_the_engine_dispatches_on_every_chooser_part() -> None:
+    assert set(SELECTORS) == set(Chooser)
+    for part in PARTS[Point.CHOOSER].values():
+        picker = SELECTORS[part.sets["chooser"]]  # type: ignore[index]
+        assert isinstance(picker, Selector)
+        assert picker.scored == part.reads_scores
+    assert selector(Policy.named("first-fit")).gang_order == "first"
+    assert selector(Policy.named("random")).gang_order == "random"
+    assert selector(Policy.named("gpusched")).scored and not selector(Policy.named("best-fit")).scored
+
+
+def test_the_placement_docs_list_every_part_and_profile() -> None:
+    """docs/placement.md, "Profiles and parts": one row per registered part, each preset's parts."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "placement.md").read_text()
+    section = docs[docs.index("## Profiles and parts"):docs.index("## Reservations and backfill")]
+    for point, parts in PARTS.items():
+        for name in parts:
+            assert f"| {point} | `{name}` |" in section, (point, name)
+    for prof in PROFILES.values():
+        assert f"| `{prof.name}` | `{prof.describe()}` |" in section, prof.name
