@@ -128,9 +128,12 @@ class GPUScheduling:
 
     @property
     def policy(self) -> Policy:
-        """The placement policy named by ``[gpusched] policy``."""
+        """The placement policy: the profile ``[gpusched] policy`` names, changed by ``policy_parts``."""
         if self._policy is None:
-            self._policy = Policy.named(settings.get_str("policy", self.conf), throughput=self.throughputs)
+            self._policy = Policy.configured(
+                settings.get_str("policy", self.conf), settings.get_str("policy_parts", self.conf),
+                throughput=self.throughputs,
+            )
         return self._policy
 
     # ---- lifecycle -------------------------------------------------------------------------

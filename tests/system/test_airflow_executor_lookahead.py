@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from _airflow_support import gpu_workload, queue_reading_executor, run_cycle
 
+from gpusched.errors import ConfigurationError
 from gpusched.placement.lookahead import ShapeDeltas
 from gpusched.request import GPURequest
 from gpusched.scheduler.keys import ti_key
@@ -87,3 +88,30 @@ def test_the_engine_stays_warm_between_cycles(executor: Any) -> None:
     held = Counter(s.uuid for name in "abde"
                    for s in executor.ledger.get(ti_key("d", name, "manual__1", 1, -1)).shares)
     assert max(held.values()) == 1
+
+
+def test_policy_parts_change_the_executors_profile(
+    airflow_db: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``[gpusched] policy_parts`` reaches the executor's cycle: with the look-ahead swapped for the
+    earliest candidate, ties go to the first node and no look-ahead runs; a wrong part is one line."""
+    fleet = tmp_path / "fleet.yaml"
+    nodes = "".join(f"      - name: {n}\n        cpu: 64\n        memory: 512GiB\n"
+                    "        devices: {model: A100-SXM-80GB, count: 2}\n" for n in ("n1", "n2", "n3"))
+    fleet.write_text("racks:\n  - name: r\n    nodes:\n" + nodes)
+    monkeypatch.setenv("GPUSCHED_FLEET", str(fleet))
+    monkeypatch.setenv("AIRFLOW__GPUSCHED__POLICY", "fgd-lookahead")
+    monkeypatch.setenv("AIRFLOW__GPUSCHED__POLICY_PARTS", "tiebreak=earliest")
+    compared: list[int] = []
+    monkeypatch.setattr(ShapeDeltas, "pick", lambda *a, **k: compared.append(1) or 0)
+    for executor in queue_reading_executor(monkeypatch):
+        assert executor.gpu.policy.name == "fgd-lookahead" and executor.gpu.policy.lookahead_ties == 0
+        work = gpu_workload("a", {"gpusched": GPURequest.build(gpus=1).to_dict()})
+        assert run_cycle(executor, work) == [work.key]
+        alloc = executor.ledger.get(ti_key("d", "a", "manual__1", 1, -1))
+        assert alloc is not None and [s.node for s in alloc.shares] == ["n1"] and not compared
+    monkeypatch.setenv("AIRFLOW__GPUSCHED__POLICY_PARTS", "tiebreak=sideways")
+    for executor in queue_reading_executor(monkeypatch):
+        with pytest.raises(ConfigurationError, match="policy_parts") as err:
+            _ = executor.gpu.policy
+        assert "\n" not in str(err.value)
