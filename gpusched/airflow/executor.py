@@ -54,6 +54,7 @@ from gpusched.airflow.executor_compat import (
 )
 from gpusched.airflow.gpu_executor_hooks import GPUExecutorHooks
 from gpusched.airflow.gpu_scheduling import GPUScheduling
+from gpusched.hardware.detect import detect_backend
 from gpusched.scheduler.cycle import Launch
 
 __all__ = ["GPUExecutor", "wait_for_execution_api"]
@@ -81,8 +82,6 @@ class GPUExecutor(GPUExecutorHooks, LocalExecutor):
         ledger = self.ledger
         ledger.migrate()
         if settings.get_bool("sync_inventory_on_start", self.conf):
-            from gpusched.hardware.detect import detect_backend
-
             backend = detect_backend()
             try:
                 ledger.sync_inventory(backend.discover(), source=backend.name)
