@@ -16,7 +16,7 @@ import argparse
 import random
 import time
 
-from gpusched.hardware.fleetfile import load_fleet
+from gpusched.fleetfile import load_fleet
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceSample, Health
 from gpusched.paths import include_dir, state_dir

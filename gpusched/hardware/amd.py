@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 from gpusched.catalog import LinkKind, Vendor, default_catalog
 from gpusched.errors import BackendUnavailableError, HardwareError
 from gpusched.hardware.base import BackendFeature
-from gpusched.hardware.slices import amd_partition_of
 from gpusched.hardware.topology import (
     HostInfo,
     connected_groups,
@@ -38,6 +37,7 @@ from gpusched.hardware.topology import (
     pcie_switch_key,
 )
 from gpusched.model import Device, DeviceSample, Health, Node
+from gpusched.slices import amd_partition_of
 
 __all__ = ["AmdBackend", "amd_catalog_model_name", "import_amdsmi"]
 

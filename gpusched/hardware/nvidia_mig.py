@@ -21,8 +21,8 @@ import math
 from typing import Any
 
 from gpusched.catalog import AcceleratorModel
-from gpusched.hardware.slices import mig_instance
 from gpusched.model import MILLI, Device
+from gpusched.slices import mig_instance
 
 __all__ = ["MIG_GPU_SLICES", "gpu_instance_profiles", "mig_instances"]
 

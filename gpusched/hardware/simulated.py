@@ -19,14 +19,14 @@ from typing import Any
 
 from gpusched.catalog import default_catalog, layout_problem
 from gpusched.errors import HardwareError
+from gpusched.fleetfile import load_fleet
 from gpusched.hardware import standby
 from gpusched.hardware.base import BackendFeature
 from gpusched.hardware.faults import FAULT_KINDS, Fault, FaultStore, health_for
-from gpusched.hardware.fleetfile import load_fleet
 from gpusched.hardware.mig_provider import LocalMigProvider
-from gpusched.hardware.slices import mig_slices
 from gpusched.model import Device, DeviceSample, Node
 from gpusched.paths import include_dir, state_dir
+from gpusched.slices import mig_slices
 
 __all__ = ["SimulatedBackend", "default_fleet_path", "display_path"]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from gpusched.catalog import default_catalog
 from gpusched.errors import ConfigurationError
 from gpusched.fields import MAX_DEVICES_PER_NODE
+from gpusched.fleetfile import load_fleet
 from gpusched.model import FleetSnapshot
 from gpusched.node_builder import SIM_LAYOUT, make_node
 from gpusched.sim.traces import GAVEL_MODELS, OpenbNode, load_openb_nodes
@@ -125,7 +126,7 @@ def fleet_from_spec(spec: str) -> FleetSnapshot:
 
     Accepted: ``gavel`` (36+36+36, 4 GPUs/server), ``gavel:GPUS_PER_SERVER``,
     ``uniform:NODESxGPUS[:MODEL]`` (e.g. ``uniform:50x8:V100``), a path to an openb node CSV, or
-    a fleet YAML file (read by :func:`gpusched.hardware.fleetfile.load_fleet`).
+    a fleet YAML file (read by :func:`gpusched.fleetfile.load_fleet`).
     """
     if spec == "gavel":
         return gavel_fleet()
@@ -152,10 +153,4 @@ def fleet_from_spec(spec: str) -> FleetSnapshot:
         )
     if path.suffix == ".csv":
         return openb_fleet(load_openb_nodes(path))
-    try:
-        from gpusched.hardware.fleetfile import load_fleet  # type: ignore[import-not-found,unused-ignore]
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"cannot read fleet YAML {path}: gpusched.hardware.fleetfile is not available ({exc})"
-        ) from exc
     return FleetSnapshot(tuple(load_fleet(path)), source=str(path))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpusched.airflow.api_views import device_state
-from gpusched.hardware.fleetfile import load_fleet
+from gpusched.fleetfile import load_fleet
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceSample, DeviceShare, Health
 from gpusched.paths import include_dir

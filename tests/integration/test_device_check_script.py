@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpusched.hardware.fleetfile import load_fleet
+from gpusched.fleetfile import load_fleet
 from gpusched.hardware.simulated import default_fleet_path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device_check_nvml.py"

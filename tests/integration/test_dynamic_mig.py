@@ -16,7 +16,7 @@ from _placement_support import no_quota
 
 from gpusched.capacity.mig_plan import plan_repartition
 from gpusched.errors import ConfigurationError
-from gpusched.hardware.fleetfile import load_fleet
+from gpusched.fleetfile import load_fleet
 from gpusched.hardware.mig_provider import LocalMigProvider, NvmlMigProvider, mig_provider_from_spec
 from gpusched.hardware.simulated import SimulatedBackend, default_fleet_path
 from gpusched.model import DeviceShare, FleetSnapshot, MigStep

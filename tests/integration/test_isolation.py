@@ -19,8 +19,8 @@ from gpusched.airflow.docker_devices import (
 )
 from gpusched.catalog import Vendor, default_catalog
 from gpusched.errors import FleetFileError, GPURequestError
+from gpusched.fleetfile import load_fleet, parse_fleet
 from gpusched.hardware.envexport import allocation_from_env, devices_env
-from gpusched.hardware.fleetfile import load_fleet, parse_fleet
 from gpusched.hardware.simulated import default_fleet_path
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask, place

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from gpusched.cli import _parser, main
 from gpusched.errors import FleetFileError, GPURequestError, TraceError
 from gpusched.fields import MAX_DEVICES, MAX_DURATION_S, MAX_SIZE_BYTES
-from gpusched.hardware.fleetfile import load_fleet, parse_fleet
+from gpusched.fleetfile import load_fleet, parse_fleet
 from gpusched.model import MILLI
 from gpusched.request import REQUEST_KEYS, GPURequest
 from gpusched.sim.jobs import load_any_trace

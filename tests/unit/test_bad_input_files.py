@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpusched.errors import ConfigurationError, FleetFileError, GpuschedError, TraceError
-from gpusched.hardware.fleetfile import load_fleet
+from gpusched.fleetfile import load_fleet
 from gpusched.placement import Policy
 from gpusched.request import GPURequest
 from gpusched.sim.engine import SimJob, simulate

@@ -16,7 +16,7 @@ import pytest
 from _placement_support import no_quota
 
 from gpusched.errors import GPURequestError
-from gpusched.hardware.fleetfile import load_fleet
+from gpusched.fleetfile import load_fleet
 from gpusched.hardware.simulated import default_fleet_path
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, place

@@ -9,7 +9,7 @@ import yaml
 
 from gpusched.catalog import LinkKind, Vendor
 from gpusched.errors import FleetFileError
-from gpusched.hardware.fleetfile import load_fleet, parse_fleet
+from gpusched.fleetfile import load_fleet, parse_fleet
 from gpusched.model import FleetSnapshot
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -46,15 +46,15 @@ from typing import Any
 from gpusched.catalog import AcceleratorModel, Catalog, LinkKind, Vendor, default_catalog
 from gpusched.errors import FleetFileError, GPURequestError
 from gpusched.fields import MAX_DEVICES_PER_NODE, MAX_TEXT, FieldProblem, safe_repr, strict_yaml
-from gpusched.hardware.slices import (
+from gpusched.model import Device, Node
+from gpusched.request import parse_size
+from gpusched.slices import (
     amd_partitions,
     layout_problem,
     mig_slices,
     partition_count,
     profile_names,
 )
-from gpusched.model import Device, Node
-from gpusched.request import parse_size
 
 __all__ = ["UUID_PREFIX", "load_fleet", "parse_fleet"]
 
