@@ -316,14 +316,14 @@ def philly_report(folder: Path, baseline: str = "first-fit") -> str:
         )
     if runs:
         plt = pyplot()
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+        # Horizontal bars: a dozen run names stay readable (vertical bars' labels overlapped).
         names = list(runs)
-        axes[0].bar(names, [runs[n]["queue_delay_mean_s"] / 3600 for n in names])
-        axes[0].set_ylabel("mean queueing delay (h)")
-        axes[1].bar(names, [runs[n]["utilisation_pct"] for n in names])
-        axes[1].set_ylabel("GPU utilisation % (arrival window)")
-        for ax in axes:
-            ax.tick_params(axis="x", rotation=20)
+        fig, axes = plt.subplots(1, 2, figsize=(11, 0.4 * len(names) + 1.4), sharey=True)
+        axes[0].barh(names, [runs[n]["queue_delay_mean_s"] / 3600 for n in names])
+        axes[0].set_xlabel("mean queueing delay (h)")
+        axes[1].barh(names, [runs[n]["utilisation_pct"] for n in names])
+        axes[1].set_xlabel("GPU utilisation % (arrival window)")
+        axes[0].invert_yaxis()
         fig.suptitle("Philly replay")
         fig.tight_layout()
         fig.savefig(folder / "philly.png", dpi=110)
