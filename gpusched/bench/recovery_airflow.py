@@ -171,6 +171,15 @@ def main() -> int:
         "GPUSCHED_AIRFLOW_API_URL": f"http://localhost:{port}",
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     })
+    # Airflow's SQLite database as scripts/run.sh sets it up (WAL, the ledger's lock wait): with
+    # SQLite's defaults a write waiting behind another component fails ("database is locked", a
+    # 500 from POST dagRuns on a loaded machine).
+    env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
+    metadb = subprocess.run([sys.executable, "-m", "gpusched.airflow.metadb"], env=env, check=True,
+                            capture_output=True, text=True)
+    if metadb.stdout.strip() == "sqlite":
+        for key in ("SQL_ALCHEMY_CONNECT_ARGS", "SQL_ALCHEMY_CONNECT_ARGS_ASYNC"):
+            env[f"AIRFLOW__DATABASE__{key}"] = "gpusched.airflow.metadb.SQLITE_CONNECT_ARGS"
     os.environ.update({"AIRFLOW_HOME": str(home), "GPUSCHED_AIRFLOW_API_URL": f"http://localhost:{port}"})
     log = home / "standalone.log"
     with log.open("wb") as sink:
