@@ -65,13 +65,14 @@ class Store(Protocol):
 class InMemoryStore:
     """The scheduler's state in memory, driven by a replay's clock (see the module docstring).
 
-    ``fleet`` is the idle fleet; :meth:`allocate` and :meth:`release` keep its usage, the
-    allocations and their history. Instants passed in never decrease between calls.
+    ``fleet`` is the idle fleet; :meth:`allocate` and :meth:`release` keep the allocations and
+    their history, and :meth:`cycle_view` derives the fleet's usage from the active ones (only
+    when asked: a replay keeps its own snapshot). Instants passed in never decrease between calls.
     """
 
     def __init__(self, fleet: FleetSnapshot, addresses: dict[str, str] | None = None) -> None:
         self.fleet = fleet
-        self.snapshot = fleet
+        self._snapshot: FleetSnapshot | None = fleet  # None: the active allocations changed since
         self.addresses = dict(addresses or {})
         self.active: dict[str, Allocation] = {}
         self.released: list[Allocation] = []  # in order of release
@@ -91,7 +92,7 @@ class InMemoryStore:
         held = tuple(sorted(shares, key=lambda s: s.uuid))
         alloc = Allocation(key, request, held, holder, now, float("inf"))
         self.active[key] = alloc
-        self.snapshot = self.snapshot.with_usage(held)
+        self._snapshot = None
         run = len(self._runs)
         self._runs[run] = self._open[run] = (request.tenant, normalised_rate(held, self.fleet), now, None)
         self._run_of[key] = run
@@ -102,7 +103,7 @@ class InMemoryStore:
         alloc = self.active.pop(key)
         done = Allocation(alloc.key, alloc.request, alloc.shares, alloc.holder, alloc.created_at,
                           alloc.lease_expires_at, now, reason, AllocationStatus.RELEASED)
-        self.snapshot = self.snapshot.with_usage(alloc.shares, release=True)
+        self._snapshot = None
         at = bisect.bisect_right(self._release_times, now)
         self._release_times.insert(at, now)
         self.released.insert(at, done)
@@ -128,6 +129,13 @@ class InMemoryStore:
         self.checkpoints[key] = at
 
     # ---- the Store port ---------------------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> FleetSnapshot:
+        """The fleet with the usage of the active allocations."""
+        if self._snapshot is None:
+            self._snapshot = self.fleet.with_usage(s for a in self.active.values() for s in a.shares)
+        return self._snapshot
 
     def cycle_view(self, now: float | None = None) -> tuple[FleetSnapshot, list[Allocation]]:
         return self.snapshot, list(self.active.values())
