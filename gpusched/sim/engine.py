@@ -21,6 +21,7 @@ Same-instant order: completions, then arrivals, then the pass.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import sys
 import time
@@ -243,8 +244,10 @@ def simulate(
             if service is not None:
                 offered = service.rank(offered, preempt.served_s)
             as_offered = {o.key: o for o in offered}
-            # Every waiting request (also those the quota keeps from this pass), as the executors count.
-            mix = [*(p.request for p in pending.values()), *(r.request for r in running.values())]
+            # Every waiting request (also those the quota keeps from this pass), as the executors
+            # count; read only by a policy that scores by an estimated workload.
+            mix = itertools.chain((p.request for p in pending.values()),
+                                  (r.request for r in running.values()))
             now_policy = cycle_policy(pass_policy, kept, mix)
             reply = decide(CycleRequest(
                 pending=tuple(_work(o, by_key[o.key].gang) for o in offered), snapshot=snapshot,
