@@ -33,9 +33,9 @@ class QuotaCore(Protocol):
 
     def release(self, key: Any, reason: str) -> None: ...
 
+
 def check_running(core: QuotaCore, now: float) -> list[Any]:
     """Act once on each running task of a tenant over its hard budget; return the Airflow keys."""
-
     if not core.gpu_running:
         return []
     ledger = core.ledger

@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 _NEVER_RAN = "migration abandoned"  # a move's hold whose try never started (gpu_migration)
 PREEMPTED_REASON = "preempted"
-"""How the release reason of a preemption victim begins (written by :mod:`.gpu_preemption`)."""
+"""How the release reason of a preemption victim begins (written by gpusched.airflow.gpu_preemption)."""
 
 
 def identity(parts: TaskKeyParts) -> tuple[str, str, str, int]:

@@ -1,11 +1,12 @@
-"""One scheduling cycle of the GPU executors, as a pure decision: ``decide(CycleRequest) -> CycleReply``.
+"""One scheduling cycle, as a pure decision: ``decide(CycleRequest) -> CycleReply``.
 
-Input, in one :class:`CycleRequest` (as Ray autoscaler v2's ``SchedulingRequest``): the GPU
-workloads waiting in the executor (their requests already rewritten by the fault chain's
-overrides), the fleet snapshot from the ledger, the tasks already holding devices, the policy,
-the clock and the re-planning budget. Output, one :class:`CycleReply`: which workloads to launch
-(with their shares and task environment) and which to hold (with the reason the UI shows). The
-executors do the I/O around it (:mod:`gpusched.airflow.gpu_scheduling`).
+Input, in one :class:`CycleRequest` (as Ray autoscaler v2's ``SchedulingRequest``): the GPU work
+waiting (in an executor, its requests already rewritten by the fault chain's overrides), the
+fleet snapshot from the store, the tasks already holding devices, the policy, the clock and the
+re-planning budget. Output, one :class:`CycleReply`: which work to launch (with its shares and
+task environment) and which to hold (with the reason the UI shows). Every driver calls it: the
+executors do the I/O around it (:mod:`gpusched.airflow.gpu_scheduling`), the simulator replays a
+trace through it (:mod:`gpusched.sim.engine`).
 """
 
 from __future__ import annotations

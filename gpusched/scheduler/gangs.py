@@ -65,7 +65,7 @@ def place_gang(
     ``same_rack`` gangs try one rack at a time (racks with more free devices first). Returns an
     empty plan with the reason (``permanent`` when even an idle fleet could not hold the gang).
     Quotas are not checked here: the caller admits the whole gang on the chosen shares
-    (``gpu_cycle``'s gang quota check).
+    (:func:`gpusched.scheduler.cycle.decide`'s gang quota check).
     """
     ordered = sorted(members, key=lambda m: membership(m).rank)
     first = ordered[0]
@@ -110,7 +110,7 @@ def _try(
             nodes = tuple(n for n in group if n.name not in used)
             sub = FleetSnapshot(nodes, snap.usage, snap.source, snap.taken_at)
             task = PendingTask(member.key, member.request, member.submitted_at)
-            # Quota is judged once for the whole gang on the full fleet (gpu_cycle); per member on
+            # Quota is judged once for the whole gang on the full fleet (cycle.py); per member on
             # a part of the fleet its partition capacity would be wrong, so members place unlimited.
             plan = place(PlacementRequest(pending=(task,), snapshot=sub, policy=policy, now=now,
                                           quota=QuotaState.unlimited(), running=running))

@@ -1,11 +1,11 @@
 """Quotas in the scheduling cycle: the quota state every cycle places with, and ``[gpusched] over_budget``.
 
-:func:`cycle_quota` builds the :class:`~gpusched.quota.policy.QuotaState` every cycle places
-with: the quota file's policy (:mod:`gpusched.quota.file`) and each tenant's use this
-period from the store (:meth:`~gpusched.scheduler.store.Store.tenant_use`: released and active
-allocations, normalised by the catalog);
-no quota file gives :meth:`QuotaState.unlimited`. What the executors do with running work over its budget is
-:mod:`gpusched.airflow.gpu_over_budget`.
+:func:`quota_at` builds the :class:`~gpusched.quota.policy.QuotaState` a cycle places with from a
+quota policy and each tenant's use this period, read from the store
+(:meth:`~gpusched.scheduler.store.Store.tenant_use`: released and active allocations, normalised
+by the catalog); no policy gives :meth:`QuotaState.unlimited`. The executors' :func:`cycle_quota`
+takes the policy from the quota file (:mod:`gpusched.quota.file`), the simulator passes its own.
+What the executors do with running work over its budget is :mod:`gpusched.airflow.gpu_over_budget`.
 """
 
 from __future__ import annotations
@@ -26,13 +26,11 @@ __all__ = ["OVER_BUDGET_ACTIONS", "configured_policy", "cycle_quota", "over_budg
 
 def over_budget_action(conf: Any) -> str:
     """``[gpusched] over_budget``, checked (``finish`` or ``stop``; the simulator reads the same values)."""
-
     return over_budget_mode(settings.get_str("over_budget", conf))
 
 
 def configured_policy() -> QuotaPolicy | None:
     """The quota file's policy (:mod:`gpusched.quota.file`), or None when there is no quota file."""
-
     return load_quota_policy() if quota_file().is_file() else None
 
 

@@ -92,7 +92,6 @@ def report(
     fleet: FleetSnapshot, end: float,
 ) -> dict[str, Any]:
     """Per tenant budget and use in the period holding ``end``; per partition its GPU-hours."""
-
     spans = _spans(records, jobs)
     state = quota_state_at(policy, records, jobs, fleet, end)
     gpu_hours = partition_usage(spans, fleet, min((s.start for s in spans), default=0.0), end)
