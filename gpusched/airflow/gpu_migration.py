@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 from gpusched import settings
 from gpusched.airflow.executor_compat import save_task_event
-from gpusched.airflow.gpu_preemption import Eviction, Preemptor
+from gpusched.airflow.gpu_preemption import Preemptor
 from gpusched.airflow.task_log import append_task_log
 from gpusched.errors import AllocationConflictError, ConfigurationError
 from gpusched.ledger.moves import MoveIntent
@@ -57,6 +57,7 @@ from gpusched.placement.migration import MIGRATE, MigrationRequest, Move, plan_m
 from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import running_tasks
 from gpusched.scheduler.keys import parse_ti_key, task_of, ti_key
+from gpusched.scheduler.preemption import Eviction
 from gpusched.scheduler.quota import cycle_quota
 from gpusched.throughputs import load_throughputs
 
@@ -209,7 +210,7 @@ class Migrator:
         moving.reason, moving.deadline = reason, now + grace
         ledger.record_move(moving.intent(self.core.holder))  # a restarted executor completes it
         self._pin(moving, now)
-        self.core.preemption.evictions[move.key] = Eviction(airflow_key, next_key, now, now + grace, reason)
+        self.core.preemption.evictions[move.key] = Eviction(move.key, next_key, now, now + grace, reason)
         ledger.notify_preemption(move.key, task_of(move.key), reason, now=now)
         ledger.record_event("migrated", move.key, now=now, next_try=next_key, from_model=move.from_model,
                             from_devices=[f"{s.node}:{s.index}" for s in move.shares],
@@ -329,7 +330,7 @@ class Migrator:
         if moving.old_key in running:
             evictions = self.core.preemption.evictions
             if moving.old_key not in evictions:
-                evictions[moving.old_key] = Eviction(moving.airflow_key, moving.next_key, moving.at,
+                evictions[moving.old_key] = Eviction(moving.old_key, moving.next_key, moving.at,
                                                      moving.deadline, moving.reason)
             return
         old = self.core.ledger.get(moving.old_key)

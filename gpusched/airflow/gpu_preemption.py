@@ -35,7 +35,7 @@ from the notice (:meth:`Preemptor.restore`), and its beneficiary keeps waiting f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from gpusched import settings
@@ -43,27 +43,22 @@ from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.task_log import append_task_log
 from gpusched.durations.service import aged_index, gpu_seconds, queue_rank
 from gpusched.model import DeviceShare
-from gpusched.placement import PendingTask, RunningTask
 from gpusched.placement.migration import MIGRATE
 from gpusched.placement.policy import QueueOrder
-from gpusched.placement.preemption import (
-    NoPreemption,
-    PreemptionPlan,
-    PreemptionRequest,
-    Prover,
-    check_mode,
-    select_victims,
-)
-from gpusched.scheduler.attained import PREEMPTED_REASON
-from gpusched.scheduler.cycle import CycleReply, CycleRequest, Hold, PendingWork, decide
+from gpusched.placement.preemption import check_mode
+from gpusched.scheduler.cycle import CycleReply, CycleRequest
 from gpusched.scheduler.durations import task_name
-from gpusched.scheduler.gangs import place_gang
 from gpusched.scheduler.keys import task_of
+from gpusched.scheduler.preemption import (
+    Eviction,
+    PreemptionFacts,
+    PreemptionRules,
+    Preemptions,
+    Started,
+    after_launches,
+)
 
-__all__ = ["MAX_SELECTIONS_PER_CYCLE", "Eviction", "PreemptionCore", "Preemptor", "after_launches", "requeue"]
-
-MAX_SELECTIONS_PER_CYCLE = 4
-"""Victim selections per cycle (most urgent held work first), bounding the cycle's cost."""
+__all__ = ["Eviction", "PreemptionCore", "Preemptor", "after_launches", "requeue"]
 
 
 class PreemptionCore(Protocol):
@@ -84,20 +79,11 @@ class PreemptionCore(Protocol):
     def ledger(self) -> Any: ...
 
 
-@dataclass
-class Eviction:
-    """One victim being stopped: its Airflow key, for whom, when it was told, and its deadline."""
-
-    airflow_key: Any
-    beneficiary: str
-    notice_at: float
-    deadline: float
-    reason: str
-    cleared: bool = False
-
-
 class Preemptor:
-    """Chooses victims after each cycle and stops them (see the module docstring)."""
+    """The executors' face of :class:`~gpusched.scheduler.preemption.Preemptions`: reads what
+    only the executor knows (checkpoints, tries preempted before, tasks it does not own) from
+    the ledger, and carries out each started preemption through Airflow (see the module
+    docstring)."""
 
     def __init__(self, core: PreemptionCore) -> None:
         self.core = core
@@ -105,16 +91,27 @@ class Preemptor:
         self.mode = check_mode(settings.get_str("preemption", core.conf), extra=(MIGRATE,))
         self.grace_s = settings.get_float("preemption_grace_seconds", core.conf)
         self.min_runtime_s = settings.get_float("preemption_min_runtime_seconds", core.conf)
-        self.evictions: dict[str, Eviction] = {}  # victim ledger key -> eviction
+        margin = core.durations.service.model.margin if self.mode == "service" else 2.0
+        self.preemptions = Preemptions(PreemptionRules("off" if self.mode == MIGRATE else self.mode,
+                                                       self.grace_s, self.min_runtime_s, margin))
         self._seen: set[str] = set()  # running ledger keys already checked for a notice (restore)
-        self.nominated: dict[str, tuple[DeviceShare, ...]] = {}  # beneficiary -> its proven placement
-        # Task instances (keys without the try: a restart may requeue one as its next try) of the
-        # beneficiaries whose victims have just ended.
-        self.first_pick: frozenset[str] = frozenset()
 
     @property
     def enabled(self) -> bool:
         return self.mode not in ("off", MIGRATE)
+
+    @property
+    def evictions(self) -> dict[str, Eviction]:
+        """Victim ledger key → its eviction (preempted, or the old try of a move)."""
+        return self.preemptions.evictions
+
+    @property
+    def nominated(self) -> dict[str, tuple[DeviceShare, ...]]:
+        return self.preemptions.nominated
+
+    @property
+    def first_pick(self) -> frozenset[str]:
+        return self.preemptions.first_pick
 
     # ---- before a cycle (mode service) -----------------------------------------------------------
 
@@ -140,43 +137,12 @@ class Preemptor:
         return out
 
     def hold_nominated(self, request: CycleRequest) -> CycleRequest:
-        """``request`` with the free devices of each preemption in flight taken in its snapshot:
-        the room a plan was proven on is kept for its beneficiary while the victims stop, or work
-        of lower priority queued meanwhile would take it and the beneficiary would need a second
-        round of victims (Kubernetes' nominated node). The hold ends when its victims have ended;
-        in that cycle the beneficiary, if it waits, has the first pick (:meth:`decide`)."""
-        running = set(self.core.gpu_running.values())
-        stopping = {e.beneficiary for k, e in self.evictions.items() if k in running}
-        waiting = {task_of(w.key) for w in request.pending}
-        self.first_pick = frozenset(task_of(b) for b in self.nominated
-                                    if b not in stopping and task_of(b) in waiting)
-        self.nominated = {b: shares for b, shares in self.nominated.items() if b in stopping}
-        snapshot, held = request.snapshot, []
-        for share in (s for shares in self.nominated.values() for s in shares):
-            if snapshot.has_device(share.uuid):
-                milli = min(share.milli, snapshot.free_milli(share.uuid))
-                memory = min(share.memory_bytes, snapshot.free_memory(share.uuid))
-                if milli > 0:
-                    held.append(replace(share, milli=milli, memory_bytes=max(0, memory)))
-        return replace(request, snapshot=snapshot.with_usage(held)) if held else request
+        """:meth:`Preemptions.hold_nominated` over this executor's running tries."""
+        return self.preemptions.hold_nominated(request, set(self.core.gpu_running.values()))
 
     def decide(self, request: CycleRequest) -> CycleReply:
-        """:func:`~gpusched.scheduler.cycle.decide`, with the beneficiaries whose victims have
-        just ended (:attr:`first_pick`, a gang with all its members) placed first and the rest on
-        what their launches leave. Without it, a victim requeued meanwhile, aged from its first
-        queue time, or any work ahead in the queue order would take the room made for the
-        beneficiary and it would need a second round of victims (the simulator evicts and starts
-        the beneficiary in one step)."""
-        picks = self.first_pick
-        gangs = {w.gang.gang for w in request.pending if task_of(w.key) in picks and w.gang is not None}
-        first = {w.key for w in request.pending
-                 if task_of(w.key) in picks or (w.gang is not None and w.gang.gang in gangs)}
-        if not first:
-            return decide(request)
-        head = decide(replace(request, pending=tuple(w for w in request.pending if w.key in first)))
-        rest = replace(request, pending=tuple(w for w in request.pending if w.key not in first))
-        tail = decide(after_launches(rest, head))
-        return CycleReply(head.launches + tail.launches, head.holds + tail.holds)
+        """:meth:`Preemptions.decide`: the beneficiaries whose victims have just ended first."""
+        return self.preemptions.decide(request)
 
     def rank(self, request: CycleRequest) -> CycleRequest:
         """``request`` with its queue ordered by the tasks' Gittins indices (mode ``service``:
@@ -199,98 +165,38 @@ class Preemptor:
         if not self.enabled or not reply.holds:
             return reply
         self.restore(request.now)  # an adopted victim being stopped is never selected a second time
-        request = after_launches(request, reply)
-        works = {w.key: w for w in request.pending}
-        waiting_for = {task_of(e.beneficiary) for e in self.evictions.values()}  # any try of it
-        reasons: dict[str, str] = {}
-        started, tries = False, 0
-        indices = self.indices(request)
-        restarted = self.core.attained.restarted(self.core.ledger, sorted(self.core.gpu_running.values()))
-        for group in self._groups(reply.holds, works, indices):
-            keys = [w.key for w in group]
-            tasks = {task_of(k) for k in keys}
-            if tasks & waiting_for:
-                victims = sorted(v for v, e in self.evictions.items() if task_of(e.beneficiary) in tasks)
-                reasons.update({k: f"waiting for preempted {', '.join(victims)} to stop" for k in keys})
-                continue
-            if started or tries >= MAX_SELECTIONS_PER_CYCLE:
-                continue  # one new preemption per cycle: the next cycle sees its effect
-            tries += 1
-            outcome = select_victims(self._request(request, group, indices, restarted),
-                                     self._prover(request, group))
-            if isinstance(outcome, NoPreemption):
-                self.core.log.debug("gpusched: no preemption for %s: %s", keys[0], outcome.reason)
-                continue
-            self._start(outcome, group, request.now)
-            started = True
-            reasons.update({k: f"{outcome.reason}; starts once their devices are free" for k in keys})
-        if not reasons:
-            return reply
-        holds = tuple(Hold(h.key, reasons.get(h.key, h.reason), h.permanent) for h in reply.holds)
-        return CycleReply(reply.launches, holds)
-
-    def _groups(self, holds: tuple[Hold, ...], works: dict[str, PendingWork],
-                indices: dict[str, float]) -> list[list[PendingWork]]:
-        """Held work that waits for capacity, as units (a gang is one), most urgent first."""
-        units: dict[str, list[PendingWork]] = {}
-        for hold in holds:
-            work = works.get(hold.key)
-            if hold.permanent or work is None or work.existing:
-                continue
-            unit = work.gang.gang if work.gang is not None else work.key
-            units.setdefault(unit, []).append(work)
-        complete = [u for u in units.values()
-                    if u[0].gang is None or len({w.gang.rank for w in u if w.gang}) == u[0].gang.size]
-        return sorted(complete, key=lambda u: (-max(w.request.priority for w in u),
-                                               -max(indices.get(w.key, 0.0) for w in u),
-                                               min(w.submitted_at for w in u)))
-
-    def _request(self, request: CycleRequest, group: list[PendingWork], indices: dict[str, float],
-                 restarted: frozenset[str] = frozenset()) -> PreemptionRequest:
+        seen = after_launches(request, reply)
         mine = set(self.core.gpu_running.values())
         gang_members = {self.core.gpu_running.get(k) for ks in self.core.gangs.values() for k in ks}
-        protected = frozenset(r.key for r in request.running
-                              if r.key not in mine or r.key in gang_members or r.key in self.evictions)
-        return PreemptionRequest(
-            tuple(PendingTask(w.key, w.request, w.submitted_at) for w in group), request.snapshot,
-            request.running, request.policy, request.now, request.quota, mode=self.mode,
-            min_runtime_s=self.min_runtime_s, checkpoints=self.core.ledger.checkpoint_times(mine),
-            protected=protected, indices=indices,
-            index_margin=self.core.durations.service.model.margin if indices else 2.0,
-            restarted=restarted,
+        facts = PreemptionFacts(
+            checkpoints=self.core.ledger.checkpoint_times(mine),
+            protected=frozenset(r.key for r in seen.running if r.key not in mine or r.key in gang_members),
+            restarted=self.core.attained.restarted(self.core.ledger, sorted(mine)),
+            indices=self.indices(seen),
         )
+        reply, started = self.preemptions.consider(request, reply, facts)
+        if started is not None:
+            self._notify(started)
+        return reply
 
-    @staticmethod
-    def _prover(request: CycleRequest, group: list[PendingWork]) -> Prover | None:
-        if group[0].gang is None:
-            return None  # placement of the task itself, with the quota
-
-        def prove(snapshot: Any, running: Any) -> Any:
-            plan = place_gang(group, snapshot, request.policy, now=request.now, running=running,
-                              addresses=request.addresses)
-            return (plan.shares or None), plan.reason
-
-        return prove
-
-    def _start(self, plan: PreemptionPlan, group: list[PendingWork], now: float) -> None:
+    def _notify(self, started: Started) -> None:
+        """Tell each victim of ``started``: ledger notice and event, log lines, Audit Log."""
         by_ledger_key = {v: k for k, v in self.core.gpu_running.items()}
-        beneficiary = group[0].key if len(group) == 1 else f"gang {group[0].gang.gang}"  # type: ignore[union-attr]
-        self.nominated[group[0].key] = tuple(s for shares in plan.placement.values() for s in shares)
-        for victim in plan.victims:
-            airflow_key = by_ledger_key[victim.key]
-            reason = (f"{PREEMPTED_REASON} for {beneficiary} ({victim.reason}); "
-                      f"{victim.lost_gpu_s:.0f} GPU-s since its last checkpoint")
-            self.evictions[victim.key] = Eviction(airflow_key, group[0].key, now, now + self.grace_s, reason)
-            ledger = self.core.ledger
-            ledger.notify_preemption(victim.key, task_of(victim.key), reason, now=now)
-            ledger.record_event("preempted", victim.key, now=now, by=group[0].key, reason=reason,
-                                lost_gpu_s=round(victim.lost_gpu_s, 1), grace_s=self.grace_s,
-                                proof={k: [f"{s.node}:{s.index}" for s in v]
-                                       for k, v in plan.placement.items()})
-            self.core.log.warning("gpusched: %s %s", victim.key, reason)
-            append_task_log(airflow_key, f"gpusched: {reason}. Checkpoint now: this try is stopped within "
-                            f"{self.grace_s:.0f} s and requeued; it does not use a retry", level="warning")
-            save_task_event(self.core.executor, event="gpusched.preempted", extra=reason, ti_key=airflow_key)
+        proof = {k: [f"{s.node}:{s.index}" for s in v] for k, v in started.plan.placement.items()}
+        ledger = self.core.ledger
+        for eviction in started.evictions:
+            airflow_key = by_ledger_key[eviction.victim]
+            ledger.notify_preemption(eviction.victim, task_of(eviction.victim), eviction.reason,
+                                     now=eviction.notice_at)
+            ledger.record_event("preempted", eviction.victim, now=eviction.notice_at, by=eviction.beneficiary,
+                                reason=eviction.reason, lost_gpu_s=round(eviction.lost_gpu_s, 1),
+                                grace_s=self.grace_s, proof=proof)
+            self.core.log.warning("gpusched: %s %s", eviction.victim, eviction.reason)
+            append_task_log(airflow_key, f"gpusched: {eviction.reason}. Checkpoint now: this try is "
+                            f"stopped within {self.grace_s:.0f} s and requeued; it does not use a retry",
+                            level="warning")
+            save_task_event(self.core.executor, event="gpusched.preempted", extra=eviction.reason,
+                            ti_key=airflow_key)
 
     # ---- every heartbeat -------------------------------------------------------------------------
 
@@ -300,9 +206,9 @@ class Preemptor:
         becomes an eviction again, its grace counted from the notice and its beneficiary read
         from its ``preempted`` event (nominated again: it has the first pick once they end).
         Returns their ledger keys."""
-        by_ledger_key = {v: k for k, v in self.core.gpu_running.items()}
-        new = [k for k in by_ledger_key if k not in self._seen and k not in self.evictions]
-        self._seen = set(by_ledger_key)
+        running = set(self.core.gpu_running.values())
+        new = [k for k in running if k not in self._seen and k not in self.evictions]
+        self._seen = running
         if not new:
             return []
         ledger = self.core.ledger
@@ -311,10 +217,8 @@ class Preemptor:
             events = ledger.events(1, kinds=["preempted"], subject=key)
             beneficiary = str(events[0].detail.get("by", "")) if events else ""
             notice_at = float(row.notice_at or now)
-            self.evictions[key] = Eviction(by_ledger_key[key], beneficiary, notice_at,
-                                           notice_at + self.grace_s, row.notice_reason or "preempted")
-            if beneficiary:  # its first pick once the victims end (the held room is not restored)
-                self.nominated.setdefault(beneficiary, ())
+            self.preemptions.adopt(Eviction(key, beneficiary, notice_at, notice_at + self.grace_s,
+                                            row.notice_reason or "preempted"))
             ledger.record_event("preemption_resumed", key, now=now, by=beneficiary, notice_at=notice_at)
             self.core.log.warning("gpusched: %s was being preempted for %s when the executor restarted; "
                                   "stopping it", key, beneficiary or "another task")
@@ -325,38 +229,21 @@ class Preemptor:
         """Stop the victims whose grace ran out or who checkpointed; forget those that ended."""
         now = self.core.clock() if now is None else now
         self.restore(now)
-        running = set(self.core.gpu_running.values())
-        for key, eviction in list(self.evictions.items()):
-            if key not in running:
-                del self.evictions[key]  # ended (and released): its beneficiary may start
-                continue
-            if eviction.cleared:
-                continue
+        self.preemptions.forget_ended(set(self.core.gpu_running.values()))  # their beneficiaries may start
+        by_ledger_key = {v: k for k, v in self.core.gpu_running.items()}
+
+        def checkpointed_at(key: str) -> float | None:
             saved = self.core.ledger.checkpoint(key)
-            ready = saved is not None and saved.at is not None and saved.at >= eviction.notice_at
-            if ready or now >= eviction.deadline:
-                eviction.cleared = True
-                outcome = requeue(eviction.airflow_key, eviction.reason)
-                self.core.log.warning("gpusched: %s %s: %s", key,
-                                      "checkpointed" if ready else "grace over", outcome)
+            return None if saved is None else saved.at
+
+        for eviction in self.preemptions.due(now, checkpointed_at):
+            outcome = requeue(by_ledger_key[eviction.victim], eviction.reason)
+            self.core.log.warning("gpusched: %s %s: %s", eviction.victim,
+                                  "checkpointed" if now < eviction.deadline else "grace over", outcome)
 
     def release_reason(self, ledger_key: str) -> str | None:
         """The release reason of a victim whose process ended (None: not a victim)."""
-        eviction = self.evictions.get(ledger_key)
-        return None if eviction is None else f"{eviction.reason}; requeued"
-
-
-def after_launches(request: CycleRequest, reply: CycleReply) -> CycleRequest:
-    """``request`` as the cycle's launches leave it: their devices taken in the snapshot and the
-    tasks running (not this executor's yet, so never victims). A victim selection proven on the
-    snapshot from before the launches could count a device a launch of the same cycle takes."""
-    new = [launch for launch in reply.launches if not launch.reused]  # reused: already counted
-    if not new:
-        return request
-    snapshot = request.snapshot.with_usage(s for launch in new for s in launch.shares)
-    started = tuple(RunningTask(launch.key, launch.request, launch.shares, request.now, None)
-                    for launch in new)
-    return replace(request, snapshot=snapshot, running=(*request.running, *started))
+        return self.preemptions.release_reason(ledger_key)
 
 
 def requeue(airflow_key: Any, reason: str) -> str:

@@ -86,6 +86,9 @@ def register(subparsers: Any) -> None:
                              "default 30)")
     parser.add_argument("--min-runtime", type=finite_float(0.0), default=300.0, dest="min_runtime_s",
                         help="with --preemption: seconds a job runs before it may be preempted (default 300)")
+    parser.add_argument("--grace", type=finite_float(0.0), default=None, dest="grace_s",
+                        help="with --preemption: seconds a victim runs after its notice before it is "
+                             "stopped (default: [gpusched] preemption_grace_seconds' default, 30)")
     parser.add_argument("--json", action="store_true", help="print the full metrics as JSON")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
@@ -111,7 +114,8 @@ def _run(args: argparse.Namespace) -> int:
 
     preemption = None if args.preemption == "off" else SimPreemption(
         args.preemption, checkpoint_s=args.checkpoint_minutes * 60, min_runtime_s=args.min_runtime_s,
-        restart_s=args.restart_s, horizon_s=args.round_s or 360.0)
+        restart_s=args.restart_s, horizon_s=args.round_s or 360.0,
+        **({} if args.grace_s is None else {"grace_s": args.grace_s}))
     result = simulate(
         jobs,
         fleet_from_spec(args.fleet),

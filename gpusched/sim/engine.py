@@ -35,7 +35,8 @@ from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaPolicy, physical_milli
-from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy, decide
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy
+from gpusched.scheduler.preemption import Preemptions
 from gpusched.scheduler.quota import quota_at
 from gpusched.scheduler.store import InMemoryStore
 from gpusched.sim import quota as sim_quota
@@ -164,6 +165,8 @@ def simulate(
     store = InMemoryStore(fleet)  # the allocations, as the executors' ledger holds them
     window = sim_quota.QuotaWindow(quota, fleet)
     kept = SteadyWorkload(workload_drift)
+    preemptions = Preemptions(preempt.rules())  # victims' notice, grace, held room, first pick
+    in_gangs = frozenset(j.key for j in ordered if j.gang is not None)  # never victims (as in the executors)
 
     def requeue(key: str, now: float, *, preempted: bool = True) -> float:
         """Stop ``key``'s run at ``now`` and put it back in the queue; the GPU-seconds it lost."""
@@ -197,7 +200,8 @@ def simulate(
         nc = completions[0][0] if completions else _INF
         wanted = (len(pending) > 0 and (used < capacity or preempt.enabled)) or (preempt.migrates and running)
         ns = sched_at if dirty and wanted else _INF
-        t = min(na, nc, ns, check_at)
+        nd = preemptions.next_deadline()  # a victim's grace runs out
+        t = min(na, nc, ns, check_at, nd)
         if t == _INF:
             break
         if nc <= t:
@@ -228,6 +232,12 @@ def simulate(
                 if bar is not None and watch is None:
                     bar.update(1)
             dirty = True
+        elif nd <= t:  # victims whose grace ran out stop (simulated jobs never checkpoint on notice)
+            for eviction in preemptions.due(t, lambda key: None):
+                if eviction.victim in running:
+                    requeue(eviction.victim, t)
+            preemptions.forget_ended(running)
+            dirty = True
         elif check_at <= t:  # the executor's over-budget check (or a budget period starts)
             state = quota_at(quota, store, fleet, t)
             for key in budget_rule.over(state, ((k, r.request.tenant) for k, r in running.items()), t):
@@ -249,18 +259,21 @@ def simulate(
             mix = itertools.chain((p.request for p in pending.values()),
                                   (r.request for r in running.values()))
             now_policy = cycle_policy(pass_policy, kept, mix)
-            reply = decide(CycleRequest(
+            preemptions.forget_ended(running)
+            cycle = preemptions.hold_nominated(CycleRequest(
                 pending=tuple(_work(o, by_key[o.key].gang) for o in offered), snapshot=snapshot,
                 policy=now_policy,
                 running=tuple(running.values()), now=t, quota=state, seed=seed + calls,
                 replan_budget_ms=replan_budget_ms, replan_weights=replan_weights,
                 replan_generations=replan_generations, strict_fifo=head_of_line,
-            ))
+            ), running)
+            reply = preemptions.decide(cycle)
             replans += int(reply.replanned)
             improved += int(reply.replan_improved)
             spent += time.perf_counter() - started
             calls += 1
             taken: list[DeviceShare] = []
+            again = False
 
             def start(key: str, shares: tuple[DeviceShare, ...], t: float = t,
                       taken: list[DeviceShare] = taken, models_of: FleetSnapshot = snapshot,
@@ -292,22 +305,21 @@ def simulate(
 
             for launch in reply.launches:
                 start(launch.key, launch.shares)
-            if preempt.enabled:
-                waiting = [as_offered[h.key] for h in reply.holds
-                           if not h.permanent and not h.queued_behind and h.key in pending]
-                after = snapshot.with_usage(taken)
-                fresh = frozenset(launch.key for launch in reply.launches)
-                types = {k: by_key[k].job_type for k in running} if preempt.migrates else None
-                indices = None if service is None or not waiting else service.indices(
-                    waiting, tuple(running.values()), job_types, preempt.served_s, t,
-                    policy.service_halving_s)
-                ranked = {"indices": indices} if indices is not None else {}  # mode service only
-                plans = preempt.plans(waiting, after, running, now_policy, t, state, fresh, types, **ranked)
-                for pplan in plans:
-                    for victim in pplan.victims:
-                        requeue(victim.key, t)
-                    for key, shares in pplan.placement.items():
-                        start(key, tuple(shares))
+            if preempt.migrates:
+                types = {k: by_key[k].job_type for k in running}
+                moves = preempt.migrations(snapshot.with_usage(taken), running, now_policy, t, state, types)
+                for move in moves:
+                    requeue(move.key, t)
+                    start(move.key, tuple(move.placement))
+            elif preempt.enabled:
+                held = [as_offered[h.key] for h in reply.holds if not h.permanent and not h.queued_behind]
+                indices = None if service is None or not held else service.indices(
+                    held, tuple(running.values()), job_types, preempt.served_s, t, policy.service_halving_s)
+                facts = preempt.facts(running, t, in_gangs.intersection(running), indices)
+                # The victims stop when their grace ends. An executor runs its next cycle a
+                # heartbeat later, where the next held work may get victims: the replay passes again now.
+                _, begun = preemptions.consider(cycle, reply, facts)
+                again = begun is not None
             for hold in reply.holds:
                 if hold.permanent:
                     rejected[hold.key] = hold.reason
@@ -317,7 +329,7 @@ def simulate(
                         if bar is not None:
                             bar.update(1)
             snapshot = snapshot.with_usage(taken)
-            dirty = False
+            dirty = again
             if bar is not None and time.monotonic() - shown > 5.0:  # alive also after the last arrival
                 shown = time.monotonic()
                 bar.set_postfix(day=f"{t / 86400:.2f}", waiting=len(pending), running=len(running))

@@ -15,8 +15,8 @@ import pytest
 from gpusched.bench.gavel_stream import GAVEL_JOB_TYPES, gavel_stream
 from gpusched.model import MILLI, FleetSnapshot
 from gpusched.node_builder import SIM_LAYOUT, make_node
-from gpusched.placement import PendingTask, Policy, RunningTask
-from gpusched.placement.preemption import PreemptionPlan
+from gpusched.placement import Policy, RunningTask
+from gpusched.placement.migration import Move
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 from gpusched.sim.engine import SimJob, simulate
@@ -59,22 +59,20 @@ class _Checked(SimPreemption):
 
     passes = 0
 
-    def plans(self, waiting: list[PendingTask], snapshot: FleetSnapshot,  # type: ignore[override]
-              running: Mapping[str, RunningTask], policy: Policy, now: float, quota: QuotaState,
-              fresh: frozenset[str] = frozenset(), job_types: Mapping[str, str | None] | None = None,
-              ) -> list[PreemptionPlan]:
+    def migrations(self, snapshot: FleetSnapshot, running: Mapping[str, RunningTask],  # type: ignore[override]
+                   policy: Policy, now: float, quota: QuotaState, job_types: Mapping[str, str | None],
+                   ) -> list[Move]:
         held: Counter[str] = Counter()
         for task in running.values():
             for share in task.shares:
                 held[share.uuid] += share.milli
         for device in snapshot.devices():
             assert snapshot.used(device.uuid).used_milli == held[device.uuid] <= MILLI
-        out = super().plans(waiting, snapshot, running, policy, now, quota, fresh, job_types)
-        for plan in out:  # the targets are free once the movers left
-            after = snapshot.with_usage([s for v in plan.victims for s in v.shares], release=True)
-            for shares in plan.placement.values():
-                after = after.with_usage(shares)
-            assert all(after.used(d.uuid).used_milli <= MILLI for d in after.devices())
+        out = super().migrations(snapshot, running, policy, now, quota, job_types)
+        after = snapshot.with_usage([s for m in out for s in m.shares], release=True)
+        for move in out:  # the targets are free once the movers left
+            after = after.with_usage(move.placement)
+        assert all(after.used(d.uuid).used_milli <= MILLI for d in after.devices())
         type(self).passes += 1
         return out
 

@@ -109,7 +109,8 @@ def test_a_preempted_job_counts_only_its_runs_and_is_committed_what_is_left() ->
                                                expected_duration=3600), 3600.0, 3600.0)
     quota = QuotaPolicy(budgets_hours={"a": 2}, period_s=int(WEEK))
     result = simulate([low, urgent], FLEET, Policy.named("gpusched"), quota=quota,
-                      preemption=SimPreemption("priority", checkpoint_s=1800.0, min_runtime_s=300.0))
+                      preemption=SimPreemption("priority", checkpoint_s=1800.0, min_runtime_s=300.0,
+                                               grace_s=0.0))
     records = {r.key: r for r in result.records}
     # It restarts as soon as "urgent" ends: 1 A100-h used + its remaining 1 h fits the 2 h budget
     # (committed its full 2 h again, it would wait for next week).

@@ -1,4 +1,5 @@
-"""Preemption in the simulator: the executor's victim selection, checkpointed progress, requeue."""
+"""Preemption in the simulator: the executor's victim selection, notice and grace, checkpointed
+progress, requeue."""
 
 from __future__ import annotations
 
@@ -32,14 +33,31 @@ def test_a_critical_job_preempts_and_the_victim_resumes_from_its_checkpoint() ->
     assert plain["urgent"].start_s == 36_000.0  # non-preemptive: waits for the 10-hour job
     result = _run(_jobs(), "priority", checkpoint_s=1800.0, min_runtime_s=300.0)
     records = {r.key: r for r in result.records}
-    assert records["urgent"].start_s == 7_000.0
-    # "low" checkpointed at 5400 s: it keeps 5400 of 36000 s of work, loses 1600 s on 4 GPUs,
-    # waits for "urgent" (until 10600 s) and runs the remaining 30600 s.
+    # "low" gets its notice at 7000 s and runs through the executor's default grace (30 s).
+    assert records["urgent"].start_s == 7_030.0
+    # "low" checkpointed at 5400 s: it keeps 5400 of 36000 s of work, loses 1630 s on 4 GPUs,
+    # waits for "urgent" (until 10630 s) and runs the remaining 30600 s.
     low = records["low"]
-    assert (low.start_s, low.end_s, low.preemptions) == (0.0, 10_600.0 + 30_600.0, 1)
+    assert (low.start_s, low.end_s, low.preemptions) == (0.0, 10_630.0 + 30_600.0, 1)
     assert result.preemption == {"mode": "priority", "checkpoint_s": 1800.0, "min_runtime_s": 300.0,
-                                 "preemptions": 1, "jobs_preempted": 1,
-                                 "lost_gpu_hours": pytest.approx(1600 * 4 / 3600, abs=1e-3)}
+                                 "grace_s": 30.0, "preemptions": 1, "jobs_preempted": 1,
+                                 "lost_gpu_hours": pytest.approx(1630 * 4 / 3600, abs=1e-3)}
+
+
+def test_without_a_grace_the_victim_stops_and_the_beneficiary_starts_at_the_notice() -> None:
+    result = _run(_jobs(), "priority", checkpoint_s=1800.0, min_runtime_s=300.0, grace_s=0.0)
+    records = {r.key: r for r in result.records}
+    assert records["urgent"].start_s == 7_000.0
+    assert records["low"].end_s == 10_600.0 + 30_600.0
+
+
+def test_a_job_that_ends_in_its_grace_is_not_requeued() -> None:
+    jobs = [SimJob("low", GPURequest.build(gpus=4, priority="low"), 0.0, 7_010.0), _jobs()[1]]
+    result = _run(jobs, "priority", checkpoint_s=1800.0, min_runtime_s=300.0)
+    records = {r.key: r for r in result.records}
+    assert records["low"].end_s == 7_010.0 and records["low"].preemptions == 0
+    assert records["urgent"].start_s == 7_010.0  # the room its victim left, at once
+    assert result.preemption is not None and result.preemption["preemptions"] == 0
 
 
 def test_energy_counts_a_preempted_job_only_while_it_held_devices() -> None:
@@ -48,14 +66,14 @@ def test_energy_counts_a_preempted_job_only_while_it_held_devices() -> None:
 
     result = _run(_jobs(), "priority", checkpoint_s=1800.0, min_runtime_s=300.0)
     watts = default_catalog().get("A100-SXM-80GB").tdp_milliwatts / 1000
-    # "low": 4 GPUs for 0–7000 s and 10600–41200 s (not while it waited); "urgent": 2 GPUs for 3600 s.
-    gpu_s = 4 * (7_000 + 30_600) + 2 * 3_600
+    # "low": 4 GPUs for 0–7030 s and 10630–41230 s (not while it waited); "urgent": 2 GPUs for 3600 s.
+    gpu_s = 4 * (7_030 + 30_600) + 2 * 3_600
     assert energy_kwh(result.records, result) == pytest.approx(watts * gpu_s / 3.6e6, rel=1e-6)
 
 
 def test_without_checkpoints_all_work_is_lost_and_fresh_jobs_are_protected() -> None:
     records = {r.key: r for r in _run(_jobs(), "priority", checkpoint_s=0.0).records}
-    assert records["low"].end_s == 10_600.0 + 36_000.0
+    assert records["low"].end_s == 10_630.0 + 36_000.0
     young = _run(_jobs(), "priority", min_runtime_s=8_000.0)
     assert {r.key: r for r in young.records}["urgent"].start_s == 36_000.0
     assert young.preemption is not None and young.preemption["preemptions"] == 0
@@ -70,7 +88,7 @@ def test_a_restarted_job_is_not_stopped_again_before_its_first_checkpoint_after_
             SimJob("u1", GPURequest.build(gpus=2, priority="critical"), 7_000.0, 3_600.0),
             SimJob("u2", GPURequest.build(gpus=2, priority="critical"), 11_000.0, 3_600.0),
             SimJob("tick", GPURequest.build(gpus=1, priority="low"), 12_500.0, 60.0)]
-    result = _run(jobs, "priority", checkpoint_s=1800.0, min_runtime_s=300.0)
+    result = _run(jobs, "priority", checkpoint_s=1800.0, min_runtime_s=300.0, grace_s=0.0)
     records = {r.key: r for r in result.records}
     assert records["u1"].start_s == 7_000.0
     assert records["u2"].start_s == 12_500.0

@@ -32,10 +32,11 @@ def test_short_jobs_preempt_jobs_that_outlived_their_group_and_the_victims_resum
     assert plain["short0"].start_s == 36_000.0  # non-preemptive: behind the ten-hour jobs
     result = _run(longs + shorts, "service")
     records = {r.key: r for r in result.records}
-    assert all(records[f"short{i}"].start_s == 1000.0 for i in range(4))
-    # Each long job ran 1000 s (no checkpoint yet: all lost), waited for the shorts, then reran
+    # Each long job is told at 1000 s and stops when its 30 s grace ends; the shorts start then.
+    assert all(records[f"short{i}"].start_s == 1030.0 for i in range(4))
+    # Each long job ran 1030 s (no checkpoint yet: all lost), waited for the shorts, then reran
     # in full; it is never preempted again (its attained service keeps its index low).
-    assert all((records[f"long{i}"].preemptions, records[f"long{i}"].end_s) == (1, 1060.0 + 36_000.0)
+    assert all((records[f"long{i}"].preemptions, records[f"long{i}"].end_s) == (1, 1090.0 + 36_000.0)
                for i in range(4))
     assert result.preemption is not None
     assert (result.preemption["mode"], result.preemption["preemptions"]) == ("service", 4)
@@ -45,18 +46,19 @@ def test_short_jobs_preempt_jobs_that_outlived_their_group_and_the_victims_resum
 
 def test_preempted_jobs_keep_their_attained_service_and_do_not_thrash() -> None:
     # Eight ten-hour jobs of one group on four GPUs; a ninth arrives at 5000 s (a pass). The four
-    # running ones have outlived 90 % of their group: the fresh waiting ones preempt them (four
-    # per pass at most). The victims keep the 5000 s they received as attained service, so they
-    # never take the devices back: each job is preempted at most once. (At 36,000 s the ninth,
-    # still fresh, preempts one more job, which has attained 31,000 s by then.)
+    # running ones have outlived 90 % of their group: the fresh waiting ones preempt them (one
+    # preemption per cycle, the cycles of one instant in a row) and start when the victims' 30 s
+    # grace ends. The victims keep the 5030 s they received as attained service, so they never
+    # take the devices back: each job is preempted at most once. (At 36,000 s the ninth, still
+    # fresh, preempts one more job, which has attained 31,000 s by then.)
     jobs = [SimJob(f"j{i}", ONE, i * 10.0, 36_000.0) for i in range(8)]
     jobs.append(SimJob("j8", ONE, 5000.0, 36_000.0))
     result = _run(jobs, "service")
     records = {r.key: r for r in result.records}
     assert result.preemption is not None and result.preemption["preemptions"] == 5
     assert [records[f"j{i}"].preemptions for i in range(9)] == [1] * 5 + [0] * 4
-    assert all(records[f"j{i}"].start_s == 5000.0 for i in range(4, 8))
-    assert records["j8"].start_s == 36_000.0 and len(records) == 9
+    assert all(records[f"j{i}"].start_s == 5030.0 for i in range(4, 8))
+    assert records["j8"].start_s == 36_030.0 and len(records) == 9
 
 
 def test_no_device_is_overcommitted_and_every_job_finishes() -> None:
