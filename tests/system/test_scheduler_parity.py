@@ -228,3 +228,142 @@ def test_the_simulator_and_the_executor_make_the_same_decisions(executor: Any) -
     assert starts[vision_b][0] == RESET  # its tenant's budget held it until the next period
     assert any(r.startswith("tenant vision used") for r in reasons[vision_b]), reasons[vision_b]
     assert starts[ti_key(DAG, "urgent", RUN, 1, -1)][0] == 1000  # high priority: at once
+
+
+# ---- preemption: notice, grace, checkpoints, requeue ---------------------------------------------
+
+GRACE_S, CHECKPOINT_S, MIN_RUNTIME_S = 30.0, 1800.0, 300.0
+PREEMPTING = (
+    Job("low_a", 0, 7200, {"gpus": 4, "priority": "low"}),
+    Job("low_b", 100, 10800, {"gpus": 4, "priority": "low"}),
+    Job("urgent", 2000, 600, {"gpus": 2, "priority": "critical"}),
+    Job("later", 2010, 300, {"gpus": 1, "priority": "low"}),
+)
+"""Two low-priority jobs fill both hosts; a critical one preempts the younger of them (least work
+lost since its checkpoint at 1,900 s), which runs through its grace; a low one queued meanwhile
+starts beside the critical one on the room it made; the victim restarts from its checkpoint once
+its host is free again."""
+
+
+def _simulated_preemption(policy: Any, fleet: Any) -> list[tuple[Any, ...]]:
+    from gpusched.sim.preempt import SimPreemption
+
+    jobs = [SimJob(j.key, j.request, j.arrival_s, j.run_s) for j in PREEMPTING]
+    rules = SimPreemption("priority", checkpoint_s=CHECKPOINT_S, min_runtime_s=MIN_RUNTIME_S, grace_s=GRACE_S)
+    result = simulate(jobs, fleet, policy, preemption=rules)
+    decisions: list[tuple[Any, ...]] = []
+    for record in result.records:
+        runs = record.segments or ((record.start_s, record.end_s, record.shares),)
+        for n, (start, end, shares) in enumerate(runs):
+            decisions.append((round(start, 3), "start", _task(record.key), _devices(shares)))
+            if n < len(runs) - 1:
+                decisions.append((round(end, 3), "stop", _task(record.key), ()))
+    assert not result.unstarted and not result.rejected
+    return sorted(decisions)
+
+
+def _executed_preemption(ex: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """The executor's decisions on :data:`PREEMPTING`, driven as the simulator replays: at each
+    instant, tasks that end are finished, running tasks report the checkpoints they made, arrivals
+    are queued, victims whose grace ran out are stopped (Airflow's clear is recorded, the process
+    ends and the next try is queued), then cycles run — again at the same instant after a cycle
+    that began a preemption (the next heartbeat)."""
+    from airflow.utils.state import TaskInstanceState
+
+    from gpusched.airflow import gpu_preemption
+
+    stopped: list[Any] = []
+    monkeypatch.setattr(gpu_preemption, "requeue", lambda key, reason: stopped.append(key) or "recorded")
+    clock = [T0]
+    ex.gpu.clock = lambda: clock[0]
+    by_task = {j.task_id: j for j in PREEMPTING}
+    tries: dict[str, int] = {}
+    workloads: dict[Any, tuple[str, Any]] = {}  # Airflow key -> (task id, workload)
+    current: dict[str, Any] = {}  # task id -> Airflow key of its latest try
+    started_at: dict[str, float] = {}  # task id -> start of its current try
+    done: dict[str, float] = {}  # task id -> seconds of work saved by its earlier tries
+    ends: dict[str, float] = {}
+    arrivals = sorted({j.arrival_s for j in PREEMPTING})
+    decisions: list[tuple[Any, ...]] = []
+
+    def queue(task_id: str) -> None:
+        tries[task_id] = tries.get(task_id, 0) + 1
+        job = by_task[task_id]
+        config = {"gpusched": job.request.to_dict()}
+        workload = gpu_workload(task_id, config, dag_id=DAG, try_number=tries[task_id])
+        workloads[workload.key] = (task_id, workload)
+        current[task_id] = workload.key
+        ex.queue_workload(workload, session=None)
+
+    def deadline() -> list[float]:
+        due = ex.gpu.preemption.preemptions.next_deadline() - T0
+        return [due] if due != float("inf") else []
+
+    while arrivals or ends or ex.queued_tasks:
+        t = min([*arrivals[:1], *ends.values(), *deadline()])
+        clock[0] = T0 + t
+        for task_id in [k for k, end in ends.items() if end <= t]:
+            del ends[task_id]
+            ex.change_state(current[task_id], TaskInstanceState.SUCCESS)
+        for task_id, begun in started_at.items():  # the checkpoints the replay's model makes
+            if task_id in ends and t - begun >= CHECKPOINT_S:
+                at = begun + (t - begun) // CHECKPOINT_S * CHECKPOINT_S
+                key = ti_key(DAG, task_id, RUN, tries[task_id], -1)
+                ex.ledger.report_checkpoint(key, key, now=T0 + at)
+        if arrivals and arrivals[0] == t:
+            arrivals.pop(0)
+            for job in PREEMPTING:
+                if job.arrival_s == t:
+                    queue(job.task_id)
+        ex.gpu.preemption.advance(T0 + t)
+        for airflow_key in stopped:  # Airflow stops the cleared try and schedules its next one
+            task_id = workloads[airflow_key][0]
+            begun = started_at.pop(task_id)
+            done[task_id] = done.get(task_id, 0.0) + (t - begun) // CHECKPOINT_S * CHECKPOINT_S
+            del ends[task_id]
+            ex.change_state(airflow_key, TaskInstanceState.SUCCESS)
+            decisions.append((round(t, 3), "stop", task_id, ()))
+            queue(task_id)
+        stopped.clear()
+        while True:
+            before = dict(ex.gpu.preemption.evictions)
+            ex.trigger_tasks(ex.parallelism)
+            for sent in ex.take_dispatched():
+                task_id = workloads[sent][0]
+                alloc = ex.ledger.get(ti_key(DAG, task_id, RUN, tries[task_id], -1))
+                decisions.append((round(t, 3), "start", task_id, _devices(alloc.shares)))
+                started_at[task_id] = t
+                ends[task_id] = t + by_task[task_id].run_s - done.get(task_id, 0.0)
+            if ex.gpu.preemption.evictions.keys() <= before.keys():
+                break
+    return sorted(decisions)
+
+
+def _task(key: str) -> str:
+    from gpusched.scheduler.keys import parse_ti_key
+
+    parts = parse_ti_key(key)
+    assert parts is not None
+    return parts.task_id
+
+
+def test_preemption_makes_the_same_decisions_in_the_simulator_and_the_executor(
+    executor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpusched.airflow.gpu_preemption import Preemptor
+
+    monkeypatch.setenv("AIRFLOW__GPUSCHED__PREEMPTION", "priority")
+    monkeypatch.setenv("AIRFLOW__GPUSCHED__PREEMPTION_GRACE_SECONDS", str(GRACE_S))
+    monkeypatch.setenv("AIRFLOW__GPUSCHED__PREEMPTION_MIN_RUNTIME_SECONDS", str(MIN_RUNTIME_S))
+    executor.gpu.preemption = Preemptor(executor.gpu)
+    assert executor.gpu.preemption.enabled
+    executed = _executed_preemption(executor, monkeypatch)
+    simulated = _simulated_preemption(executor.gpu.policy, executor.ledger.snapshot(T0))
+    assert executed == simulated
+    # What it claims to exercise: one stop at the end of the grace, the critical job starting on
+    # the room it made (not the low job queued meanwhile), the victim restarting from its checkpoint.
+    stops = [d for d in executed if d[1] == "stop"]
+    assert stops == [(2000 + GRACE_S, "stop", "low_b", ())]
+    starts = sorted((d[2], d[0]) for d in executed if d[1] == "start")
+    assert starts == [("later", 2000 + GRACE_S), ("low_a", 0), ("low_b", 100),
+                      ("low_b", 2000 + GRACE_S + 600), ("urgent", 2000 + GRACE_S)]
