@@ -15,6 +15,7 @@ Hierarchy::
     ├── HardwareError               a vendor library failed (translated at the backend boundary)
     │   └── BackendUnavailableError the vendor library or its devices are absent
     ├── PlacementError              the placement engine was called wrongly
+    ├── DispatchUnavailableError    the executor's way to its workers (the Celery broker) is down
     ├── LedgerError                 the allocation ledger refused or failed an operation
     │   ├── AllocationConflictError capacity was taken by someone else (retry next cycle)
     │   └── UnknownAllocationError  no such allocation / lease
@@ -34,6 +35,7 @@ __all__ = [
     "BackendUnavailableError",
     "CatalogError",
     "ConfigurationError",
+    "DispatchUnavailableError",
     "FleetFileError",
     "ForecastError",
     "GPURequestError",
@@ -112,6 +114,10 @@ class BackendUnavailableError(HardwareError):
 
 class PlacementError(GpuschedError):
     """The placement engine was called with inconsistent arguments."""
+
+
+class DispatchUnavailableError(GpuschedError):
+    """The executor's way to its workers (the Celery broker) did not answer; nothing was sent."""
 
 
 class LedgerError(GpuschedError):

@@ -139,6 +139,12 @@ OPTIONS: tuple[Option, ...] = (
            "Several GPU hosts (GPUCeleryExecutor): a host whose agent has not heartbeated for this "
            "long is lost; its allocations are released and its tasks failed so that Airflow retries "
            "them on another host. 0 never marks a host lost.", "60"),
+    Option("dispatch_start_timeout_seconds", "float", "30",
+           "Several GPU hosts (GPUCeleryExecutor): a GPU task sent to its host's queue that has not "
+           "started after this long is checked; when its message is gone from the broker (a broker "
+           "restarted without persistence) or its host is lost while the message still waits, the "
+           "message is revoked, the devices released and the task placed again without spending a "
+           "retry. 0 turns the check off.", "60"),
     Option("reconcile_seconds", "float", "5",
            "How often the executor looks for allocations of gone or superseded task tries and "
            "releases them.", "30"),

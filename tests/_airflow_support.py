@@ -6,7 +6,12 @@ from __future__ import annotations
 import ctypes
 import json
 import multiprocessing
+import shutil
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
 
@@ -106,11 +111,12 @@ def wait_on_cluster(cluster: Any, what: str, check: Any, timeout: float, interva
 
 
 def recording_celery_executor(
-    monkeypatch: pytest.MonkeyPatch, url: str, fleet: Any, *, stale_after_s: float = 10.0
+    monkeypatch: pytest.MonkeyPatch, url: str, fleet: Any, *, stale_after_s: float = 10.0, record: bool = True
 ) -> Iterator[Any]:
     """A ``GPUCeleryExecutor`` on the ledger at ``url`` with GPU hosts ``host-a`` and ``host-b``
     (the nodes of those names in the simulated ``fleet`` file) registered; what it would send to
-    Celery is appended to ``executor.sent`` instead (the multihost tests send through Redis).
+    Celery is appended to ``executor.sent`` instead (the multihost tests send through Redis), or,
+    with ``record=False``, really sent to the broker ``[celery] broker_url`` names.
     Use as the body of a fixture (``yield from``); needs the ``airflow_db`` fixture first."""
     monkeypatch.setenv("GPUSCHED_DB_URL", url)
     from gpusched.airflow import celery_executor
@@ -119,12 +125,14 @@ def recording_celery_executor(
 
     sent: list[Any] = []
 
-    def record(ex: Any, workloads: Any) -> None:  # what CeleryExecutor's sending does, minus Celery
-        for workload in workloads:
+    def record_send(ex: Any, workloads: Any, **kwargs: Any) -> dict[Any, BaseException]:
+        for workload in workloads:  # what CeleryExecutor's sending does, minus Celery
             sent.append(workload)
             ex.queued_tasks.pop(workload.key, None)
+        return {}
 
-    monkeypatch.setattr(celery_executor, "celery_send", record)
+    if record:
+        monkeypatch.setattr(celery_executor, "celery_send", record_send)
     ex = celery_executor.GPUCeleryExecutor(parallelism=8)
     ex.sent = sent
     ex.ledger.migrate()
@@ -134,3 +142,41 @@ def recording_celery_executor(
     yield ex
     ex.ledger.close()
 
+
+
+class RedisServer:
+    """A throwaway ``redis-server`` on 127.0.0.1 (no persistence unless ``appendonly``) that a test
+    can stop and start again on the same port, as a broker outage or restart."""
+
+    def __init__(self, folder: Path, *, appendonly: bool = False) -> None:
+        from gpusched.deploy.multihost_cluster import free_port
+
+        if shutil.which("redis-server") is None:
+            pytest.skip("redis-server is not installed; run scripts/setup.sh (apt redis-server)")
+        self.folder, self.appendonly, self.port = folder, appendonly, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start it and wait until it answers PING."""
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir",
+             str(self.folder), "--appendonly", "yes" if self.appendonly else "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"redis-server did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        """SIGKILL it (what it held in memory is gone unless ``appendonly``)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)

@@ -15,6 +15,17 @@ from the ledger, exports exactly its devices' variables and refuses to run on an
 A host whose heartbeat stops for ``[gpusched] host_timeout_seconds`` is lost: its allocations are
 released and its tasks failed ("node lost"), so Airflow retries them on another host.
 
+Infrastructure failures are not task failures. A send the broker does not answer (refused, reset,
+timed out) leaves the task queued — CeleryExecutor would fail the try — with its devices released,
+and pauses GPU dispatch with one log line until the broker answers again
+(:class:`~gpusched.airflow.gpu_scheduling.GPUScheduling`); the fault chain never sees it and no
+retry is spent. "Dispatched" is logged, and the ``launch`` event (the environment the task side
+reads) recorded, only once the send succeeded. What was sent is watched
+(:mod:`gpusched.airflow.dispatch_watch`): a task not started ``[gpusched]
+dispatch_start_timeout_seconds`` after its send, whose message is gone from the broker (a Redis
+restarted without persistence) or waits in a lost host's queue, is revoked, its devices released
+and placed again, same try.
+
 With ``[gpusched] pool_sync`` (default: ``GPUSCHED_POOL_SYNC``, on in the compose files) the
 ``gpu_<partition>`` pools that :func:`gpusched.airflow.authoring.gpu` assigns are created and
 sized to the live hosts' GPUs exactly as under GPUExecutor (the shared hooks,
@@ -28,11 +39,13 @@ from typing import Any
 
 from airflow.providers.celery.executors.celery_executor import CeleryExecutor
 
+from gpusched import settings
 from gpusched.airflow.authoring import is_gpu_task
-from gpusched.airflow.executor_compat import celery_send
+from gpusched.airflow.dispatch_watch import DispatchWatch
+from gpusched.airflow.executor_compat import celery_send, celery_task_id
 from gpusched.airflow.gpu_executor_hooks import GPUExecutorHooks
 from gpusched.airflow.gpu_scheduling import GPUScheduling
-from gpusched.errors import ConfigurationError
+from gpusched.errors import ConfigurationError, DispatchUnavailableError
 from gpusched.ledger.hosts import LAUNCH_EVENT, HostState, host_queue
 from gpusched.scheduler.cycle import Launch
 from gpusched.scheduler.keys import ti_key_of
@@ -50,6 +63,9 @@ class GPUCeleryExecutor(GPUExecutorHooks, CeleryExecutor):
         team = f"/{self.team_name}" if self.team_name else ""
         holder = f"GPUCeleryExecutor@{socket.gethostname()}{team}"
         self.gpu = GPUScheduling(self, _CeleryDispatcher(self), holder=holder)
+        start_timeout = settings.get_float("dispatch_start_timeout_seconds", self.conf)
+        self.watch = DispatchWatch(self, self.gpu, start_timeout)
+        self.gpu.unstarted_hook = self.watch.host_lost
 
     def start(self) -> None:
         """Check the broker and the ledger, then release allocations of tasks that are gone."""
@@ -73,15 +89,25 @@ class GPUCeleryExecutor(GPUExecutorHooks, CeleryExecutor):
     def check_broker(self) -> None:
         """Raise ConfigurationError when the Celery broker does not answer."""
         try:
-            with self.celery_app.connection_for_write() as connection:
-                connection.ensure_connection(max_retries=2, interval_start=0.5, interval_step=0.5, timeout=5)
+            self.ping_broker(retries=2, timeout=5)
         except Exception as exc:
-            url = self.celery_app.conf.broker_url or ""
-            safe = url.split("@")[-1] if "@" in url else url
             raise ConfigurationError(
-                f"GPUCeleryExecutor cannot reach the Celery broker {safe!r} ({exc.__class__.__name__}); "
-                "start it or fix [celery] broker_url (AIRFLOW__CELERY__BROKER_URL)"
+                f"GPUCeleryExecutor cannot reach the Celery broker {self.broker_name!r} "
+                f"({exc.__class__.__name__}); start it or fix [celery] broker_url "
+                "(AIRFLOW__CELERY__BROKER_URL)"
             ) from exc
+
+    @property
+    def broker_name(self) -> str:
+        """The broker URL without its credentials."""
+        url = str(self.celery_app.conf.broker_url or "")
+        return url.split("@")[-1] if "@" in url else url
+
+    def ping_broker(self, *, retries: int = 1, timeout: float = 2.0) -> None:
+        """Connect to the broker (raise what the connection raised when it does not answer)."""
+        with self.celery_app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=retries, interval_start=0.5, interval_step=0.5,
+                                         timeout=timeout)
 
     def try_adopt_task_instances(self, tis: Any) -> Any:
         """Adopt as CeleryExecutor does; adopted GPU tasks keep their allocations (leases renewed).
@@ -124,9 +150,11 @@ class GPUCeleryExecutor(GPUExecutorHooks, CeleryExecutor):
 
     def sync(self) -> None:
         """Poll Celery (releasing finished GPU tasks; pools kept by the shared hooks), renew
-        leases, handle lost hosts."""
+        leases, handle lost hosts, re-place sent GPU tasks that will never start."""
         super().sync()
         self.gpu.periodic()
+        if self.gpu.dispatch_down is None:  # a broker that does not answer cannot be looked into
+            self.watch.check()
 
 
 class _CeleryDispatcher:
@@ -155,11 +183,32 @@ class _CeleryDispatcher:
             return f"GPU host {found[0]} is {found[1]}; waiting for its agent"
         return None
 
+    def available(self) -> bool:
+        try:
+            self.executor.ping_broker()
+        except Exception:
+            return False
+        return True
+
     def dispatch(self, workload: Any, launch: Launch) -> None:
         found = self._host_of(launch.shares[0].node)
         assert found is not None
         queue = host_queue(found[0])
-        # The task side on that host reads its environment (devices, rendezvous) and host from here.
-        self.executor.ledger.record_event(LAUNCH_EVENT, launch.key, env=dict(launch.env), host=found[0])
         routed = workload.model_copy(update={"ti": workload.ti.model_copy(update={"queue": queue})})
-        celery_send(self.executor, [routed])
+        unsent = celery_send(self.executor, [routed], keep_unsent=True)
+        if unsent:
+            exc = next(iter(unsent.values()))
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise DispatchUnavailableError(f"the Celery broker {self.executor.broker_name!r} did not take "
+                                           f"{launch.key} ({exc.__class__.__name__}: {first})")
+        event = self.executor.event_buffer.get(workload.key)
+        if event is not None and str(event[0]) == "failed":  # a send error that is not the broker's
+            self.executor.gpu.release(workload.key, "the send to Celery failed; the try failed")
+            raise RuntimeError(f"sending {launch.key} to Celery failed; CeleryExecutor failed the try")
+        # The task side on that host reads its environment (devices, rendezvous) and host from here
+        # (and waits a moment for it: the send came first).
+        self.executor.ledger.record_event(LAUNCH_EVENT, launch.key, env=dict(launch.env), host=found[0])
+        task_id = celery_task_id(self.executor, workload.key)
+        if task_id is not None:
+            self.executor.watch.sent(workload, ledger_key=launch.key, task_id=task_id, queue=queue,
+                                     host=found[0], gang=launch.env.get("GPUSCHED_GANG"))

@@ -139,6 +139,9 @@ class _LocalDispatcher:
     def refuse(self, launch: Launch) -> str | None:
         return None
 
+    def available(self) -> bool:
+        return True  # its workers are this process's children
+
     def dispatch(self, workload: Any, launch: Launch) -> None:
         local_put(self.executor, workload, launch.env)
 

@@ -1,7 +1,8 @@
 """Every use of LocalExecutor's and CeleryExecutor's private members, in one place.
 
 gpusched's executors subclass Airflow's; the few internals they must touch (LocalExecutor's
-worker queue, message counter and worker table; CeleryExecutor's workload sending) live here
+worker queue, message counter and worker table; CeleryExecutor's workload sending, its send
+results and its table of sent workloads) live here
 only, so an Airflow upgrade that renames them breaks one module, and
 ``tests/unit/test_executor_compat.py`` (pinned to :data:`PINNED_AIRFLOW`) says which.
 """
@@ -12,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    "PINNED_AIRFLOW", "PINNED_CELERY_PROVIDER", "celery_send", "local_any_worker_dead", "local_put",
-    "local_spawn_worker",
+    "PINNED_AIRFLOW", "PINNED_CELERY_PROVIDER", "celery_forget", "celery_send", "celery_task_id",
+    "is_broker_error", "local_any_worker_dead", "local_put", "local_spawn_worker",
     "save_task_event",
 ]
 
@@ -57,11 +58,79 @@ def local_any_worker_dead(executor: Any) -> bool:
     return any(not proc.is_alive() for proc in getattr(executor, "workers", {}).values())
 
 
-def celery_send(executor: Any, workloads: Sequence[Any]) -> None:
-    """Send ``workloads`` as CeleryExecutor does (each to its ``ti.queue``)."""
+def celery_send(
+    executor: Any, workloads: Sequence[Any], *, keep_unsent: bool = False
+) -> dict[Any, BaseException]:
+    """Send ``workloads`` as CeleryExecutor does (each to its ``ti.queue``).
+
+    CeleryExecutor turns a send that raised into a failed event for the task (and takes it off
+    ``queued_tasks``): a broker outage then fails the try. With ``keep_unsent``, a workload whose
+    send failed with a broker error (:func:`is_broker_error`) is left exactly as before the send
+    — still in ``queued_tasks``, not running, no event — and its error is returned by key; any
+    other send error is handled by CeleryExecutor as usual. Without it, returns ``{}``.
+    """
     from airflow.providers.celery.executors.celery_executor import CeleryExecutor
 
-    CeleryExecutor._process_workloads(executor, workloads)
+    if not keep_unsent:
+        CeleryExecutor._process_workloads(executor, workloads)
+        return {}
+    from airflow.providers.celery.executors.celery_executor_utils import ExceptionWithTraceback
+
+    unsent: dict[Any, BaseException] = {}
+    send = executor._send_workloads_to_celery
+
+    def send_keeping_unsent(tuples: Sequence[Any]) -> list[Any]:
+        results = []
+        for key, args, result in send(tuples):
+            if isinstance(result, ExceptionWithTraceback) and is_broker_error(result.exception):
+                unsent[key] = result.exception
+            else:
+                results.append((key, args, result))
+        return results
+
+    # CeleryExecutor._send_workloads sends through this method and books every result it returns;
+    # the unsent ones are taken out of what it books, for this one call.
+    shadowed = vars(executor).get("_send_workloads_to_celery")
+    executor._send_workloads_to_celery = send_keeping_unsent
+    try:
+        CeleryExecutor._process_workloads(executor, workloads)
+    finally:
+        if shadowed is None:
+            del executor._send_workloads_to_celery
+        else:
+            executor._send_workloads_to_celery = shadowed
+    return unsent
+
+
+def is_broker_error(exc: BaseException) -> bool:
+    """Whether a send failed because the broker did not answer (refused, reset, timed out).
+
+    kombu re-raises a transport's connection errors as ``kombu.exceptions.OperationalError``;
+    Airflow's send timeout (``[celery] operation_timeout``) raises ``AirflowTaskTimeout``.
+    """
+    from airflow.providers.common.compat.sdk import AirflowTaskTimeout
+    from kombu.exceptions import OperationalError
+
+    if isinstance(exc, (OperationalError, AirflowTaskTimeout, ConnectionError, TimeoutError)):
+        return True
+    try:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+    except ImportError:  # a broker other than Redis
+        return False
+    return isinstance(exc, (RedisConnectionError, RedisTimeoutError))
+
+
+def celery_task_id(executor: Any, key: Any) -> str | None:
+    """The Celery task id CeleryExecutor watches for ``key`` (None when it watches none)."""
+    result = executor.workloads.get(key)
+    return None if result is None else str(result.task_id)
+
+
+def celery_forget(executor: Any, key: Any) -> None:
+    """Stop watching ``key`` in Celery (it is neither running nor polled any more)."""
+    executor.workloads.pop(key, None)
+    executor.running.discard(key)
 
 
 def save_task_event(executor: Any, *, event: str, extra: str, ti_key: Any) -> None:

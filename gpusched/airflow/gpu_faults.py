@@ -34,9 +34,15 @@ class FaultCore(Protocol):
 
     def release(self, key: Any, reason: str) -> None: ...
 
+    def requeue_unstarted(self, key: Any, reason: str) -> bool: ...
+
 
 def handle_lost_hosts(core: FaultCore, now: float) -> list[str]:
-    """Mark silent GPU hosts lost; release their allocations and fail their tasks (node lost)."""
+    """Mark silent GPU hosts lost; release their allocations and fail their tasks (node lost).
+
+    A task sent to a lost host that never started is placed again instead, without spending a
+    retry, when the executor can tell (``core.requeue_unstarted``).
+    """
     from airflow.models.taskinstancekey import TaskInstanceKey
 
     lost_keys: list[str] = []
@@ -58,6 +64,8 @@ def handle_lost_hosts(core: FaultCore, now: float) -> list[str]:
                     continue
                 airflow_key = TaskInstanceKey(parts.dag_id, parts.task_id, parts.run_id,
                                               parts.try_number, parts.map_index)
+            if core.requeue_unstarted(airflow_key, f"GPU host {host.name} lost"):
+                continue
             core.gpu_running.pop(airflow_key, None)
             save_task_event(core.executor, event="gpusched.node_lost", extra=reason, ti_key=airflow_key)
             core.executor.fail(airflow_key, info=reason)

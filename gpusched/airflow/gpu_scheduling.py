@@ -11,6 +11,14 @@ environment, or the Celery queue of the host that owns them).
 
 Also here: release when a task process ends or is revoked, leases, reconcile after a restart, lost
 GPU hosts (:mod:`.gpu_faults`), preemption (:mod:`.gpu_preemption`), migration (:mod:`.gpu_migration`).
+
+When the dispatcher cannot reach its workers (:class:`~gpusched.errors.DispatchUnavailableError`:
+the Celery broker is down), the launch is undone — the devices it allocated are released, the
+workload stays queued, nothing is failed, no retry is spent — and GPU dispatch pauses, with one
+log line, until :meth:`Dispatcher.available` says the workers can be reached again (asked every
+:attr:`GPUScheduling.dispatch_probe_s` seconds), exactly as an unreachable ledger pauses GPU work
+(:class:`~gpusched.airflow.ledger_guard.LedgerGuard`). Releasing rather than holding the devices:
+nothing ran on them, and the next cycle places the task afresh on the fleet as it is then.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from gpusched.airflow.orphans import reconcile_holder, task_state
 from gpusched.airflow.task_log import append_task_log
 from gpusched.errors import (
     AllocationConflictError,
+    DispatchUnavailableError,
     LedgerUnavailableError,
     UnknownAllocationError,
 )
@@ -60,7 +69,16 @@ class Dispatcher(Protocol):
         ...
 
     def dispatch(self, workload: Any, launch: Launch) -> None:
-        """Send ``workload`` (fresh token) to run on ``launch.shares`` with ``launch.env``."""
+        """Send ``workload`` (fresh token) to run on ``launch.shares`` with ``launch.env``.
+
+        Raises:
+            DispatchUnavailableError: the workers cannot be reached; nothing was sent and
+                ``workload`` is still queued in the executor.
+        """
+        ...
+
+    def available(self) -> bool:
+        """Whether the workers can be reached now (asked while dispatch is paused)."""
         ...
 
 
@@ -72,6 +90,9 @@ class GPUScheduling:
     starts launches. Settings: every ``[gpusched]`` option of :mod:`gpusched.settings` the executor
     uses, read from its team-scoped config (``policy``, leases, quotas, re-planning, hosts, preemption …).
     """
+
+    dispatch_probe_s = 5.0
+    """While dispatch is paused, how often the dispatcher is asked whether its workers answer."""
 
     def __init__(self, executor: Any, dispatcher: Dispatcher, *, holder: str,
                  clock: Callable[[], float] = time.time) -> None:
@@ -101,6 +122,11 @@ class GPUScheduling:
         self.over_budget, self.over_budget_seen = over_budget_action(conf), set[str]()
         self._guard = LedgerGuard(self.ledger_wait_s, lambda: self.log)
         self._safe = self._guard.run
+        # Why GPU dispatch is paused (None: it is not), since when, and when to ask again.
+        self.dispatch_down: str | None = None
+        self._dispatch_down_since = self._dispatch_probe_at = 0.0
+        # Places a dispatched try that never started again (GPUCeleryExecutor's dispatch watch).
+        self.unstarted_hook: Callable[[Any, str], bool] | None = None
         self.process: Any = None  # this executor as a HolderProcess (set by start_process)
         self._ledger: LedgerStore | None = None
         self._policy: Policy | None = None
@@ -196,12 +222,14 @@ class GPUScheduling:
 
     def schedule(self, workloads: Sequence[Any]) -> None:
         """Place ``workloads`` (GPU ones); launch what fits, hold the rest. Never raises."""
-        if not workloads or not self._guard.usable():
+        if not workloads or not self._guard.usable() or not self._dispatch_usable():
             return
         try:
             self._schedule(workloads)
         except LedgerUnavailableError as exc:
             self._guard.pause(exc)
+        except DispatchUnavailableError as exc:
+            self._pause_dispatch(exc)
         except Exception:  # keep the scheduler loop alive; the workloads stay queued
             self.log.exception("gpusched: GPU scheduling cycle failed; retrying next heartbeat")
 
@@ -225,10 +253,33 @@ class GPUScheduling:
         for hold in reply.holds:
             self._isolated(hold.key, lambda w=by_key[hold.key], x=hold: self.hold(w, x, now))
 
+    def _pause_dispatch(self, exc: DispatchUnavailableError) -> None:
+        now = time.monotonic()
+        self.dispatch_down, self._dispatch_down_since = str(exc), now
+        self._dispatch_probe_at = now + self.dispatch_probe_s
+        waiting = sum(1 for w in self.executor.queued_tasks.values() if is_gpu_task(w))
+        self.log.error("gpusched: GPU dispatch paused: %s; %d GPU task(s) stay queued (not failed, no "
+                       "retry spent) until it answers again", exc, waiting)
+
+    def _dispatch_usable(self) -> bool:
+        """False while dispatch is paused; asks the dispatcher (at most every ``dispatch_probe_s``)."""
+        if self.dispatch_down is None:
+            return True
+        now = time.monotonic()
+        if now < self._dispatch_probe_at:
+            return False
+        if not self.dispatcher.available():
+            self._dispatch_probe_at = now + self.dispatch_probe_s
+            return False
+        self.log.warning("gpusched: GPU dispatch resumed after %.0f s (it was paused: %s)",
+                         now - self._dispatch_down_since, self.dispatch_down)
+        self.dispatch_down = None
+        return True
+
     def _isolated(self, key: str, action: Any) -> None:
         try:
             action()
-        except LedgerUnavailableError:
+        except (LedgerUnavailableError, DispatchUnavailableError):
             raise
         except Exception:
             self.log.exception("gpusched: %s failed this cycle; it stays queued", key)
@@ -258,13 +309,17 @@ class GPUScheduling:
         # for devices needs a fresh one or its start is refused (HTTP 403).
         token = ExecuteTask.generate_token(str(workload.ti.id), self.executor.jwt_generator)
         fresh = workload.model_copy(update={"token": token})
-        self._submitted.pop(workload.key, None)
+        submitted = self._submitted.pop(workload.key, None)
         self._seen.discard(workload.key)
         self.gpu_running[workload.key] = launch.key
         gang = launch.env.get("GPUSCHED_GANG")
         if gang:  # watched: a failed member stops the others
             self.gangs.setdefault(gang, set()).add(workload.key)
-        self.dispatcher.dispatch(fresh, launch)
+        try:
+            self.dispatcher.dispatch(fresh, launch)
+        except DispatchUnavailableError as exc:
+            self._unsent(workload, launch, submitted, f"not sent ({exc}); placed again once it answers", now)
+            raise
         devices = ", ".join(f"{s.node}:{s.index}({s.milli}m)" for s in launch.shares)
         self.log.info("gpusched: %s dispatched on %s", launch.key, devices)
         if launch.key in self.predicted:
@@ -275,6 +330,36 @@ class GPUScheduling:
             extra=json.dumps({"devices": devices, "env": launch.env.get("CUDA_VISIBLE_DEVICES")}),
             ti_key=workload.key,
         )
+
+    def _unsent(
+        self, workload: Any, launch: Launch, submitted: float | None, reason: str, now: float
+    ) -> None:
+        """Undo a launch whose workload was not sent: it waits again, as if never placed."""
+        self.gpu_running.pop(workload.key, None)
+        gang = launch.env.get("GPUSCHED_GANG")
+        if gang and gang in self.gangs:
+            self.gangs[gang].discard(workload.key)
+            if not self.gangs[gang]:
+                del self.gangs[gang]
+        if submitted is not None:
+            self._submitted[workload.key] = submitted
+        if not launch.reused:  # devices held before this launch (a move's target) stay held
+            self._safe(lambda: self.ledger.release(launch.key, reason=reason, now=now))
+
+    def requeue(self, workload: Any, reason: str) -> None:
+        """Put a dispatched ``workload`` that never started back to wait for devices (same try).
+
+        Its devices are released with ``reason``; the next cycle places it again. The caller
+        has made sure its try cannot start from the earlier dispatch any more.
+        """
+        self.release(workload.key, reason)
+        self.executor.queued_tasks[workload.key] = workload
+        self.queued(workload)
+
+    def requeue_unstarted(self, key: Any, reason: str) -> bool:
+        """Place try ``key`` again (True) when it was dispatched and surely never started
+        (:attr:`unstarted_hook`, set by an executor that can tell; False without one)."""
+        return self.unstarted_hook is not None and self.unstarted_hook(key, reason)
 
     def hold(self, workload: Any, hold: Hold, now: float) -> None:
         """Keep ``workload`` waiting with ``hold.reason`` (or fail it when it can never fit)."""

@@ -34,6 +34,7 @@ from gpusched.scheduler.keys import ti_key_of
 
 __all__ = [
     "HOST_VAR",
+    "LAUNCH_WAIT_S",
     "check_host",
     "export_devices",
     "on_task_instance_failed",
@@ -112,6 +113,8 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
         from gpusched.ledger.hosts import LAUNCH_EVENT  # local: the ledger package, as in _ledger()
 
         launched = ledger.events(1, kinds=[LAUNCH_EVENT], subject=key)
+        if not launched and host:
+            launched = _await_launch(ledger, key)
         if launched:  # the Celery executor recorded the environment and the host at dispatch
             detail = launched[0].detail
             if host and detail.get("host") != host:
@@ -138,6 +141,25 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
         ", ".join(allocation.get("models") or []),
     )
     return allocation
+
+
+LAUNCH_WAIT_S = 10.0
+"""How long a task on a GPU host waits for its ``launch`` event: the Celery executor records it
+just after the send succeeded, so a fast worker may start the task first."""
+
+
+def _await_launch(ledger: Any, key: str) -> list[Any]:
+    import time
+
+    from gpusched.ledger.hosts import LAUNCH_EVENT  # local: the ledger package, as in _ledger()
+
+    deadline = time.monotonic() + LAUNCH_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        launched = ledger.events(1, kinds=[LAUNCH_EVENT], subject=key)
+        if launched:
+            return list(launched)
+    return []
 
 
 def release_devices(task_instance: Any, reason: str) -> bool:
