@@ -167,6 +167,7 @@ def simulate(
     kept = SteadyWorkload(workload_drift)
     preemptions = Preemptions(preempt.rules())  # victims' notice, grace, held room, first pick
     in_gangs = frozenset(j.key for j in ordered if j.gang is not None)  # never victims (as in the executors)
+    move_at = 0.0  # mode migrate: the next run of the migration rule (the executor's first tick runs it)
 
     def requeue(key: str, now: float, *, preempted: bool = True) -> float:
         """Stop ``key``'s run at ``now`` and put it back in the queue; the GPU-seconds it lost."""
@@ -186,6 +187,34 @@ def simulate(
         used -= physical_milli(stopped.shares, fleet)
         return lost
 
+    def start(key: str, shares: tuple[DeviceShare, ...], now: float,
+              offered: Mapping[str, PendingTask]) -> None:
+        """Start waiting job ``key`` on ``shares`` at ``now`` (``offered``: the requests this pass
+        offered, with their predictions); the caller takes the shares in the snapshot."""
+        nonlocal seq, used
+        job = by_key[key]
+        del pending[key]
+        models = tuple(sorted({fleet.device(s.uuid).model for s in shares}))
+        full_run[key] = job.duration_on(models)
+        end = now + preempt.restart_delay(key) + full_run[key] * preempt.remaining(key)
+        earlier = runs.get(key, [])
+        records[key] = JobRecord(key, job.arrival_s, first_start.get(key, now), end, shares, models,
+                                 preempt.times.get(key, 0),
+                                 (*earlier, (now, end, shares)) if earlier else ())
+        store.allocate(key, job.request, shares, now=now)
+        asked = offered[key].request if key in offered else job.request  # + prediction
+        if online is not None and key not in first_start:
+            online.started(key, asked, full_run[key])
+        hint = asked.expected_duration_s
+        if hint and key not in hinted:
+            hinted[key] = hint
+        running[key] = RunningTask(key, asked, shares, now, now + hint if hint else None)
+        first_start.setdefault(key, now)
+        heapq.heappush(completions, (end, seq, key))
+        run_seq[key] = seq
+        seq += 1
+        used += physical_milli(shares, fleet)
+
     def mark(now: float) -> None:
         point = TimelinePoint(now, used, len(pending))
         if timeline[-1].t == now:
@@ -198,10 +227,11 @@ def simulate(
             break
         na = ordered[nxt].arrival_s if nxt < len(ordered) else _INF
         nc = completions[0][0] if completions else _INF
-        wanted = (len(pending) > 0 and (used < capacity or preempt.enabled)) or (preempt.migrates and running)
+        wanted = len(pending) > 0 and (used < capacity or preempt.enabled)
         ns = sched_at if dirty and wanted else _INF
         nd = preemptions.next_deadline()  # a victim's grace runs out
-        t = min(na, nc, ns, check_at, nd)
+        nm = max(move_at, t) if preempt.migrates and running else _INF  # the migration rule's interval
+        t = min(na, nc, ns, check_at, nd, nm)
         if t == _INF:
             break
         if nc <= t:
@@ -244,7 +274,7 @@ def simulate(
                 lost = requeue(key, t, preempted=False)
                 budget_rule.stopped(key, lost)
             dirty = True
-        else:
+        elif ns <= t:
             started = time.perf_counter()
             state = quota_at(quota, store, fleet, t)
             offered = window.offer(pending.values(), state, snapshot, tuple(running.values()), t,
@@ -275,43 +305,10 @@ def simulate(
             taken: list[DeviceShare] = []
             again = False
 
-            def start(key: str, shares: tuple[DeviceShare, ...], t: float = t,
-                      taken: list[DeviceShare] = taken, models_of: FleetSnapshot = snapshot,
-                      as_offered: Mapping[str, PendingTask] = as_offered) -> None:
-                nonlocal seq, used
-                job = by_key[key]
-                del pending[key]
-                models = tuple(sorted({models_of.device(s.uuid).model for s in shares}))
-                full_run[key] = job.duration_on(models)
-                end = t + preempt.restart_delay(key) + full_run[key] * preempt.remaining(key)
-                earlier = runs.get(key, [])
-                records[key] = JobRecord(key, job.arrival_s, first_start.get(key, t), end, shares, models,
-                                         preempt.times.get(key, 0),
-                                         (*earlier, (t, end, shares)) if earlier else ())
-                store.allocate(key, job.request, shares, now=t)
-                asked = as_offered[key].request if key in as_offered else job.request  # + prediction
-                if online is not None and key not in first_start:
-                    online.started(key, asked, full_run[key])
-                hint = asked.expected_duration_s
-                if hint and key not in hinted:
-                    hinted[key] = hint
-                running[key] = RunningTask(key, asked, shares, t, t + hint if hint else None)
-                first_start.setdefault(key, t)
-                heapq.heappush(completions, (end, seq, key))
-                run_seq[key] = seq
-                seq += 1
-                taken.extend(shares)
-                used += physical_milli(shares, fleet)
-
             for launch in reply.launches:
-                start(launch.key, launch.shares)
-            if preempt.migrates:
-                types = {k: by_key[k].job_type for k in running}
-                moves = preempt.migrations(snapshot.with_usage(taken), running, now_policy, t, state, types)
-                for move in moves:
-                    requeue(move.key, t)
-                    start(move.key, tuple(move.placement))
-            elif preempt.enabled:
+                start(launch.key, launch.shares, t, as_offered)
+                taken.extend(launch.shares)
+            if preempt.enabled and not preempt.migrates:
                 held = [as_offered[h.key] for h in reply.holds if not h.permanent and not h.queued_behind]
                 indices = None if service is None or not held else service.indices(
                     held, tuple(running.values()), job_types, preempt.served_s, t, policy.service_halving_s)
@@ -333,6 +330,14 @@ def simulate(
             if bar is not None and time.monotonic() - shown > 5.0:  # alive also after the last arrival
                 shown = time.monotonic()
                 bar.set_postfix(day=f"{t / 86400:.2f}", waiting=len(pending), running=len(running))
+        else:  # mode migrate: the executor's migration rule, every horizon_s while anything runs
+            types = {k: by_key[k].job_type for k in running}
+            state = quota_at(quota, store, fleet, t)
+            for move in preempt.migrations(snapshot, running, policy, t, state, types):
+                requeue(move.key, t)  # it checkpoints on notice and restarts on the target
+                start(move.key, tuple(move.placement), t, {})
+                snapshot = snapshot.with_usage(move.placement)
+            move_at = t + preempt.horizon_s
         mark(t)
         sched_at = math.ceil(t / round_s) * round_s if round_s > 0 else t
         if quota is not None:

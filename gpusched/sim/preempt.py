@@ -70,6 +70,8 @@ class SimPreemption:
             raise ValueError(f"restart cost {self.restart_s!r} s must be a number >= 0")
         if not math.isfinite(self.checkpoint_s) or self.checkpoint_s < 0:
             raise ValueError(f"checkpoint interval {self.checkpoint_s!r} s must be a number >= 0")
+        if self.mode == MIGRATE and not (math.isfinite(self.horizon_s) and self.horizon_s > 0):
+            raise ValueError(f"migration horizon {self.horizon_s!r} s must be a number > 0")
         if not math.isfinite(self.grace_s) or self.grace_s < 0:
             raise ValueError(f"preemption grace {self.grace_s!r} s must be a number >= 0")
 

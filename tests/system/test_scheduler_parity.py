@@ -14,6 +14,7 @@ reason) must be equal.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,15 +164,31 @@ def _yaml(text: str) -> dict[str, Any]:
     return dict(yaml.safe_load(text))
 
 
+@pytest.fixture
+def fleet_text() -> str:
+    """The fleet file both drivers run on (a test may parametrize another)."""
+    return FLEET
+
+
+@pytest.fixture
+def gpusched_settings() -> dict[str, str]:
+    """``[gpusched]`` settings of the executor, set before it is built (a test may parametrize them)."""
+    return {}
+
+
 @pytest.fixture(params=["local-sqlite", pytest.param("celery-postgresql", marks=BACKENDS[1].marks)])
 def executor(
-    request: pytest.FixtureRequest, airflow_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, airflow_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    fleet_text: str, gpusched_settings: dict[str, str],
 ) -> Iterator[Any]:
     fleet, quota = tmp_path / "fleet.yaml", tmp_path / "quota.yaml"
-    fleet.write_text(FLEET)
+    fleet.write_text(fleet_text)
     quota.write_text(QUOTA)
     monkeypatch.setenv("GPUSCHED_FLEET", str(fleet))
     monkeypatch.setenv("GPUSCHED_QUOTA_FILE", str(quota))
+    (tmp_path / "throughputs.json").write_text(json.dumps(THROUGHPUTS))
+    for name, value in gpusched_settings.items():
+        monkeypatch.setenv(f"AIRFLOW__GPUSCHED__{name.upper()}", value.replace("{tmp}", str(tmp_path)))
     if request.param == "local-sqlite":
         for ex in queue_reading_executor(monkeypatch):
             ex.take_dispatched = lambda ex=ex: _drain_local(ex)
@@ -367,3 +384,140 @@ def test_preemption_makes_the_same_decisions_in_the_simulator_and_the_executor(
     starts = sorted((d[2], d[0]) for d in executed if d[1] == "start")
     assert starts == [("later", 2000 + GRACE_S), ("low_a", 0), ("low_b", 100),
                       ("low_b", 2000 + GRACE_S + 600), ("urgent", 2000 + GRACE_S)]
+
+
+# ---- migration between GPU types -----------------------------------------------------------------
+
+V100, K80 = "V100-SXM2-16GB", "K80"
+MIGRATION_FLEET = f"""racks:
+  - name: r
+    nodes:
+      - {{name: host-a, cpu: 64, memory: 512GiB, devices: {{model: {V100}, count: 1}}}}
+      - {{name: host-b, cpu: 64, memory: 512GiB, devices: {{model: {K80}, count: 1}}}}
+"""
+THROUGHPUTS = {"cnn": {V100: 3.0, K80: 1.0}}
+RUNS = {V100: 1.0, K80: 3.0}  # run time on each model, per second of V100 time
+INTERVAL_S, RESTART_S = 360.0, 60.0
+MIGRATING = (
+    Job("short", 0, 3600, {"gpus": 1, "job_type": "cnn"}),
+    Job("long", 10, 10000, {"gpus": 1, "job_type": "cnn"}),
+)
+"""The first job takes the V100, the second the K80; when the V100 is free the migration rule
+moves the second there (its gain pays back the restart within the interval)."""
+
+
+def _simulated_migration(policy: Any, fleet: Any) -> list[tuple[Any, ...]]:
+    from gpusched.sim.preempt import SimPreemption
+
+    jobs = [SimJob(j.key, j.request, j.arrival_s, j.run_s, {m: j.run_s * f for m, f in RUNS.items()}, "cnn")
+            for j in MIGRATING]
+    rules = SimPreemption("migrate", restart_s=RESTART_S, horizon_s=INTERVAL_S, min_runtime_s=0.0)
+    result = simulate(jobs, fleet, policy, preemption=rules)
+    decisions: list[tuple[Any, ...]] = []
+    for record in result.records:
+        runs = record.segments or ((record.start_s, record.end_s, record.shares),)
+        for n, (start, end, shares) in enumerate(runs):
+            decisions.append((round(start, 3), "start", _task(record.key), _devices(shares)))
+            decisions.append((round(end, 3), "stop" if n < len(runs) - 1 else "end", _task(record.key), ()))
+    assert not result.unstarted and not result.rejected
+    return sorted(decisions)
+
+
+def _executed_migration(ex: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """The executor's decisions on :data:`MIGRATING`, driven as the simulator replays: at each
+    instant, tasks that end are finished, arrivals queued, cycles run, then the migration rule
+    (every :data:`INTERVAL_S` while anything runs). A moved task checkpoints on its notice (the
+    replay's model), so it is stopped at once (Airflow's clear recorded, the process ends) and its
+    next try, queued, is launched on the devices held for it; it pays the restart, then runs the
+    rest of its work at the new model's speed."""
+    from airflow.utils.state import TaskInstanceState
+
+    from gpusched.airflow import gpu_preemption
+
+    stopped: list[Any] = []
+    monkeypatch.setattr(gpu_preemption, "requeue", lambda key, reason: stopped.append(key) or "recorded")
+    clock = [T0]
+    ex.gpu.clock = lambda: clock[0]
+    by_task = {j.task_id: j for j in MIGRATING}
+    tries: dict[str, int] = {}
+    current: dict[str, Any] = {}  # task id -> Airflow key of its latest try
+    names: dict[Any, str] = {}  # Airflow key -> task id
+    left: dict[str, float] = {j.task_id: 1.0 for j in MIGRATING}  # fraction of its work to run
+    running: dict[str, tuple[float, float]] = {}  # task id -> (start, seconds for all its work here)
+    ends: dict[str, float] = {}
+    arrivals = sorted({j.arrival_s for j in MIGRATING})
+    decisions: list[tuple[Any, ...]] = []
+    next_check = 0.0
+
+    def queue(task_id: str) -> None:
+        tries[task_id] = tries.get(task_id, 0) + 1
+        config = {"gpusched": by_task[task_id].request.to_dict()}
+        workload = gpu_workload(task_id, config, dag_id=DAG, try_number=tries[task_id])
+        current[task_id], names[workload.key] = workload.key, task_id
+        ex.queue_workload(workload, session=None)
+
+    def cycles(t: float) -> None:
+        ex.trigger_tasks(ex.parallelism)
+        for sent in ex.take_dispatched():
+            task_id = names[sent]
+            alloc = ex.ledger.get(ti_key(DAG, task_id, RUN, tries[task_id], -1))
+            model = ex.ledger.snapshot(T0 + t).device(alloc.shares[0].uuid).model
+            decisions.append((round(t, 3), "start", task_id, _devices(alloc.shares)))
+            full = by_task[task_id].run_s * RUNS[model]
+            running[task_id] = (t, full)
+            ends[task_id] = t + (RESTART_S if tries[task_id] > 1 else 0.0) + full * left[task_id]
+
+    def stop(t: float) -> None:
+        for airflow_key in stopped:  # Airflow stops the cleared try and schedules its next one
+            task_id = names[airflow_key]
+            began, full = running.pop(task_id)
+            left[task_id] -= (t - began) / full  # checkpointed on its notice: all its work kept
+            del ends[task_id]
+            ex.change_state(airflow_key, TaskInstanceState.SUCCESS)
+            decisions.append((round(t, 3), "stop", task_id, ()))
+            queue(task_id)
+        stopped.clear()
+
+    while arrivals or ends or ex.queued_tasks:
+        t = min([*arrivals[:1], *ends.values(), *([max(next_check, clock[0] - T0)] if ends else [])])
+        clock[0] = T0 + t
+        for task_id in [k for k, end in ends.items() if end <= t]:
+            del ends[task_id], running[task_id]
+            ex.change_state(current[task_id], TaskInstanceState.SUCCESS)
+            decisions.append((round(t, 3), "end", task_id, ()))
+        if arrivals and arrivals[0] == t:
+            arrivals.pop(0)
+            for job in MIGRATING:
+                if job.arrival_s == t:
+                    queue(job.task_id)
+        cycles(t)
+        if running and t >= next_check:
+            for move in ex.gpu.migration.tick(ex.gpu.policy, T0 + t):
+                ex.ledger.report_checkpoint(move.old_key, move.old_key, now=T0 + t)
+            ex.gpu.preemption.advance(T0 + t)
+            stop(t)
+            cycles(t)
+            next_check = t + INTERVAL_S
+    return sorted(decisions)
+
+
+@pytest.mark.parametrize("fleet_text", [MIGRATION_FLEET])
+@pytest.mark.parametrize("gpusched_settings", [{
+    "preemption": "migrate", "migration_interval_seconds": str(INTERVAL_S),
+    "migration_restart_seconds": str(RESTART_S), "preemption_min_runtime_seconds": "0",
+    "throughput_file": "{tmp}/throughputs.json"}])
+def test_migration_makes_the_same_decisions_in_the_simulator_and_the_executor(
+    executor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert executor.gpu.migration.enabled
+    executed = _executed_migration(executor, monkeypatch)
+    simulated = _simulated_migration(executor.gpu.policy, executor.ledger.snapshot(T0))
+    assert executed == simulated
+    # What it claims to exercise: "long" starts on the K80, moves to the V100 when "short" leaves
+    # it at 3,600 s, pays the restart and runs the rest of its work at V100 speed.
+    (moved,) = [d for d in executed if d[1] == "stop"]
+    assert moved[:3] == (3600.0, "stop", "long")
+    starts = [(d[0], d[3][0][0]) for d in executed if d[1] == "start" and d[2] == "long"]
+    assert starts == [(10.0, "host-b"), (3600.0, "host-a")]
+    (end,) = [d[0] for d in executed if d[1] == "end" and d[2] == "long"]
+    assert end == pytest.approx(3600 + RESTART_S + 10000 * (1 - 3590 / 30000), abs=0.01)
