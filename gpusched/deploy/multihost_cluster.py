@@ -6,8 +6,9 @@ ledger), ``airflow scheduler`` (with :class:`gpusched.airflow.celery_executor.GP
 or any executor list), ``airflow api-server`` and ``airflow dag-processor``; and per GPU host one
 ``airflow celery worker --queues gpusched@<host>`` plus one ``gpusched agent --host-name <host>``,
 each host in its own process group so that :meth:`LocalCluster.kill_host` can SIGKILL it like a
-machine dying. The hosts' slices of the simulated fleet are the nodes of the fleet file named
-after them.
+machine dying, and :meth:`LocalCluster.stop_broker` / :meth:`LocalCluster.start_broker` take
+Redis down and bring it back on the same port. The hosts' slices of the simulated fleet are the
+nodes of the fleet file named after them.
 
 ``LocalCluster(..., role_env=compose_environments())`` boots it with the environment that
 ``docker-compose.yaml``'s ``celery`` profile gives each of those processes (read from the YAML,
@@ -123,6 +124,8 @@ class LocalCluster:
         role_env: environment per role (``api-server``, ``dag-processor``, ``scheduler``,
             ``worker``, ``agent``) over the cluster's defaults, e.g. :func:`compose_environments`;
             the cluster's addresses and paths, ``env`` and ``scheduler_env`` still win.
+        broker_appendonly: run Redis with its append-only file (what it holds survives a
+            restart, as in ``docker-compose.yaml``); default off, so a restart loses it.
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class LocalCluster:
         worker_concurrency: int = 2,
         scheduler_env: Mapping[str, str] | None = None,
         role_env: Mapping[str, Mapping[str, str]] | None = None,
+        broker_appendonly: bool = False,
     ) -> None:
         self.base = base
         self.hosts = tuple(hosts)
@@ -162,6 +166,9 @@ class LocalCluster:
         self.role_env: dict[str, dict[str, str]] = {role: dict(e) for role, e in (role_env or {}).items()}
         self.env: dict[str, str] = {}
         self._locations: dict[str, str] = {}
+        self.broker_appendonly = broker_appendonly
+        self.redis_port = 0
+        self._stopped: set[str] = set()  # control-host processes stopped on purpose (the broker)
 
     # ---- start / stop ----------------------------------------------------------------------
 
@@ -176,7 +183,7 @@ class LocalCluster:
         if started.returncode != 0:
             raise ConfigurationError(f"PostgreSQL did not start: {started.stderr.strip()[-500:]}")
         self.db_url = started.stdout.strip()
-        redis_port = free_port()
+        self.redis_port = redis_port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
         env.update({  # defaults: a role_env (the compose file's) replaces them
             "AIRFLOW__CORE__EXECUTOR": self._executor,
@@ -212,8 +219,7 @@ class LocalCluster:
         env.update(self._locations)
         env.update(self._extra)
         self.env = env
-        self._spawn("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no"])
+        self.start_broker()
         migrated = subprocess.run([*self._airflow, "db", "migrate"], env=env, cwd=REPO, capture_output=True,
                                   text=True, timeout=600)
         if migrated.returncode != 0:
@@ -256,6 +262,34 @@ class LocalCluster:
             os.killpg(proc.pid, signal.SIGKILL)  # children left in its group
         self.scheduler_env = dict(env or {})
         self._spawn("scheduler", [*self._airflow, "scheduler"], self._role("scheduler", self.scheduler_env))
+
+    def start_broker(self) -> None:
+        """Start Redis (again, on the same port and folder) and wait until it answers PING."""
+        folder = self.base / "redis"
+        folder.mkdir(exist_ok=True)
+        self._spawn("redis", ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save",
+                              "", "--dir", str(folder), "--appendonly",
+                              "yes" if self.broker_appendonly else "no"])
+        self._stopped.discard("redis")
+        poll_until("Redis to answer", self._broker_answers, timeout=30, interval=0.2)
+
+    def stop_broker(self) -> None:
+        """SIGKILL Redis, as a broker crash (without ``broker_appendonly`` what it held is lost)."""
+        proc = self.procs["redis"]
+        self._stopped.add("redis")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def _broker_answers(self) -> bool:
+        import socket
+
+        try:
+            with socket.create_connection(("127.0.0.1", self.redis_port), timeout=1) as conn:
+                conn.sendall(b"PING\r\n")
+                return conn.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def kill_host(self, host: str) -> None:
         """SIGKILL every process of GPU host ``host`` (worker, its pool and task processes, agent)."""
@@ -346,7 +380,7 @@ class LocalCluster:
 
     def wait(self, what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
         """:func:`~gpusched.deploy.airflow_instance.poll_until` ``check`` while the control-host
-        processes live (a GPU host's may die: tests kill them on purpose).
+        processes live (a GPU host's may die: tests kill them on purpose; so may a stopped broker).
 
         Raises:
             AirflowBootError: a control-host process exited, or ``timeout`` s passed (with the
@@ -355,7 +389,7 @@ class LocalCluster:
 
         def exited() -> str | None:
             for name, proc in self.procs.items():
-                if proc.poll() is not None and not name.startswith(self.hosts):
+                if proc.poll() is not None and not name.startswith(self.hosts) and name not in self._stopped:
                     return f"{name} exited ({proc.returncode})"
             return None
 
