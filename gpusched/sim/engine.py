@@ -73,6 +73,7 @@ def simulate(
     duration_history: Sequence[FinishedRun] = (),
     over_budget: SimOverBudget | None = None,
     workload_drift: float = 0.1,
+    node_losses: Sequence[tuple[float, str, float | None]] = (),
 ) -> SimResult:
     """Replay ``jobs`` (any order; sorted by arrival here) on ``fleet`` under ``policy``.
 
@@ -112,6 +113,10 @@ def simulate(
         workload_drift: ``[gpusched] workload_drift`` (0.1, the default): a policy that names no
             workload scores by the kept estimate of the waiting and running requests
             (:func:`~gpusched.scheduler.cycle.cycle_policy`, as the executors do).
+        node_losses: ``(lost_at, node, back_at)``: at ``lost_at`` the scheduler finds ``node``'s
+            GPU host lost (the executors: its heartbeat older than ``host_timeout_seconds``): the
+            jobs running there stop (each keeps the work up to its last checkpoint) and go back to
+            the queue as their retry, and the node takes no work until ``back_at`` (None: never).
         progress: a tqdm bar on stderr, counting arrivals — or, with ``stop_after``, the
             watched jobs that have finished (so it reaches 100 % when the run stops); every few
             seconds it also shows the replay's day and the jobs waiting and running, so the
@@ -167,16 +172,20 @@ def simulate(
     kept = SteadyWorkload(workload_drift)
     preemptions = Preemptions(preempt.rules())  # victims' notice, grace, held room, first pick
     in_gangs = frozenset(j.key for j in ordered if j.gang is not None)  # never victims (as in the executors)
+    host_events = sorted([(at, node, False) for at, node, _ in node_losses]
+                         + [(back, node, True) for _, node, back in node_losses if back is not None])
+    down: set[str] = set()  # nodes of lost hosts: no work until they are back
     move_at = 0.0  # mode migrate: the next run of the migration rule (the executor's first tick runs it)
 
-    def requeue(key: str, now: float, *, preempted: bool = True) -> float:
+    def requeue(key: str, now: float, *, preempted: bool = True,
+                reason: str = "stopped: over budget") -> float:
         """Stop ``key``'s run at ``now`` and put it back in the queue; the GPU-seconds it lost."""
         nonlocal snapshot, used
         stopped = running.pop(key)
         lost = preempt.evict(stopped, full_run[key], now, fleet, preempted=preempted)
         runs.setdefault(key, []).append((stopped.started_at, now, stopped.shares))
         del run_seq[key], records[key]
-        store.release(key, reason="preempted" if preempted else "stopped: over budget", now=now)
+        store.release(key, reason="preempted" if preempted else reason, now=now)
         job = by_key[key]
         request = job.request
         if key in hinted:  # committed (and charged at admission) only what is left of its estimate
@@ -231,7 +240,8 @@ def simulate(
         ns = sched_at if dirty and wanted else _INF
         nd = preemptions.next_deadline()  # a victim's grace runs out
         nm = max(move_at, t) if preempt.migrates and running else _INF  # the migration rule's interval
-        t = min(na, nc, ns, check_at, nd, nm)
+        nh = host_events[0][0] if host_events else _INF
+        t = min(na, nc, ns, check_at, nd, nm, nh)
         if t == _INF:
             break
         if nc <= t:
@@ -261,6 +271,17 @@ def simulate(
                 nxt += 1
                 if bar is not None and watch is None:
                     bar.update(1)
+            dirty = True
+        elif nh <= t:  # a GPU host is found lost (or comes back)
+            while host_events and host_events[0][0] <= t:
+                _, node, back = host_events.pop(0)
+                if back:
+                    down.discard(node)
+                    continue
+                down.add(node)
+                for key in [k for k, r in running.items() if any(s.node == node for s in r.shares)]:
+                    requeue(key, t, preempted=False, reason=f"GPU host {node} lost; retried")
+            snapshot = _without(snapshot, down, fleet)
             dirty = True
         elif nd <= t:  # victims whose grace ran out stop (simulated jobs never checkpoint on notice)
             for eviction in preemptions.due(t, lambda key: None):
@@ -368,6 +389,15 @@ def simulate(
                     if preempt.enabled else None),
         durations=None if online is None else online.report(),
     )
+
+
+def _without(snapshot: FleetSnapshot, down: Collection[str], fleet: FleetSnapshot) -> FleetSnapshot:
+    """``snapshot`` showing the nodes of ``fleet`` except those in ``down`` (lost hosts), as the
+    ledger's snapshot leaves out the nodes of lost hosts; the usage is kept."""
+    nodes = tuple(n for n in fleet.nodes if n.name not in down)
+    if len(nodes) == len(snapshot.nodes) and all(a is b for a, b in zip(nodes, snapshot.nodes, strict=True)):
+        return snapshot
+    return FleetSnapshot(nodes, snapshot.usage, snapshot.source, snapshot.taken_at)
 
 
 def _work(task: PendingTask, gang: GangMember | None) -> PendingWork:
