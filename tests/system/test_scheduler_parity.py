@@ -1,15 +1,20 @@
-"""What is measured is what runs: the simulator and the GPU executor make the same decisions.
+"""What is measured is what runs: the simulator and the GPU executors make the same decisions.
 
-One workload — whole-GPU tasks, fractions sharing a device, a two-node gang, two tenants under a
-quota file (a budget and the 70/20/10 partitions), a high-priority task and one that can never
-fit — is run (a) through the simulator (:func:`gpusched.sim.engine.simulate`) and (b) through
-an in-process executor on a migrated Airflow database, both on the same controlled clock: the
-:class:`~gpusched.airflow.executor.GPUExecutor` on a SQLite ledger, and the
+Four workloads, each run (a) through the simulator (:func:`gpusched.sim.engine.simulate`) and
+(b) through an in-process executor on a migrated Airflow database, both on the same controlled
+clock: the :class:`~gpusched.airflow.executor.GPUExecutor` on a SQLite ledger, and the
 :class:`~gpusched.airflow.celery_executor.GPUCeleryExecutor` on a PostgreSQL ledger with two
-registered GPU hosts (Celery's send recorded, as in ``test_celery_executor``). The executor is driven the way
-the simulator replays: at each instant, tasks that end are finished, arrivals are queued, then
-one scheduling cycle runs. The two ordered lists of decisions (start with devices, fail with the
-reason) must be equal.
+registered GPU hosts (Celery's send recorded, as in ``test_celery_executor``). The executor is
+driven the way the simulator replays: at each instant, tasks that end are finished, arrivals are
+queued, then one scheduling cycle runs. The two ordered lists of decisions (start with devices,
+stop, fail with the reason) must be equal:
+
+- whole-GPU tasks, fractions sharing a device, a two-node gang, two tenants under a quota file (a
+  budget and the 70/20/10 partitions), a high-priority task and one that can never fit;
+- priority preemption with checkpoints: the victim's notice, its grace, its restart from its
+  checkpoint (``[gpusched] preemption = priority``);
+- a move between GPU types (``preemption = migrate``): notice, checkpoint, held target, restart cost;
+- a GPU host lost and back (GPUCeleryExecutor only: the local executor runs on one host).
 """
 
 from __future__ import annotations
