@@ -35,16 +35,13 @@ from the notice (:meth:`Preemptor.restore`), and its beneficiary keeps waiting f
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Protocol
 
 from gpusched import settings
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.task_log import append_task_log
-from gpusched.durations.service import aged_index, gpu_seconds, queue_rank
 from gpusched.model import DeviceShare
 from gpusched.placement.migration import MIGRATE
-from gpusched.placement.policy import QueueOrder
 from gpusched.placement.preemption import check_mode
 from gpusched.scheduler.cycle import CycleReply, CycleRequest
 from gpusched.scheduler.durations import task_name
@@ -57,6 +54,7 @@ from gpusched.scheduler.preemption import (
     Started,
     after_launches,
 )
+from gpusched.scheduler.service import NamedHistory, service_indices, service_ranked
 
 __all__ = ["Eviction", "PreemptionCore", "Preemptor", "after_launches", "requeue"]
 
@@ -117,24 +115,12 @@ class Preemptor:
 
     def indices(self, request: CycleRequest) -> dict[str, float]:
         """Ledger key → Gittins index of the pending work (aged by its wait) and of the running
-        tasks, each at its attained service: the GPU-time of its task instance's earlier tries
-        (``request.attained_gpu_s``, as the simulator keeps it: a requeued try does not start over)
-        plus, for a running task, the GPU-time since its allocation started; empty unless the
-        mode is ``service``."""
+        tasks, each at the service its task instance attained (earlier tries from
+        ``request.attained_gpu_s``, plus the current allocation for a running one:
+        :func:`~gpusched.scheduler.service.service_indices`); empty unless the mode is ``service``."""
         if self.mode != "service":
             return {}
-        history = self.core.durations.service
-        halving = request.policy.service_halving_s
-        before = request.attained_gpu_s
-        items = [(w.request, task_name(w.key), before.get(w.key, 0.0)) for w in request.pending]
-        items += [(r.request, task_name(r.key),
-                   before.get(r.key, 0.0) + gpu_seconds(r.request, request.now - r.started_at))
-                  for r in request.running]
-        values = history.index_values(items)
-        out = {w.key: aged_index(v, request.now - w.submitted_at, halving)
-               for w, v in zip(request.pending, values, strict=False)}
-        out.update({r.key: v for r, v in zip(request.running, values[len(request.pending):], strict=True)})
-        return out
+        return service_indices(request, NamedHistory(self.core.durations.service, task_name))
 
     def hold_nominated(self, request: CycleRequest) -> CycleRequest:
         """:meth:`Preemptions.hold_nominated` over this executor's running tries."""
@@ -146,17 +132,10 @@ class Preemptor:
 
     def rank(self, request: CycleRequest) -> CycleRequest:
         """``request`` with its queue ordered by the tasks' Gittins indices (mode ``service``:
-        ``QueueOrder.RANKED``, ranks −log2 of the unaged index at the attained service of the
-        task instance's earlier tries; the engine ages them)."""
-        if self.mode != "service" or not request.pending:
+        :func:`~gpusched.scheduler.service.service_ranked`)."""
+        if self.mode != "service":
             return request
-        history = self.core.durations.service
-        before = request.attained_gpu_s
-        values = history.index_values([(w.request, task_name(w.key), before.get(w.key, 0.0))
-                                       for w in request.pending])
-        pending = tuple(replace(w, rank=queue_rank(v)) for w, v in zip(request.pending, values, strict=True))
-        ranked = replace(request.policy, queue_order=QueueOrder.RANKED)
-        return replace(request, pending=pending, policy=ranked)
+        return service_ranked(request, NamedHistory(self.core.durations.service, task_name))
 
     # ---- after a cycle ---------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from gpusched.durations import DurationModel, FinishedRun
+from gpusched.durations.service import gpu_seconds
 from gpusched.extras import lab_module
 from gpusched.gang import GangMember
 from gpusched.model import DeviceShare, FleetSnapshot
@@ -36,8 +37,9 @@ from gpusched.placement import PendingTask, Policy, RunningTask
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy
-from gpusched.scheduler.preemption import Preemptions
+from gpusched.scheduler.preemption import Preemptions, after_launches
 from gpusched.scheduler.quota import quota_at
+from gpusched.scheduler.service import service_indices, service_ranked
 from gpusched.scheduler.store import InMemoryStore
 from gpusched.sim import quota as sim_quota
 from gpusched.sim.durations import OnlineDurations
@@ -164,9 +166,9 @@ def simulate(
     shown = time.monotonic()
     online = OnlineDurations(predict_durations, duration_history) if predict_durations else None
     # preemption "service": queue order and victims by the Gittins index of attained service
-    service = OnlineService(duration_history) if preempt.mode == "service" else None
+    job_types = {j.key: j.job_type for j in ordered} if preempt.mode == "service" else {}
+    service = OnlineService(duration_history, names=job_types) if preempt.mode == "service" else None
     pass_policy = service.policy(policy) if service is not None else policy
-    job_types = {j.key: j.job_type for j in ordered} if service is not None else {}
     store = InMemoryStore(fleet)  # the allocations, as the executors' ledger holds them
     window = sim_quota.QuotaWindow(quota, fleet)
     kept = SteadyWorkload(workload_drift)
@@ -302,8 +304,6 @@ def simulate(
                                    max_pending, predicted=online is not None)
             if online is not None:  # the executor's rewrite: predicted durations where none given
                 offered = online.offer(offered)
-            if service is not None:
-                offered = service.rank(offered, preempt.served_s)
             as_offered = {o.key: o for o in offered}
             # Every waiting request (also those the quota keeps from this pass), as the executors
             # count; read only by a policy that scores by an estimated workload.
@@ -317,7 +317,10 @@ def simulate(
                 running=tuple(running.values()), now=t, quota=state, seed=seed + calls,
                 replan_budget_ms=replan_budget_ms, replan_weights=replan_weights,
                 replan_generations=replan_generations, strict_fifo=head_of_line,
+                attained_gpu_s=_attained(preempt.served_s, by_key) if service is not None else {},
             ), running)
+            if service is not None:  # mode service: the queue by Gittins index
+                cycle = service_ranked(cycle, service)
             reply = preemptions.decide(cycle)
             replans += int(reply.replanned)
             improved += int(reply.replan_improved)
@@ -331,8 +334,8 @@ def simulate(
                 taken.extend(launch.shares)
             if preempt.enabled and not preempt.migrates:
                 held = [as_offered[h.key] for h in reply.holds if not h.permanent and not h.queued_behind]
-                indices = None if service is None or not held else service.indices(
-                    held, tuple(running.values()), job_types, preempt.served_s, t, policy.service_halving_s)
+                indices = None if service is None or not held else service_indices(
+                    after_launches(cycle, reply), service, {w.key for w in held})
                 facts = preempt.facts(running, t, in_gangs.intersection(running), indices)
                 # The victims stop when their grace ends. An executor runs its next cycle a
                 # heartbeat later, where the next held work may get victims: the replay passes again now.
@@ -389,6 +392,12 @@ def simulate(
                     if preempt.enabled else None),
         durations=None if online is None else online.report(),
     )
+
+
+def _attained(served_s: Mapping[str, float], jobs: Mapping[str, SimJob]) -> dict[str, float]:
+    """Key → GPU-seconds its earlier runs held (``served_s``: their run time), as the executors
+    read it from the ledger for ``CycleRequest.attained_gpu_s``."""
+    return {key: gpu_seconds(jobs[key].request, run_s) for key, run_s in served_s.items()}
 
 
 def _without(snapshot: FleetSnapshot, down: Collection[str], fleet: FleetSnapshot) -> FleetSnapshot:
