@@ -19,6 +19,7 @@ import pytest
 from _airflow_support import RedisServer, recording_celery_executor
 
 from gpusched.airflow.dispatch_watch import ABSENT, QUEUED, RESERVED, find_message
+from gpusched.gang import GANG_KEY
 from gpusched.ledger.hosts import LAUNCH_EVENT
 from gpusched.request import GPURequest
 from gpusched.scheduler.keys import ti_key
@@ -52,14 +53,14 @@ def executor(
     celery_executor_utils._get_celery_app_for_workload.cache_clear()
 
 
-def _workload(task_id: str, **gpu: Any) -> Any:
+def _workload(task_id: str, config: dict[str, Any] | None = None, **gpu: Any) -> Any:
     from airflow.executors.workloads import BundleInfo, ExecuteTask
     from airflow.executors.workloads.task import TaskInstanceDTO
 
     ti = TaskInstanceDTO(
         id=uuid.uuid4(), task_id=task_id, dag_id="d", run_id="manual__1", try_number=1,
         dag_version_id=uuid.uuid4(), pool_slots=1, priority_weight=1, queue="default",
-        executor_config={"gpusched": GPURequest.build(**gpu).to_dict()},
+        executor_config={"gpusched": GPURequest.build(**gpu).to_dict(), **(config or {})},
         external_executor_id=str(uuid.uuid4()),  # pre-assigned by the scheduler at queueing
     )
     return ExecuteTask(ti=ti, token="t", dag_rel_path="d.py", bundle_info=BundleInfo(name="dags-folder"),
@@ -194,3 +195,49 @@ def test_find_message_sees_reserved_messages(executor: Any) -> None:
         message.ack()
         queue.close()
     assert find_message(executor.celery_app, entry.queue, entry.task_id) == ABSENT
+
+
+def _gang(executor: Any) -> list[Any]:
+    members = [_workload(f"train__node{rank}", {GANG_KEY: {"name": "train", "size": 2, "rank": rank,
+                                                            "scope": "same_rack"}},
+                         gpus=1, vendor="nvidia", interconnect="same_node") for rank in (0, 1)]
+    _submit(executor, *members)
+    assert {executor.watch.sent_tries[m.key].host for m in members} == {"host-a", "host-b"}
+    return members
+
+
+def test_a_gang_whose_dispatches_are_all_lost_is_placed_again_whole(
+    executor: Any, redis: RedisServer
+) -> None:
+    members = _gang(executor)
+    executor.watch.airflow_state = lambda k: "queued"
+    sent_at = max(executor.watch.sent_tries[m.key].sent_at for m in members)
+    redis.stop()
+    redis.start()
+    executor.watch.check(now=sent_at + 30)
+    replaced = executor.watch.check(now=sent_at + 40)
+    assert sorted(replaced, key=str) == sorted((m.key for m in members), key=str)
+    assert all(m.key in executor.queued_tasks for m in members) and not executor.gpu.gangs
+    _submit(executor)  # placed again together, one rendezvous
+    assert all(m.key in executor.running for m in members) and len(executor.gpu.gangs) == 1
+
+
+def test_a_lost_gang_member_whose_peer_started_fails_so_the_gang_is_retried_whole(
+    executor: Any, redis: RedisServer
+) -> None:
+    from airflow.utils.state import TaskInstanceState
+
+    members = _gang(executor)
+    started = executor.watch.sent_tries[members[0].key].task_id
+    executor.watch.airflow_state = lambda k: "running" if k == members[0].key else "queued"
+    executor.watch.celery_state = lambda task_id: "STARTED" if task_id == started else "PENDING"
+    sent_at = max(executor.watch.sent_tries[m.key].sent_at for m in members)
+    redis.stop()
+    redis.start()
+    executor.watch.check(now=sent_at + 30)
+    assert executor.watch.check(now=sent_at + 40) == []
+    state, info = executor.event_buffer[members[1].key]
+    assert state == TaskInstanceState.FAILED and "gang is retried as a whole" in info
+    assert members[1].key not in executor.queued_tasks
+    active = {a.key for a in executor.ledger.active()}
+    assert active == {ti_key("d", "train__node0", "manual__1", 1)}  # the started member keeps its devices
