@@ -102,3 +102,24 @@ def test_on_a_gpu_host_the_recorded_launch_is_exported_and_another_host_refuses(
     ledger.release(key, reason="host lost")
     with pytest.raises(SystemExit, match="no active GPU allocation"):
         listener.on_task_instance_running(None, _ti("routed", {"gpus": 1}))
+
+
+def test_on_a_gpu_host_a_task_waits_for_its_launch_recorded_after_the_send(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    shares = _allocate(ledger, "early", "L40S", 1)
+    key = ti_key("d", "early", "r1", 1)
+    env = {**devices_env(shares, ledger.snapshot(), key=key), "NODE_RANK": "1"}
+    monkeypatch.setenv("GPUSCHED_HOST", "host-b")
+    # The executor records the launch only once the broker took the message: a fast worker may
+    # start the task first.
+    late = threading.Timer(1.0, lambda: ledger.record_event("launch", key, env=env, host="host-b"))
+    late.start()
+    environ: dict[str, str] = {}
+    try:
+        listener.export_devices(_ti("early", {"gpus": 1}), environ)
+    finally:
+        late.join()
+    assert environ["NODE_RANK"] == "1"  # from the launch (the rendezvous of a gang), not rebuilt
