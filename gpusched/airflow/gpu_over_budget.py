@@ -11,8 +11,7 @@ from typing import Any, Protocol
 
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.task_log import append_task_log
-from gpusched.quota.policy import over_budget
-from gpusched.scheduler.quota import cycle_quota
+from gpusched.scheduler.quota import cycle_quota, over_budget_work
 
 __all__ = ["QuotaCore", "check_running"]
 
@@ -42,14 +41,15 @@ def check_running(core: QuotaCore, now: float) -> list[Any]:
     state = cycle_quota(ledger, ledger.snapshot(now), now)
     if not state.enforced:
         return []
+    running = {}
+    for key, ledger_key in core.gpu_running.items():
+        alloc = ledger.get(ledger_key) if ledger_key not in core.over_budget_seen else None
+        if alloc is not None:
+            running[ledger_key] = (key, alloc.request.tenant)
+    over = over_budget_work(state, ((k, tenant) for k, (_, tenant) in running.items()))
     acted = []
-    for key, ledger_key in list(core.gpu_running.items()):
-        if ledger_key in core.over_budget_seen:
-            continue
-        alloc = ledger.get(ledger_key)
-        reason = over_budget(state, alloc.request.tenant) if alloc is not None else None
-        if reason is None:
-            continue
+    for ledger_key, reason in over.items():
+        key = running[ledger_key][0]
         core.over_budget_seen.add(ledger_key)
         acted.append(key)
         if core.over_budget == "stop":

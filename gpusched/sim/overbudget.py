@@ -24,8 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpusched import settings
-from gpusched.quota.policy import QuotaPolicy, QuotaState, over_budget, over_budget_mode
+from gpusched.quota.policy import QuotaPolicy, QuotaState, over_budget_mode
 from gpusched.quota.usage import period_start
+from gpusched.scheduler.quota import over_budget_work
 
 __all__ = ["SimOverBudget"]
 
@@ -74,9 +75,9 @@ class SimOverBudget:
     def over(self, state: QuotaState, running: Iterable[tuple[str, str]], now: float) -> list[str]:
         """The check at ``now``: the keys of ``running`` (key, tenant) to stop (none with ``finish``)."""
         self.last_check = now
-        if not self.stops_work or not state.enforced:
+        if not self.stops_work:
             return []
-        return [key for key, tenant in running if over_budget(state, tenant) is not None]
+        return list(over_budget_work(state, running))
 
     def stopped(self, key: str, lost_gpu_s: float) -> None:
         """Record that ``key`` was stopped, losing ``lost_gpu_s`` GPU-seconds of work."""
