@@ -14,9 +14,11 @@ state is not ``PENDING`` (``[celery] task_track_started`` writes ``STARTED`` to 
 before the task runs), Airflow's state of the try is not ``queued``, or its allocation is released
 or has a task process recorded (:mod:`gpusched.airflow.listener`). A message is "gone" when it is
 neither in its queue nor among the broker's unacknowledged (reserved) messages; only Redis can be
-looked into without consuming, so with another broker nothing is re-placed. A try is re-placed
-only when two checks in a row, ``check_s`` apart, found it lost, and it is re-sent under a new
-Celery task id (the old one is revoked), so a late copy of the old message can never run it twice.
+looked into without consuming, so with another broker nothing is re-placed. Each check reads the
+broker once for all the overdue tries; only those whose message is not where it should be are
+looked up in the result backend, Airflow and the ledger. A try is re-placed only when two checks
+in a row, ``check_s`` apart, found it lost, and it is re-sent under a new Celery task id (the old
+one is revoked), so a late copy of the old message can never run it twice.
 
 A gang member is re-placed only together with every other member of its gang (all lost); when
 some member started, the lost one fails instead and the gang is retried as a whole
@@ -37,7 +39,7 @@ from gpusched.errors import LedgerUnavailableError
 from gpusched.ledger.hosts import HostState
 
 __all__ = ["ABSENT", "DISPATCH_LOST_EVENT", "QUEUED", "RESERVED", "UNKNOWN", "DispatchWatch", "Sent",
-           "find_message", "remove_message"]
+           "broker_messages", "find_message", "remove_message"]
 
 DISPATCH_LOST_EVENT = "dispatch_lost"
 """Ledger event of a dispatched try that never started and was placed again."""
@@ -79,8 +81,8 @@ class DispatchWatch:
         # Where each fact is read (a test replaces them; they never raise).
         self.celery_state: Callable[[str], str | None] = self._celery_state
         self.airflow_state: Callable[[Any], str | None] = task_state
-        self.message_at: Callable[[str, str], str] = lambda queue, task_id: find_message(
-            self.executor.celery_app, queue, task_id)
+        self.messages: Callable[[set[str]], dict[str, str] | None] = lambda queues: broker_messages(
+            self.executor.celery_app, queues)
 
     @property
     def log(self) -> Any:
@@ -103,15 +105,25 @@ class DispatchWatch:
         if not self.sent_tries or now - self._last_check < self.check_s:
             return []
         self._last_check = now
-        lost: dict[Any, str] = {}
         for key, entry in list(self.sent_tries.items()):
             if self.core.gpu_running.get(key) != entry.ledger_key:  # ended, failed or released
                 del self.sent_tries[key]
-                continue
-            if now - entry.sent_at < self.timeout_s:
-                continue
+        overdue = {k: e for k, e in self.sent_tries.items() if now - e.sent_at >= self.timeout_s}
+        if not overdue:
+            return []
+        # One look into the broker for all of them (most wait in a busy host's queue); only a
+        # try whose message is not where it should be is looked up further.
+        messages = self.messages({e.queue for e in overdue.values()})
+        if messages is None:
+            return []  # not a Redis broker, or it does not answer: nothing to conclude
+        lost: dict[Any, str] = {}
+        live: set[str] | None = None
+        for key, entry in overdue.items():
+            where = messages.get(entry.task_id, ABSENT)
+            if where == QUEUED and live is None:
+                live = {h.name for h in self.core.ledger.hosts() if h.state == HostState.LIVE}
             try:
-                verdict = self._verdict(key, entry)
+                verdict = self._verdict(key, entry, where, live or set())
             except LedgerUnavailableError:
                 return []  # the ledger guard pauses GPU work; look again later
             except Exception:
@@ -146,8 +158,9 @@ class DispatchWatch:
         try:
             if not self._unstarted(key, entry, released_ok=True):
                 return False
-            if self.message_at(entry.queue, entry.task_id) != QUEUED:
-                return False  # reserved by the lost host's worker: it may be running there
+            messages = self.messages({entry.queue}) or {}
+            if messages.get(entry.task_id) != QUEUED:
+                return False  # reserved by the lost host's worker (it may be running there), or unknown
             self._requeue(key, entry, f"{reason}; it had not started")
         except Exception:
             self.log.exception("gpusched: could not place %s again", entry.ledger_key)
@@ -167,21 +180,18 @@ class DispatchWatch:
             return False
         return not any(p.role == "task" for p in alloc.processes)
 
-    def _verdict(self, key: Any, entry: Sent) -> str | None:
+    def _verdict(self, key: Any, entry: Sent, where: str, live: set[str]) -> str | None:
         """None: started (or gone from this executor); "": not started, still on its way; else
-        why it will never start from this dispatch."""
+        why it will never start from this dispatch (``where``: its message; ``live``: the live
+        hosts, read when a message was found queued)."""
+        if where == RESERVED or (where == QUEUED and entry.host in live):
+            return ""  # a worker has it, or it waits for its host's worker
         unstarted = self._unstarted(key, entry)
         if unstarted is None:
             return ""
         if not unstarted:
             return None
-        where = self.message_at(entry.queue, entry.task_id)
-        if where in (UNKNOWN, RESERVED):
-            return ""
         if where == QUEUED:
-            host = self.core.ledger.host(entry.host)
-            if host is not None and host.state == HostState.LIVE:
-                return ""
             return f"GPU host {entry.host} is lost; its queue {entry.queue} is not served"
         return "its message is gone from the Celery broker (restarted without persistence?)"
 
@@ -262,43 +272,54 @@ def _message_task_id(raw: Any) -> str | None:
     return None if task_id is None else str(task_id)
 
 
-def _look(app: Any, queue: str, task_id: str, remove: bool) -> str:
-    """Find (and with ``remove``, delete) Celery task ``task_id``'s message in a Redis broker."""
+def broker_messages(app: Any, queues: set[str]) -> dict[str, str] | None:
+    """Celery task id → :data:`QUEUED` (in one of ``queues``) or :data:`RESERVED` (delivered to a
+    worker, not acknowledged) for every message a Redis broker holds there; None when the broker
+    is not Redis or does not answer. Never raises."""
     try:
         with app.connection_for_write() as connection:
             if connection.transport.driver_type != "redis":
-                return UNKNOWN
+                return None
             connection.ensure_connection(max_retries=1, interval_start=0, timeout=3)
             channel = connection.default_channel
             client = channel.client
-            where = ABSENT
-            for name in _redis_queue_keys(channel, queue):
-                for raw in client.lrange(name, 0, -1):
-                    if _message_task_id(raw) == task_id:
-                        where = QUEUED
-                        if remove:
-                            client.lrem(name, 0, raw)
-            unacked = getattr(channel, "unacked_key", "unacked")
-            for tag, raw in client.hgetall(unacked).items():
-                if _message_task_id(raw) == task_id:
-                    where = RESERVED if where == ABSENT else where
-                    if remove:
-                        client.hdel(unacked, tag)
-                        client.zrem(getattr(channel, "unacked_index_key", "unacked_index"), tag)
-            return where
+            found: dict[str, str] = {}
+            for raw in client.hvals(getattr(channel, "unacked_key", "unacked")):
+                task_id = _message_task_id(raw)
+                if task_id is not None:
+                    found[task_id] = RESERVED
+            for queue in sorted(queues):
+                for name in _redis_queue_keys(channel, queue):
+                    for raw in client.lrange(name, 0, -1):
+                        task_id = _message_task_id(raw)
+                        if task_id is not None:
+                            found[task_id] = QUEUED
+            return found
     except Exception:
-        return UNKNOWN
+        return None
 
 
 def find_message(app: Any, queue: str, task_id: str) -> str:
     """Where Celery task ``task_id``'s message is in ``app``'s broker: :data:`QUEUED` in
     ``queue``, :data:`RESERVED` (delivered to a worker, not acknowledged), :data:`ABSENT`, or
     :data:`UNKNOWN` (not a Redis broker, or it does not answer). Never raises."""
-    return _look(app, queue, task_id, remove=False)
+    messages = broker_messages(app, {queue})
+    return UNKNOWN if messages is None else messages.get(task_id, ABSENT)
 
 
 def remove_message(app: Any, queue: str, task_id: str) -> None:
-    """Delete Celery task ``task_id``'s message from ``queue`` and the reserved messages of a
-    Redis broker, if it is there (a no-op for another broker). Never raises."""
-    _look(app, queue, task_id, remove=True)
+    """Delete Celery task ``task_id``'s message from ``queue`` of a Redis broker, if it is there
+    (a no-op for another broker, or one that does not answer). Never raises."""
+    try:
+        with app.connection_for_write() as connection:
+            if connection.transport.driver_type != "redis":
+                return
+            connection.ensure_connection(max_retries=1, interval_start=0, timeout=3)
+            channel = connection.default_channel
+            for name in _redis_queue_keys(channel, queue):
+                for raw in channel.client.lrange(name, 0, -1):
+                    if _message_task_id(raw) == task_id:
+                        channel.client.lrem(name, 0, raw)
+    except Exception:
+        return
 
