@@ -25,7 +25,7 @@ too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -167,12 +167,14 @@ class DurationHistory:
 
 
 def predict_pending(
-    pending: Sequence[PendingWork], predictor: DurationPredictor | None
+    pending: Sequence[PendingWork], predictor: DurationPredictor | None,
+    name_of: Callable[[str], str] = task_name,
 ) -> tuple[tuple[PendingWork, ...], dict[str, Prediction]]:
-    """``pending`` with predicted durations where the request has none, and the predictions by key."""
+    """``pending`` with predicted durations where the request has none, and the predictions by key
+    (``name_of``: a work's task name from its key, the first group it is predicted from)."""
     out, made = [], {}
     for work in pending:
-        request, prediction = with_prediction(work.request, task_name(work.key), predictor)
+        request, prediction = with_prediction(work.request, name_of(work.key), predictor)
         if prediction is None:
             out.append(work)
         else:
@@ -182,12 +184,14 @@ def predict_pending(
 
 
 def predict_running(
-    running: Sequence[RunningTask], predictor: DurationPredictor | None
+    running: Sequence[RunningTask], predictor: DurationPredictor | None,
+    name_of: Callable[[str], str] = task_name,
 ) -> tuple[RunningTask, ...]:
-    """The running tasks with an ``expected_end`` from the predicted duration where they had none."""
+    """The running tasks with an ``expected_end`` from the predicted duration where they had none
+    (predicted again every cycle, from what the predictor knows now)."""
     out = []
     for task in running:
-        request, prediction = with_prediction(task.request, task_name(task.key), predictor)
+        request, prediction = with_prediction(task.request, name_of(task.key), predictor)
         if prediction is None:
             out.append(task)
         else:

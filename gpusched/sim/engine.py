@@ -36,6 +36,7 @@ from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaPolicy, physical_milli
+from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy
 from gpusched.scheduler.preemption import Preemptions, after_launches
 from gpusched.scheduler.quota import quota_at
@@ -164,10 +165,10 @@ def simulate(
     t = ordered[0].arrival_s if ordered else 0.0
     bar = _bar(len(watch) if watch is not None else len(ordered), progress)
     shown = time.monotonic()
-    online = OnlineDurations(predict_durations, duration_history) if predict_durations else None
+    names = {j.key: j.job_type for j in ordered}  # a job's task name: its trace job type
+    online = OnlineDurations(predict_durations, duration_history, names) if predict_durations else None
     # preemption "service": queue order and victims by the Gittins index of attained service
-    job_types = {j.key: j.job_type for j in ordered} if preempt.mode == "service" else {}
-    service = OnlineService(duration_history, names=job_types) if preempt.mode == "service" else None
+    service = OnlineService(duration_history, names=names) if preempt.mode == "service" else None
     pass_policy = service.policy(policy) if service is not None else policy
     store = InMemoryStore(fleet)  # the allocations, as the executors' ledger holds them
     window = sim_quota.QuotaWindow(quota, fleet)
@@ -184,6 +185,8 @@ def simulate(
         """Stop ``key``'s run at ``now`` and put it back in the queue; the GPU-seconds it lost."""
         nonlocal snapshot, used
         stopped = running.pop(key)
+        if online is not None:
+            online.ended(key)
         lost = preempt.evict(stopped, full_run[key], now, fleet, preempted=preempted)
         runs.setdefault(key, []).append((stopped.started_at, now, stopped.shares))
         del run_seq[key], records[key]
@@ -198,13 +201,12 @@ def simulate(
         used -= physical_milli(stopped.shares, fleet)
         return lost
 
-    def start(key: str, shares: tuple[DeviceShare, ...], now: float,
-              offered: Mapping[str, PendingTask]) -> None:
-        """Start waiting job ``key`` on ``shares`` at ``now`` (``offered``: the requests this pass
-        offered, with their predictions); the caller takes the shares in the snapshot."""
+    def start(key: str, shares: tuple[DeviceShare, ...], now: float, asked: GPURequest) -> None:
+        """Start waiting job ``key`` on ``shares`` at ``now`` (``asked``: its request as the pass
+        placed it, with a predicted duration); the caller takes the shares in the snapshot."""
         nonlocal seq, used
         job = by_key[key]
-        del pending[key]
+        base = pending.pop(key).request  # what it asks without a prediction (re-predicted each pass)
         models = tuple(sorted({fleet.device(s.uuid).model for s in shares}))
         full_run[key] = job.duration_on(models)
         end = now + preempt.restart_delay(key) + full_run[key] * preempt.remaining(key)
@@ -213,13 +215,13 @@ def simulate(
                                  preempt.times.get(key, 0),
                                  (*earlier, (now, end, shares)) if earlier else ())
         store.allocate(key, job.request, shares, now=now)
-        asked = offered[key].request if key in offered else job.request  # + prediction
         if online is not None and key not in first_start:
             online.started(key, asked, full_run[key])
         hint = asked.expected_duration_s
         if hint and key not in hinted:
             hinted[key] = hint
-        running[key] = RunningTask(key, asked, shares, now, now + hint if hint else None)
+        given = base.expected_duration_s
+        running[key] = RunningTask(key, base, shares, now, now + given if given else None)
         first_start.setdefault(key, now)
         heapq.heappush(completions, (end, seq, key))
         run_seq[key] = seq
@@ -254,6 +256,8 @@ def simulate(
                     continue  # a run that was preempted
                 task = running.pop(key)
                 freed.extend(task.shares)
+                if online is not None:
+                    online.ended(key)
                 store.release(key, reason="task succeeded", now=t)
                 if online is not None:
                     online.finished(by_key[key], full_run[key])
@@ -300,11 +304,16 @@ def simulate(
         elif ns <= t:
             started = time.perf_counter()
             state = quota_at(quota, store, fleet, t)
-            offered = window.offer(pending.values(), state, snapshot, tuple(running.values()), t,
-                                   max_pending, predicted=online is not None)
-            if online is not None:  # the executor's rewrite: predicted durations where none given
-                offered = online.offer(offered)
+            busy = tuple(running.values())
+            if online is not None:  # the executors' rewrite: predicted durations where none given
+                online.refresh(t)
+                busy = online.running(busy)
+            offered = window.offer(pending.values(), state, snapshot, busy, t, max_pending,
+                                   predicted=online is not None)
             as_offered = {o.key: o for o in offered}
+            work = tuple(_work(o, by_key[o.key].gang) for o in offered)
+            if online is not None:
+                work = online.pending(work)
             # Every waiting request (also those the quota keeps from this pass), as the executors
             # count; read only by a policy that scores by an estimated workload.
             mix = itertools.chain((p.request for p in pending.values()),
@@ -312,9 +321,8 @@ def simulate(
             now_policy = cycle_policy(pass_policy, kept, mix)
             preemptions.forget_ended(running)
             cycle = preemptions.hold_nominated(CycleRequest(
-                pending=tuple(_work(o, by_key[o.key].gang) for o in offered), snapshot=snapshot,
-                policy=now_policy,
-                running=tuple(running.values()), now=t, quota=state, seed=seed + calls,
+                pending=work, snapshot=snapshot, policy=now_policy, running=busy, now=t, quota=state,
+                seed=seed + calls,
                 replan_budget_ms=replan_budget_ms, replan_weights=replan_weights,
                 replan_generations=replan_generations, strict_fifo=head_of_line,
                 attained_gpu_s=_attained(preempt.served_s, by_key) if service is not None else {},
@@ -330,7 +338,7 @@ def simulate(
             again = False
 
             for launch in reply.launches:
-                start(launch.key, launch.shares, t, as_offered)
+                start(launch.key, launch.shares, t, launch.request)
                 taken.extend(launch.shares)
             if preempt.enabled and not preempt.migrates:
                 held = [as_offered[h.key] for h in reply.holds if not h.permanent and not h.queued_behind]
@@ -359,7 +367,7 @@ def simulate(
             state = quota_at(quota, store, fleet, t)
             for move in preempt.migrations(snapshot, running, policy, t, state, types):
                 requeue(move.key, t)  # it checkpoints on notice and restarts on the target
-                start(move.key, tuple(move.placement), t, {})
+                start(move.key, tuple(move.placement), t, pending[move.key].request)
                 snapshot = snapshot.with_usage(move.placement)
             move_at = t + preempt.horizon_s
         mark(t)
