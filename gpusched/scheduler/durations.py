@@ -25,6 +25,7 @@ too.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -39,12 +40,14 @@ from gpusched.durations import (
     with_prediction,
 )
 from gpusched.placement import RunningTask
+from gpusched.request import GPURequest
 from gpusched.scheduler.attained import identity, instance_allocations
 from gpusched.scheduler.cycle import PendingWork
 from gpusched.scheduler.keys import parse_ti_key
 
 __all__ = [
-    "DurationHistory", "carried_work", "finished_runs", "predict_pending", "predict_running", "task_name",
+    "DurationHistory", "carried_work", "finished_runs", "less_saved", "predict_pending", "predict_running",
+    "request_left", "saved_before", "task_name",
 ]
 
 _SUCCEEDED = ("task succeeded", "task process ended (task success)")
@@ -77,12 +80,18 @@ def finished_runs(
 
 def carried_work(ledger: Any, allocations: Iterable[Any]) -> dict[str, float]:
     """Key of each succeeded later try among ``allocations`` → seconds of work the earlier tries of
-    its task instance saved: for each that reported a checkpoint while it held devices, from its
-    start to its last checkpoint. Reads the ledger only when there is such a try (after a
-    preemption, a move or a retry)."""
-    later = {a.key: parts for a in allocations
-             if a.released_at is not None and succeeded(a.release_reason)
-             and (parts := parse_ti_key(a.key)) is not None and parts.try_number > 1}
+    its task instance saved (:func:`saved_before`). Reads the ledger only when there is such a try
+    (after a preemption, a move or a retry)."""
+    later = [a.key for a in allocations if a.released_at is not None and succeeded(a.release_reason)]
+    return saved_before(ledger, later)
+
+
+def saved_before(ledger: Any, keys: Iterable[str]) -> dict[str, float]:
+    """Key of each later try among ``keys`` → seconds of work the earlier tries of its task
+    instance saved: for each that reported a checkpoint while it held devices, from its start to
+    its last checkpoint (keys without such work are left out). One ledger read, none when no key
+    is a later try."""
+    later = {key: parts for key in keys if (parts := parse_ti_key(key)) is not None and parts.try_number > 1}
     if not later:
         return {}
     by_instance = instance_allocations(ledger, later.values())
@@ -103,6 +112,34 @@ def carried_work(ledger: Any, allocations: Iterable[Any]) -> dict[str, float]:
     return out
 
 
+def less_saved(
+    pending: Sequence[PendingWork], running: Sequence[RunningTask], saved: Mapping[str, float]
+) -> tuple[tuple[PendingWork, ...], tuple[RunningTask, ...]]:
+    """The cycle's work as what is left of it: the expected duration (given or predicted) of each
+    task whose earlier runs saved ``saved[key]`` seconds of work is that much shorter (at least
+    1 s), so placement expects its end and the budget gate charges only the rest."""
+    if not saved:
+        return tuple(pending), tuple(running)
+    work = []
+    for item in pending:
+        left = request_left(item.request, saved.get(item.key, 0.0))
+        work.append(item if left is item.request else replace(item, request=left))
+    busy = []
+    for task in running:
+        left = request_left(task.request, saved.get(task.key, 0.0))
+        busy.append(task if left is task.request else
+                    replace(task, request=left, expected_end=task.started_at + left.expected_duration_s))
+    return tuple(work), tuple(busy)
+
+
+def request_left(request: GPURequest, saved_s: float) -> GPURequest:
+    """``request`` with its expected duration less ``saved_s`` seconds of work done (at least 1 s);
+    unchanged without an expected duration or saved work."""
+    if saved_s <= 0 or request.expected_duration_s <= 0:
+        return request
+    return replace(request, expected_duration_s=max(1, math.ceil(request.expected_duration_s - saved_s)))
+
+
 class DurationHistory:
     """The executor's predictor, refreshed from the ledger at most every ``refresh_s`` seconds.
 
@@ -120,6 +157,7 @@ class DurationHistory:
         self.service = ServiceHistory()  # the same runs as distributions (preemption = service)
         self._read_at = 0.0
         self._seen: dict[tuple[str, float], float] = {}  # (key, created_at) -> released_at
+        self._saved: dict[str, float] = {}  # try key -> seconds of work its earlier tries saved
 
     @classmethod
     def from_settings(cls, conf: Any) -> DurationHistory:
@@ -134,11 +172,20 @@ class DurationHistory:
     def apply(
         self, ledger: Any, now: float, pending: Sequence[PendingWork], running: Sequence[RunningTask]
     ) -> tuple[tuple[PendingWork, ...], tuple[RunningTask, ...], dict[str, Prediction]]:
-        """A cycle's pending work and running tasks with predicted durations, and the predictions
-        of the pending work by key (see :func:`predict_pending`, :func:`predict_running`)."""
+        """A cycle's pending work and running tasks with predicted durations less the work their
+        earlier tries saved, and the predictions of the pending work by key (see
+        :func:`predict_pending`, :func:`predict_running`, :func:`less_saved`)."""
         predictor = self.predictor(ledger, now)
         work, made = predict_pending(pending, predictor)
-        return work, predict_running(running, predictor), made
+        keys = [w.key for w in pending] + [r.key for r in running]
+        missing = [k for k in keys if k not in self._saved]
+        if missing:  # earlier tries have ended: what they saved is read once per try
+            found = saved_before(ledger, missing)
+            self._saved.update({k: found.get(k, 0.0) for k in missing})
+        self._saved = {k: self._saved[k] for k in keys}
+        saved = {k: v for k, v in self._saved.items() if v > 0}
+        work, busy = less_saved(work, predict_running(running, predictor), saved)
+        return work, busy, made
 
     def predictor(self, ledger: Any, now: float) -> DurationPredictor | None:
         """The predictor at ``now`` (reads the ledger only when due)."""

@@ -38,6 +38,7 @@ from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy
+from gpusched.scheduler.durations import less_saved, request_left
 from gpusched.scheduler.preemption import Preemptions, after_launches
 from gpusched.scheduler.quota import quota_at
 from gpusched.scheduler.service import service_indices, service_ranked
@@ -151,7 +152,6 @@ def simulate(
     preempt = preemption or SimPreemption()
     budget_rule = over_budget or SimOverBudget()
     runs: dict[str, list[tuple[float, float, tuple[DeviceShare, ...]]]] = {}  # key -> its stopped runs
-    hinted: dict[str, int] = {}  # key -> expected duration it first started with (given or predicted)
     check_at = _INF  # next over-budget check or period reset
     timeline: list[TimelinePoint] = [TimelinePoint(0.0, 0, 0)]
     used = 0
@@ -192,11 +192,7 @@ def simulate(
         del run_seq[key], records[key]
         store.release(key, reason="preempted" if preempted else reason, now=now)
         job = by_key[key]
-        request = job.request
-        if key in hinted:  # committed (and charged at admission) only what is left of its estimate
-            left = max(1, math.ceil(hinted[key] * preempt.remaining(key)))
-            request = replace(request, expected_duration_s=left)
-        pending[key] = PendingTask(key, request, job.arrival_s, job_type=job.job_type)
+        pending[key] = PendingTask(key, job.request, job.arrival_s, job_type=job.job_type)
         snapshot = snapshot.with_usage(stopped.shares, release=True)
         used -= physical_milli(stopped.shares, fleet)
         return lost
@@ -217,9 +213,6 @@ def simulate(
         store.allocate(key, job.request, shares, now=now)
         if online is not None and key not in first_start:
             online.started(key, asked, full_run[key])
-        hint = asked.expected_duration_s
-        if hint and key not in hinted:
-            hinted[key] = hint
         given = base.expected_duration_s
         running[key] = RunningTask(key, base, shares, now, now + given if given else None)
         first_start.setdefault(key, now)
@@ -308,12 +301,17 @@ def simulate(
             if online is not None:  # the executors' rewrite: predicted durations where none given
                 online.refresh(t)
                 busy = online.running(busy)
-            offered = window.offer(pending.values(), state, snapshot, busy, t, max_pending,
-                                   predicted=online is not None)
+            saved = {k: s for k, s in preempt.ran.items() if s > 0}  # work kept by earlier runs
+            view = (p if p.key not in saved else replace(p, request=request_left(p.request, saved[p.key]))
+                    for p in pending.values())
+            offered = window.offer(view, state, snapshot, busy, t, max_pending, predicted=online is not None)
             as_offered = {o.key: o for o in offered}
-            work = tuple(_work(o, by_key[o.key].gang) for o in offered)
+            work = tuple(_work(pending[o.key], by_key[o.key].gang) for o in offered)
             if online is not None:
                 work = online.pending(work)
+            # What is left of each job: estimates less the work its earlier runs saved (the executors'
+            # rule), so placement expects its end and the budget gate charges only the rest.
+            work, busy = less_saved(work, busy, saved)
             # Every waiting request (also those the quota keeps from this pass), as the executors
             # count; read only by a policy that scores by an estimated workload.
             mix = itertools.chain((p.request for p in pending.values()),
