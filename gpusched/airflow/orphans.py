@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from gpusched.ledger import Ledger
 from gpusched.ledger.liveness import holders_alive
-from gpusched.ledger.records import Allocation
+from gpusched.records import Allocation
 from gpusched.scheduler.keys import KEY_PREFIX, TaskKeyParts, parse_ti_key, ti_key_of
 
 __all__ = ["LIVE_STATES", "TaskView", "reconcile_holder", "stale_reason", "task_state", "task_views"]

@@ -6,7 +6,7 @@ telemetry samples and events in SQLite (embedded default, WAL) or PostgreSQL
 Allocating is one transaction that re-checks free capacity, so no device is ever over-committed.
 """
 
-from gpusched.ledger.records import Allocation, AllocationStatus, HolderProcess, LedgerEvent, QueueEntry
 from gpusched.ledger.store import Ledger
+from gpusched.records import Allocation, AllocationStatus, HolderProcess, LedgerEvent, QueueEntry
 
 __all__ = ["Allocation", "AllocationStatus", "HolderProcess", "Ledger", "LedgerEvent", "QueueEntry"]

@@ -22,15 +22,15 @@ from gpusched.ledger import capacity
 from gpusched.ledger.capacity import demand_series
 from gpusched.ledger.engine import read_tx, write_tx
 from gpusched.ledger.events import write_event
-from gpusched.ledger.records import (
+from gpusched.ledger.schema import ALLOCATIONS, SHARES
+from gpusched.model import DeviceShare
+from gpusched.records import (
     Allocation,
     AllocationStatus,
     HolderProcess,
     processes_from_json,
     request_from_json,
 )
-from gpusched.ledger.schema import ALLOCATIONS, SHARES
-from gpusched.model import DeviceShare
 from gpusched.request import GPURequest
 
 __all__ = ["LedgerAllocations", "active_allocations"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 
-from gpusched.ledger.records import Allocation
 from gpusched.ledger.store import Ledger
 from gpusched.model import MILLI
+from gpusched.records import Allocation
 
 __all__ = ["audit", "replay_violations"]
 

@@ -13,9 +13,9 @@ import sqlalchemy as sa
 
 from gpusched.errors import AllocationConflictError, LedgerError
 from gpusched.ledger.inventory import effective_health
-from gpusched.ledger.records import Allocation
 from gpusched.ledger.schema import ALLOCATIONS, DEVICES, NODES, SHARES
 from gpusched.model import MILLI, DeviceShare, DeviceUsage, Health
+from gpusched.records import Allocation
 
 __all__ = ["active_usage", "check_fit", "demand_series", "usage_of", "validate_shares"]
 

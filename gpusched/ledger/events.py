@@ -14,8 +14,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from gpusched.ledger.engine import read_tx, write_tx
-from gpusched.ledger.records import LedgerEvent
 from gpusched.ledger.schema import EVENTS
+from gpusched.records import LedgerEvent
 
 __all__ = ["LedgerEvents", "write_event"]
 

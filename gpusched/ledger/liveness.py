@@ -12,7 +12,7 @@ import os
 import socket
 from collections.abc import Iterable
 
-from gpusched.ledger.records import HolderProcess
+from gpusched.records import HolderProcess
 
 __all__ = ["current_process", "holders_alive", "process_alive"]
 

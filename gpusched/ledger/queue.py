@@ -8,8 +8,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from gpusched.ledger.engine import read_tx, write_tx
-from gpusched.ledger.records import QueueEntry, request_from_json
 from gpusched.ledger.schema import QUEUE
+from gpusched.records import QueueEntry, request_from_json
 from gpusched.request import GPURequest
 
 __all__ = ["LedgerQueue"]

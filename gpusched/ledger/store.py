@@ -29,10 +29,10 @@ from gpusched.ledger.migrate import upgrade
 from gpusched.ledger.moves import LedgerMoves
 from gpusched.ledger.overrides import LedgerOverrides
 from gpusched.ledger.queue import LedgerQueue
-from gpusched.ledger.records import Allocation
 from gpusched.ledger.samples import LedgerSamples
 from gpusched.ledger.schema import DEVICES, NODES
 from gpusched.model import DeviceUsage, FleetSnapshot, Health, Node
+from gpusched.records import Allocation
 
 __all__ = ["Ledger"]
 

@@ -20,9 +20,9 @@ import bisect
 from collections.abc import Collection, Iterable
 from typing import Protocol
 
-from gpusched.ledger.records import Allocation, AllocationStatus
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.quota.policy import normalised_rate
+from gpusched.records import Allocation, AllocationStatus
 from gpusched.request import GPURequest
 
 __all__ = ["InMemoryStore", "Store"]

@@ -10,7 +10,7 @@ import pytest
 
 from gpusched.airflow.orphans import TaskView, stale_reason
 from gpusched.ledger.liveness import current_process, holders_alive, process_alive
-from gpusched.ledger.records import Allocation, HolderProcess
+from gpusched.records import Allocation, HolderProcess
 from gpusched.request import GPURequest
 from gpusched.scheduler.keys import ti_key
 

@@ -223,7 +223,7 @@ def test_plugin_registers_the_lazy_app_and_the_nav_view(ledger: Ledger) -> None:
 def test_queue_rows_link_to_the_airflow_task_instance() -> None:
     """Before: the fleet page showed the raw ledger key of a waiting task."""
     from gpusched.airflow.api_views import queue_view
-    from gpusched.ledger.records import QueueEntry
+    from gpusched.records import QueueEntry
     from gpusched.request import GPURequest
     from gpusched.scheduler.keys import ti_key
 

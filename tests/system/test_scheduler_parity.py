@@ -566,7 +566,7 @@ def _executed_host_loss(ex: Any) -> list[tuple[Any, ...]]:
     from airflow.utils.state import TaskInstanceState
 
     from gpusched.airflow.gpu_faults import handle_lost_hosts
-    from gpusched.ledger.records import HolderProcess
+    from gpusched.records import HolderProcess
 
     clock = [T0]
     ex.gpu.clock = lambda: clock[0]

@@ -4,8 +4,8 @@ move's abandoned hold never ran; the sum is final once every earlier allocation 
 
 from __future__ import annotations
 
-from gpusched.ledger.records import Allocation
 from gpusched.model import DeviceShare
+from gpusched.records import Allocation
 from gpusched.request import GPURequest
 from gpusched.scheduler.attained import attained_before
 from gpusched.scheduler.keys import ti_key
