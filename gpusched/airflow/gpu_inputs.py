@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched.airflow.authoring import request_from_executor_config
 from gpusched.errors import GPURequestError
@@ -28,26 +28,34 @@ from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy, ru
 from gpusched.scheduler.keys import ti_key_of
 from gpusched.scheduler.quota import cycle_quota
 
+if TYPE_CHECKING:
+    from gpusched.airflow.gpu_migration import Migrator
+    from gpusched.airflow.gpu_preemption import Preemptor
+    from gpusched.placement.warm import WarmPlacement
+    from gpusched.placement.workload import SteadyWorkload
+    from gpusched.scheduler.attained import AttainedService
+    from gpusched.scheduler.durations import DurationHistory
+
 __all__ = ["InputsCore", "pending_work", "read_cycle_request"]
 
 
 class InputsCore(Protocol):
     """What the cycle's inputs use of :class:`~gpusched.airflow.gpu_scheduling.GPUScheduling`."""
 
-    durations: Any  # scheduler.durations.DurationHistory
-    attained: Any  # scheduler.attained.AttainedService
-    preemption: Any  # gpu_preemption.Preemptor: its mode
-    migration: Any  # gpu_migration.Migrator: moved tries own their held devices
+    durations: DurationHistory
+    attained: AttainedService
+    preemption: Preemptor  # its mode
+    migration: Migrator  # moved tries own their held devices
     predicted: dict[str, Any]
     gangs: dict[str, set[Any]]
     use_uuids: bool
     replan_budget_ms: float
     replan_weights: tuple[float, float, float]
-    warm: Any  # placement.warm.WarmPlacement: the engine kept between cycles
-    steady: Any  # placement.workload.SteadyWorkload: the request mix kept between cycles
-    _submitted: dict[Any, float]
-    _seen: set[Any]
-    _cycle_requests: dict[str, GPURequest]
+    warm: WarmPlacement  # the engine kept between cycles
+    steady: SteadyWorkload  # the request mix kept between cycles
+    submitted: dict[Any, float]
+    seen: set[Any]
+    cycle_requests: dict[str, GPURequest]
 
     @property
     def ledger(self) -> Any: ...
@@ -64,7 +72,7 @@ def pending_work(
     """The cycle's pending work for ``workloads`` and the workload of each ledger key.
 
     Workloads the fault chain refuses, or whose request is invalid, are failed here
-    (``core.reject``); each kept key's author request is noted in ``core._cycle_requests`` (what
+    (``core.reject``); each kept key's author request is noted in ``core.cycle_requests`` (what
     the ledger records: a pin only steers the placement).
     """
     ledger = core.ledger
@@ -73,7 +81,7 @@ def pending_work(
     # The fault chain may have replaced a task's request (more memory, another model) or
     # refused its retry (code errors fail the same way on any GPU): both live in the ledger.
     overrides = load_overrides(ledger)
-    core._cycle_requests.clear()
+    core.cycle_requests.clear()
     for workload in workloads:
         ti = workload.ti
         key = ti_key_of(ti)
@@ -90,16 +98,16 @@ def pending_work(
             core.reject(workload, key, f"invalid GPU request in executor_config: {exc}")
             continue
         assert author is not None
-        core._cycle_requests[key] = author
+        core.cycle_requests[key] = author
         request = overrides.pinned(ti.dag_id, ti.task_id, ti.run_id, ti.try_number) or author
         shares: tuple[Any, ...] = ()
-        if workload.key not in core._seen or core.migration.holds(key):
+        if workload.key not in core.seen or core.migration.holds(key):
             # Only a workload queued again (restart) or a moved task's next try owns an allocation.
-            core._seen.add(workload.key)
+            core.seen.add(workload.key)
             existing = ledger.get(key)
             shares = tuple(existing.shares) if existing and existing.released_at is None else ()
         by_key[key] = workload
-        pending.append(PendingWork(key, request, core._submitted.get(workload.key, now), shares,
+        pending.append(PendingWork(key, request, core.submitted.get(workload.key, now), shares,
                                    None if shares else member))
         if member is not None and shares:
             core.gangs.setdefault(member.gang, set()).add(workload.key)

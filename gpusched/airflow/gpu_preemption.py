@@ -43,8 +43,9 @@ from gpusched.airflow.task_log import append_task_log
 from gpusched.model import DeviceShare
 from gpusched.placement.migration import MIGRATE
 from gpusched.placement.preemption import check_mode
+from gpusched.scheduler.attained import AttainedService
 from gpusched.scheduler.cycle import CycleReply, CycleRequest
-from gpusched.scheduler.durations import task_name
+from gpusched.scheduler.durations import DurationHistory, task_name
 from gpusched.scheduler.keys import task_of
 from gpusched.scheduler.preemption import (
     Eviction,
@@ -66,8 +67,8 @@ class PreemptionCore(Protocol):
     conf: Any
     gpu_running: dict[Any, str]
     gangs: dict[str, set[Any]]
-    durations: Any  # scheduler.durations.DurationHistory: its ``service`` history (mode service)
-    attained: Any  # scheduler.attained.AttainedService: which running tries were preempted before
+    durations: DurationHistory  # its ``service`` history (mode service)
+    attained: AttainedService  # which running tries were preempted before
     clock: Any  # () -> now
 
     @property

@@ -132,9 +132,9 @@ class GPUScheduling:
         self._policy: Policy | None = None
         # Airflow key -> ledger key of dispatched GPU work (the executors' ``running`` is not enough).
         self.gpu_running: dict[Any, str] = {}
-        self._submitted: dict[Any, float] = {}
-        self._seen: set[Any] = set()
-        self._cycle_requests: dict[str, GPURequest] = {}
+        self.submitted: dict[Any, float] = {}  # Airflow key -> when its GPU workload started to wait
+        self.seen: set[Any] = set()  # Airflow keys of waiting workloads already offered to a cycle
+        self.cycle_requests: dict[str, GPURequest] = {}  # ledger key -> its author's request, this cycle
         self._queue_reason: dict[str, str] = {}
         self._last_renew = self._last_host_check = self._last_gang_check = self._last_reconcile = 0.0
         self.gangs: dict[str, set[Any]] = {}  # launched multi-node gangs: gang id -> Airflow keys
@@ -192,14 +192,14 @@ class GPUScheduling:
     def queued(self, workload: Any) -> None:
         """Remember when a GPU workload started to wait."""
         if is_gpu_task(workload):
-            self._submitted.setdefault(workload.key, self.clock())
+            self.submitted.setdefault(workload.key, self.clock())
 
     def revoke(self, ti: Any) -> None:
         """Forget a task: drop it from the GPU queue and release its devices. Never raises."""
         key = ti.key
         self.executor.queued_tasks.pop(key, None)
-        self._submitted.pop(key, None)
-        self._seen.discard(key)
+        self.submitted.pop(key, None)
+        self.seen.discard(key)
         ledger_key = ti_key_of(ti)
         self._queue_reason.pop(ledger_key, None)
         self._safe(lambda: self.ledger.clear_queue(ledger_key))
@@ -294,9 +294,9 @@ class GPUScheduling:
         if not launch.reused:
             try:
                 self.ledger.allocate(  # the author's request (the prediction is re-made each cycle)
-                    launch.key, self._cycle_requests.get(launch.key, launch.request), launch.shares,
+                    launch.key, self.cycle_requests.get(launch.key, launch.request), launch.shares,
                     holder=self.holder, lease_s=self.lease_s, now=now, process=self.process,
-                    queued_at=self._submitted.get(workload.key),
+                    queued_at=self.submitted.get(workload.key),
                 )
             except AllocationConflictError as exc:
                 self.hold(workload, Hold(launch.key, f"devices taken meanwhile, retrying: {exc}"), now)
@@ -309,8 +309,8 @@ class GPUScheduling:
         # for devices needs a fresh one or its start is refused (HTTP 403).
         token = ExecuteTask.generate_token(str(workload.ti.id), self.executor.jwt_generator)
         fresh = workload.model_copy(update={"token": token})
-        submitted = self._submitted.pop(workload.key, None)
-        self._seen.discard(workload.key)
+        submitted = self.submitted.pop(workload.key, None)
+        self.seen.discard(workload.key)
         self.gpu_running[workload.key] = launch.key
         gang = launch.env.get("GPUSCHED_GANG")
         if gang:  # watched: a failed member stops the others
@@ -342,7 +342,7 @@ class GPUScheduling:
             if not self.gangs[gang]:
                 del self.gangs[gang]
         if submitted is not None:
-            self._submitted[workload.key] = submitted
+            self.submitted[workload.key] = submitted
         if not launch.reused:  # devices held before this launch (a move's target) stay held
             self._safe(lambda: self.ledger.release(launch.key, reason=reason, now=now))
 
@@ -376,7 +376,7 @@ class GPUScheduling:
         if self._queue_reason.get(hold.key) == hold.reason:
             return  # already recorded; the ledger keeps the first time it started waiting
         self._queue_reason[hold.key] = hold.reason
-        request = (self._cycle_requests.get(hold.key)
+        request = (self.cycle_requests.get(hold.key)
                    or request_from_executor_config(workload.ti.executor_config))
         assert request is not None
         self.ledger.record_queue(hold.key, request, hold.reason, now)
@@ -386,8 +386,8 @@ class GPUScheduling:
     def reject(self, workload: Any, key: str, reason: str) -> None:
         """Fail ``workload`` now with ``reason`` (in the task's event log)."""
         self.executor.queued_tasks.pop(workload.key, None)
-        self._submitted.pop(workload.key, None)
-        self._seen.discard(workload.key)
+        self.submitted.pop(workload.key, None)
+        self.seen.discard(workload.key)
         self._queue_reason.pop(key, None)
         self._safe(lambda: self.ledger.clear_queue(key))
         self.log.error("gpusched: failing %s: %s", key, reason)
