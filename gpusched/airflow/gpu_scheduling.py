@@ -165,8 +165,11 @@ class GPUScheduling:
     # ---- lifecycle -------------------------------------------------------------------------
 
     def start_process(self) -> None:
-        """Record this process as the executor that holds the allocations it makes."""
+        """Record this process as the executor that holds the allocations it makes; a wrong
+        ``[gpusched] policy`` or ``policy_parts`` stops the executor here with its one-line
+        ConfigurationError (not once per cycle later)."""
         self.process = current_process("executor")
+        _ = self.policy
 
     def reconcile(self) -> list[str]:
         """Release this holder's allocations that no live try needs, renew those still in use

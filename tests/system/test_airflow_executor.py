@@ -369,3 +369,19 @@ def test_durations_predicted_from_finished_runs_change_the_order(
     assert "gpusched: expected 60 s, predicted from 3 past runs of d/short" in read_log_tail(short.key)
     # The ledger keeps the author's request (no estimate); the prediction is made each cycle.
     assert ex.ledger.get(_key(short)).request.expected_duration_s == 0
+
+
+def test_a_wrong_policy_part_stops_the_executor_at_start_with_one_line(
+    executor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpusched.airflow.executor import GPUExecutor
+    from gpusched.errors import ConfigurationError
+
+    executor.gpu.start_process()  # the default policy: starts
+    monkeypatch.setenv("AIRFLOW__GPUSCHED__POLICY_PARTS", "score.local=0.5")
+    wrong = GPUExecutor(parallelism=2)
+    with pytest.raises(ConfigurationError) as err:
+        wrong.gpu.start_process()
+    message = str(err.value)
+    assert message.startswith("[gpusched] policy_parts: ") and "\n" not in message, message
+    assert "score 'local' is not a part" in message

@@ -1,5 +1,7 @@
 """Quotas through real Airflow: a tenant over its GPU-hour budget waits, with the reason in its
-task log and the queue view, while another tenant's task runs (``scripts/run.sh`` on SQLite)."""
+task log and the queue view, while another tenant's task runs (``scripts/run.sh`` on SQLite).
+The same Airflow runs with ``[gpusched] policy_parts = filter.whole-devices=on``: a half-GPU task
+is given a whole device."""
 
 from __future__ import annotations
 
@@ -38,6 +40,12 @@ def e2e_gpu_quota():
 
         one_gpu()
 
+    @task(task_id="nlp_half", **gpu(gpus=0.5, memory="10GiB", tenant="nlp"))
+    def half_gpu() -> None:
+        pass
+
+    half_gpu()
+
 
 e2e_gpu_quota()
 """
@@ -51,7 +59,8 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     quota = home / "quota.yaml"
     # vision may spend 1 A100-hour a week; a task is charged 60 s unless it says otherwise.
     quota.write_text("budgets: {vision: 1}\nperiod_s: 604800\ndefault_duration_s: 60\n")
-    yield from run_sh_airflow(home, dags, {"GPUSCHED_QUOTA_FILE": str(quota)})
+    yield from run_sh_airflow(home, dags, {"GPUSCHED_QUOTA_FILE": str(quota),
+                                           "AIRFLOW__GPUSCHED__POLICY_PARTS": "filter.whole-devices=on"})
 
 
 def test_tenant_over_budget_waits_with_the_reason_while_another_tenant_runs(airflow: Airflow) -> None:
@@ -81,6 +90,10 @@ def test_tenant_over_budget_waits_with_the_reason_while_another_tenant_runs(airf
             return str(airflow.api("GET", path)["state"])
 
         _wait("the nlp task to succeed", lambda: state("nlp") == "success", 300, airflow, interval=2)
+        _wait("the half-GPU task to succeed", lambda: state("nlp_half") == "success", 300, airflow,
+              interval=2)
+        half = ledger.get(ti_key(DAG_ID, "nlp_half", run_id, 1))
+        assert half is not None and [s.milli for s in half.shares] == [1000], half  # policy_parts at work
         key = ti_key(DAG_ID, "vision", run_id, 1)
         entry = _wait("vision to be held in the queue", lambda: [e for e in ledger.queue() if e.key == key],
                       120, airflow)[0]
