@@ -83,6 +83,11 @@ def policy_name(text: str) -> str:
     return name
 
 
+POLICY_PARTS_HELP = ("change the policy's parts as [gpusched] policy_parts does, e.g. "
+                     "'score.locality=0.5, tiebreak=earliest' (default: none)")
+"""Help text of a ``--policy-parts`` option."""
+
+
 def policy_help(what: str = "placement policy") -> str:
     """Help text for a ``--policy`` option that lists the preset names."""
     names = _preset_names()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched import settings
-from gpusched.commands.args import finite_float, int_range, policy_help, policy_name
+from gpusched.commands.args import POLICY_PARTS_HELP, finite_float, int_range, policy_help, policy_name
 from gpusched.commands.bench import emit
 from gpusched.durations import DurationModel
 from gpusched.errors import TraceError
@@ -47,6 +47,7 @@ def register(subparsers: Any) -> None:
                         help="gavel[:GPUS_PER_SERVER] | uniform:NODESxGPUS[:MODEL] | openb node CSV | "
                              "fleet YAML")
     parser.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help())
+    parser.add_argument("--policy-parts", default="", help=POLICY_PARTS_HELP)
     parser.add_argument("--round", type=finite_float(0.0), default=0.0, dest="round_s",
                         help="scheduling round length in seconds (default 0 = after every event)")
     parser.add_argument("--limit", type=int_range(1), default=None,
@@ -107,7 +108,8 @@ def _run(args: argparse.Namespace) -> int:
         jobs = sorted(jobs, key=lambda j: j.arrival_s)[: args.limit]
     if args.durations == "oracle":
         jobs = with_expected_durations(jobs)
-    policy = Policy.named(args.policy, fractions_need_partitioning=False)
+    policy = Policy.configured(args.policy, args.policy_parts, where="--policy-parts",
+                               fractions_need_partitioning=False)
     quota = None
     if args.quotas is not None:
         quota = read_quota_policy(args.quotas)

@@ -142,10 +142,11 @@ class Policy:
         return cls.of(found, **overrides)
 
     @classmethod
-    def configured(cls, name: str, parts: str = "", **overrides: object) -> Policy:
+    def configured(cls, name: str, parts: str = "", *, where: str = SETTING, **overrides: object) -> Policy:
         """The preset ``name`` changed by ``parts`` (the ``[gpusched] policy_parts`` text, e.g.
         ``score.locality=0.5, tiebreak=earliest``; :meth:`Profile.with_parts`), with optional
-        field overrides (the executor's throughput table).
+        field overrides (the executor's throughput table); ``where`` names the source of ``parts``
+        in an error (``--policy-parts`` on the command line).
 
         Raises:
             ConfigurationError: one line, for an unknown preset or a wrong part, parameter or value.
@@ -156,7 +157,7 @@ class Policy:
                 f"[gpusched] policy = {name!r} is not a placement policy; "
                 f"use one of: {', '.join(cls.names())}"
             )
-        return cls.of(found.with_parts(parts, where=SETTING), **overrides)
+        return cls.of(found.with_parts(parts, where=where), **overrides)
 
     @classmethod
     def of(cls, preset: Profile, **overrides: object) -> Policy:

@@ -34,3 +34,16 @@ def test_simulate_preemption_option(tmp_path: Path) -> None:
     assert "preemption" not in plain and plain["jobs_finished"] == 6
     bad = _simulate(trace, "--preemption", "always")
     assert bad.returncode != 0 and "invalid choice: 'always'" in bad.stderr
+
+
+def test_simulate_policy_parts(tmp_path: Path) -> None:
+    trace = tmp_path / "philly.csv"
+    rows = "".join(f"2017-10-09 00:0{i}:00,600,4,2400,vision\n" for i in range(6))
+    trace.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n" + rows, encoding="utf-8")
+    proc = _simulate(trace, "--policy-parts", "score.locality=0.5, tiebreak=earliest")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["jobs_finished"] == 6
+    bad = _simulate(trace, "--policy-parts", "score.local=0.5")
+    assert bad.returncode != 0
+    (line,) = [x for x in bad.stderr.splitlines() if "policy-parts" in x]
+    assert "--policy-parts: score 'local' is not a part" in line, bad.stderr
