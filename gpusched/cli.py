@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench",
     "simulate": "simulate",
     "agent": "agent",
+    "check": "check",
 }
 
 

@@ -1,0 +1,154 @@
+"""``gpusched check``: would a DAG's GPU tasks fit the fleet, and where would they go?
+
+    gpusched check PATH [--fleet FLEET_YAML | --ledger [--url URL]] [--json]
+
+PATH is a DAG file or a DAGs folder, parsed as Airflow's dag-processor parses it. Each GPU task
+(a multi-node gang as one unit) gets one verdict — ``fits now`` (``--ledger`` only: on the
+devices free now), ``fits when idle``, ``fits only with standby nodes`` or ``never fits`` — with
+the scheduler's reason and its placement on the idle fleet (:mod:`gpusched.airflow.fit_check`).
+The fleet: ``--fleet``, else ``$GPUSCHED_FLEET``, else the bundled default fleet (the simulated
+fleet the main job uses without real devices); ``--ledger`` judges the main job's ledger now
+(``--url``, else ``$GPUSCHED_DB_URL``, else ``$AIRFLOW_HOME/gpusched/ledger.db``). The policy is
+``[gpusched] policy`` / ``policy_parts`` of Airflow's config.
+
+Exit code 1 when any task never fits, 0 otherwise (2: bad input, one line). ``--json`` prints a
+list, one object per GPU task or gang::
+
+    [{"dag_id", "task", "task_ids": [str], "file", "gang": bool, "request": {...}, "describe",
+      "verdict", "fits": bool, "reason",
+      "where": [{"task_id", "node", "devices": [int],
+                 "shares": [{"uuid", "node", "index", "milli", "memory_bytes", "profile"}]}]}]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpusched.errors import ConfigurationError, LedgerError
+
+if TYPE_CHECKING:  # Airflow and the placement engine load when the command runs, not at `gpusched --help`
+    from gpusched.airflow.fit_check import FitReport
+    from gpusched.model import FleetSnapshot
+    from gpusched.records import Allocation
+
+__all__ = ["register", "render_text", "run"]
+
+_REASON_LABEL = {"fits only with standby nodes": "without standby nodes", "never fits": "why"}
+"""What a report's reason explains, by verdict (any other: why it waits now, on a live ledger)."""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``check`` command to the ``gpusched`` parser."""
+    parser = subparsers.add_parser(
+        "check", help="check that a DAG's GPU tasks fit the fleet (for DAG authors and CI)",
+        description="Parse DAG files as the dag-processor does and say, for every GPU task or gang, "
+                    "whether it fits the fleet (now, when idle, only with standby nodes, never), why, "
+                    "and where it would go. Exit code 1 when any task never fits.",
+    )
+    parser.add_argument("path", type=Path, help="a DAG file or a DAGs folder")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--fleet", type=Path, default=None,
+                        help="fleet YAML to check against (default $GPUSCHED_FLEET or "
+                             "gpusched/include/fleets/default.yaml)")
+    source.add_argument("--ledger", action="store_true",
+                        help="check against the main job's ledger: the live fleet, with what runs now")
+    parser.add_argument("--url", default=None,
+                        help="ledger database URL (implies --ledger; default $GPUSCHED_DB_URL, else "
+                             "SQLite at $AIRFLOW_HOME/gpusched/ledger.db)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON (a list)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check and print; returns 1 when a task never fits, else 0.
+
+    Raises:
+        ConfigurationError: a missing path, a DAG file that fails to import, a bad fleet file, or
+            ``--url`` with ``--fleet``.
+        LedgerError: ``--ledger`` and no usable ledger.
+    """
+    # local: Airflow (DagBag) and the placement engine load only when a check runs
+    from gpusched.airflow.fit_check import check_fit, configured_policy, fleet_snapshot, load_dags
+    from gpusched.hardware.detect import fleet_path_from_env
+    from gpusched.hardware.simulated import display_path
+    from gpusched.scheduler.cycle import running_tasks
+
+    if args.url and args.fleet:
+        raise ConfigurationError("--url names a ledger and --fleet a fleet file; give one of them")
+    policy = configured_policy()
+    if args.ledger or args.url:
+        snapshot, active, where = _live_fleet(args.url)
+        source, live, running = f"live ledger at {where}", True, running_tasks(active)
+    else:
+        path = args.fleet or fleet_path_from_env()
+        snapshot, source, live, running = fleet_snapshot(path), f"fleet file {display_path(path)}", False, []
+    reports = check_fit(load_dags(args.path), snapshot, policy, live=live, running=running)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports], indent=2))
+    else:
+        print(render_text(reports, source=source, policy=policy.name))
+    return 0 if all(r.fits for r in reports) else 1
+
+
+def _live_fleet(url_option: str | None) -> tuple[FleetSnapshot, list[Allocation], str]:
+    """The main job's fleet now and its active allocations (one read), and where the ledger is.
+
+    Found as every ``gpusched ledger`` action finds it; creates nothing.
+
+    Raises:
+        LedgerError: no ledger there, no schema, or the database failed (one line).
+    """
+    import sqlalchemy as sa
+
+    # local: sqlalchemy only for --ledger; the ledger actions' rules for where the ledger is
+    from gpusched.commands.ledger import _missing_sqlite_file, _not_found, ledger_url
+    from gpusched.ledger import Ledger
+    from gpusched.ledger.migrate import current_revision
+
+    url = ledger_url(url_option)
+    missing = _missing_sqlite_file(url)
+    if missing is not None:
+        raise LedgerError(_not_found(url, missing, bool(url_option)))
+    where = sa.make_url(url).render_as_string(hide_password=True)
+    try:
+        with Ledger(url) as ledger:
+            if current_revision(ledger.engine) is None:
+                raise LedgerError(f"the database at {where} has no gpusched ledger schema; point "
+                                  "AIRFLOW_HOME or GPUSCHED_DB_URL (or --url) at the main job's ledger")
+            snapshot, active = ledger.cycle_view()
+    except sa.exc.SQLAlchemyError as exc:
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:200]
+        raise LedgerError(f"cannot use the ledger at {where}: {first}; check --url / GPUSCHED_DB_URL "
+                          "and that the database is reachable") from None
+    return snapshot, active, where
+
+
+def render_text(reports: Sequence[FitReport], *, source: str, policy: str) -> str:
+    """The human view: the fleet, then per DAG one line per GPU task (verdict, placement, reason)
+    and a closing count per verdict."""
+    from gpusched.airflow.fit_check import Verdict
+
+    lines = [f"checked against {source} (policy {policy})"]
+    dag = None
+    for r in reports:
+        if r.dag_id != dag:
+            dag = r.dag_id
+            lines.append(f"{r.dag_id}  ({r.file})")
+        what = r.request.describe() if r.request else "invalid request"
+        if r.gang:
+            what = f"{len(r.task_ids)} nodes × {what}"
+        name = f"{r.name} (gang: {', '.join(r.task_ids)})" if r.gang else r.name
+        lines.append(f"  {name}: {what}: {r.verdict}")
+        if r.where:
+            at = "with standby nodes on" if r.verdict is Verdict.NEEDS_STANDBY else "on the idle fleet"
+            lines.append(f"    {at}: " + "; ".join(s.describe() for s in r.where))
+        if r.reason:
+            lines.append(f"    {_REASON_LABEL.get(str(r.verdict), 'now')}: {r.reason}")
+    counts = {v: sum(1 for r in reports if r.verdict is v) for v in Verdict}
+    summary = ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "no GPU task found"
+    lines.append(f"{len(reports)} GPU task(s): {summary}")
+    return "\n".join(lines)
