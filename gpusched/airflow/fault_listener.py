@@ -27,6 +27,7 @@ from typing import Any
 from airflow.listeners import hookimpl
 
 from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
+from gpusched.airflow.listener import is_test_run
 from gpusched.airflow.task_log import task_log_path
 from gpusched.faults.stopping import PidRegistry
 from gpusched.hardware.envexport import allocation_from_env
@@ -140,8 +141,12 @@ def on_task_instance_success(previous_state: Any, task_instance: Any) -> None:
 
 @hookimpl
 def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any) -> None:
-    """Record the failure in the ledger and, unless disabled, run the fault chain on it now."""
+    """Record the failure in the ledger and, unless disabled, run the fault chain on it now
+    (not for a test run: ``airflow dags test`` / ``tasks test`` say nothing about the hardware)."""
     if not is_gpu_task(task_instance):
+        return
+    if is_test_run(ti_key_of(task_instance)):
+        _log.info("gpusched: %s is a test run; the fault chain ignores its failure", ti_key_of(task_instance))
         return
     try:
         # local: remediation loads placement (numpy), the ledger its SQL tables; wanted only when a GPU

@@ -10,6 +10,15 @@ as a holder of the allocation (so crash recovery can tell whether it still runs)
 ``on_task_instance_success`` / ``_failed`` / ``_skipped`` release the allocation (idempotent with
 the executor's own release), so the devices are free as soon as the task's work is done.
 
+A GPU task that gpusched's executor did not place — ``airflow dags test``, ``airflow tasks test``,
+``dag.test()``, or a plain executor — is a **test run** (:func:`place_test_run`): it is placed by
+the scheduler's cycle against the ledger and fleet the main job uses, allocated under the holder
+``test-run@<host>`` with a lease its process renews, recorded as a ``test_run`` ledger event,
+its devices exported, and released (its environment restored) when it ends. When it cannot be
+placed (no ledger, no fleet, nothing free) it runs with no device visible and one warning says
+why — never with every GPU of the machine. The fault chain ignores test runs
+(:func:`is_test_run`).
+
 On a GPU host of a multi-host fleet (``GPUSCHED_HOST`` set, as for a Celery worker beside
 ``gpusched agent``) the allocation must be on that host's nodes: a task that landed anywhere
 else (misrouting, a stale queue) refuses to run — it logs why and its process exits before
@@ -33,14 +42,19 @@ from gpusched.hardware.envexport import ALLOCATION_VAR, allocation_from_env, dev
 from gpusched.scheduler.keys import ti_key_of
 
 __all__ = [
+    "HIDDEN",
     "HOST_VAR",
     "LAUNCH_WAIT_S",
+    "TEST_RUN_HOLDER",
+    "TEST_RUN_LEASE_S",
     "check_host",
     "export_devices",
+    "is_test_run",
     "on_task_instance_failed",
     "on_task_instance_running",
     "on_task_instance_skipped",
     "on_task_instance_success",
+    "place_test_run",
     "record_task_process",
     "release_devices",
 ]
@@ -97,19 +111,20 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
             return None
 
         host = os.environ.get(HOST_VAR, "").strip()
-        ledger = _ledger()
-        found = ledger.get(key)
+        try:
+            ledger = _ledger()
+            found = ledger.get(key)
+        except Exception:
+            if host:
+                raise
+            return place_test_run(task_instance, env)  # no ledger here: it says so in one warning
         if found is None or found.released_at is not None:
             if host:
                 raise WrongHostError(
                     f"no active GPU allocation for {key} (released: host lost or revoked); "
                     f"host {host} will not run it without devices"
                 )
-            _logger(task_instance).warning(
-                "gpusched: no active GPU allocation for %s; the task runs without device "
-                "restriction. Run it under gpusched.airflow.executor.GPUExecutor.", key,
-            )
-            return None
+            return place_test_run(task_instance, env)
         from gpusched.ledger.hosts import LAUNCH_EVENT  # local: the ledger package, as in _ledger()
 
         launched = ledger.events(1, kinds=[LAUNCH_EVENT], subject=key)
@@ -141,6 +156,149 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
         ", ".join(allocation.get("models") or []),
     )
     return allocation
+
+
+HIDDEN = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
+"""The variables that show a process its GPUs; a test run that could not be placed sees none."""
+
+TEST_RUN_HOLDER = "test-run"
+"""Holder of a test run's allocation (``test-run@<host>``), as the fleet page shows it."""
+
+TEST_RUN_LEASE_S = 300
+"""Lease of a test run's allocation; its process renews it every fifth of that while the task
+runs, so a test run killed without its release frees its devices within this time."""
+
+# Per process: the test runs placed here (key -> what to undo at their end). dag.test() runs
+# every task in one process, so the variables a test run exported are restored when it ends.
+_TEST_RUNS: dict[str, dict[str, Any]] = {}
+
+
+def is_test_run(key: str) -> bool:
+    """Whether try ``key`` runs in this process as a test run (the fault chain ignores it)."""
+    return key in _TEST_RUNS
+
+
+def place_test_run(task_instance: Any, environ: Any = None) -> dict[str, Any] | None:
+    """Place a GPU task that gpusched's executor did not place (see the module docstring) and
+    export its devices into ``environ``; return the allocation, or None when it runs with no
+    device visible (one warning says why)."""
+    import socket
+    import time
+
+    env = os.environ if environ is None else environ
+    key = ti_key_of(task_instance)
+    previous = {name: env.get(name) for name in {*HIDDEN, ALLOCATION_VAR}}
+    _TEST_RUNS[key] = {"environ": env, "previous": previous, "stop": None}
+    try:
+        shares, snapshot, ledger = _test_placement(task_instance, key, time.time())
+    except _NotPlaced as why:
+        env.update({name: "" for name in HIDDEN})
+        env.pop(ALLOCATION_VAR, None)
+        _logger(task_instance).warning(
+            "gpusched: %s is a test run (not placed by gpusched's executor) and %s; it runs with no GPU "
+            "visible. %s", key, why.reason, why.fix)
+        return None
+    host = socket.gethostname()
+    variables = devices_env(shares, snapshot, key=key)
+    previous.update({name: env.get(name) for name in variables if name not in previous})
+    env.update(variables)
+    _TEST_RUNS[key]["stop"] = _renew_in_background(ledger, key)
+    devices = ", ".join(f"{s.node}:{s.index}" for s in shares)
+    ledger.record_event("test_run", key, devices=[f"{s.node}:{s.index}" for s in shares], host=host)
+    _logger(task_instance).info(
+        "gpusched: test run of %s placed by the scheduler on %s (holder %s@%s; released when the task "
+        "ends)", key, devices, TEST_RUN_HOLDER, host)
+    return allocation_from_env(env)
+
+
+class _NotPlaced(Exception):
+    """Why a test run gets no devices, and what would give it some."""
+
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(reason)
+        self.reason, self.fix = reason, fix
+
+
+def _test_placement(task_instance: Any, key: str, now: float) -> tuple[Any, Any, Any]:
+    """The shares the scheduler's cycle gives test run ``key`` on the ledger's fleet now, already
+    allocated; raises _NotPlaced."""
+    import socket
+
+    from airflow.configuration import conf
+
+    from gpusched import settings
+    from gpusched.airflow.authoring import request_from_executor_config
+    from gpusched.errors import AllocationConflictError
+    from gpusched.ledger.liveness import current_process
+    from gpusched.placement import Policy
+    from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide, running_tasks
+    from gpusched.scheduler.quota import cycle_quota
+
+    task = getattr(task_instance, "task", None)
+    config = getattr(task, "executor_config", None) if task is not None else None
+    request = request_from_executor_config(config if config is not None
+                                           else getattr(task_instance, "executor_config", None))
+    if request is None:
+        raise _NotPlaced("its GPU request cannot be read", "Check its gpu(...) arguments.")
+    fix = ("Start the main job once (scripts/run.sh: it creates the ledger and records the fleet), or "
+           "set GPUSCHED_DB_URL to the ledger the executor uses.")
+    try:
+        ledger = _ledger()
+        snapshot, active = ledger.cycle_view(now)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise _NotPlaced(f"the gpusched ledger cannot be read ({exc.__class__.__name__}: {first})",
+                         fix) from None
+    if not any(True for _ in snapshot.devices()):
+        raise _NotPlaced("the gpusched ledger knows no GPU fleet", fix)
+    policy = Policy.configured(settings.get_str("policy", conf), settings.get_str("policy_parts", conf))
+    reply = decide(CycleRequest((PendingWork(key, request, now),), snapshot, policy,
+                                tuple(running_tasks(active)), now, cycle_quota(ledger, snapshot, now)))
+    if not reply.launches:
+        reason = reply.holds[0].reason if reply.holds else "the scheduler did not place it"
+        raise _NotPlaced(f"the scheduler cannot place it now: {reason}",
+                         "Wait for devices to free up, or run it through the executor.")
+    shares = reply.launches[0].shares
+    holder = f"{TEST_RUN_HOLDER}@{socket.gethostname()}"
+    try:
+        ledger.allocate(key, request, shares, holder=holder, lease_s=TEST_RUN_LEASE_S, now=now,
+                        process=current_process("task"))
+    except AllocationConflictError as exc:
+        raise _NotPlaced(f"its devices were taken meanwhile ({exc})", "Run it again.") from None
+    return shares, snapshot, ledger
+
+
+def _renew_in_background(ledger: Any, key: str) -> Any:
+    """Renew ``key``'s lease every fifth of :data:`TEST_RUN_LEASE_S` until the returned event is set."""
+    import threading
+
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(TEST_RUN_LEASE_S / 5):
+            try:
+                ledger.renew(key, TEST_RUN_LEASE_S)
+            except Exception:  # released, or the ledger is away for a moment: the lease decides
+                _log.debug("gpusched: could not renew the lease of test run %s", key, exc_info=True)
+
+    threading.Thread(target=renew, name=f"gpusched-test-run-{key}", daemon=True).start()
+    return stop
+
+
+def _end_test_run(key: str) -> None:
+    """Stop renewing test run ``key``'s lease and restore the variables it changed."""
+    run = _TEST_RUNS.get(key)
+    if run is None or run.get("ended"):
+        return
+    run["ended"] = True
+    if run["stop"] is not None:
+        run["stop"].set()
+    env = run["environ"]
+    for name, value in run["previous"].items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
 
 
 LAUNCH_WAIT_S = 10.0
@@ -224,7 +382,12 @@ def on_task_instance_skipped(previous_state: Any, task_instance: Any) -> None:
 def _release_quietly(task_instance: Any, reason: str) -> None:
     if ALLOCATION_VAR not in os.environ and not is_gpu_task(task_instance):
         return
+    key = ti_key_of(task_instance)
     try:
+        if is_test_run(key):
+            _end_test_run(key)
+            if _TEST_RUNS[key]["stop"] is None:
+                return  # it ran with no device visible: nothing was allocated
         release_devices(task_instance, reason)
     except Exception:
         _logger(task_instance).exception("gpusched: could not release the task's devices")

@@ -1,4 +1,5 @@
-"""The task-side listener: export from the ledger when no executor did, log, release idempotently."""
+"""The task-side listener: export from the ledger when no executor did, place a test run (or show it
+no GPU), log, release idempotently."""
 
 from __future__ import annotations
 
@@ -61,7 +62,51 @@ def test_ignores_a_stale_allocation_of_another_task_and_plain_tasks(ledger: Ledg
     shares = _allocate(ledger, "other", "T4", 1)
     environ = devices_env(shares, ledger.snapshot(), key=ti_key("d", "other", "r1", 1))
     assert listener.export_devices(_ti("cpu_only", None), environ) is None
-    assert listener.export_devices(_ti("unallocated", {"gpus": 1}), {}) is None
+
+
+def test_a_gpu_task_no_executor_placed_is_a_test_run_the_scheduler_places(ledger: Ledger) -> None:
+    """``airflow dags test`` / ``tasks test``: placed by the cycle, allocated to the test-run
+    holder, exported, released and the process's variables restored when it ends."""
+    ti = _ti("unallocated", {"gpus": 2, "models": ["A100-SXM-80GB"]})
+    key = ti_key("d", "unallocated", "r1", 1)
+    environ = {"CUDA_VISIBLE_DEVICES": "before"}
+    allocation = listener.export_devices(ti, environ)
+    assert allocation is not None and allocation["key"] == key and listener.is_test_run(key)
+    held = ledger.get(key)
+    assert held is not None and held.holder.startswith(f"{listener.TEST_RUN_HOLDER}@")
+    assert len(held.shares) == 2 and {ledger.snapshot().device(s.uuid).model for s in held.shares} == {
+        "A100-SXM-80GB"}
+    assert environ["CUDA_VISIBLE_DEVICES"] == ",".join(str(s.index) for s in held.shares)
+    assert [e.subject for e in ledger.events(5, kinds=["test_run"])] == [key]
+    listener.on_task_instance_success(None, ti)  # its end: released, the variables it set restored
+    assert ledger.get(key).released_at is not None  # type: ignore[union-attr]
+    assert environ == {"CUDA_VISIBLE_DEVICES": "before"}
+
+
+def test_a_test_run_that_cannot_be_placed_sees_no_gpu_and_says_why(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    ti = _ti("huge", {"gpus": 64})
+    environ: dict[str, str] = {}
+    with caplog.at_level("WARNING", logger="gpusched.listener"):
+        assert listener.export_devices(ti, environ) is None
+    assert {k: environ[k] for k in listener.HIDDEN} == dict.fromkeys(listener.HIDDEN, "")
+    (line,) = [r.getMessage() for r in caplog.records if "test run" in r.getMessage()]
+    assert "cannot place it now" in line and "runs with no GPU visible" in line
+    assert ledger.get(ti_key("d", "huge", "r1", 1)) is None
+
+
+def test_a_test_run_without_a_ledger_sees_no_gpu_and_no_traceback(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("GPUSCHED_DB_URL", f"sqlite:///{tmp_path / 'never-migrated.db'}")
+    environ: dict[str, str] = {}
+    with caplog.at_level("WARNING"):
+        assert listener.export_devices(_ti("fresh", {"gpus": 1}), environ) is None
+    assert environ["CUDA_VISIBLE_DEVICES"] == "" and environ["HIP_VISIBLE_DEVICES"] == ""
+    assert not [r for r in caplog.records if r.exc_info or r.levelname == "ERROR"]
+    (line,) = [r.getMessage() for r in caplog.records if "test run" in r.getMessage()]
+    assert "ledger cannot be read" in line and "scripts/run.sh" in line
 
 
 def test_release_is_idempotent_and_skips_plain_tasks(ledger: Ledger) -> None:
