@@ -32,12 +32,13 @@ FIFO_ABLATIONS = ("none", "no-oversubscription", "update-every-round", "both")
 """Which of the replay's mechanics to switch off, to show what each contributes."""
 
 
-def gavel_policy(name: str, throughputs: Path | None) -> Policy:
-    """The preset; ``gpusched`` also gets Gavel's measured throughput table (job type → model → steps/s),
-    read by the executor's reader of ``[gpusched] throughput_file`` (:mod:`gpusched.throughputs`)."""
+def gavel_policy(name: str, throughputs: Path | None, parts: str = "") -> Policy:
+    """The preset changed by ``parts`` (``--policy-parts``, the ``[gpusched] policy_parts`` syntax);
+    ``gpusched`` also gets Gavel's measured throughput table (job type → model → steps/s), read by
+    the executor's reader of ``[gpusched] throughput_file`` (:mod:`gpusched.throughputs`)."""
     if name != "gpusched" or throughputs is None:
-        return Policy.named(name)
-    return Policy.named(name, throughput=load_throughputs(throughputs))
+        return Policy.configured(name, parts, where="--policy-parts")
+    return Policy.configured(name, parts, where="--policy-parts", throughput=load_throughputs(throughputs))
 
 
 def run_gavel(
@@ -56,6 +57,7 @@ def run_gavel(
     stream: tuple[float, int] | None = None,
     horizon: str = "round",
     fifo_ablation: str = "none",
+    policy_parts: str = "",
 ) -> dict[str, Any]:
     """Gavel's continuous-single experiment on ``per_type`` GPUs of each type.
 
@@ -107,7 +109,7 @@ def run_gavel(
     result = simulate(
         jobs,
         fleet,
-        gavel_policy(policy_name, throughputs),
+        gavel_policy(policy_name, throughputs, policy_parts),
         policy_name=policy_name,
         round_s=round_s,
         max_pending=fleet.total_devices(),

@@ -56,6 +56,7 @@ def run_philly(
     replan_ms: float = 0.0,
     baseline: bool = True,
     progress: bool = False,
+    policy_parts: str = "",
 ) -> dict[str, Any]:
     """Replay a Philly window on ``nodes`` × ``gpus_per_node`` identical GPUs; queueing and utilisation.
 
@@ -106,7 +107,7 @@ def run_philly(
     result = simulate(
         jobs,
         fleet,
-        Policy.named(policy_name),
+        Policy.configured(policy_name, policy_parts, where="--policy-parts"),
         policy_name=policy_name,
         max_pending=max_pending,
         head_of_line=head_of_line,
@@ -140,6 +141,7 @@ def run_philly(
         head_of_line=head_of_line,
         max_pending=max_pending,
         replan_ms=replan_ms,
+        **({"policy_parts": policy_parts} if policy_parts else {}),
     )
     summary["mean_delay_s"] = summary["queue_delay_mean_s"]
     if baseline:

@@ -114,6 +114,7 @@ def replay_tenants(
     over_budget: str = "finish",
     out_dir: Path | None = None,
     progress: bool = False,
+    policy_parts: str = "",
 ) -> Replay:
     """Replay ``window`` of ``jobs_csv`` with and without the derived quota file (written to ``out_dir``).
 
@@ -163,12 +164,14 @@ def replay_tenants(
         "budget_fraction": budget_fraction, "preemption": preemption, "over_budget": over_budget,
         "quota_file": quota_path.name,
         "tag": tag,
+        **({"policy_parts": policy_parts} if policy_parts else {}),
     }
     replay = Replay(config, {j.key: j for j in jobs}, policy, demand, largest, parts,
                     (lo, lo + (end - start).total_seconds()))
     for name, quota in (("quota", policy), ("baseline", None)):
         predictor = DurationModel() if durations == "predicted" else None
-        replay.results[name] = simulate(jobs, fleet, Policy.named(policy_name), policy_name=policy_name,
+        placement = Policy.configured(policy_name, policy_parts, where="--policy-parts")
+        replay.results[name] = simulate(jobs, fleet, placement, policy_name=policy_name,
                                         max_pending=max_pending, progress=progress, quota=quota,
                                         preemption=SimPreemption(preemption), predict_durations=predictor,
                                         over_budget=SimOverBudget(over_budget))

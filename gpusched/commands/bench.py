@@ -22,7 +22,14 @@ from typing import Any
 import gpusched.commands as commands_pkg
 from gpusched.bench import report
 from gpusched.bench.latency import run_latency
-from gpusched.commands.args import comma_list, finite_float, int_range, policy_help, policy_name
+from gpusched.commands.args import (
+    POLICY_PARTS_HELP,
+    comma_list,
+    finite_float,
+    int_range,
+    policy_help,
+    policy_name,
+)
 from gpusched.errors import ConfigurationError
 from gpusched.sim.openb import run_openb_seeds
 from gpusched.sim.traces import default_trace_dir, load_openb_nodes, load_openb_pods
@@ -60,6 +67,7 @@ def register(subparsers: Any) -> None:
     gv.add_argument("--policy", type=_gavel_policy, default="gpusched",
                     help=policy_help() + "; or gavel-fifo: a replay of Gavel's own FIFO baseline's "
                          "round mechanics, to calibrate against its published figures (not a policy)")
+    gv.add_argument("--policy-parts", default="", help=POLICY_PARTS_HELP)
     gv.add_argument("--gpus-per-server", type=int_range(1, 36), default=4,
                     help="GPUs per server, a divisor of 36 (default 4)")
     gv.add_argument("--round", type=finite_float(0.0), default=360.0, dest="round_s",
@@ -96,6 +104,7 @@ def register(subparsers: Any) -> None:
     ph.add_argument("--jobs", type=Path, default=traces / "philly" / "philly_jobs.csv",
                     help="philly_jobs.csv (default philly/philly_jobs.csv under the traces)")
     ph.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help())
+    ph.add_argument("--policy-parts", default="", help=POLICY_PARTS_HELP)
     ph.add_argument("--nodes", type=int_range(1, 100_000), default=50, help="P100 nodes (default 50)")
     ph.add_argument("--gpus-per-node", type=int_range(1, 128), default=8, help="GPUs per node (default 8)")
     ph.add_argument("--clusters", type=comma_list, default=None, metavar="VC,...",
@@ -246,6 +255,7 @@ def _gavel(args: argparse.Namespace) -> int:
         gpus_per_server=args.gpus_per_server,
         round_s=args.round_s,
         replan_ms=args.replan_ms,
+        policy_parts=args.policy_parts,
         progress=not args.quiet,
         per_type=args.per_type,
         preemption=args.preemption,
@@ -281,6 +291,7 @@ def _philly(args: argparse.Namespace) -> int:
         max_pending=args.max_pending,
         replan_ms=args.replan_ms,
         progress=not args.quiet,
+        policy_parts=args.policy_parts,
     )
     return emit(
         args,

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpusched import settings
 from gpusched.bench.tenants_report import tenants_png, tenants_table
-from gpusched.commands.args import finite_float, int_range, policy_help, policy_name
+from gpusched.commands.args import POLICY_PARTS_HELP, finite_float, int_range, policy_help, policy_name
 from gpusched.commands.bench import emit
 from gpusched.quota.policy import OVER_BUDGET_ACTIONS
 from gpusched.sim.traces import default_trace_dir
@@ -48,6 +48,7 @@ def register_bench(bench_subparsers: Any) -> None:
                              "[gpusched] over_budget: finish (runs on) or stop (stopped at the next check "
                              f"and requeued); default {settings.default('over_budget')}")
     parser.add_argument("--policy", type=policy_name, default="gpusched", help=policy_help())
+    parser.add_argument("--policy-parts", default="", help=POLICY_PARTS_HELP)
     parser.add_argument("--max-pending", type=int_range(1), default=256,
                         help="waiting jobs offered to one placement call (default 256)")
     parser.add_argument("--out-dir", type=Path, default=Path("results/tenants"),
@@ -65,6 +66,7 @@ def _main(args: argparse.Namespace) -> int:
     result = run_tenants(args.jobs, window=(args.start, args.end), nodes=args.nodes,
                          gpus_per_node=args.gpus_per_node, budget_fraction=args.budget_fraction,
                          durations=args.durations, preemption=args.preemption, policy_name=args.policy,
+                         policy_parts=args.policy_parts,
                          over_budget=args.over_budget,
                          max_pending=args.max_pending,
                          out_dir=args.out_dir, progress=not args.quiet)

@@ -174,3 +174,13 @@ def test_bench_latency_and_simulate_json(tiny: dict[str, Path]) -> None:
     assert made["errors"]["by_basis"]["task"]["count"] == 2
     pods = _cli("simulate", "--trace", tiny["pods"], "--fleet", tiny["nodes"], "--policy", "gpusched")
     assert pods["jobs_finished"] == 3
+
+
+def test_bench_policy_parts(tiny: dict[str, Path]) -> None:
+    """``--policy-parts`` changes the harnesses' preset as ``[gpusched] policy_parts`` does."""
+    run = _cli("bench", "philly", "--jobs", tiny["philly"], "--nodes", "1", "--start", "2017-10-09",
+               "--end", "2017-10-10", "--policy-parts", "tiebreak=earliest")
+    assert run["policy_parts"] == "tiebreak=earliest" and run["jobs_finished"] == 3
+    plain = _cli("bench", "philly", "--jobs", tiny["philly"], "--nodes", "1", "--start", "2017-10-09",
+                 "--end", "2017-10-10")
+    assert "policy_parts" not in plain
