@@ -12,6 +12,10 @@ gpusched's tests and latency benchmarks use::
 * :func:`synthetic_requests` — ``n`` pending tasks of mixed shapes for the placement engine.
 * :func:`make_node` — one node of catalog devices with a conventional topology
   (:mod:`gpusched.node_builder`, re-exported here).
+
+Whether a DAG's GPU tasks fit a fleet is :func:`gpusched.airflow.fit_check.assert_gpu_tasks_fit`:
+it parses DAG files with Airflow, so it lives with the Airflow faces (this module imports no
+Airflow).
 """
 
 from __future__ import annotations
