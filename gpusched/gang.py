@@ -9,6 +9,7 @@ purpose: DAG files import it while they are parsed.
 
 from __future__ import annotations
 
+import ipaddress
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from gpusched.errors import GPURequestError
 
 __all__ = [
     "GANG_KEY", "GANG_SCOPES", "LOCAL_ADDRESS", "RENDEZVOUS_VARS", "GangMember", "gang_member",
-    "rendezvous_env",
+    "is_loopback", "is_unspecified", "rendezvous_env",
 ]
 
 GANG_KEY = "gpusched_gang"
@@ -78,3 +79,29 @@ def rendezvous_env(member: GangMember, gpus_per_node: int, master_addr: str) -> 
 
 LOCAL_ADDRESS = "127.0.0.1"
 """Rendezvous address of a node with no registered GPU host (the local executor: one machine)."""
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` reaches only the machine that uses it: an IPv4 address in 127.0.0.0/8,
+    ``::1`` (also IPv4-mapped, ``::ffff:127.x.y.z``), ``localhost`` or a name under ``.localhost``.
+
+    A name is not resolved: any other name counts as routable."""
+    text = address.strip().strip("[]").lower().rstrip(".")
+    if text == "localhost" or text.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def is_unspecified(address: str) -> bool:
+    """Whether ``address`` is a bind-everything address (``0.0.0.0``, ``::``): one to listen on,
+    never one to connect to."""
+    try:
+        return ipaddress.ip_address(address.strip().strip("[]")).is_unspecified
+    except ValueError:
+        return False

@@ -209,7 +209,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("GPUSCHED_VENV", "scripts/run.sh", "Virtual environment of the local run (default .venv)."),
     EnvVar("GPUSCHED_AGENT", "scripts/run.sh", "0 leaves the telemetry agent out."),
     EnvVar("GPUSCHED_AGENT_INTERVAL", "scripts/run.sh", "Seconds between agent cycles (default 10)."),
-    EnvVar("GPUSCHED_METRICS_PORT", "scripts/run.sh", "Port of the agent's /metrics (default 9400)."),
+    EnvVar("GPUSCHED_METRICS_PORT", "scripts/run.sh, scripts/gpu_host.sh",
+           "Port of the agent's /metrics (default 9400; 0 = none)."),
+    EnvVar("GPUSCHED_METRICS_HOST", "scripts/gpu_host.sh",
+           "Bind address of the agent's /metrics (default 127.0.0.1; the host's address or 0.0.0.0 "
+           "lets Prometheus scrape it from another machine)."),
     EnvVar("GPUSCHED_STOP_TIMEOUT", "scripts/run.sh", "Seconds to wait for Airflow to stop (default 90)."),
     EnvVar("GPUSCHED_RUN_SIGINT_RESTORED", "scripts/run.sh", "Internal: set when the script has re-run "
            "itself with SIGINT restored (a background job starts with it ignored)."),
@@ -220,9 +224,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "On a GPU host of a multi-host fleet: its name; the agent registers the host under it, its "
            "Celery worker serves the queue gpusched@<name>, and a task refuses to run when its "
            "allocation is on another host."),
-    EnvVar("GPUSCHED_HOST_ADDRESS", "agent",
-           "Address other hosts reach this GPU host at (MASTER_ADDR of a multi-node gang whose rank 0 "
-           "runs here; default: the host name resolved)."),
+    EnvVar("GPUSCHED_HOST_ADDRESS", "agent, scripts/gpu_host.sh",
+           "Address the other GPU hosts reach this one's Celery worker at (MASTER_ADDR of a multi-node "
+           "gang whose rank 0 runs here). Default: the host name resolved (gpu_host.sh: the first "
+           "address of hostname -I); a loopback result is refused, a loopback address set on purpose "
+           "is taken (every GPU host on one machine)."),
     EnvVar("GPUSCHED_GANG", "task environment",
            "Set by the executor in a multi-node gang member's environment: the gang's id (with "
            "MASTER_ADDR, MASTER_PORT, WORLD_SIZE, NODE_RANK, NNODES, LOCAL_WORLD_SIZE)."),

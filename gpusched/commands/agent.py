@@ -9,7 +9,12 @@ With ``--host-name NAME`` (or ``GPUSCHED_HOST``) the agent serves one GPU host o
 fleet: it registers the host's devices in the shared ledger under NAME (a name registered by a
 live host with other devices is refused), heartbeats every ``--heartbeat`` seconds from its own
 thread, and the fleet snapshot counts the host's devices only while it does. Run it beside the
-host's Celery worker (``airflow celery worker --queues gpusched@NAME``).
+host's Celery worker (``airflow celery worker --queues gpusched@NAME``). The host is registered at
+``--address`` (or ``GPUSCHED_HOST_ADDRESS``), the address the other GPU hosts reach that worker at:
+``MASTER_ADDR`` of a multi-node gang whose rank 0 runs there. Without one the host's name is
+resolved, and a loopback result (127.0.0.0/8, ::1) is refused: the other hosts could not reach
+it. A loopback address given explicitly is taken (every GPU host on one machine), with a warning
+when other live hosts registered routable ones; a bind-everything address (0.0.0.0, ::) never is.
 
 Every interval: release allocations whose lease ran out (so a crashed executor's devices come
 back even while no executor runs), sync the inventory (each minute), read every device into the
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 import time
 from types import MappingProxyType
@@ -33,11 +39,12 @@ from gpusched.commands.args import finite_float, port
 from gpusched.errors import ConfigurationError
 from gpusched.faults.alerts import AlertConfig
 from gpusched.faults.stopping import PidStopper
+from gpusched.gang import is_loopback, is_unspecified
 from gpusched.hardware.detect import detect_backend
 from gpusched.hardware.host_slice import HostSlice
 from gpusched.hardware.mig_provider import mig_provider_from_spec
 
-__all__ = ["register", "run"]
+__all__ = ["host_address", "register", "run"]
 
 
 def register(subparsers: Any) -> None:
@@ -77,8 +84,9 @@ def register(subparsers: Any) -> None:
                         help="serve GPU host NAME of a multi-host fleet: register it and heartbeat "
                              "(default $GPUSCHED_HOST; unset = single-host agent)")
     parser.add_argument("--address", default=None,
-                        help="address other hosts reach this one at (rendezvous of multi-node gangs; "
-                             "default $GPUSCHED_HOST_ADDRESS or this host's resolved name)")
+                        help="address other GPU hosts reach this one's worker at (MASTER_ADDR of "
+                             "multi-node gangs; default $GPUSCHED_HOST_ADDRESS or this host's name "
+                             "resolved, refused when that is loopback)")
     parser.add_argument("--heartbeat", type=finite_float(0.0, 3600.0, strict_min=True), default=5.0,
                         help="seconds between host heartbeats (default 5)")
     parser.add_argument("--host-timeout", type=finite_float(0.0, 86_400.0, strict_min=True), default=30.0,
@@ -111,21 +119,25 @@ def run(args: argparse.Namespace) -> int:
     from gpusched.agent.prometheus import MetricsServer
     from gpusched.agent.telemetry import TelemetryAgent
     from gpusched.ledger import Ledger
+    from gpusched.ledger.hosts import loopback_warning
 
     config = _config(args)
     kind = args.backend or ("simulated" if args.fleet else None)
     host = (args.host_name or os.environ.get("GPUSCHED_HOST") or "").strip()
     if host:
         os.environ.setdefault("GPUSCHED_NODE_NAME", host)  # a real host's node is named after it
+    address = host_address(args.address) if host else ""
     backend = detect_backend(kind, fleet=args.fleet)
     ledger = Ledger(args.db_url)
     ledger.migrate()
     heartbeat = None
     if host:
         backend = HostSlice(backend, host)
-        ledger.register_host(host, backend.discover(), stale_after_s=args.host_timeout,
-                             address=_address(args.address))
-        print(f"gpusched agent: registered GPU host {host} (queue gpusched@{host})", flush=True)
+        ledger.register_host(host, backend.discover(), stale_after_s=args.host_timeout, address=address)
+        print(f"gpusched agent: registered GPU host {host} at {address} (queue gpusched@{host})", flush=True)
+        warning = loopback_warning(ledger.hosts())
+        if warning:
+            print(f"gpusched agent: warning: {warning}", file=sys.stderr, flush=True)
         if not args.once:
             heartbeat = _Heartbeat(ledger, host, args.heartbeat)
             heartbeat.start()
@@ -150,16 +162,59 @@ def run(args: argparse.Namespace) -> int:
         ledger.close()
 
 
-def _address(given: str | None) -> str:
+def host_address(given: str | None) -> str:
+    """The address to register this GPU host at: ``given`` (``--address``), else
+    ``$GPUSCHED_HOST_ADDRESS``, else this host's name resolved.
+
+    Raises:
+        ConfigurationError: the address is a bind-everything one (0.0.0.0, ::), or none was given
+            and the name resolves to loopback (the line names a routable address of this host
+            when its default route shows one).
+    """
     import os
+
+    explicit = (given or os.environ.get("GPUSCHED_HOST_ADDRESS") or "").strip()
+    if explicit:
+        if is_unspecified(explicit):
+            raise ConfigurationError(
+                f"--address {explicit} is a bind address, not one other hosts can connect to; give "
+                "this host's routable address (--address or GPUSCHED_HOST_ADDRESS)")
+        return explicit
+    name, resolved = _resolved_name()
+    if is_loopback(resolved):
+        route = _route_address()
+        example = f", e.g. --address {route} (this host's address on its default route)" if route else ""
+        raise ConfigurationError(
+            f"this host's name {name!r} resolves to the loopback address {resolved}, which the other "
+            f"GPU hosts cannot reach as MASTER_ADDR of a multi-node gang; give its routable address "
+            f"with --address or GPUSCHED_HOST_ADDRESS{example} (--address 127.0.0.1 only when every "
+            "GPU host runs on this one machine)")
+    return resolved
+
+
+def _resolved_name() -> tuple[str, str]:
     import socket
 
-    if given or os.environ.get("GPUSCHED_HOST_ADDRESS"):
-        return str(given or os.environ["GPUSCHED_HOST_ADDRESS"])
+    name = socket.gethostname()
     try:
-        return socket.gethostbyname(socket.gethostname())
+        return name, socket.gethostbyname(name)
     except OSError:
-        return socket.gethostname()
+        return name, name
+
+
+def _route_address() -> str | None:
+    """This host's source address towards the outside, or None (no default route)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            # connect() of a UDP socket sends nothing: it only picks the route and its source
+            # address (192.0.2.1 is TEST-NET-1, never a real peer).
+            probe.connect(("192.0.2.1", 9))
+            address = str(probe.getsockname()[0])
+    except OSError:
+        return None
+    return None if is_loopback(address) or is_unspecified(address) else address
 
 
 class _Heartbeat(threading.Thread):

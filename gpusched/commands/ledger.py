@@ -199,6 +199,8 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
             print(f"{action}ed {target}")
         return 0
     if action == "hosts":
+        from gpusched.ledger.hosts import loopback_warning  # local: sqlalchemy, as in run()
+
         registered = ledger.hosts()
         if args.json:
             print(json.dumps([{"name": h.name, "state": h.state, "reason": h.reason, "address": h.address,
@@ -210,7 +212,10 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
         for h in registered:
             ago = time.time() - h.last_heartbeat
             print(f"{h.name:<20} {h.state:<5} heartbeat {ago:6.0f} s ago  {len(h.devices)} device(s)  "
-                  f"queue {h.queue}" + (f"  ({h.reason})" if h.reason else ""))
+                  f"queue {h.queue}  at {h.address}" + (f"  ({h.reason})" if h.reason else ""))
+        warning = loopback_warning(registered)
+        if warning:
+            print(f"warning: {warning}")
         return 0
     if action == "durations":
         return _durations(ledger, args.days, args.json)

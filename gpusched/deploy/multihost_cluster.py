@@ -4,10 +4,11 @@ Real processes only, all on 127.0.0.1: ``redis-server`` (Celery broker), a throw
 (``scripts/start_postgres.sh``: Airflow's metadata, the Celery result backend and the gpusched
 ledger), ``airflow scheduler`` (with :class:`gpusched.airflow.celery_executor.GPUCeleryExecutor`
 or any executor list), ``airflow api-server`` and ``airflow dag-processor``; and per GPU host one
-``airflow celery worker --queues gpusched@<host>`` plus one ``gpusched agent --host-name <host>``,
-each host in its own process group so that :meth:`LocalCluster.kill_host` can SIGKILL it like a
-machine dying, and :meth:`LocalCluster.stop_broker` / :meth:`LocalCluster.start_broker` take
-Redis down and bring it back on the same port. The hosts' slices of the simulated fleet are the
+``airflow celery worker --queues gpusched@<host>`` plus one ``gpusched agent --host-name <host>
+--address 127.0.0.1`` (every host is this machine), each host in its own process group so that
+:meth:`LocalCluster.kill_host` can SIGKILL it like a machine dying, and
+:meth:`LocalCluster.stop_broker` / :meth:`LocalCluster.start_broker` take Redis down and bring it
+back on the same port. The hosts' slices of the simulated fleet are the
 nodes of the fleet file named after them.
 
 ``LocalCluster(..., role_env=compose_environments())`` boots it with the environment that
@@ -63,6 +64,7 @@ LOCATION_VARS: frozenset[str] = frozenset({
     "GPUSCHED_DB_URL",
     "GPUSCHED_FLEET",
     "GPUSCHED_HOST",
+    "GPUSCHED_HOST_ADDRESS",
 })
 """Variables that say where things are in a compose deployment (container host names, mounted
 paths, which machine, its GPUs): :func:`compose_environments` leaves them out, the cluster sets
@@ -235,9 +237,12 @@ class LocalCluster:
     def start_host(self, host: str) -> None:
         """Start (or restart) GPU host ``host``: its agent and its Celery worker."""
         host_env = {"GPUSCHED_HOST": host, "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
+        # Every "host" is this machine: loopback reaches each gang member, so say it explicitly
+        # (an agent refuses a loopback address it only resolved).
         self._spawn(f"{host}-agent", [sys.executable, "-m", "gpusched.cli", "agent", "--host-name", host,
-                                      "--port", "0", "--interval", "30", "--heartbeat", "2",
-                                      "--host-timeout", "10"], self._role("agent", host_env))
+                                      "--address", "127.0.0.1", "--port", "0", "--interval", "30",
+                                      "--heartbeat", "2", "--host-timeout", "10"],
+                    self._role("agent", host_env))
         self._spawn(f"{host}-worker", [*self._airflow, "celery", "worker", "--queues",
                                        f"gpusched@{host},default", "--celery-hostname", f"{host}@%h",
                                        "--concurrency", str(self.worker_concurrency), "--without-mingle",

@@ -18,6 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gpusched.errors import HostConflictError, LedgerError
+from gpusched.gang import is_loopback
 from gpusched.ledger.engine import read_tx, write_tx
 from gpusched.ledger.events import write_event
 from gpusched.ledger.schema import HOSTS, NODES
@@ -25,7 +26,7 @@ from gpusched.model import HOST_SOURCE_PREFIX, Node
 
 __all__ = [
     "LAUNCH_EVENT", "HostRecord", "HostState", "LedgerHosts", "devices_fingerprint",
-    "host_queue",
+    "host_queue", "loopback_warning",
 ]
 
 LAUNCH_EVENT = "launch"
@@ -67,6 +68,25 @@ def devices_fingerprint(nodes: Sequence[Node]) -> tuple[str, list[str]]:
     """A stable digest of the devices of ``nodes`` (node, index, uuid, model) and the device list."""
     devices = sorted(f"{d.node}/{d.index}/{d.uuid}/{d.model}" for n in nodes for d in n.devices)
     return hashlib.sha256(json.dumps(devices).encode()).hexdigest()[:32], devices
+
+
+def loopback_warning(hosts: Sequence[HostRecord]) -> str | None:
+    """One line when the live ``hosts`` mix loopback and routable addresses, else None.
+
+    A multi-node gang whose rank 0 runs on a host registered at a loopback address gets it as
+    ``MASTER_ADDR``, which the members on the other hosts cannot reach. Every live host on
+    loopback passes: that is the fleet of one machine (each agent given ``--address 127.0.0.1``
+    on purpose), where loopback reaches every member.
+    """
+    live = [h for h in hosts if h.state == HostState.LIVE]
+    looped = [h for h in live if is_loopback(h.address)]
+    if not looped or len(looped) == len(live):
+        return None
+    names = ", ".join(f"{h.name} ({h.address})" for h in looped)
+    return (f"GPU host(s) {names} registered a loopback address beside {len(live) - len(looped)} "
+            "routable host(s): a multi-node gang whose rank 0 runs there gets a MASTER_ADDR the other "
+            "hosts cannot reach; restart each such agent with --address <the host's routable address> "
+            "(GPUSCHED_HOST_ADDRESS)")
 
 
 def _record(row: Any) -> HostRecord:
