@@ -32,8 +32,8 @@ import contextlib
 import io
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -206,15 +206,13 @@ def _quiet() -> Iterator[None]:
 
 
 def gpu_units(dag: Any, *, now: float = 0.0) -> list[GpuUnit]:
-    """The GPU units of ``dag`` in task order (a gang where its first member is)."""
-    units: list[GpuUnit] = []
-    gangs: dict[str, list[tuple[str, PendingWork]]] = {}
+    """The GPU units of ``dag`` in task order (a gang where its first member is, members by rank)."""
+    units: dict[str, GpuUnit] = {}  # by task id, or by gang id for the members of a gang
     file = str(getattr(dag, "fileloc", "") or "")
     for task in dag.tasks:
-        config = getattr(task, "executor_config", None) or {}
-        if not isinstance(config, dict) or (CONFIG_KEY not in config and GANG_KEY not in config):
+        config = getattr(task, "executor_config", None)
+        if not isinstance(config, Mapping) or (CONFIG_KEY not in config and GANG_KEY not in config):
             continue
-        key = f"{dag.dag_id}/{task.task_id}"
         try:
             request = request_from_executor_config(config)
             member = gang_member(config, dag_id=dag.dag_id, run_id=_RUN_ID)
@@ -222,25 +220,26 @@ def gpu_units(dag: Any, *, now: float = 0.0) -> list[GpuUnit]:
                 raise GPURequestError(CONFIG_KEY, None, "a GPU request (use gpu() or gang_task)")
         except GPURequestError as exc:
             # the words the executor fails such a task with
-            units.append(GpuUnit(dag.dag_id, task.task_id, (task.task_id,), file, (),
-                                 f"invalid GPU request in executor_config: {exc}"))
+            units[task.task_id] = GpuUnit(dag.dag_id, task.task_id, (task.task_id,), file, (),
+                                          f"invalid GPU request in executor_config: {exc}")
             continue
-        work = PendingWork(key, request, now, gang=member)
+        work = PendingWork(f"{dag.dag_id}/{task.task_id}", request, now, gang=member)
         if member is None:
-            units.append(GpuUnit(dag.dag_id, task.task_id, (task.task_id,), file, (work,)))
+            units[task.task_id] = GpuUnit(dag.dag_id, task.task_id, (task.task_id,), file, (work,))
             continue
-        if member.gang not in gangs:
-            gangs[member.gang] = []
-            units.append(GpuUnit(dag.dag_id, member.gang, (), file, ()))  # filled in below
-        gangs[member.gang].append((task.task_id, work))
-    return [_gang_unit(u, gangs[u.name]) if u.name in gangs else u for u in units]
+        gang = units.get(member.gang)
+        task_ids, works = (gang.task_ids, gang.work) if gang else ((), ())
+        units[member.gang] = GpuUnit(dag.dag_id, member.gang.rsplit("/", 1)[-1], (*task_ids, task.task_id),
+                                     file, (*works, work))
+    return [_members_by_rank(unit) for unit in units.values()]
 
 
-def _gang_unit(placeholder: GpuUnit, members: list[tuple[str, PendingWork]]) -> GpuUnit:
-    ordered = sorted(members, key=lambda m: m[1].gang.rank if m[1].gang else 0)
-    name = placeholder.name.rsplit("/", 1)[-1]
-    return GpuUnit(placeholder.dag_id, name, tuple(t for t, _ in ordered), placeholder.file,
-                   tuple(w for _, w in ordered))
+def _members_by_rank(unit: GpuUnit) -> GpuUnit:
+    if not unit.is_gang:
+        return unit
+    ranked = sorted(zip(unit.work, unit.task_ids, strict=True),
+                    key=lambda member: member[0].gang.rank if member[0].gang else 0)
+    return replace(unit, task_ids=tuple(t for _, t in ranked), work=tuple(w for w, _ in ranked))
 
 
 def configured_policy(conf: Any = None) -> Policy:

@@ -12,7 +12,7 @@ fleet the main job uses without real devices); ``--ledger`` judges the main job'
 ``[gpusched] policy`` / ``policy_parts`` of Airflow's config.
 
 Exit code 1 when any task never fits, 0 otherwise (2: bad input, one line). ``--json`` prints a
-list, one object per GPU task or gang::
+list, one object per GPU task or gang (``request``: each member's, for a gang)::
 
     [{"dag_id", "task", "task_ids": [str], "file", "gang": bool, "request": {...}, "describe",
       "verdict", "fits": bool, "reason",

@@ -191,3 +191,19 @@ def test_a_dag_file_that_fails_to_import_is_named_in_one_line(tmp_path: Path) ->
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"gpusched check: error: DAG file {broken} fails to import: ")
     assert "must say how much device memory it needs" in done.stderr
+
+
+def test_a_hand_written_invalid_request_never_fits_with_the_executors_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "hand.py").write_text(
+        "from datetime import datetime\nfrom airflow.sdk import dag, task\n\n"
+        "@dag(dag_id='hand', schedule=None, start_date=datetime(2026, 1, 1))\n"
+        "def hand():\n"
+        "    @task(executor_config={'gpusched': {'count': 'x'}})\n"
+        "    def typo() -> None: ...\n"
+        "    typo()\n\nhand()\n", encoding="utf-8")
+    code, (report,) = _check(capsys, str(tmp_path))
+    assert code == 1 and report["verdict"] == "never fits" and report["request"] is None
+    assert report["reason"] == ("invalid GPU request in executor_config: GPURequest.count: 'x' is not valid; "
+                                "accepted: a whole number ≥ 1 and ≤ 4096")
