@@ -11,6 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
+from gpusched.deploy.multihost_cluster import LOCATION_VARS, compose_environments
+from gpusched.gang import is_loopback
+
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yaml"
 
@@ -88,6 +91,26 @@ def test_celery_variant_one_worker_and_agent_per_gpu_host(compose: dict[str, Any
         assert _nvidia(agent)[0]["device_ids"] == reservation["device_ids"]  # the same GPUs
     assert len(hosts) == len(workers)
     assert len(gpus) == len(set(gpus))  # no GPU reserved by two hosts
+
+
+def test_a_gpu_hosts_worker_and_agent_share_the_rendezvous_address_of_the_worker(
+    compose: dict[str, Any]
+) -> None:
+    services = compose["services"]
+    workers = {n: s for n, s in services.items() if str(s.get("command", "")).startswith("celery worker")}
+    addresses = set()
+    for name, worker in workers.items():
+        host = worker["environment"]["GPUSCHED_HOST"]
+        agent = services[f"gpusched-agent-{host}"]
+        address = worker["environment"]["GPUSCHED_HOST_ADDRESS"]
+        # rank 0 of a gang runs in the worker: its service name resolves to that container
+        assert address == name and agent["environment"]["GPUSCHED_HOST_ADDRESS"] == address
+        assert not is_loopback(address) and "network_mode" not in agent
+        addresses.add(address)
+    assert len(addresses) == len(workers)
+    # the one-machine test cluster keeps its own (loopback) address instead of the compose name
+    assert "GPUSCHED_HOST_ADDRESS" in LOCATION_VARS
+    assert all("GPUSCHED_HOST_ADDRESS" not in env for env in compose_environments().values())
 
 
 def test_no_hand_written_queue_anywhere() -> None:
