@@ -3,8 +3,10 @@
 A request bigger than one node runs as one member task per node
 (:func:`gpusched.airflow.gang.gang_task`); each member's ``executor_config`` carries its membership
 under :data:`GANG_KEY`, read by :func:`gang_member`. The scheduler places a complete gang
-(:mod:`gpusched.scheduler.gangs`) and gives every member :func:`rendezvous_env`. Light on
-purpose: DAG files import it while they are parsed.
+(:mod:`gpusched.scheduler.gangs`) and gives every member :func:`rendezvous_env`, whose
+``MASTER_ADDR`` is the address rank 0's GPU host registered; :func:`is_loopback` tells an
+address that reaches only its own machine (refused or warned about on a fleet of several).
+Light on purpose: DAG files import it while they are parsed.
 """
 
 from __future__ import annotations
