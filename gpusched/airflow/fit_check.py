@@ -53,7 +53,7 @@ from gpusched.settings import get_str
 
 __all__ = [
     "FitReport", "GpuUnit", "Spot", "Verdict", "assert_gpu_tasks_fit", "check_fit", "configured_policy",
-    "fleet_snapshot", "gpu_units", "judge", "load_dags",
+    "fleet_snapshot", "gpu_units", "judge", "load_dags", "quiet",
 ]
 
 _RUN_ID = "check"
@@ -175,7 +175,7 @@ def load_dags(path: str | Path) -> list[Any]:
     where = Path(path)
     if not where.exists():
         raise ConfigurationError(f"no DAG file or folder at {path}; give a DAG file or a DAGs folder")
-    with _quiet():
+    with quiet():
         bag = DagBag(dag_folder=str(where), load_op_links=False)
     if bag.import_errors:
         file, trace = sorted(bag.import_errors.items())[0]
@@ -195,8 +195,10 @@ def load_dags(path: str | Path) -> list[Any]:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    # Airflow logs both through logging and through structlog printing to stdout.
+def quiet() -> Iterator[None]:
+    """Keep log lines and prints off stdout (and stderr's logs) while inside: once Airflow is
+    imported, it logs through logging and through structlog printing to stdout (alembic's
+    migration notes when a ledger is opened, the DagBag's progress)."""
     logging.disable(logging.CRITICAL)
     try:
         with contextlib.redirect_stdout(io.StringIO()):

@@ -28,7 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpusched.errors import ConfigurationError, LedgerError
+from gpusched.commands.ledger import opened_ledger
+from gpusched.errors import ConfigurationError
 
 if TYPE_CHECKING:  # Airflow and the placement engine load when the command runs, not at `gpusched --help`
     from gpusched.airflow.fit_check import FitReport
@@ -90,41 +91,26 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
-        print(render_text(reports, source=source, policy=policy.name))
+        standby = sum(1 for node in snapshot.nodes if node.standby)
+        fleet = f"{source}: {len(snapshot.nodes)} node(s), {standby} on standby"
+        print(render_text(reports, source=fleet, policy=policy.name))
     return 0 if all(r.fits for r in reports) else 1
 
 
 def _live_fleet(url_option: str | None) -> tuple[FleetSnapshot, list[Allocation], str]:
     """The main job's fleet now and its active allocations (one read), and where the ledger is.
 
-    Found as every ``gpusched ledger`` action finds it; creates nothing.
+    Found as every ``gpusched ledger`` action finds it; creates nothing. Opening it logs nothing
+    on stdout (``--json`` stays JSON).
 
     Raises:
         LedgerError: no ledger there, no schema, or the database failed (one line).
     """
-    import sqlalchemy as sa
+    from gpusched.airflow.fit_check import quiet  # local: as in run()
 
-    # local: sqlalchemy only for --ledger; the ledger actions' rules for where the ledger is
-    from gpusched.commands.ledger import _missing_sqlite_file, _not_found, ledger_url
-    from gpusched.ledger import Ledger
-    from gpusched.ledger.migrate import current_revision
-
-    url = ledger_url(url_option)
-    missing = _missing_sqlite_file(url)
-    if missing is not None:
-        raise LedgerError(_not_found(url, missing, bool(url_option)))
-    where = sa.make_url(url).render_as_string(hide_password=True)
-    try:
-        with Ledger(url) as ledger:
-            if current_revision(ledger.engine) is None:
-                raise LedgerError(f"the database at {where} has no gpusched ledger schema; point "
-                                  "AIRFLOW_HOME or GPUSCHED_DB_URL (or --url) at the main job's ledger")
-            snapshot, active = ledger.cycle_view()
-    except sa.exc.SQLAlchemyError as exc:
-        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:200]
-        raise LedgerError(f"cannot use the ledger at {where}: {first}; check --url / GPUSCHED_DB_URL "
-                          "and that the database is reachable") from None
-    return snapshot, active, where
+    with quiet(), opened_ledger(url_option) as ledger:
+        snapshot, active = ledger.cycle_view()
+        return snapshot, active, ledger.engine.url.render_as_string(hide_password=True)
 
 
 def render_text(reports: Sequence[FitReport], *, source: str, policy: str) -> str:

@@ -20,9 +20,11 @@ changes an existing, migrated ledger and fails with one line saying where it loo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +36,7 @@ from gpusched.paths import state_dir
 if TYPE_CHECKING:  # the ledger (sqlalchemy) loads when a ledger command runs, not at `gpusched --help`
     from gpusched.ledger import Ledger
 
-__all__ = ["register", "run"]
+__all__ = ["ledger_url", "opened_ledger", "register", "run"]
 
 _URL_HELP = "database URL (default $GPUSCHED_DB_URL, else SQLite at $AIRFLOW_HOME/gpusched/ledger.db)"
 
@@ -128,18 +130,39 @@ def run(args: argparse.Namespace) -> int:
         LedgerError: no ledger where the CLI looked, no schema, or the database failed — one
             line naming the database and the fix.
     """
+    with opened_ledger(args.url, existing=args.ledger_command != "migrate") as ledger:
+        return _act(ledger, args)
+
+
+@contextlib.contextmanager
+def opened_ledger(explicit_url: str | None, *, existing: bool = True) -> Iterator[Ledger]:
+    """The ledger the CLI uses (:func:`ledger_url`), open. With ``existing`` (every action but
+    ``migrate``; ``gpusched check --ledger``) it must already exist with gpusched's schema, and
+    nothing is created.
+
+    Raises:
+        LedgerError: no ledger where the CLI looked, no schema, or the database failed (also
+            inside the ``with`` block) — one line naming the database and the fix.
+    """
     import sqlalchemy as sa
 
-    from gpusched.ledger import Ledger  # local: sqlalchemy only when a ledger command runs
+    # local: sqlalchemy and alembic only when a ledger is opened
+    from gpusched.ledger import Ledger
+    from gpusched.ledger.migrate import current_revision
 
-    url = ledger_url(args.url)
-    action = args.ledger_command
-    missing = _missing_sqlite_file(url) if action != "migrate" else None
+    url = ledger_url(explicit_url)
+    missing = _missing_sqlite_file(url) if existing else None
     if missing is not None:
-        raise LedgerError(_not_found(url, missing, bool(args.url)))
+        raise LedgerError(_not_found(url, missing, bool(explicit_url)))
     try:
         with Ledger(url) as ledger:
-            return _act(ledger, args)
+            if existing and current_revision(ledger.engine) is None:
+                raise LedgerError(
+                    f"the database at {_where(ledger)} has no gpusched ledger schema; point AIRFLOW_HOME "
+                    "or GPUSCHED_DB_URL (or --url) at the main job's ledger, or run `gpusched ledger "
+                    "migrate` to set this one up"
+                )
+            yield ledger
     except sa.exc.SQLAlchemyError as exc:
         first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:200]
         where = sa.make_url(url).render_as_string(hide_password=True)
@@ -150,19 +173,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _act(ledger: Ledger, args: argparse.Namespace) -> int:
-    from gpusched.ledger.migrate import current_revision  # local: alembic/sqlalchemy, as in run()
-
     action = args.ledger_command
     if action == "migrate":
         ledger.migrate()
         print(f"ledger at {_where(ledger)} is at the newest schema")
         return 0
-    if current_revision(ledger.engine) is None:
-        raise LedgerError(
-            f"the database at {_where(ledger)} has no gpusched ledger schema; point AIRFLOW_HOME or "
-            "GPUSCHED_DB_URL (or --url) at the main job's ledger, or run `gpusched ledger migrate` "
-            "to set this one up"
-        )
     if action == "status":
         return _status(ledger, args.json)
     if action == "allocations":

@@ -174,6 +174,9 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     bad_fleet.write_text("racks: []\n", encoding="utf-8")
     assert f"fleet file {bad_fleet}" in _one_line_error(capsys, str(tmp_path), "--fleet", str(bad_fleet))
     assert "no ledger at" in _one_line_error(capsys, str(tmp_path), "--ledger")
+    (tmp_path / "empty.db").touch()
+    assert "has no gpusched ledger schema" in _one_line_error(capsys, str(tmp_path), "--url",
+                                                              f"sqlite:///{tmp_path / 'empty.db'}")
     assert "give one of them" in _one_line_error(capsys, str(tmp_path), "--fleet", str(SMALL_FLEET),
                                                  "--url", "sqlite://")
     empty = tmp_path / "empty"
