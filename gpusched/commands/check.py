@@ -50,9 +50,9 @@ def register(subparsers: Any) -> None:
                     "whether it fits the fleet (now, when idle, only with standby nodes, never), why, "
                     "and where it would go. Exit code 1 when any task never fits.",
     )
-    parser.add_argument("path", type=Path, help="a DAG file or a DAGs folder")
+    parser.add_argument("path", type=Path, metavar="PATH", help="a DAG file or a DAGs folder")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--fleet", type=Path, default=None,
+    source.add_argument("--fleet", type=Path, default=None, metavar="FLEET_YAML",
                         help="fleet YAML to check against (default $GPUSCHED_FLEET or "
                              "gpusched/include/fleets/default.yaml)")
     source.add_argument("--ledger", action="store_true",

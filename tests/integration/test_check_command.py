@@ -4,7 +4,6 @@ own decision against a fleet file or the live ledger, one-line errors for bad in
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -40,6 +39,11 @@ checked()
 '''
 
 
+@pytest.fixture(autouse=True)
+def _default_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUSCHED_FLEET", raising=False)  # the bundled default fleet unless a test names one
+
+
 def _dag_file(folder: Path, dag_id: str, **requests: str) -> Path:
     """A DAG file with one task per keyword: ``name="gpus=1"`` -> ``@task(**gpu(gpus=1))``."""
     body = "".join(f"    @task(**gpu({args}))\n    def {name}() -> None: ...\n\n    {name}()\n\n"
@@ -68,9 +72,8 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 def test_the_bundled_dags_fit_the_default_fleet_and_the_gang_needs_the_standby_node() -> None:
-    env = {**os.environ, "GPUSCHED_FLEET": ""}
     done = subprocess.run([sys.executable, "-m", "gpusched.cli", "check", "dags", "--json"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     reports = _by_task(json.loads(done.stdout))
     gang = reports["example_multi_node_gang.pretrain"]
