@@ -168,3 +168,14 @@ def test_on_a_gpu_host_a_task_waits_for_its_launch_recorded_after_the_send(
     finally:
         late.join()
     assert environ["NODE_RANK"] == "1"  # from the launch (the rendezvous of a gang), not rebuilt
+
+
+def test_the_fault_chain_ignores_a_failed_test_run(ledger: Ledger) -> None:
+    from gpusched.airflow import fault_listener
+
+    ti = _ti("broken", {"gpus": 1})
+    assert listener.export_devices(ti, {}) is not None  # a test run, placed
+    fault_listener.on_task_instance_failed(None, ti, RuntimeError("user code failed"))
+    assert ledger.events(10, kinds=["task_failed"]) == []
+    listener.on_task_instance_failed(None, ti, RuntimeError("user code failed"))
+    assert ledger.active() == []
