@@ -5,8 +5,10 @@ Real processes only, all on 127.0.0.1: ``redis-server`` (Celery broker), a throw
 ledger), ``airflow scheduler`` (with :class:`gpusched.airflow.celery_executor.GPUCeleryExecutor`
 or any executor list), ``airflow api-server`` and ``airflow dag-processor``; and per GPU host one
 ``airflow celery worker --queues gpusched@<host>`` plus one ``gpusched agent --host-name <host>
---address 127.0.0.1`` (every host is this machine), each host in its own process group so that
-:meth:`LocalCluster.kill_host` can SIGKILL it like a machine dying, and
+--address 127.0.0.1`` (every host is this machine), each host's processes found by their environment so that
+:meth:`LocalCluster.kill_host` can SIGKILL them all like a machine dying (task processes
+included), :meth:`LocalCluster.kill_worker` kill only the worker, :meth:`LocalCluster.freeze_host`
+/ :meth:`LocalCluster.thaw_host` stop and continue a host, and
 :meth:`LocalCluster.stop_broker` / :meth:`LocalCluster.start_broker` take Redis down and bring it
 back on the same port. The hosts' slices of the simulated fleet are the
 nodes of the fleet file named after them.
@@ -37,7 +39,7 @@ from gpusched.errors import ConfigurationError
 from gpusched.paths import include_dir
 
 __all__ = ["COMPOSE_CELERY_SERVICES", "COMPOSE_FILE", "LOCATION_VARS", "LocalCluster", "compose_environment",
-           "compose_environments", "free_port"]
+           "compose_environments", "free_port", "processes_with"]
 
 REPO = Path(__file__).resolve().parents[2]  # gpusched/deploy/ → the repository
 
@@ -109,6 +111,23 @@ def compose_environments(
     without :data:`LOCATION_VARS`: the ``role_env`` of a :class:`LocalCluster`."""
     return {role: {k: v for k, v in compose_environment(service, path).items() if k not in LOCATION_VARS}
             for role, service in services.items()}
+
+
+def processes_with(marks: Mapping[str, str]) -> list[int]:
+    """The pids of this machine's processes whose environment holds every ``name=value`` of
+    ``marks`` (read from ``/proc``; processes of other users are skipped)."""
+    wanted = {f"{k}={v}".encode() for k, v in marks.items()}
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = set((entry / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if wanted <= environ:
+            pids.append(int(entry.name))
+    return sorted(pids)
 
 
 class LocalCluster:
@@ -296,12 +315,46 @@ class LocalCluster:
         except OSError:
             return False
 
+    def host_pids(self, host: str) -> list[int]:
+        """Every live process of GPU host ``host`` in this cluster: its worker, agent, their pools
+        and the task processes they started, found by the environment they inherit (an Airflow
+        task process runs in a process group of its own, so the worker's group does not hold it)."""
+        return processes_with({"GPUSCHED_HOST": host, "GPUSCHED_DB_URL": self.db_url})
+
     def kill_host(self, host: str) -> None:
-        """SIGKILL every process of GPU host ``host`` (worker, its pool and task processes, agent)."""
+        """SIGKILL every process of GPU host ``host`` — worker, agent and the task processes they
+        started — as a machine dying takes them all."""
         for role in ("worker", "agent"):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.procs[f"{host}-{role}"].pid, signal.SIGKILL)
+        for pid in self.host_pids(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for role in ("worker", "agent"):
             self.procs[f"{host}-{role}"].wait(timeout=30)
+
+    def kill_worker(self, host: str) -> None:
+        """SIGKILL only the Celery worker of ``host`` and its pool: its agent and the task
+        processes it started live on (as when the worker alone crashes or is OOM-killed)."""
+        proc = self.procs[f"{host}-worker"]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def freeze_host(self, host: str) -> list[int]:
+        """SIGSTOP every process of ``host`` (a hung machine, or one behind a network partition that
+        keeps running nothing further); returns the pids, for :meth:`thaw_host`."""
+        pids = self.host_pids(host)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    def thaw_host(self, host: str, pids: Sequence[int] | None = None) -> None:
+        """SIGCONT the processes :meth:`freeze_host` stopped (default: every process of ``host``)."""
+        for pid in self.host_pids(host) if pids is None else pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def stop(self) -> None:
         """Stop every process (SIGTERM, then SIGKILL of each process group) and PostgreSQL."""
