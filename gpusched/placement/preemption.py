@@ -58,8 +58,8 @@ from gpusched.quota.policy import QuotaState, partition_capacity, physical_milli
 from gpusched.request import Partition
 
 __all__ = [
-    "MAX_CANDIDATES", "PREEMPTION_MODES", "NoPreemption", "PreemptionPlan", "PreemptionRequest",
-    "Proof", "Prover", "Victim", "check_mode", "select_victims",
+    "MAX_CANDIDATES", "PREEMPTION_MODES", "NoPreemption", "PartitionUse", "PreemptionPlan",
+    "PreemptionRequest", "Proof", "Prover", "Victim", "check_mode", "select_victims",
 ]
 
 PREEMPTION_MODES = ("off", "priority", "partitions", "service")
@@ -342,22 +342,39 @@ def _lower_index(request: PreemptionRequest, task: RunningTask) -> str:
             "(expected to need more service)")
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionUse:
+    """Milli-GPU each partition's running work holds, and each partition's share of the fleet:
+    the one reckoning of mode ``partitions`` (who runs on borrowed capacity, who may reclaim)."""
+
+    used: Mapping[Partition, int]
+    share: Mapping[Partition, int]
+    enforced: bool
+
+    @classmethod
+    def of(cls, quota: QuotaState, snapshot: FleetSnapshot, running: Sequence[RunningTask]) -> PartitionUse:
+        used = dict.fromkeys(Partition, 0)
+        if not quota.enforced:
+            return cls(used, dict.fromkeys(Partition, 0), False)
+        capacity = partition_capacity(snapshot)
+        for task in running:
+            used[task.request.partition] += physical_milli(task.shares, snapshot)
+        return cls(used, {p: quota.policy.share_milli(p, capacity) for p in Partition}, True)
+
+    def reclaimable(self, mine: Partition, need: int) -> dict[Partition, int]:
+        """Partitions running beyond their share → milli-GPU borrowed, when partition ``mine`` is
+        within its own share after ``need`` more (empty when no quota is enforced)."""
+        if not self.enforced or self.used[mine] + need > self.share[mine]:
+            return {}
+        return {p: self.used[p] - self.share[p] for p in Partition
+                if p is not mine and self.used[p] > self.share[p]}
+
+
 def _reclaimable(request: PreemptionRequest) -> dict[Partition, int]:
-    """Partitions running beyond their share → milli-GPU borrowed, when the waiting partition is
-    within its own share after the waiting work (empty when no quota is enforced)."""
-    quota = request.quota
-    if not quota.enforced:
-        return {}
-    capacity = partition_capacity(request.snapshot)
-    used = {p: 0 for p in Partition}
-    for task in request.running:
-        used[task.request.partition] += physical_milli(task.shares, request.snapshot)
-    mine = request.waiting[0].request.partition
+    """:meth:`PartitionUse.reclaimable` for the waiting work of ``request``."""
+    use = PartitionUse.of(request.quota, request.snapshot, request.running)
     need = sum(t.request.total_milli for t in request.waiting)
-    if used[mine] + need > quota.policy.share_milli(mine, capacity):
-        return {}
-    return {p: used[p] - quota.policy.share_milli(p, capacity) for p in Partition
-            if p is not mine and used[p] > quota.policy.share_milli(p, capacity)}
+    return use.reclaimable(request.waiting[0].request.partition, need)
 
 
 def _cap_borrowed(

@@ -37,6 +37,7 @@ from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, RunningTask
 from gpusched.placement.preemption import (
     NoPreemption,
+    PartitionUse,
     PreemptionPlan,
     PreemptionRequest,
     Proof,
@@ -135,6 +136,7 @@ class Preemptions:
         # Task instances (keys without the try: a restart may requeue one as its next try) of the
         # beneficiaries whose victims have just ended.
         self.first_pick: frozenset[str] = frozenset()
+        self._use: tuple[CycleRequest, PartitionUse] | None = None  # this cycle's partition use
 
     # ---- before and during a cycle ---------------------------------------------------------------
 
@@ -204,8 +206,13 @@ class Preemptions:
             if started is not None or tries >= MAX_SELECTIONS_PER_CYCLE or lowest is None:
                 continue
             top = max(w.request.priority for w in group)
-            if self.rules.mode == "priority" and top <= lowest:
-                continue  # nothing of lower priority runs: no selection can succeed
+            # Nothing of lower priority runs; in mode partitions a selection can still succeed for
+            # work whose partition reclaims its share. A group that can do neither is skipped
+            # without spending a try, or held work that can never preempt would use every try of
+            # every cycle and starve the work that could.
+            if self.rules.mode in ("priority", "partitions") and top <= lowest and (
+                    self.rules.mode == "priority" or not self._reclaims(request, group)):
+                continue
             if self.rules.mode == "service" and group[0].gang is None:
                 if room is None:
                     room = _Room(request, protected, facts.indices, top, self.rules.min_runtime_s)
@@ -222,6 +229,14 @@ class Preemptions:
             return reply, started
         holds = tuple(replace(h, reason=reasons.get(h.key, h.reason)) for h in reply.holds)
         return CycleReply(reply.launches, holds, reply.replanned, reply.replan_improved), started
+
+    def _reclaims(self, request: CycleRequest, group: list[PendingWork]) -> bool:
+        """Mode ``partitions``: whether ``group``'s partition is within its share after the group
+        and some other partition runs beyond its own (the partition use is read once a cycle)."""
+        if self._use is None or self._use[0] is not request:
+            self._use = (request, PartitionUse.of(request.quota, request.snapshot, request.running))
+        need = sum(w.request.total_milli for w in group)
+        return bool(self._use[1].reclaimable(group[0].request.partition, need))
 
     def _selection(self, request: CycleRequest, group: list[PendingWork], facts: PreemptionFacts,
                    protected: frozenset[str]) -> PreemptionRequest:

@@ -116,3 +116,24 @@ def test_no_device_is_overcommitted_under_preemption() -> None:
 def test_the_mode_is_checked() -> None:
     with pytest.raises(Exception, match="is not one of off, priority, partitions"):
         SimPreemption("always")
+
+
+def test_work_that_cannot_preempt_does_not_starve_a_partition_that_reclaims() -> None:
+    """Mode partitions: dev jobs borrow the whole node, more dev jobs wait (dev is over its share:
+    they can never preempt), then a training job arrives. The selections a cycle may try
+    (``MAX_SELECTIONS_PER_CYCLE``) are not spent on the waiting dev jobs, so training takes back
+    its share at once (after the victim's grace), not when the dev jobs end."""
+    from gpusched.quota.policy import QuotaPolicy
+    from gpusched.scheduler.preemption import MAX_SELECTIONS_PER_CYCLE
+
+    quota = QuotaPolicy.from_dict({"shares": {"training": 70, "burst": 20, "dev": 10}, "borrowing": True})
+    dev = GPURequest.build(gpus=1, partition="dev")
+    jobs = [SimJob(f"dev{i}", dev, float(i), 36_000.0) for i in range(4)]
+    jobs += [SimJob(f"waiting-dev{i}", dev, 100.0 + i, 600.0) for i in range(MAX_SELECTIONS_PER_CYCLE + 1)]
+    jobs.append(SimJob("train", GPURequest.build(gpus=1, partition="training"), 1_000.0, 600.0))
+    preemption = SimPreemption("partitions", checkpoint_s=600.0, min_runtime_s=300.0)
+    result = simulate(jobs, FLEET, Policy.named("gpusched"), quota=quota, preemption=preemption)
+    records = {r.key: r for r in result.records}
+    assert records["train"].start_s == 1_000.0 + preemption.grace_s
+    assert result.preemption is not None and result.preemption["preemptions"] >= 1
+    assert all(records[f"waiting-dev{i}"].preemptions == 0 for i in range(MAX_SELECTIONS_PER_CYCLE + 1))
