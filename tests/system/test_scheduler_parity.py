@@ -273,15 +273,7 @@ def _simulated_preemption(policy: Any, fleet: Any) -> list[tuple[Any, ...]]:
     jobs = [SimJob(j.key, j.request, j.arrival_s, j.run_s) for j in PREEMPTING]
     rules = SimPreemption("priority", checkpoint_s=CHECKPOINT_S, min_runtime_s=MIN_RUNTIME_S, grace_s=GRACE_S)
     result = simulate(jobs, fleet, policy, preemption=rules)
-    decisions: list[tuple[Any, ...]] = []
-    for record in result.records:
-        runs = record.segments or ((record.start_s, record.end_s, record.shares),)
-        for n, (start, end, shares) in enumerate(runs):
-            decisions.append((round(start, 3), "start", _task(record.key), _devices(shares)))
-            if n < len(runs) - 1:
-                decisions.append((round(end, 3), "stop", _task(record.key), ()))
-    assert not result.unstarted and not result.rejected
-    return sorted(decisions)
+    return _runs(result)
 
 
 def _executed_preemption(ex: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
@@ -361,6 +353,22 @@ def _executed_preemption(ex: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple
     return sorted(decisions)
 
 
+def _runs(result: Any, *, ends: bool = False) -> list[tuple[Any, ...]]:
+    """A replay's decisions: each run of each job started on its devices, stopped when a later run
+    follows (and, with ``ends``, its last run's end); every job ran, none was refused."""
+    decisions: list[tuple[Any, ...]] = []
+    for record in result.records:
+        runs = record.segments or ((record.start_s, record.end_s, record.shares),)
+        for n, (start, end, shares) in enumerate(runs):
+            decisions.append((round(start, 3), "start", _task(record.key), _devices(shares)))
+            if n < len(runs) - 1:
+                decisions.append((round(end, 3), "stop", _task(record.key), ()))
+            elif ends:
+                decisions.append((round(end, 3), "end", _task(record.key), ()))
+    assert not result.unstarted and not result.rejected
+    return sorted(decisions)
+
+
 def _task(key: str) -> str:
     from gpusched.scheduler.keys import parse_ti_key
 
@@ -418,14 +426,7 @@ def _simulated_migration(policy: Any, fleet: Any) -> list[tuple[Any, ...]]:
             for j in MIGRATING]
     rules = SimPreemption("migrate", restart_s=RESTART_S, horizon_s=INTERVAL_S, min_runtime_s=0.0)
     result = simulate(jobs, fleet, policy, preemption=rules)
-    decisions: list[tuple[Any, ...]] = []
-    for record in result.records:
-        runs = record.segments or ((record.start_s, record.end_s, record.shares),)
-        for n, (start, end, shares) in enumerate(runs):
-            decisions.append((round(start, 3), "start", _task(record.key), _devices(shares)))
-            decisions.append((round(end, 3), "stop" if n < len(runs) - 1 else "end", _task(record.key), ()))
-    assert not result.unstarted and not result.rejected
-    return sorted(decisions)
+    return _runs(result, ends=True)
 
 
 def _executed_migration(ex: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
@@ -544,15 +545,7 @@ job fits only once host-a is back."""
 def _simulated_host_loss(policy: Any, fleet: Any) -> list[tuple[Any, ...]]:
     jobs = [SimJob(j.key, j.request, j.arrival_s, j.run_s) for j in LOSING]
     result = simulate(jobs, fleet, policy, node_losses=[(LOST_AT, "host-a", BACK_AT)])
-    decisions: list[tuple[Any, ...]] = []
-    for record in result.records:
-        runs = record.segments or ((record.start_s, record.end_s, record.shares),)
-        for n, (start, end, shares) in enumerate(runs):
-            decisions.append((round(start, 3), "start", _task(record.key), _devices(shares)))
-            if n < len(runs) - 1:
-                decisions.append((round(end, 3), "stop", _task(record.key), ()))
-    assert not result.unstarted and not result.rejected
-    return sorted(decisions)
+    return _runs(result)
 
 
 def _executed_host_loss(ex: Any) -> list[tuple[Any, ...]]:
