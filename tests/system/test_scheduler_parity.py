@@ -287,7 +287,7 @@ def _executed_preemption(ex: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple
     from gpusched.airflow import gpu_preemption
 
     stopped: list[Any] = []
-    monkeypatch.setattr(gpu_preemption, "requeue", lambda key, reason: stopped.append(key) or "recorded")
+    monkeypatch.setattr(gpu_preemption, "requeue", _recorder(stopped))
     clock = [T0]
     ex.gpu.clock = lambda: clock[0]
     by_task = {j.task_id: j for j in PREEMPTING}
@@ -351,6 +351,16 @@ def _executed_preemption(ex: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple
             if ex.gpu.preemption.evictions.keys() <= before.keys():
                 break
     return sorted(decisions)
+
+
+def _recorder(stopped: list[Any]) -> Any:
+    """In place of Airflow's clear: record which try was to be stopped."""
+
+    def requeue(key: Any, reason: str) -> str:
+        stopped.append(key)
+        return "recorded"
+
+    return requeue
 
 
 def _runs(result: Any, *, ends: bool = False) -> list[tuple[Any, ...]]:
@@ -441,7 +451,7 @@ def _executed_migration(ex: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
     from gpusched.airflow import gpu_preemption
 
     stopped: list[Any] = []
-    monkeypatch.setattr(gpu_preemption, "requeue", lambda key, reason: stopped.append(key) or "recorded")
+    monkeypatch.setattr(gpu_preemption, "requeue", _recorder(stopped))
     clock = [T0]
     ex.gpu.clock = lambda: clock[0]
     by_task = {j.task_id: j for j in MIGRATING}
