@@ -23,6 +23,9 @@ class AllocationStatus:
     ACTIVE = "active"
     RELEASED = "released"
     EXPIRED = "expired"
+    QUARANTINED = "quarantined"
+    """Unreleased, its holder's fate unknown (host lost): the devices wait for the host's agent to
+    confirm the try's processes are gone (``gpusched.ledger.allocations``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,20 +1,25 @@
 """What the GPU core does when something goes away: lost GPU hosts, dead workers, broken gangs.
 
 Both run from :meth:`gpusched.airflow.gpu_scheduling.GPUScheduling.periodic` in the scheduler
-process: a lost host's allocations are released and its tasks failed through the executor (so
-Airflow retries them elsewhere); a gang with a failed member has its other members stopped.
+process: a lost host's allocations are quarantined (its agent confirms their processes are gone)
+and its tasks failed through the executor (so Airflow retries them elsewhere); a gang with a
+failed member has its other members stopped.
 """
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from gpusched.airflow.executor_compat import save_task_event
+from gpusched.ledger.hosts import HostState
 from gpusched.ledger.liveness import process_alive
+from gpusched.records import AllocationStatus
+from gpusched.scheduler.hosts import judge_hosts, quarantine_reason
 from gpusched.scheduler.keys import parse_ti_key, ti_key
 
-__all__ = ["FaultCore", "fail_orphaned", "handle_lost_hosts", "stop_broken_gangs"]
+__all__ = ["FaultCore", "fail_orphaned", "handle_lost_hosts", "stop_broken_gangs", "tries_heard"]
 
 
 class FaultCore(Protocol):
@@ -38,38 +43,89 @@ class FaultCore(Protocol):
 
 
 def handle_lost_hosts(core: FaultCore, now: float) -> list[str]:
-    """Mark silent GPU hosts lost; release their allocations and fail their tasks (node lost).
+    """Judge the GPU hosts (:func:`gpusched.scheduler.hosts.judge_hosts`) and act on the verdicts.
 
-    A task sent to a lost host that never started is placed again instead, without spending a
-    retry, when the executor can tell (``core.requeue_unstarted``).
+    A lost host's active allocations are quarantined, not released: their devices stay out of
+    placement until the host's agent confirms the tries' processes are gone. Each of its tries
+    is failed through the executor (Airflow retries it; the host's nodes are out of the
+    snapshot, so elsewhere), or placed again without spending a retry when it surely never
+    started (``core.requeue_unstarted``). An unconfirmed host (agent silent, its tries still
+    heartbeating) keeps its running work. Returns the ledger keys of the lost host's tries.
     """
     from airflow.models.taskinstancekey import TaskInstanceKey
 
+    hosts = core.ledger.hosts()
+    if not hosts:
+        return []
+    silent = [h.name for h in hosts
+              if h.state != HostState.LOST and now - h.last_heartbeat > core.host_timeout_s]
+    heard = tries_heard(core.ledger, silent) if silent else {}
     lost_keys: list[str] = []
-    for host in core.ledger.mark_lost_hosts(core.host_timeout_s, now=now):
-        nodes = set(core.ledger.host_nodes(host.name))
-        core.log.error("gpusched: GPU host %s lost: %s", host.name, host.reason)
+    for verdict in judge_hosts(hosts, now, core.host_timeout_s, heard):
+        if core.ledger.set_host_state(verdict.name, verdict.state, verdict.reason,
+                                      expected=verdict.previous, now=now) is None:
+            continue  # re-admitted meanwhile
+        if verdict.state != HostState.LOST:
+            core.log.warning("gpusched: GPU host %s: %s", verdict.name, verdict.reason)
+            continue
+        core.log.error("gpusched: GPU host %s lost: %s", verdict.name, verdict.reason)
+        nodes = set(core.ledger.host_nodes(verdict.name))
         by_ledger_key = {v: k for k, v in core.gpu_running.items()}
         for alloc in core.ledger.active():
-            if not any(s.node in nodes for s in alloc.shares):
+            if alloc.status != AllocationStatus.ACTIVE or not any(s.node in nodes for s in alloc.shares):
                 continue
-            reason = f"{host.reason}; its devices are released and the task is retried on another host"
-            core.ledger.release(alloc.key, reason=reason, now=now)
-            core.ledger.record_event("node_lost", alloc.key, now=now, host=host.name, reason=host.reason)
+            parts = parse_ti_key(alloc.key)
+            reason = quarantine_reason(verdict.name, verdict.reason, parts.try_number if parts else None)
+            core.ledger.quarantine(alloc.key, host=verdict.name, reason=reason, now=now)
+            core.ledger.record_event("node_lost", alloc.key, now=now, host=verdict.name,
+                                     reason=verdict.reason)
             lost_keys.append(alloc.key)
             airflow_key = by_ledger_key.get(alloc.key)
             if airflow_key is None:
-                parts = parse_ti_key(alloc.key)
                 if parts is None:
                     continue
                 airflow_key = TaskInstanceKey(parts.dag_id, parts.task_id, parts.run_id,
                                               parts.try_number, parts.map_index)
-            if core.requeue_unstarted(airflow_key, f"GPU host {host.name} lost"):
+            if core.requeue_unstarted(airflow_key, f"GPU host {verdict.name} lost"):
                 continue
             core.gpu_running.pop(airflow_key, None)
-            save_task_event(core.executor, event="gpusched.node_lost", extra=reason, ti_key=airflow_key)
-            core.executor.fail(airflow_key, info=reason)
+            failed = f"{verdict.reason}; the task is retried on another host"
+            save_task_event(core.executor, event="gpusched.node_lost", extra=failed, ti_key=airflow_key)
+            core.executor.fail(airflow_key, info=failed)
     return lost_keys
+
+
+def tries_heard(ledger: Any, hosts: Sequence[str]) -> dict[str, float]:
+    """GPU host -> the newest heartbeat (epoch s) Airflow's task supervisors sent for the running
+    tries whose active allocations are on that host (hosts without one are left out)."""
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.utils.session import create_session
+    from sqlalchemy import select, tuple_
+
+    node_host = {node: host for host in hosts for node in ledger.host_nodes(host)}
+    wanted: dict[tuple[str, str, str, int, int], str] = {}
+    for alloc in ledger.active():
+        host = next((node_host[s.node] for s in alloc.shares if s.node in node_host), None)
+        parts = parse_ti_key(alloc.key)
+        if host is None or parts is None or alloc.status != AllocationStatus.ACTIVE:
+            continue
+        wanted[(parts.dag_id, parts.task_id, parts.run_id, parts.map_index, parts.try_number)] = host
+    heard: dict[str, float] = {}
+    if not wanted:
+        return heard
+    identities = list(wanted)
+    with create_session() as session:
+        for start in range(0, len(identities), 200):
+            rows = session.execute(select(TI.dag_id, TI.task_id, TI.run_id, TI.map_index, TI.try_number,
+                                          TI.last_heartbeat_at).where(
+                tuple_(TI.dag_id, TI.task_id, TI.run_id, TI.map_index, TI.try_number).in_(
+                    identities[start:start + 200]), TI.state == "running")).all()
+            for row in rows:
+                if row[5] is None:
+                    continue
+                host = wanted[(row[0], row[1], row[2], int(row[3]), int(row[4]))]
+                heard[host] = max(heard.get(host, 0.0), row[5].timestamp())
+    return heard
 
 
 def stop_broken_gangs(core: FaultCore) -> list[Any]:

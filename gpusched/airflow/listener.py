@@ -39,6 +39,7 @@ from airflow.listeners import hookimpl
 from gpusched.airflow.authoring import is_gpu_task
 from gpusched.errors import WrongHostError
 from gpusched.hardware.envexport import ALLOCATION_VAR, allocation_from_env, devices_env
+from gpusched.records import AllocationStatus
 from gpusched.scheduler.keys import ti_key_of
 
 __all__ = [
@@ -118,11 +119,11 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
             if host:
                 raise
             return place_test_run(task_instance, env)  # no ledger here: it says so in one warning
-        if found is None or found.released_at is not None:
+        if found is None or found.released_at is not None or found.status == AllocationStatus.QUARANTINED:
             if host:
                 raise WrongHostError(
-                    f"no active GPU allocation for {key} (released: host lost or revoked); "
-                    f"host {host} will not run it without devices"
+                    f"no active GPU allocation for {key} (released or quarantined: host lost or "
+                    f"revoked); host {host} will not run it without devices"
                 )
             return place_test_run(task_instance, env)
         from gpusched.ledger.hosts import LAUNCH_EVENT  # local: the ledger package, as in _ledger()

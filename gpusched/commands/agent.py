@@ -3,7 +3,7 @@
     gpusched agent [--interval S] [--once] [--port P] [--host ADDR] [--backend KIND] [--fleet FILE]
                    [--db-url URL] [--window S] [--memory-growth MB_PER_MIN]
                    [--temp-limit VENDOR=CELSIUS ...] [--no-stop]
-                   [--host-name NAME] [--heartbeat S] [--host-timeout S]
+                   [--host-name NAME] [--heartbeat S] [--host-timeout S] [--no-worker-watch]
 
 With ``--host-name NAME`` (or ``GPUSCHED_HOST``) the agent serves one GPU host of a multi-host
 fleet: it registers the host's devices in the shared ledger under NAME (a name registered by a
@@ -15,6 +15,16 @@ host's Celery worker (``airflow celery worker --queues gpusched@NAME``). The hos
 resolved, and a loopback result (127.0.0.0/8, ::1) is refused: the other hosts could not reach
 it. A loopback address given explicitly is taken (every GPU host on one machine), with a warning
 when other live hosts registered routable ones; a bind-everything address (0.0.0.0, ::) never is.
+
+A GPU host is live only while its agent AND its Celery worker answer: with each heartbeat the
+agent reports what it sees of the worker serving ``gpusched@NAME`` among this machine's processes
+(running, stopped, missing; its slots), so a dead worker beside a live agent makes the host lost
+within the host timeout. Before each heartbeat it also confirms the host's quarantined tries (a
+lost host's, whose fate was unknown): a task process of such a try still running here is killed,
+then its devices are released (``gpusched.agent.host_guard``). When the worker runs in another
+container, share its PID namespace with the agent (compose: ``pid: service:<worker>``) and give
+the worker container the host's name (``hostname: NAME``); ``--no-worker-watch`` counts the host
+live on the agent's heartbeat alone.
 
 Every interval: release allocations whose lease ran out (so a crashed executor's devices come
 back even while no executor runs), sync the inventory (each minute), read every device into the
@@ -92,6 +102,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--host-timeout", type=finite_float(0.0, 86_400.0, strict_min=True), default=30.0,
                         help="a host silent this long counts as gone when its name is claimed again "
                              "(default 30; match [gpusched] host_timeout_seconds)")
+    parser.add_argument("--no-worker-watch", action="store_true",
+                        help="do not watch this host's Celery worker: the host counts live on the "
+                             "agent's heartbeat alone (default: the worker serving gpusched@NAME must "
+                             "run here too)")
     parser.set_defaults(func=run)
 
 
@@ -132,14 +146,23 @@ def run(args: argparse.Namespace) -> int:
     ledger.migrate()
     heartbeat = None
     if host:
+        from gpusched.agent.host_guard import confirm_quarantined, watch_worker
+
+        watch = None if args.no_worker_watch else watch_worker
         backend = HostSlice(backend, host)
-        ledger.register_host(host, backend.discover(), stale_after_s=args.host_timeout, address=address)
+        for line in confirm_quarantined(ledger, host):
+            print(f"gpusched agent: {line}", flush=True)
+        worker = watch(host) if watch else None
+        record = ledger.register_host(host, backend.discover(), stale_after_s=args.host_timeout,
+                                      address=address, worker=worker)
         print(f"gpusched agent: registered GPU host {host} at {address} (queue gpusched@{host})", flush=True)
+        if record.state != "live":
+            print(f"gpusched agent: {_worker_hint(host, worker)}", file=sys.stderr, flush=True)
         warning = loopback_warning(ledger.hosts())
         if warning:
             print(f"gpusched agent: warning: {warning}", file=sys.stderr, flush=True)
         if not args.once:
-            heartbeat = _Heartbeat(ledger, host, args.heartbeat)
+            heartbeat = _Heartbeat(ledger, host, args.heartbeat, watch)
             heartbeat.start()
 
     agent = TelemetryAgent(backend, ledger, config=config, window_s=args.window,
@@ -217,18 +240,39 @@ def _route_address() -> str | None:
     return None if is_loopback(address) or is_unspecified(address) else address
 
 
-class _Heartbeat(threading.Thread):
-    """Heartbeats GPU host ``host`` every ``interval`` seconds, apart from the sampling cycle."""
+def _worker_hint(host: str, worker: Any) -> str:
+    state = worker.state if worker is not None else "unknown"
+    return (f"GPU host {host} takes no work yet: its Celery worker (queue gpusched@{host}) is {state} "
+            f"on this machine; start `airflow celery worker --queues gpusched@{host},default` here (in "
+            "another container: share its PID namespace with the agent), or run the agent with "
+            "--no-worker-watch")
 
-    def __init__(self, ledger: Any, host: str, interval: float) -> None:
+
+class _Heartbeat(threading.Thread):
+    """Every ``interval`` seconds, apart from the sampling cycle: confirm the host's quarantined
+    tries (killing leftovers), look at its Celery worker (``watch``; None: not watched) and
+    heartbeat with what it saw."""
+
+    def __init__(self, ledger: Any, host: str, interval: float, watch: Any = None) -> None:
         super().__init__(name=f"gpusched-heartbeat-{host}", daemon=True)
-        self.ledger, self.host, self.interval = ledger, host, interval
+        self.ledger, self.host, self.interval, self.watch = ledger, host, interval, watch
         self._stop_event = threading.Event()
+        self._worker_state: str | None = None
 
     def run(self) -> None:
+        from gpusched.agent.host_guard import confirm_quarantined
+
         while not self._stop_event.wait(self.interval):
             try:
-                self.ledger.heartbeat_host(self.host)
+                for line in confirm_quarantined(self.ledger, self.host):
+                    print(f"gpusched agent: {line}", flush=True)
+                worker = self.watch(self.host) if self.watch is not None else None
+                if worker is not None and worker.state != self._worker_state:
+                    if self._worker_state is not None or worker.state != "running":
+                        print(f"gpusched agent: the Celery worker of {self.host} is {worker.state}",
+                              flush=True)
+                    self._worker_state = worker.state
+                self.ledger.heartbeat_host(self.host, worker=worker)
             except Exception as exc:  # the database may be briefly away; keep trying
                 print(f"gpusched agent: heartbeat of {self.host} failed: {exc}", flush=True)
 

@@ -77,6 +77,12 @@ def register(subparsers: Any) -> None:
     uncordon = action("uncordon", "allow new allocations on a device uuid or node name")
     uncordon.add_argument("target", nargs="?", help="device uuid or node name")
     uncordon.add_argument("--host", help="every node of GPU host H")
+    unquarantine = action("unquarantine", "release the quarantined allocations of GPU host H (a lost "
+                                          "host's tries), once you know their processes are gone")
+    unquarantine.add_argument("host", help="the GPU host (see `gpusched ledger hosts`)")
+    unquarantine.add_argument("--key", help="only this allocation key")
+    unquarantine.add_argument("--reason", default="operator confirmed the try stopped",
+                              help="recorded with the release")
     hosts = action("hosts", "GPU hosts of a multi-host fleet: state, last heartbeat, devices, queue")
     hosts.add_argument("--json", action="store_true", help="print machine-readable JSON")
     action("expire", "release allocations whose lease has expired")
@@ -205,6 +211,15 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
         released = ledger.release(args.key, reason=args.reason)
         print(f"released {args.key}" if released else f"{args.key} holds no active allocation")
         return 0
+    if action == "unquarantine":
+        keys = sorted({a.key for a in ledger.quarantined(args.host) if args.key in (None, a.key)})
+        for key in keys:
+            ledger.end_quarantine(key, host=args.host, reason=args.reason)
+            print(f"released quarantined {key}")
+        if not keys:
+            print(f"GPU host {args.host} holds no quarantined allocation"
+                  + (f" of {args.key}" if args.key else ""))
+        return 0
     if action in ("cordon", "uncordon"):
         for target in _targets(ledger, args):
             if action == "cordon":
@@ -220,14 +235,16 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps([{"name": h.name, "state": h.state, "reason": h.reason, "address": h.address,
                                "last_heartbeat": h.last_heartbeat, "devices": list(h.devices),
-                               "queue": h.queue} for h in registered], indent=2))
+                               "queue": h.queue, "worker": h.worker_state, "worker_slots": h.worker_slots}
+                              for h in registered], indent=2))
             return 0
         if not registered:
             print("no GPU host registered (start `gpusched agent --host-name H` on each GPU host)")
         for h in registered:
             ago = time.time() - h.last_heartbeat
+            worker = f"  worker {h.worker_state}" if h.worker_state else ""
             print(f"{h.name:<20} {h.state:<5} heartbeat {ago:6.0f} s ago  {len(h.devices)} device(s)  "
-                  f"queue {h.queue}  at {h.address}" + (f"  ({h.reason})" if h.reason else ""))
+                  f"queue {h.queue}  at {h.address}{worker}" + (f"  ({h.reason})" if h.reason else ""))
         warning = loopback_warning(registered)
         if warning:
             print(f"warning: {warning}")

@@ -33,7 +33,22 @@ from gpusched.records import (
 )
 from gpusched.request import GPURequest
 
-__all__ = ["LedgerAllocations", "active_allocations"]
+__all__ = ["FENCE_HOLDER_PREFIX", "QUARANTINE_EVENT", "UNQUARANTINE_EVENT", "LedgerAllocations",
+           "active_allocations", "fence_holder"]
+
+FENCE_HOLDER_PREFIX = "fence@"
+"""Holder of a quarantined allocation: ``fence@<GPU host>``, the host whose agent must confirm."""
+
+QUARANTINE_EVENT = "quarantine"
+"""Event of an allocation put in quarantine (written in the same transaction)."""
+
+UNQUARANTINE_EVENT = "unquarantine"
+"""Event of a quarantined allocation ended: its host's agent (or an operator) confirmed."""
+
+
+def fence_holder(host: str) -> str:
+    """The holder a quarantined allocation of GPU host ``host`` is given."""
+    return FENCE_HOLDER_PREFIX + host
 
 
 def _now(now: float | None) -> float:
@@ -44,7 +59,8 @@ def _now(now: float | None) -> float:
 _INSERT_ALLOCATION = sa.insert(ALLOCATIONS).returning(ALLOCATIONS.c.id)
 _INSERT_SHARES = sa.insert(SHARES)
 _ACTIVE_BY_KEY = sa.select(ALLOCATIONS).where(
-    ALLOCATIONS.c.key == sa.bindparam("key"), ALLOCATIONS.c.released_at.is_(None)
+    ALLOCATIONS.c.key == sa.bindparam("key"), ALLOCATIONS.c.released_at.is_(None),
+    ALLOCATIONS.c.status == AllocationStatus.ACTIVE,
 )
 _ACTIVE_BY_KEY_LOCKED = _ACTIVE_BY_KEY.with_for_update(of=ALLOCATIONS)
 _END_ALLOCATION = (
@@ -214,7 +230,8 @@ class LedgerAllocations:
         with write_tx(self.engine) as conn:
             result = conn.execute(
                 sa.update(ALLOCATIONS)
-                .where(ALLOCATIONS.c.key == key, ALLOCATIONS.c.released_at.is_(None))
+                .where(ALLOCATIONS.c.key == key, ALLOCATIONS.c.released_at.is_(None),
+                       ALLOCATIONS.c.status == AllocationStatus.ACTIVE)
                 .values(lease_expires_at=at + lease_s)
             )
             if result.rowcount == 0:
@@ -243,16 +260,19 @@ class LedgerAllocations:
             return True
 
     def get(self, key: str) -> Allocation | None:
-        """The active allocation of ``key``, else its most recent one, else None."""
+        """The active allocation of ``key``, else its most recent one (a quarantined one
+        included: check ``status``), else None."""
         with read_tx(self.engine) as conn:
             row = conn.execute(
                 sa.select(ALLOCATIONS).where(ALLOCATIONS.c.key == key)
-                .order_by(ALLOCATIONS.c.released_at.is_(None).desc(), ALLOCATIONS.c.id.desc()).limit(1)
+                .order_by((ALLOCATIONS.c.status == AllocationStatus.ACTIVE).desc(),
+                          ALLOCATIONS.c.released_at.is_(None).desc(), ALLOCATIONS.c.id.desc()).limit(1)
             ).first()
             return None if row is None else self._to_allocation(conn, row)
 
     def active(self, holder: str | None = None) -> list[Allocation]:
-        """Every active allocation (optionally only ``holder``'s), oldest first."""
+        """Every unreleased allocation (optionally only ``holder``'s), oldest first: quarantined
+        ones included (their devices are held; ``status`` tells them apart)."""
         with read_tx(self.engine) as conn:
             return active_allocations(conn, holder)
 
@@ -285,8 +305,9 @@ class LedgerAllocations:
         """Release every active allocation whose lease ended before ``now``; return them."""
         at = _now(now)
         with write_tx(self.engine) as conn:
-            due = sa.select(ALLOCATIONS).where(
-                ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.lease_expires_at < at
+            due = sa.select(ALLOCATIONS).where(  # a quarantine ends by confirmation, never by lease
+                ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.lease_expires_at < at,
+                ALLOCATIONS.c.status == AllocationStatus.ACTIVE,
             )
             rows = conn.execute(_locked(conn, due.order_by(ALLOCATIONS.c.id))).all()
             return [self._release_row(conn, r, "lease expired", AllocationStatus.EXPIRED, at) for r in rows]
@@ -306,6 +327,52 @@ class LedgerAllocations:
                 self._release_row(conn, r, "reconciled: task no longer live", AllocationStatus.RELEASED, at)
                 for r in rows if r.key not in live
             ]
+
+    def quarantine(self, key: str, *, host: str, reason: str, now: float | None = None) -> Allocation | None:
+        """Put ``key``'s active allocation in quarantine: its devices stay held, under holder
+        :func:`fence_holder` ``(host)``, until :meth:`end_quarantine`; ``reason`` says why its
+        holder's fate is unknown. None when ``key`` holds no active allocation.
+
+        The same try may be allocated again meanwhile (on other devices): a quarantined row is
+        not its active allocation any more.
+        """
+        at = _now(now)
+        with write_tx(self.engine) as conn:
+            row = self._active_row(conn, key, lock=True)
+            if row is None:
+                return None
+            conn.execute(sa.update(ALLOCATIONS).where(ALLOCATIONS.c.id == row.id).values(
+                status=AllocationStatus.QUARANTINED, holder=fence_holder(host), release_reason=reason))
+            allocation = self._to_allocation(conn, row)
+            write_event(conn, at, QUARANTINE_EVENT, key, holder=row.holder, host=host, reason=reason,
+                        devices=list(allocation.devices))
+            return replace(allocation, holder=fence_holder(host), status=AllocationStatus.QUARANTINED,
+                           release_reason=reason)
+
+    def quarantined(self, host: str | None = None) -> list[Allocation]:
+        """Quarantined allocations (of GPU host ``host``, or every host's), oldest first."""
+        query = sa.select(ALLOCATIONS).where(ALLOCATIONS.c.released_at.is_(None),
+                                             ALLOCATIONS.c.status == AllocationStatus.QUARANTINED)
+        if host is not None:
+            query = query.where(ALLOCATIONS.c.holder == fence_holder(host))
+        with read_tx(self.engine) as conn:
+            return self._to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all())
+
+    def end_quarantine(self, key: str, *, host: str, reason: str, now: float | None = None) -> int:
+        """Release ``key``'s quarantined allocations of GPU host ``host`` (the try's processes are
+        confirmed gone, by ``reason``); returns how many ended."""
+        at = _now(now)
+        with write_tx(self.engine) as conn:
+            rows = conn.execute(_locked(conn, sa.select(ALLOCATIONS).where(
+                ALLOCATIONS.c.key == key, ALLOCATIONS.c.released_at.is_(None),
+                ALLOCATIONS.c.status == AllocationStatus.QUARANTINED,
+                ALLOCATIONS.c.holder == fence_holder(host)).order_by(ALLOCATIONS.c.id))).all()
+            for row in rows:
+                conn.execute(_END_ALLOCATION, {"row_id": row.id, "at": at, "reason": reason,
+                                               "new_status": AllocationStatus.RELEASED})
+                write_event(conn, at, UNQUARANTINE_EVENT, key, holder=row.holder, reason=reason,
+                            devices=list(self._to_allocation(conn, row).devices))
+            return len(rows)
 
     def _active_row(self, conn: sa.Connection, key: str, *, lock: bool = False) -> Any:
         locked = lock and conn.dialect.name == "postgresql"

@@ -4,7 +4,9 @@ The ledger's promise — no device ever holds more than 1000 milli-GPU or more m
 and no key holds two allocations at once — is checked here after the fact, for tests and
 benchmarks. Timestamps cannot decide it (a writer takes its ``now`` before it waits for the write
 lock), so the replay follows the event log's ids: ``allocate``/``release``/``expire`` events are
-written in the same transaction as the change they record.
+written in the same transaction as the change they record. A quarantined allocation
+(``quarantine`` event) keeps holding its devices until its ``unquarantine`` event, while the same
+key may hold a new allocation beside it: both count.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 
+from gpusched.ledger.allocations import QUARANTINE_EVENT, UNQUARANTINE_EVENT
 from gpusched.ledger.store import Ledger
 from gpusched.model import MILLI
 from gpusched.records import Allocation
@@ -32,6 +35,7 @@ def replay_violations(
     for alloc in allocations:
         rows[alloc.key].append(alloc)
     held: dict[str, Allocation] = {}
+    fenced: dict[str, deque[Allocation]] = defaultdict(deque)
     milli: dict[str, int] = defaultdict(int)
     used: dict[str, int] = defaultdict(int)
     found: list[str] = []
@@ -49,8 +53,15 @@ def replay_violations(
                 if milli[s.uuid] > MILLI or used[s.uuid] > memory.get(s.uuid, used[s.uuid]):
                     found.append(f"{s.uuid}: over-committed by {key} ({milli[s.uuid]} milli, "
                                  f"{used[s.uuid]} bytes)")
-        elif kind in ("release", "expire"):
-            gone = held.pop(key, None)
+        elif kind == QUARANTINE_EVENT:
+            moved = held.pop(key, None)
+            if moved is None:
+                found.append(f"{key}: quarantined without an active allocation")
+            else:
+                fenced[key].append(moved)
+        elif kind in ("release", "expire", UNQUARANTINE_EVENT):
+            pool = fenced[key] if kind == UNQUARANTINE_EVENT else None
+            gone = (pool.popleft() if pool else None) if pool is not None else held.pop(key, None)
             if gone is None:
                 found.append(f"{key}: {kind} without an active allocation")
                 continue
@@ -62,7 +73,8 @@ def replay_violations(
 
 def audit(ledger: Ledger) -> list[str]:
     """:func:`replay_violations` over ``ledger``'s whole history."""
-    events = ledger.events(2**62, kinds=["allocate", "release", "expire"])
+    events = ledger.events(2**62, kinds=["allocate", "release", "expire", QUARANTINE_EVENT,
+                                         UNQUARANTINE_EVENT])
     allocations = ledger.history(0.0)
     memory = {d.uuid: d.memory_bytes for n in ledger.snapshot().nodes for d in n.devices}
     return replay_violations([(e.kind, e.subject) for e in reversed(events)], allocations, memory)

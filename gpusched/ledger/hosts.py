@@ -1,9 +1,12 @@
 """GPU hosts of a multi-host fleet, in the ledger: registration, heartbeats, lost and re-admitted.
 
 Each GPU host's agent registers the host under its name with the nodes it discovered (inventory
-source ``host:<name>``) and heartbeats. The fleet snapshot leaves out the nodes of a host that is
-not ``live``; :meth:`LedgerHosts.mark_lost_hosts` turns a host whose heartbeat is older than a
-timeout into ``lost``; its next registration or heartbeat re-admits it.
+source ``host:<name>``) and heartbeats, saying with each heartbeat what it sees of the host's
+Celery worker (:class:`WorkerStatus`). The fleet snapshot leaves out the nodes of a ``lost`` host
+and shows those of an ``unconfirmed`` one cordoned (its running work goes on; nothing new goes
+there). The scheduler judges the hosts (:mod:`gpusched.scheduler.hosts`) and records its verdicts
+with :meth:`LedgerHosts.set_host_state`; an agent's heartbeat re-admits a lost host only while
+its worker runs.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from gpusched.ledger.schema import HOSTS, NODES
 from gpusched.model import HOST_SOURCE_PREFIX, Node
 
 __all__ = [
-    "LAUNCH_EVENT", "HostRecord", "HostState", "LedgerHosts", "devices_fingerprint",
-    "host_queue", "loopback_warning",
+    "LAUNCH_EVENT", "HostRecord", "HostState", "LedgerHosts", "WorkerState", "WorkerStatus",
+    "devices_fingerprint", "host_queue", "loopback_warning",
 ]
 
 LAUNCH_EVENT = "launch"
@@ -38,11 +41,35 @@ class HostState:
 
     LIVE = "live"
     LOST = "lost"
+    UNCONFIRMED = "unconfirmed"
+    """Its agent is silent but its running tries still heartbeat (Airflow's task supervisor): the
+    work there goes on, nothing new is placed there."""
+
+
+class WorkerState:
+    """What an agent sees of its host's Celery worker (``worker_state`` of a host)."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"  # every process of it stopped (SIGSTOP): frozen
+    MISSING = "missing"  # no process of it
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """One look of an agent at its host's Celery worker: ``state`` (:class:`WorkerState`) and
+    ``slots`` (its concurrency, None when unknown)."""
+
+    state: str
+    slots: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class HostRecord:
-    """One registered GPU host."""
+    """One registered GPU host.
+
+    ``worker_state`` / ``worker_seen_at`` / ``worker_slots``: what its agent last reported of the
+    host's Celery worker, when it last saw it running, and its slots (None: not watched).
+    """
 
     name: str
     fingerprint: str
@@ -52,6 +79,9 @@ class HostRecord:
     reason: str | None
     registered_at: float
     last_heartbeat: float
+    worker_state: str | None = None
+    worker_seen_at: float | None = None
+    worker_slots: int | None = None
 
     @property
     def queue(self) -> str:
@@ -91,7 +121,21 @@ def loopback_warning(hosts: Sequence[HostRecord]) -> str | None:
 
 def _record(row: Any) -> HostRecord:
     return HostRecord(row.name, row.fingerprint, tuple(row.devices), row.address, row.state, row.reason,
-                      row.registered_at, row.last_heartbeat)
+                      row.registered_at, row.last_heartbeat, row.worker_state, row.worker_seen_at,
+                      row.worker_slots)
+
+
+def _no_worker(name: str, worker: WorkerStatus | None) -> str:
+    return (f"node lost: no heartbeat from host {name}: its Celery worker (queue {host_queue(name)}) is "
+            f"{worker.state if worker else 'unknown'}")
+
+
+def _worker_values(worker: WorkerStatus | None, at: float, seen_at: float | None) -> dict[str, Any]:
+    if worker is None:
+        return {"worker_state": None, "worker_seen_at": None, "worker_slots": None}
+    running = worker.state == WorkerState.RUNNING
+    return {"worker_state": worker.state, "worker_seen_at": at if running else seen_at,
+            "worker_slots": worker.slots}
 
 
 class LedgerHosts:
@@ -104,11 +148,13 @@ class LedgerHosts:
 
     def register_host(
         self, name: str, nodes: Sequence[Node], *, stale_after_s: float, address: str = "127.0.0.1",
-        now: float | None = None,
+        now: float | None = None, worker: WorkerStatus | None = None,
     ) -> HostRecord:
         """Register (or re-admit) host ``name`` with ``nodes`` and record its inventory.
 
-        ``address`` is where other hosts reach this one (rank 0 of a multi-node gang).
+        ``address`` is where other hosts reach this one (rank 0 of a multi-node gang); ``worker``
+        what the agent sees of the host's Celery worker (None: not watched). A host whose worker
+        is not running is registered ``lost`` (its nodes take no work until the worker runs).
 
         Raises:
             HostConflictError: ``name`` is registered, alive (heartbeat within ``stale_after_s``),
@@ -131,33 +177,47 @@ class LedgerHosts:
                     f"({len(row.devices)} device(s), heartbeat {at - row.last_heartbeat:.0f} s ago); "
                     "give each GPU host its own name (GPUSCHED_HOST) or stop the other agent"
                 )
+            serving = worker is None or worker.state == WorkerState.RUNNING
             values = {"fingerprint": fingerprint, "devices": devices, "address": address,
-                      "state": HostState.LIVE,
-                      "reason": None, "last_heartbeat": at}
+                      "state": HostState.LIVE if serving else HostState.LOST,
+                      "reason": None if serving else _no_worker(name, worker),
+                      "last_heartbeat": at,
+                      **_worker_values(worker, at, None if row is None else row.worker_seen_at)}
             if row is None:
                 conn.execute(sa.insert(HOSTS).values(name=name, registered_at=at, **values))
                 write_event(conn, at, "host", name, state="registered", devices=len(devices))
             else:
                 conn.execute(sa.update(HOSTS).where(HOSTS.c.name == name).values(**values))
-                if row.state != HostState.LIVE:
+                if row.state != HostState.LIVE and serving:
                     write_event(conn, at, "host", name, state="readmitted", devices=len(devices))
         self.sync_inventory(nodes, source=HOST_SOURCE_PREFIX + name, now=at)
         return self.host(name)  # type: ignore[return-value]
 
-    def heartbeat_host(self, name: str, *, now: float | None = None) -> str:
-        """Record a heartbeat of ``name``; a lost host comes back ``live``. Returns the state."""
+    def heartbeat_host(
+        self, name: str, *, now: float | None = None, worker: WorkerStatus | None = None,
+    ) -> str:
+        """Record a heartbeat of ``name`` by its agent, with what it sees of the host's Celery
+        worker (None: not watched). A lost or unconfirmed host comes back ``live`` when its worker
+        runs (or is not watched); a live host whose worker stopped stays live until the scheduler
+        judges it (:mod:`gpusched.scheduler.hosts`). Returns the state."""
         at = time.time() if now is None else now
         with write_tx(self.engine) as conn:
-            row = conn.execute(sa.select(HOSTS.c.state).where(HOSTS.c.name == name)).first()
+            row = conn.execute(sa.select(HOSTS.c.state, HOSTS.c.worker_seen_at)
+                               .where(HOSTS.c.name == name)).first()
             if row is None:
                 raise LedgerError(
                     f"host {name!r} is not registered; start `gpusched agent --host-name {name}`"
                 )
-            conn.execute(sa.update(HOSTS).where(HOSTS.c.name == name).values(
-                last_heartbeat=at, state=HostState.LIVE, reason=None))
-            if row.state != HostState.LIVE:
+            serving = worker is None or worker.state == WorkerState.RUNNING
+            state = HostState.LIVE if serving or row.state == HostState.LIVE else row.state
+            values: dict[str, Any] = {"last_heartbeat": at, "state": state,
+                                      **_worker_values(worker, at, row.worker_seen_at)}
+            if state == HostState.LIVE:
+                values["reason"] = None
+            conn.execute(sa.update(HOSTS).where(HOSTS.c.name == name).values(**values))
+            if row.state != HostState.LIVE and state == HostState.LIVE:
                 write_event(conn, at, "host", name, state="readmitted")
-        return HostState.LIVE
+        return state
 
     def host(self, name: str) -> HostRecord | None:
         """The host registered as ``name``, or None."""
@@ -197,26 +257,45 @@ class LedgerHosts:
                 result[row.name] = (host, states.get(host, HostState.LOST))
             return result
 
+    def set_host_state(self, name: str, state: str, reason: str | None, *, expected: str,
+                       now: float | None = None) -> HostRecord | None:
+        """Move host ``name`` from state ``expected`` to ``state`` (with ``reason``), recording
+        the change; None (nothing written) when it is no longer in ``expected`` (its agent
+        re-admitted it meanwhile, or another scheduler got there first)."""
+        at = time.time() if now is None else now
+        with write_tx(self.engine) as conn:
+            done = conn.execute(sa.update(HOSTS).where(HOSTS.c.name == name, HOSTS.c.state == expected)
+                                .values(state=state, reason=reason)).rowcount
+            if not done:
+                return None
+            write_event(conn, at, "host", name, state=state, reason=reason)
+            row = conn.execute(sa.select(HOSTS).where(HOSTS.c.name == name)).first()
+        return _record(row)
+
     def mark_lost_hosts(self, timeout_s: float, *, now: float | None = None) -> list[HostRecord]:
-        """Mark every live host whose last heartbeat is older than ``timeout_s`` lost; return them."""
+        """Mark every live host whose agent's last heartbeat is older than ``timeout_s`` lost;
+        return them (the agent alone; the scheduler's own judgement is
+        :func:`gpusched.scheduler.hosts.judge_hosts`)."""
         at = time.time() if now is None else now
         lost = []
-        with write_tx(self.engine) as conn:
-            rows = conn.execute(sa.select(HOSTS).where(
-                HOSTS.c.state == HostState.LIVE, HOSTS.c.last_heartbeat < at - timeout_s)).all()
-            for row in rows:
-                reason = f"node lost: no heartbeat from host {row.name} for {at - row.last_heartbeat:.0f} s"
-                conn.execute(sa.update(HOSTS).where(HOSTS.c.name == row.name).values(
-                    state=HostState.LOST, reason=reason))
-                write_event(conn, at, "host", row.name, state="lost", reason=reason)
-                lost.append(HostRecord(row.name, row.fingerprint, tuple(row.devices), row.address,
-                                       HostState.LOST, reason, row.registered_at, row.last_heartbeat))
+        for host in self.hosts():
+            if host.state == HostState.LIVE and host.last_heartbeat < at - timeout_s:
+                reason = f"node lost: no heartbeat from host {host.name} for {at - host.last_heartbeat:.0f} s"
+                marked = self.set_host_state(host.name, HostState.LOST, reason, expected=HostState.LIVE,
+                                             now=at)
+                if marked is not None:
+                    lost.append(marked)
         return lost
 
-    def unavailable_nodes(self, conn: sa.Connection) -> set[str]:
-        """Nodes of hosts that are not live (they leave the snapshot)."""
-        rows = conn.execute(sa.select(HOSTS.c.name).where(HOSTS.c.state != HostState.LIVE))
-        sources = [HOST_SOURCE_PREFIX + r.name for r in rows]
-        if not sources:
-            return set()
-        return {r.name for r in conn.execute(sa.select(NODES.c.name).where(NODES.c.source.in_(sources)))}
+    def unavailable_nodes(self, conn: sa.Connection) -> dict[str, str]:
+        """Node -> state of the nodes of hosts that take no new work: a lost host's leave the
+        snapshot; an unconfirmed host's, and a live host's whose agent last saw its worker not
+        running, show cordoned (their running work stays in view)."""
+        rows = conn.execute(sa.select(HOSTS.c.name, HOSTS.c.state).where(sa.or_(
+            HOSTS.c.state != HostState.LIVE,
+            HOSTS.c.worker_state.in_([WorkerState.STOPPED, WorkerState.MISSING]))))
+        states = {HOST_SOURCE_PREFIX + r.name: r.state for r in rows}
+        if not states:
+            return {}
+        return {r.name: states[r.source] for r in conn.execute(
+            sa.select(NODES.c.name, NODES.c.source).where(NODES.c.source.in_(list(states))))}

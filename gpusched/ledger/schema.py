@@ -113,13 +113,15 @@ ALLOCATIONS = sa.Table(
     # When the try was first queued (the executor's first sighting; migration 0010): a requeued
     # task instance ages from its first try's queue time (gpusched.scheduler.attained).
     sa.Column("queued_at", sa.Double, nullable=True),
-    # At most one active allocation per key: the database itself refuses a second one.
+    # At most one active allocation per key: the database itself refuses a second one. A
+    # quarantined row (status ``quarantined``, migration 0012) is unreleased but not active: the
+    # same try may be placed again while its devices wait for the agent's confirmation.
     sa.Index(
         "ix_gpusched_allocations_active_key",
         "key",
         unique=True,
-        sqlite_where=sa.text("released_at IS NULL"),
-        postgresql_where=sa.text("released_at IS NULL"),
+        sqlite_where=sa.text("released_at IS NULL AND status = 'active'"),
+        postgresql_where=sa.text("released_at IS NULL AND status = 'active'"),
     ),
 )
 
@@ -192,6 +194,12 @@ HOSTS = sa.Table(
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("registered_at", sa.Double, nullable=False),
     sa.Column("last_heartbeat", sa.Double, nullable=False),
+    # What the agent last saw of the host's Celery worker (migration 0012): ``running``,
+    # ``stopped`` (SIGSTOP: frozen) or ``missing``; NULL when the agent does not watch one. When
+    # it last saw it running, and its slots (Celery concurrency).
+    sa.Column("worker_state", sa.String(16), nullable=True),
+    sa.Column("worker_seen_at", sa.Double, nullable=True),
+    sa.Column("worker_slots", sa.Integer, nullable=True),
 )
 
 REQUEST_OVERRIDES = sa.Table(

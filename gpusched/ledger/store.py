@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from types import TracebackType
 
 import sqlalchemy as sa
@@ -24,7 +25,7 @@ from gpusched.ledger.allocations import KnownParts, LedgerAllocations, active_al
 from gpusched.ledger.checkpoints import LedgerCheckpoints
 from gpusched.ledger.engine import default_url, make_engine, read_tx, write_tx
 from gpusched.ledger.events import LedgerEvents, write_event
-from gpusched.ledger.hosts import LedgerHosts
+from gpusched.ledger.hosts import HostState, LedgerHosts
 from gpusched.ledger.migrate import upgrade
 from gpusched.ledger.moves import LedgerMoves
 from gpusched.ledger.overrides import LedgerOverrides
@@ -63,7 +64,8 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
         # index (keyed on the nodes tuple's identity) survives from cycle to cycle.
         self._inventory: tuple[int, tuple[Node, ...], tuple[str, ...]] | None = None
         # (revision, lost nodes, the nodes shown, their devices' uuids)
-        self._fleet_view: tuple[int, frozenset[str], tuple[Node, ...], frozenset[str]] | None = None
+        self._fleet_view: (tuple[int, frozenset[tuple[str, str]], tuple[Node, ...], frozenset[str]]
+                           | None) = None
         self._active_parts: KnownParts = {}  # the fixed parts of the active allocations last read
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -144,11 +146,14 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
             loaded = (at, *inventory.load_nodes(conn))
             self._inventory = loaded
         _, nodes, sources = loaded
-        gone = frozenset(self.unavailable_nodes(conn))
+        away = self.unavailable_nodes(conn)
+        gone = frozenset(away.items())
         view = self._fleet_view
         if view is None or view[0] != at or view[1] != gone:
-            # nodes of lost GPU hosts take no work until their agent is back
-            shown = tuple(n for n in nodes if n.name not in gone) if gone else nodes
+            # Nodes of lost GPU hosts take no work until their agent and worker are back; those of
+            # an unconfirmed host (agent silent, its tries alive) keep their running work, cordoned.
+            shown = tuple(n if n.name not in away else replace(n, cordoned=True)
+                          for n in nodes if away.get(n.name) != HostState.LOST) if away else nodes
             view = (at, gone, shown, frozenset(d.uuid for n in shown for d in n.devices))
             self._fleet_view = view
         return view[2], view[3], sources

@@ -34,6 +34,7 @@ from gpusched.placement.admission import QuotaGate
 from gpusched.placement.genetic import optimise_with_report
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaState, physical_milli
+from gpusched.records import AllocationStatus
 from gpusched.request import GPURequest
 from gpusched.scheduler.gangs import membership, place_gang
 
@@ -291,9 +292,15 @@ def _gang_quota_refusal(
 
 
 def running_tasks(allocations: Iterable[object]) -> list[RunningTask]:
-    """Placement's view of active ledger allocations (``expected_end`` from the request's estimate)."""
+    """Placement's view of active ledger allocations (``expected_end`` from the request's estimate).
+
+    Quarantined allocations are left out: their devices stay held (the snapshot's usage counts
+    them), but no task of this scheduler runs there to preempt, move or wait for.
+    """
     result = []
     for alloc in allocations:
+        if getattr(alloc, "status", None) == AllocationStatus.QUARANTINED:
+            continue
         request: GPURequest = alloc.request  # type: ignore[attr-defined]
         started = float(alloc.created_at)  # type: ignore[attr-defined]
         duration = request.expected_duration_s

@@ -113,7 +113,8 @@ def test_the_agent_refuses_before_registering(
 ) -> None:
     resolves_to("127.0.0.1")
     monkeypatch.setenv("GPUSCHED_NODE_NAME", "host-a")
-    assert main(["agent", "--once", "--fleet", str(FLEET), "--db-url", url, "--host-name", "host-a"]) == 2
+    assert main(["agent", "--once", "--fleet", str(FLEET), "--db-url", url,
+                 "--no-worker-watch", "--host-name", "host-a"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("gpusched agent: error: this host's name 'gpu-node-7' resolves to the loopback")
     with Ledger(url) as ledger:
@@ -127,7 +128,8 @@ def test_two_agents_give_a_two_host_gang_rank_0s_address(
     addresses = {"host-a": "10.0.0.1", "host-b": "10.0.0.2"}
     for host, address in addresses.items():
         monkeypatch.setenv("GPUSCHED_NODE_NAME", host)
-        assert main(["agent", "--once", "--fleet", str(FLEET), "--db-url", url, "--host-name", host,
+        assert main(["agent", "--once", "--fleet", str(FLEET), "--db-url", url,
+                 "--no-worker-watch", "--host-name", host,
                      "--address", address]) == 0
         assert f"registered GPU host {host} at {address}" in capsys.readouterr().out
     with Ledger(url) as ledger:
@@ -141,11 +143,13 @@ def test_an_agent_warns_when_its_loopback_address_joins_routable_hosts(
     url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("GPUSCHED_NODE_NAME", "host-a")
-    assert main(["agent", "--once", "--fleet", str(FLEET), "--db-url", url, "--host-name", "host-a",
+    assert main(["agent", "--once", "--fleet", str(FLEET), "--db-url", url,
+                 "--no-worker-watch", "--host-name", "host-a",
                  "--address", "10.0.0.1"]) == 0
     assert capsys.readouterr().err == ""
     monkeypatch.setenv("GPUSCHED_NODE_NAME", "host-b")
-    assert main(["agent", "--once", "--fleet", str(FLEET), "--db-url", url, "--host-name", "host-b",
+    assert main(["agent", "--once", "--fleet", str(FLEET), "--db-url", url,
+                 "--no-worker-watch", "--host-name", "host-b",
                  "--address", "127.0.0.1"]) == 0
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("gpusched agent: warning: GPU host(s) host-b (127.0.0.1) registered a loopback")

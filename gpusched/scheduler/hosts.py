@@ -1,0 +1,83 @@
+"""Which GPU hosts are live, lost or unconfirmed (pure).
+
+A GPU host of a multi-host fleet is live while both its agent and its Celery worker answer: the
+agent heartbeats and says with each heartbeat what it sees of the worker
+(:class:`gpusched.ledger.hosts.WorkerStatus`). Three sources tell the faults apart:
+
+* agent silent past the timeout, and the host's running tries silent too (Airflow's task
+  supervisor heartbeats each running try): the machine is gone or cut off — **lost**;
+* agent alive, its worker not running (missing or stopped) past the timeout — **lost** (the
+  agent, still there, confirms that the tries' processes are gone);
+* agent silent, but some running try of the host still heartbeats: only the agent hangs —
+  **unconfirmed**: the running work goes on (it is healthy), nothing new is placed there, and
+  the host is lost only once its tries fall silent too.
+
+A lost host comes back when its agent heartbeats with its worker running
+(:meth:`gpusched.ledger.hosts.LedgerHosts.heartbeat_host`); what ran there waits in quarantine
+until the agent confirms it stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpusched.ledger.hosts import HostRecord, HostState, WorkerState, host_queue
+
+__all__ = ["HostVerdict", "judge_hosts", "quarantine_reason"]
+
+
+@dataclass(frozen=True, slots=True)
+class HostVerdict:
+    """Host ``name`` moves from state ``previous`` to ``state`` because of ``reason``."""
+
+    name: str
+    previous: str
+    state: str
+    reason: str
+
+
+def judge_hosts(
+    hosts: Sequence[HostRecord], now: float, timeout_s: float, tries_heard: Mapping[str, float],
+) -> list[HostVerdict]:
+    """The hosts whose state changes now, in name order.
+
+    ``tries_heard`` maps a host to the newest heartbeat of its running tries (absent: none runs
+    there, or none is known). Lost hosts are left alone: their agent re-admits them.
+    """
+    verdicts = []
+    for host in sorted(hosts, key=lambda h: h.name):
+        if host.state not in (HostState.LIVE, HostState.UNCONFIRMED):
+            continue
+        verdict = _judge(host, now, timeout_s, tries_heard.get(host.name))
+        if verdict is not None and verdict.state != host.state:
+            verdicts.append(verdict)
+    return verdicts
+
+
+def _judge(host: HostRecord, now: float, timeout_s: float, heard: float | None) -> HostVerdict | None:
+    silent_s = now - host.last_heartbeat
+    if silent_s <= timeout_s:
+        if host.worker_state in (None, WorkerState.RUNNING):
+            return None
+        gone_s = now - (host.worker_seen_at if host.worker_seen_at is not None else host.registered_at)
+        if gone_s <= timeout_s:
+            return None
+        return HostVerdict(host.name, host.state, HostState.LOST, (
+            f"node lost: no heartbeat from host {host.name}: its Celery worker (queue "
+            f"{host_queue(host.name)}) is {host.worker_state} for {gone_s:.0f} s while its agent answers"))
+    if heard is not None and now - heard <= timeout_s:
+        return HostVerdict(host.name, host.state, HostState.UNCONFIRMED, (
+            f"the agent of host {host.name} is silent for {silent_s:.0f} s but its running tries still "
+            "heartbeat: they go on; nothing new is placed there until the agent answers"))
+    tries = "; its running tries fell silent too" if host.state == HostState.UNCONFIRMED else ""
+    return HostVerdict(host.name, host.state, HostState.LOST,
+                       f"node lost: no heartbeat from host {host.name} for {silent_s:.0f} s{tries}")
+
+
+def quarantine_reason(host: str, why: str, try_number: int | None) -> str:
+    """What a quarantined allocation of ``host`` says while it waits: why its try's fate is
+    unknown and what ends the wait."""
+    which = f"try {try_number}" if try_number is not None else "the try"
+    return (f"{why}; host {host}: waiting for its agent to confirm {which} stopped (or `gpusched ledger "
+            f"unquarantine {host}` once you know it did)")

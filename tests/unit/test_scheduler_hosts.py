@@ -1,0 +1,67 @@
+"""Host health from the agent, its Celery worker and the running tries (gpusched.scheduler.hosts)."""
+
+from __future__ import annotations
+
+from gpusched.agent.host_guard import DEFAULT_WORKER_SLOTS, _serves, worker_slots
+from gpusched.ledger.hosts import HostRecord, HostState, WorkerState
+from gpusched.scheduler.hosts import judge_hosts, quarantine_reason
+
+T = 1000.0
+
+
+def _host(name: str = "host-a", *, state: str = HostState.LIVE, beat: float = T, worker: str | None = None,
+          seen: float | None = None) -> HostRecord:
+    return HostRecord(name, "f", (), "10.0.0.1", state, None, 0.0, beat, worker, seen, 2)
+
+
+def test_a_host_whose_agent_and_worker_answer_stays_live() -> None:
+    assert judge_hosts([_host(worker=WorkerState.RUNNING, seen=T)], T + 5, 10, {}) == []
+    assert judge_hosts([_host()], T + 5, 10, {}) == []  # a worker not watched: the agent decides
+
+
+def test_a_dead_worker_beside_a_live_agent_loses_the_host_after_the_timeout() -> None:
+    host = _host(beat=T + 20, worker=WorkerState.MISSING, seen=T)
+    assert judge_hosts([host], T + 9, 10, {}) == []  # within the timeout: not yet
+    (verdict,) = judge_hosts([host], T + 12, 10, {})
+    assert (verdict.state, verdict.previous) == (HostState.LOST, HostState.LIVE)
+    assert verdict.reason.startswith("node lost: no heartbeat from host host-a")
+    assert "Celery worker (queue gpusched@host-a) is missing for 12 s while its agent answers" in (
+        verdict.reason)
+    (frozen,) = judge_hosts([_host(beat=T + 20, worker=WorkerState.STOPPED, seen=T)], T + 12, 10, {})
+    assert "is stopped" in frozen.reason
+
+
+def test_a_silent_agent_whose_tries_still_heartbeat_keeps_them_and_takes_nothing_new() -> None:
+    (verdict,) = judge_hosts([_host()], T + 15, 10, {"host-a": T + 14})
+    assert verdict.state == HostState.UNCONFIRMED
+    assert "running tries still heartbeat" in verdict.reason
+    unconfirmed = _host(state=HostState.UNCONFIRMED)
+    assert judge_hosts([unconfirmed], T + 30, 10, {"host-a": T + 28}) == []  # no change
+    (lost,) = judge_hosts([unconfirmed], T + 30, 10, {"host-a": T + 12})  # the tries fell silent too
+    assert lost.state == HostState.LOST and "fell silent too" in lost.reason
+    (dead,) = judge_hosts([_host()], T + 15, 10, {})  # nothing runs there: lost at once
+    assert dead.state == HostState.LOST and dead.reason == "node lost: no heartbeat from host host-a for 15 s"
+
+
+def test_lost_hosts_wait_for_their_agent_and_verdicts_come_in_name_order() -> None:
+    hosts = [_host("b"), _host("a"), _host("c", state=HostState.LOST, beat=0.0)]
+    assert [v.name for v in judge_hosts(hosts, T + 60, 10, {})] == ["a", "b"]
+
+
+def test_the_quarantine_reason_names_the_host_the_try_and_the_way_out() -> None:
+    line = quarantine_reason("host-a", "node lost: x", 1)
+    assert line.startswith("node lost: x; host host-a: waiting for its agent to confirm try 1 stopped")
+    assert "gpusched ledger unquarantine host-a" in line
+
+
+def test_the_agent_finds_its_worker_by_queue_and_reads_its_slots() -> None:
+    argv = ["/venv/bin/python", "/venv/bin/airflow", "celery", "worker", "--queues",
+            "gpusched@host-a,default", "--concurrency", "2"]
+    assert _serves(argv, "gpusched@host-a") and not _serves(argv, "gpusched@host-b")
+    assert not _serves(["/venv/bin/python", "-m", "gpusched.cli", "agent", "--host-name", "host-a"],
+                       "gpusched@host-a")
+    assert worker_slots(argv, {}) == 2
+    assert worker_slots(["celery", "worker", "-c", "3"], {}) == 3
+    assert worker_slots(["celery", "worker", "--concurrency=5"], {}) == 5
+    assert worker_slots(["celery", "worker"], {"AIRFLOW__CELERY__WORKER_CONCURRENCY": "8"}) == 8
+    assert worker_slots(["celery", "worker"], {}) == DEFAULT_WORKER_SLOTS
