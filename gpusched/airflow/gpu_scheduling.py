@@ -43,6 +43,7 @@ from gpusched.errors import (
     LedgerUnavailableError,
     UnknownAllocationError,
 )
+from gpusched.gang import gang_member
 from gpusched.ledger.liveness import current_process
 from gpusched.placement import Policy
 from gpusched.placement.genetic import parse_weights
@@ -382,7 +383,10 @@ class GPUScheduling:
         request = (self.cycle_requests.get(hold.key)
                    or request_from_executor_config(workload.ti.executor_config))
         assert request is not None
-        self.ledger.record_queue(hold.key, request, hold.reason, now)
+        ti = workload.ti  # a gang member's membership: the standby scale-out serves whole gangs
+        gang = gang_member(ti.executor_config, dag_id=ti.dag_id, run_id=ti.run_id,
+                           map_index=ti.map_index if ti.map_index is not None else -1)
+        self.ledger.record_queue(hold.key, request, hold.reason, now, gang=gang)
         self.log.info("gpusched: %s waits: %s", hold.key, hold.reason)
         append_task_log(workload.key, f"gpusched: waiting for GPUs: {hold.reason}", level="info")
 

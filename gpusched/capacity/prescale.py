@@ -2,8 +2,10 @@
 
 :func:`plan_prescale` says which standby nodes to activate *now* so that they are ready before
 the predicted demand arrives, and how many GPUs to hold back for the burst partition.
-:func:`standby_for_waiting` is the reactive half: which standby nodes would let tasks that have
-waited too long for capacity start.
+:func:`standby_for_waiting` is the reactive half: which standby nodes would let tasks (and
+multi-node gangs) that have waited too long for capacity start; :func:`standby_for_gang` is its
+rule for one gang, which the scheduler also uses to tell a gang that waits for standby capacity
+from one that can never fit.
 :func:`activate_in_snapshot` shows a fleet snapshot as it will be once a plan is carried out.
 The providers that carry plans out live in :mod:`gpusched.capacity.scaling` (the edge).
 """
@@ -17,8 +19,9 @@ from typing import Any
 
 from gpusched.capacity.forecast import Forecast
 from gpusched.errors import ScalingError
+from gpusched.gang import GangMember
 from gpusched.model import FleetSnapshot, Node
-from gpusched.placement.feasible import feasible
+from gpusched.placement.feasible import feasible, fitting_nodes
 from gpusched.request import GPURequest
 
 __all__ = [
@@ -28,6 +31,7 @@ __all__ = [
     "WaitingTask",
     "activate_in_snapshot",
     "plan_prescale",
+    "standby_for_gang",
     "standby_for_waiting",
 ]
 
@@ -180,19 +184,49 @@ def activate_in_snapshot(snapshot: FleetSnapshot, names: Sequence[str]) -> Fleet
 
 @dataclass(frozen=True, slots=True)
 class WaitingTask:
-    """A task waiting for devices: its key, its request and since when it waits (epoch seconds)."""
+    """A task waiting for devices: its key, its request and since when it waits (epoch seconds);
+    ``gang``: its membership when it is one member of a multi-node gang."""
 
     key: str
     request: GPURequest
     since: float
+    gang: GangMember | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ReactiveScaleOut:
-    """Standby nodes to activate for tasks that waited too long, and why (one line per task)."""
+    """Standby nodes to activate for tasks that waited too long, and why (one line per task or gang)."""
 
     activate: tuple[str, ...]
     reasons: tuple[str, ...]
+
+
+def standby_for_gang(
+    request: GPURequest, size: int, same_rack: bool, snapshot: FleetSnapshot, *, empty: bool = False
+) -> tuple[str, ...] | None:
+    """The standby nodes to switch on so that all ``size`` members of a multi-node gang fit.
+
+    Each member (``request``) needs a node of its own (of one rack when ``same_rack``); a node
+    holds one when :func:`gpusched.placement.feasible.fitting_nodes` says so (free now, or idle
+    with ``empty``). Returns ``()`` when the gang fits without any, the fewest uncordoned standby
+    nodes that make it fit (fleet order; the rack needing fewest first), or None when even every
+    standby node would not be enough.
+    """
+    fits_now = set(fitting_nodes(request, snapshot, empty=empty))
+    spare = [n.name for n in snapshot.nodes if n.standby and not n.cordoned]
+    with_spare = activate_in_snapshot(snapshot, spare)
+    helpful = set(fitting_nodes(request, with_spare, empty=empty)) & set(spare)
+    racks = dict.fromkeys(n.rack for n in snapshot.nodes) if same_rack else {"": None}
+    best: tuple[str, ...] | None = None
+    for rack in racks:
+        group = [n for n in snapshot.nodes if not same_rack or n.rack == rack]
+        missing = size - sum(1 for n in group if n.name in fits_now)
+        if missing <= 0:
+            return ()
+        extra = [n.name for n in group if n.name in helpful]
+        if len(extra) >= missing and (best is None or missing < len(best)):
+            best = tuple(extra[:missing])
+    return best
 
 
 def standby_for_waiting(
@@ -203,16 +237,43 @@ def standby_for_waiting(
     A task counts when its request does not fit the free devices of the active fleet now but
     fits once a standby node is active (first such node in fleet order); tasks held back by
     something else (a budget, a partition limit) fit now and are left alone, and tasks no
-    standby node helps are not served here. Longest-waiting tasks choose first; a node chosen
-    for one task is offered to the next ones too.
+    standby node helps are not served here. A multi-node gang counts as one unit once all its
+    members wait (since its last member arrived): it gets the standby nodes
+    :func:`standby_for_gang` names when its members do not all fit on distinct nodes now.
+    Longest-waiting units choose first; a node chosen for one is offered to the next ones too.
     """
 
     current = snapshot
     chosen: list[str] = []
     reasons: list[str] = []
-    for task in sorted(waiting, key=lambda t: (t.since, t.key)):
-        waited = now - task.since
-        if waited < threshold_s or feasible(task.request, current):
+    units: list[tuple[float, str, WaitingTask]] = []  # (waiting since, name, the task or rank 0)
+    gangs: dict[str, dict[int, WaitingTask]] = {}  # gang -> rank -> member
+    sizes: dict[str, int] = {}
+    for task in waiting:
+        if task.gang is None:
+            units.append((task.since, task.key, task))
+        else:
+            gangs.setdefault(task.gang.gang, {})[task.gang.rank] = task
+            sizes[task.gang.gang] = task.gang.size
+    for name, ranks in gangs.items():
+        if len(ranks) == sizes[name]:  # every member waits
+            units.append((max(m.since for m in ranks.values()), name, ranks[min(ranks)]))
+    for since, _, task in sorted(units, key=lambda u: (u[0], u[1])):
+        waited = now - since
+        if waited < threshold_s:
+            continue
+        gang = task.gang
+        if gang is not None:
+            nodes = standby_for_gang(task.request, gang.size, gang.scope == "same_rack", current)
+            if nodes:
+                current = activate_in_snapshot(current, nodes)
+                chosen.extend(nodes)
+                which = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {', '.join(nodes)}"
+                reasons.append(f"multi-node gang {gang.gang.rsplit('/', 1)[-1]} ({gang.size} members of "
+                               f"{task.request.count} GPU(s)) waited {waited / 60:.0f} min for standby "
+                               f"{which}; activating {'it' if len(nodes) == 1 else 'them'}")
+            continue
+        if feasible(task.request, current):
             continue
         for node in current.nodes:
             if not node.standby or node.cordoned:

@@ -199,12 +199,13 @@ def react_to_waiting(
 ) -> ReactiveScaleOut:
     """Switch on the standby nodes that tasks waiting longer than ``threshold_s`` need.
 
-    Reads the ledger's queue and fleet, applies :func:`gpusched.capacity.prescale.standby_for_waiting`
-    through ``scaler`` (default ``$GPUSCHED_SCALER``) and records one ``scale_out_reactive``
-    event per node with the reason. The burst reserve of the last forecast plan is kept.
+    Reads the ledger's queue (multi-node gang members with their membership) and fleet, applies
+    :func:`gpusched.capacity.prescale.standby_for_waiting` through ``scaler`` (default
+    ``$GPUSCHED_SCALER``) and records one ``scale_out_reactive`` event per node with the reason.
+    The burst reserve of the last forecast plan is kept.
     """
     at = time.time() if now is None else now
-    waiting = [WaitingTask(q.key, q.request, q.since) for q in ledger.queue()]
+    waiting = [WaitingTask(q.key, q.request, q.since, getattr(q, "gang", None)) for q in ledger.queue()]
     if not waiting:
         return ReactiveScaleOut((), ())
     decision = standby_for_waiting(waiting, ledger.snapshot(at), now=at, threshold_s=threshold_s)

@@ -174,3 +174,38 @@ def test_tasks_waiting_for_standby_capacity_switch_the_node_on_in_the_agent_cycl
         event = ledger.events(5, kinds=["scale_out_reactive"])[0]
         assert event.subject == "a-h100-2" and "airflow/train/fit" in event.detail["reason"]
         assert agent.cycle(now + 130).applied == ()  # fits now: nothing more to switch on
+
+
+def test_a_gang_waiting_for_the_standby_node_switches_it_on_and_then_starts() -> None:
+    """Before: every member of the example gang fits a-h100-1 by itself, so the agent never
+    switched a-h100-2 on and the gang could never run on the default fleet."""
+    from gpusched.capacity.scaling import LocalFleetScaler
+    from gpusched.gang import GangMember
+    from gpusched.ledger.queue import GangQueueEntry
+    from gpusched.placement import Policy
+    from gpusched.quota.policy import QuotaState
+    from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide
+
+    backend = SimulatedBackend()
+    now = time.time()
+    want = GPURequest.build(gpus=8, model="H100-SXM-80GB", interconnect="same_node")
+    members = [PendingWork(f"airflow/pretrain__node{r}", want, now - 400,
+                           gang=GangMember("d/r/-1/pretrain", 2, r)) for r in range(2)]
+    with Ledger() as ledger:
+        ledger.migrate()
+        ledger.sync_inventory(backend.discover(), source="simulated")
+        for hold in decide(CycleRequest(tuple(members), ledger.snapshot(now), Policy.named("gpusched"), (),
+                                        now, QuotaState.unlimited())).holds:
+            assert not hold.permanent and "standby node a-h100-2 would make all 2 fit" in hold.reason
+            member = next(m for m in members if m.key == hold.key)
+            ledger.record_queue(hold.key, want, hold.reason, now - 400, gang=member.gang)
+        queued = ledger.queue()
+        assert [type(q) for q in queued] == [GangQueueEntry, GangQueueEntry]
+        assert {q.gang for q in queued if isinstance(q, GangQueueEntry)} == {m.gang for m in members}
+        result = TelemetryAgent(backend, ledger, scale_after_s=300.0).cycle(now)
+        assert any("multi-node gang pretrain" in line and "standby node a-h100-2" in line
+                   for line in result.applied), result.applied
+        assert LocalFleetScaler().state()["active_standby"] == ["a-h100-2"]
+        reply = decide(CycleRequest(tuple(members), ledger.snapshot(now), Policy.named("gpusched"), (), now,
+                                    QuotaState.unlimited()))
+        assert sorted(launch.shares[0].node for launch in reply.launches) == ["a-h100-1", "a-h100-2"]

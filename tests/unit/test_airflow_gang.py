@@ -10,7 +10,7 @@ from gpusched.airflow.gang import gang_task
 from gpusched.errors import GPURequestError
 from gpusched.gang import GANG_KEY, GangMember, gang_member, rendezvous_env
 from gpusched.hardware.detect import detect_backend
-from gpusched.model import FleetSnapshot
+from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import Policy
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
@@ -115,3 +115,34 @@ def test_a_gang_waits_as_a_whole_for_its_tenants_budget() -> None:
     assert not any(h.permanent for h in reply.holds)
     fresh = QuotaState(spent.policy)
     assert len(decide(CycleRequest(members, fleet, Policy.named("gpusched"), (), 5.0, fresh)).launches) == 2
+
+
+def test_a_gang_that_needs_the_standby_node_waits_for_it_and_says_how_many_fit() -> None:
+    """Before: the example gang on the default fleet (one H100 node in service, one on standby)
+    failed as never fitting, counting the members of the busy fleet as 'even when idle' and
+    giving the reason of a rack without H100s ('no device in the fleet matches')."""
+    from gpusched.capacity.prescale import activate_in_snapshot
+
+    fleet = _fleet("default.yaml")
+    gang = tuple(_members(2, 8, model="H100-SXM-80GB"))
+    policy = Policy.named("gpusched")
+    reply = decide(CycleRequest(gang, fleet, policy, (), 5.0, NO_QUOTA))
+    assert reply.launches == () and len(reply.holds) == 2
+    assert not any(h.permanent for h in reply.holds)
+    assert reply.holds[0].reason == (
+        "multi-node gang train: only 1 of 2 members fit on distinct nodes of one rack now (1 when idle); "
+        "standby node a-h100-2 would make all 2 fit: waiting for the standby scale-out to switch it on")
+    h100 = fleet.node("a-h100-1")
+    busy = fleet.with_usage(DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes) for d in h100.devices)
+    reason = decide(CycleRequest(gang, busy, policy, (), 5.0, NO_QUOTA)).holds[0].reason
+    assert "only 0 of 2 members fit on distinct nodes of one rack now (1 when idle); standby node a-h100-2 " \
+        "would make all 2 fit" in reason
+    on = decide(CycleRequest(gang, activate_in_snapshot(fleet, ["a-h100-2"]), policy, (), 5.0, NO_QUOTA))
+    assert sorted(launch.shares[0].node for launch in on.launches) == ["a-h100-1", "a-h100-2"]
+    three = tuple(_members(3, 8, model="H100-SXM-80GB"))
+    never = decide(CycleRequest(three, fleet, policy, (), 5.0, NO_QUOTA)).holds
+    assert all(h.permanent for h in never)
+    assert never[0].reason.startswith("multi-node gang train: only 2 of 3 members fit on distinct nodes of "
+                                      "one rack even when idle with every standby node on: ")
+    assert never[0].reason.endswith("each needs 8 same-node H100-SXM-80GB on a node of its own; at most 2 "
+                                    "nodes of one rack hold that")

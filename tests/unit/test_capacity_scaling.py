@@ -173,3 +173,35 @@ def test_standby_for_waiting_serves_only_tasks_a_standby_node_helps() -> None:
     assert decision.activate == (nodes[2].name,)
     assert len(decision.reasons) == 1 and decision.reasons[0].startswith("wide waited 10 min")
     assert standby_for_waiting([needs_standby], fleet, now=100.0, threshold_s=300.0).activate == ()
+
+
+def test_a_waiting_gang_switches_on_the_standby_node_it_needs_as_one_unit() -> None:
+    """Before: each member of the example gang fits a-h100-1 on its own, so the reactive rule
+    left the gang alone and it never ran on the default fleet."""
+    from gpusched.capacity.prescale import WaitingTask, standby_for_gang, standby_for_waiting
+    from gpusched.fleetfile import load_fleet
+    from gpusched.gang import GangMember
+    from gpusched.model import FleetSnapshot
+    from gpusched.paths import include_dir
+    from gpusched.request import GPURequest
+
+    fleet = FleetSnapshot(tuple(load_fleet(include_dir() / "fleets" / "default.yaml")), source="test")
+    member = GPURequest.build(gpus=8, model="H100-SXM-80GB", interconnect="same_node")
+
+    def gang(size: int, present: int, name: str = "pretrain") -> list[WaitingTask]:
+        return [WaitingTask(f"{name}__node{r}", member, 60.0 * r, GangMember(f"d/r/-1/{name}", size, r))
+                for r in range(present)]
+
+    decision = standby_for_waiting(gang(2, 2), fleet, now=660.0, threshold_s=300.0)
+    assert decision.activate == ("a-h100-2",)
+    assert decision.reasons == ("multi-node gang pretrain (2 members of 8 GPU(s)) waited 10 min for "
+                                "standby node a-h100-2; activating it",)
+    # The gang waits as a whole since its last member came (60 s): 290 s < 300 s.
+    assert standby_for_waiting(gang(2, 2), fleet, now=350.0, threshold_s=300.0).activate == ()
+    # Not every member queued yet: nothing for the gang.
+    assert standby_for_waiting(gang(2, 1), fleet, now=660.0, threshold_s=300.0).activate == ()
+    assert standby_for_waiting(gang(3, 3), fleet, now=660.0, threshold_s=300.0).activate == ()  # never fits
+    assert standby_for_gang(member, 2, True, fleet) == ("a-h100-2",)
+    assert standby_for_gang(member, 1, True, fleet) == ()
+    assert standby_for_gang(member, 3, True, fleet) is None
+    assert standby_for_gang(member, 2, False, fleet) == ("a-h100-2",)
