@@ -2,7 +2,8 @@
 
 gpusched's executors subclass Airflow's; the few internals they must touch (LocalExecutor's
 worker queue, message counter and worker table; CeleryExecutor's workload sending, its send
-results and its table of sent workloads) live here
+results and its table of sent workloads; the scheduler's way of failing a queued try for good,
+:func:`fail_unstarted`) live here
 only, so an Airflow upgrade that renames them breaks one module, and
 ``tests/unit/test_executor_compat.py`` (pinned to :data:`PINNED_AIRFLOW`) says which.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 __all__ = [
     "PINNED_AIRFLOW", "PINNED_CELERY_PROVIDER", "celery_forget", "celery_send", "celery_task_id",
-    "is_broker_error", "local_any_worker_dead", "local_put", "local_spawn_worker",
+    "fail_unstarted", "is_broker_error", "local_any_worker_dead", "local_put", "local_spawn_worker",
     "save_task_event",
 ]
 
@@ -152,3 +153,78 @@ def save_task_event(executor: Any, *, event: str, extra: str, ti_key: Any) -> No
 
         executor.log.exception("gpusched: could not write the %s event log row; queueing it", event)
         BaseExecutor.log_task_event(executor, event=event, extra=extra, ti_key=ti_key)
+
+
+def fail_unstarted(executor: Any, workload: Any, reason: str) -> bool:
+    """Fail the queued try of ``workload`` for good, as Airflow fails a try stuck in queued.
+
+    The scheduler's own path for a try it gives up on before it started
+    (``SchedulerJobRunner._maybe_requeue_stuck_ti``): the task instance is set ``failed`` in the
+    metadata database — no retry is spent, whatever ``retries`` says — and its failure callback,
+    if it has one, goes to the dag-processor. The executor's failure event that follows
+    (``executor.fail``, the caller's) then agrees with the database, so the scheduler records no
+    "state mismatch" and logs no "task state changed externally". Unlike that path, the failure
+    listeners run as ``TaskInstance.handle_failure`` runs them (``previous_state`` queued), so the
+    fault chain sees the failure.
+
+    Returns False, changing nothing, when the try is not queued in the database (a later try, or
+    cleared or marked by hand) or the database cannot be written; the caller's failure event then
+    takes Airflow's usual path (retries included). Never raises.
+    """
+    try:
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+        from airflow.utils.state import TaskInstanceState
+
+        with create_session() as session:
+            ti = session.get(TaskInstance, workload.ti.id)
+            if ti is None or ti.state != TaskInstanceState.QUEUED or ti.try_number != workload.ti.try_number:
+                return False
+            ti.set_state(TaskInstanceState.FAILED, session=session)
+            _send_failure_callback(executor, ti, reason, session)
+        with create_session() as session:  # the state is committed: a listener cannot undo it
+            ti = session.get(TaskInstance, workload.ti.id)
+            _failure_listeners(executor, ti, reason)
+        return True
+    except Exception:
+        executor.log.exception("gpusched: could not fail %s for good; Airflow fails it the usual way",
+                               workload.key)
+        return False
+
+
+def _send_failure_callback(executor: Any, ti: Any, reason: str, session: Any) -> None:
+    """The task's ``on_failure_callback`` request, as the scheduler sends it for a stuck try."""
+    try:
+        from airflow.api_fastapi.execution_api.datamodels.taskinstance import DagRun as DRDataModel
+        from airflow.api_fastapi.execution_api.datamodels.taskinstance import TIRunContext
+        from airflow.callbacks.callback_requests import TaskCallbackRequest
+        from airflow.models.dagbag import DBDagBag
+        from airflow.utils.state import TaskInstanceState
+
+        dag = DBDagBag(load_op_links=False).get_dag_for_run(dag_run=ti.dag_run, session=session)
+        if dag is None or not dag.get_task(ti.task_id).has_on_failure_callback or ti.dag_version is None:
+            return
+        executor.send_callback(TaskCallbackRequest(
+            filepath=ti.dag_model.relative_fileloc or "",
+            bundle_name=ti.dag_version.bundle_name,
+            bundle_version=ti.dag_version.bundle_version if ti.dag_run.bundle_version is not None
+            else ti.dag_run.bundle_version,
+            ti=ti, msg=reason, task_callback_type=TaskInstanceState.FAILED,
+            context_from_server=TIRunContext(
+                dag_run=DRDataModel.model_validate(ti.dag_run, from_attributes=True),
+                max_tries=ti.max_tries, variables=[], connections=[], xcom_keys_to_clear=[],
+            ),
+        ))
+    except Exception:
+        executor.log.exception("gpusched: the failure callback of %s was not sent", ti.key)
+
+
+def _failure_listeners(executor: Any, ti: Any, reason: str) -> None:
+    try:
+        from airflow.listeners.listener import get_listener_manager
+        from airflow.utils.state import TaskInstanceState
+
+        get_listener_manager().hook.on_task_instance_failed(
+            previous_state=TaskInstanceState.QUEUED, task_instance=ti, error=reason)
+    except Exception:
+        executor.log.exception("gpusched: a failure listener of %s failed", ti.key)

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from gpusched import settings
 from gpusched.airflow import gpu_faults, gpu_inputs, gpu_over_budget
 from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
-from gpusched.airflow.executor_compat import save_task_event
+from gpusched.airflow.executor_compat import fail_unstarted, save_task_event
 from gpusched.airflow.gpu_migration import Migrator, throughput_table
 from gpusched.airflow.gpu_preemption import Preemptor
 from gpusched.airflow.ledger_guard import LedgerGuard
@@ -391,17 +391,21 @@ class GPUScheduling:
         append_task_log(workload.key, f"gpusched: waiting for GPUs: {hold.reason}", level="info")
 
     def reject(self, workload: Any, key: str, reason: str) -> None:
-        """Fail ``workload`` now with ``reason`` (in the task's event log)."""
+        """Fail ``workload`` now with ``reason`` (one line: in the try's log, the task's event log
+        and the ledger's ``unschedulable`` events, which the fleet page lists), for good: a try
+        that can never fit, was refused by the fault chain or has an invalid request fails the
+        same way on every retry, so none is spent (:func:`.executor_compat.fail_unstarted`)."""
         self.executor.queued_tasks.pop(workload.key, None)
         self.submitted.pop(workload.key, None)
         self.seen.discard(workload.key)
         self._queue_reason.pop(key, None)
         self._safe(lambda: self.ledger.clear_queue(key))
-        self.log.error("gpusched: failing %s: %s", key, reason)
         # Where users look: the try's log (Logs tab, task-log API) and the ledger's events.
         append_task_log(workload.key, f"gpusched: not started, {reason}")
         self._safe(lambda: self.ledger.record_event("unschedulable", key, reason=reason))
         save_task_event(self.executor, event="gpusched.unschedulable", extra=reason, ti_key=workload.key)
+        final = fail_unstarted(self.executor, workload, reason)  # failed in Airflow's database
+        self.log.error("gpusched: failed %s%s: %s", key, " (no retry)" if final else "", reason)
         self.executor.fail(workload.key, info=reason)
 
     # ---- leases, release, hosts ----------------------------------------------------------------

@@ -43,3 +43,25 @@ def test_executors_accept_extra_keywords_airflow_may_pass() -> None:
         for method in ("change_state", "revoke_task", "queue_workload"):
             params = inspect.signature(getattr(cls, method)).parameters.values()
             assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params), f"{cls.__name__}.{method}"
+
+
+def test_the_stuck_in_queued_failure_path_fail_unstarted_mirrors_exists() -> None:
+    """fail_unstarted sets a queued try failed before the executor reports it, as the scheduler
+    does for a try stuck in queued; the scheduler then skips its 'state mismatch' handling, which
+    applies only to a try still scheduled, queued, running or restarting."""
+    from airflow.api_fastapi.execution_api.datamodels.taskinstance import TIRunContext
+    from airflow.callbacks.callback_requests import TaskCallbackRequest
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.listeners.listener import get_listener_manager
+    from airflow.models.dagbag import DBDagBag
+
+    stuck = inspect.getsource(SchedulerJobRunner._maybe_requeue_stuck_ti)
+    assert "ti.set_state(TaskInstanceState.FAILED, session=session)" in stuck
+    assert "executor.fail(ti.key)" in stuck
+    events = inspect.getsource(SchedulerJobRunner.process_executor_events)
+    assert "TaskInstanceState.QUEUED," in events and 'event="state mismatch"' in events
+    assert callable(DBDagBag.get_dag_for_run) and callable(get_listener_manager)
+    assert {"ti", "msg", "task_callback_type", "context_from_server", "bundle_name", "bundle_version",
+            "filepath"} <= set(TaskCallbackRequest.model_fields)
+    context = {"dag_run", "max_tries", "variables", "connections", "xcom_keys_to_clear"}
+    assert context <= set(TIRunContext.model_fields)
