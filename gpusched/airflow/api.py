@@ -167,6 +167,13 @@ def create_app(ledger_url: str | None = None) -> FastAPI:
         rows = holder.get().events(max(1, min(limit, 200)), kinds=["preempted", "migrated"])
         return api_views.preemptions_view(rows)
 
+    @router.get("/unschedulable")
+    def unschedulable(limit: int = 20) -> list[dict[str, Any]]:
+        """Recent tries failed without starting (can never fit this fleet, invalid request,
+        refused retry), newest first, each with the executor's reason."""
+        rows = holder.get().events(max(1, min(limit, 200)), kinds=["unschedulable"])
+        return api_views.unschedulable_view(rows)
+
     @router.get("/ui", response_class=HTMLResponse)
     def ui() -> HTMLResponse:
         """The fleet page (shown inside the Airflow UI as the "GPU fleet" view)."""

@@ -34,6 +34,7 @@ __all__ = [
     "queue_view",
     "quotas_view",
     "tenant_usage",
+    "unschedulable_view",
 ]
 
 GIB = 1024**3
@@ -263,6 +264,14 @@ def preemptions_view(events: Sequence[Any]) -> list[dict[str, Any]]:
             continue
         rows.append(row)
     return rows
+
+
+def unschedulable_view(events: Sequence[Any]) -> list[dict[str, Any]]:
+    """Recent ``unschedulable`` ledger events, newest first: the tries the executor failed without
+    starting them (a request that can never fit this fleet, an invalid request, a retry the fault
+    chain refused), each with its task link and the executor's one-line reason."""
+    return [{"at": e.at, "key": e.subject, "task": task_link(e.subject), "reason": e.detail.get("reason")}
+            for e in events if e.kind == "unschedulable"]
 
 
 def _where(model: Any, devices: Any) -> str:

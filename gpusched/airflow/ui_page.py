@@ -4,7 +4,8 @@
 It draws the fleet as a picture — racks → nodes → link islands → device tiles coloured by state
 (allocated / shared / free / faulty / cordoned / standby, degraded outlined; MIG instances and AMD
 partitions as segments inside their device's tile) — with the queue
-(and why each task waits), active allocations, recent preemptions and moves between GPU types
+(and why each task waits), the tries recently failed without starting (never fit, with the
+reason), active allocations, recent preemptions and moves between GPU types
 (``preemption = migrate``, labelled "move": from model/devices -> to), partitions, tenant budgets and
 the demand forecast below, refreshed every few seconds. Its ``fetch`` calls go to the sibling JSON routes on the
 same origin with the browser's Airflow session cookie (``credentials: "same-origin"``).
@@ -84,6 +85,8 @@ code { font-size: 12px; }
 <div class="racks" id="racks"></div>
 <h2>Queue <span class="muted" id="qcount"></span></h2>
 <table id="queue"><thead><tr><th>Task</th><th>Request</th><th>Waiting</th><th>Why it waits</th></tr></thead><tbody></tbody></table>
+<h2>Failed without starting <span class="muted" id="fcount"></span></h2>
+<table id="failed"><thead><tr><th>Task</th><th>When</th><th>Why (not retried)</th></tr></thead><tbody></tbody></table>
 <h2>Running allocations <span class="muted" id="acount"></span></h2>
 <table id="allocs"><thead><tr><th>Task</th><th>Devices</th><th>Request</th><th>Running</th></tr></thead><tbody></tbody></table>
 <h2>Preemptions <span class="muted" id="pcount"></span></h2>
@@ -172,6 +175,13 @@ function drawQueue(q) {
   rows("queue", q, (e) => `<tr><td>${e.task ? `<a href="${esc(e.task.url)}" title="${esc(e.key)}">${esc(e.task.label)}</a>` : `<code>${esc(e.key)}</code>`}</td><td>${esc(e.summary)}</td><td class="num">${dur(e.waiting_s)}</td><td>${esc(e.reason)}</td></tr>`, "nothing waiting");
 }
 
+// Tries the executor failed before they started: can never fit this fleet, invalid request, refused retry.
+function drawFailed(f) {
+  $("fcount").textContent = `(${f.length} recent)`;
+  rows("failed", f, (e) => `<tr><td>${e.task ? `<a href="${esc(e.task.url)}" title="${esc(e.key)}">${esc(e.task.label)}</a>` : `<code>${esc(e.key)}</code>`}</td>
+    <td>${esc(new Date(e.at * 1000).toLocaleString())}</td><td>${esc(e.reason)}</td></tr>`, "none");
+}
+
 function drawAllocs(a) {
   $("acount").textContent = `(${a.length})`;
   rows("allocs", a, (x) => `<tr><td><code>${esc(x.key)}</code></td><td>${esc(x.shares.map((s) => `${s.node}#${s.index}${s.milli < 1000 ? ` (${s.milli / 1000})` : ""}`).join(", "))}</td>
@@ -217,8 +227,8 @@ function drawForecast(fc) {
 
 async function refresh() {
   try {
-    const [f, q, a, qu, fc, pr] = await Promise.all(["fleet", "queue", "allocations", "quotas", "forecast", "preemptions"].map(getJSON));
-    drawFleet(f); drawQueue(q); drawAllocs(a); drawQuotas(qu); drawForecast(fc); drawPreemptions(pr);
+    const [f, q, a, qu, fc, pr, un] = await Promise.all(["fleet", "queue", "allocations", "quotas", "forecast", "preemptions", "unschedulable"].map(getJSON));
+    drawFleet(f); drawQueue(q); drawAllocs(a); drawQuotas(qu); drawForecast(fc); drawPreemptions(pr); drawFailed(un);
     $("status").className = "muted"; $("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (e) {
     $("status").className = "badge err"; $("status").textContent = String(e.message || e);

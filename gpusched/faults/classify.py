@@ -120,6 +120,8 @@ _TRIED_RE = re.compile(r"Tried to allocate ([\d.]+)\s*([KMGT]i?B)", re.IGNORECAS
 _UNITS = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _MAX_EVIDENCE = 5
+_MAX_LINE = 300
+"""The longest evidence line kept (longer ones are cut at a word boundary, marked with "…")."""
 
 
 def classify_failure(
@@ -138,7 +140,8 @@ def classify_failure(
             growing): a leak is the program's bug, so such a try is a code error.
     """
     lines = log_text.splitlines()
-    never_fits = [line for line in lines if _UNSCHEDULABLE_RE.search(line)]
+    # The executor's reason itself, from its words on (the log's prefix and a repeat dropped).
+    never_fits = [line[match.start():] for line in lines if (match := _UNSCHEDULABLE_RE.search(line))]
     if never_fits:  # the try never started: nothing else in the log is about this request
         return Classification(FailureKind.UNSCHEDULABLE, _evidence(never_fits))
     lost = [line for line in lines if _NODE_LOST_RE.search(line)]
@@ -198,8 +201,17 @@ def _matching(lines: Sequence[str], patterns: Sequence[re.Pattern[str]]) -> list
 
 
 def _evidence(lines: Sequence[str]) -> tuple[str, ...]:
-    unique = list(dict.fromkeys(line.strip()[:300] for line in lines if line.strip()))
+    unique = list(dict.fromkeys(_clip(line.strip()) for line in lines if line.strip()))
     return tuple(unique[:_MAX_EVIDENCE])
+
+
+def _clip(line: str) -> str:
+    """``line`` cut to at most :data:`_MAX_LINE` characters, at a word boundary, "…" marking the cut."""
+    if len(line) <= _MAX_LINE:
+        return line
+    cut = line[:_MAX_LINE - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > _MAX_LINE // 2 else cut).rstrip(" ,;:(") + "…"
 
 
 def _tried_bytes(text: str) -> int:

@@ -68,16 +68,17 @@ def choose_remedy(
     or capacity must be added.
     """
     kind = classification.kind
+    if kind is FailureKind.UNSCHEDULABLE:
+        # The placement already judged it against the whole fleet, standby nodes included:
+        # a retry fails the same way and no scale-out this chain can ask for helps. The
+        # executor's own reason, once (one line; evidence is clipped at a word boundary).
+        said = classification.evidence[0] if classification.evidence else "the request can never fit"
+        return Remedy(False, f"unschedulable ({said.strip()}); not retrying: change the task's GPU "
+                             "request or add matching hardware, then clear the task")
     if attempt >= max_attempts:
         return Remedy(False, f"{kind}: try {attempt} of {max_attempts} failed; giving up")
     if kind is FailureKind.CODE_ERROR:
         return Remedy(False, "code error: the same code fails on any GPU; fix it and clear the task")
-    if kind is FailureKind.UNSCHEDULABLE:
-        # The placement already judged it against the whole fleet, standby nodes included:
-        # a retry fails the same way and no scale-out this chain can ask for helps.
-        said = classification.evidence[0] if classification.evidence else "the request can never fit"
-        return Remedy(False, f"unschedulable ({said.strip()}); not retrying: change the task's GPU "
-                             "request or add matching hardware, then clear the task")
     if kind is FailureKind.HARDWARE:
         suspects = tuple(classification.suspect_devices) or tuple(devices)
         excluded = frozenset(suspects)

@@ -63,7 +63,8 @@ def client(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield c
 
 
-ROUTES = ["/fleet", "/allocations", "/queue", "/quotas", "/forecast", "/events", "/preemptions", "/ui"]
+ROUTES = ["/fleet", "/allocations", "/queue", "/quotas", "/forecast", "/events", "/preemptions",
+          "/unschedulable", "/ui"]
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -319,3 +320,18 @@ def test_preemptions_table_shows_moves_from_model_and_host_to(
     assert (preemption["kind"], preemption["key"], preemption["lost_gpu_s"]) == ("preemption", victim, 12.0)
     assert preemption["by_task"]["task_id"] == "urgent"
     assert '"preemptions"' in page and 'e.kind === "move"' in page and "moved" in page
+
+
+def test_the_fleet_page_lists_tries_failed_as_never_fitting(client: Any, ledger: Ledger) -> None:
+    """Before: a task failed as never fitting appeared nowhere on the fleet page."""
+    from gpusched.scheduler.keys import ti_key
+
+    key = ti_key("train", "huge", "manual__1", 1)
+    reason = "can never fit this fleet: needs 64 island-connected GPUs; the largest matching island has 8"
+    ledger.record_event("unschedulable", key, now=NOW - 30, reason=reason)
+    ledger.record_event("release", "other", now=NOW - 20, reason="done")
+    (row,) = client.get("/unschedulable").json()
+    assert (row["key"], row["at"], row["reason"]) == (key, NOW - 30, reason)
+    assert row["task"]["label"] == "train › huge (run manual__1, try 1)"
+    page = client.get("/ui").text
+    assert "Failed without starting" in page and '"unschedulable"' in page and "drawFailed(un)" in page

@@ -1,5 +1,6 @@
 """End to end: real Airflow (``scripts/run.sh`` → ``airflow standalone`` on SQLite) with the GPU
-executor on the default simulated fleet runs the three example DAGs.
+executor on the default simulated fleet runs the example DAGs (the multi-node gang once the agent
+switches the standby H100 node on).
 
 Checks: every task succeeds; each GPU task got correctly placed devices (4 GPUs in one NVLink
 island of one node; two half-GPU fine-tunes on one shared device; the dev smoke test on a dev
@@ -30,6 +31,7 @@ from gpusched.scheduler.keys import parse_ti_key, ti_key
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
 DAGS = ("example_multi_gpu_nvlink_training", "example_fractional_finetune", "example_dev_smoke_test")
+GANG_DAG = "example_multi_node_gang"
 WAIT_DAG = "e2e_gpu_wait"
 WAIT_DAG_SOURCE = """
 from __future__ import annotations
@@ -59,17 +61,25 @@ NEVER_DAG = "e2e_gpu_never_fits"
 NEVER_DAG_SOURCE = """
 from __future__ import annotations
 
-from datetime import datetime
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
 
 from airflow.sdk import dag, task
 
 from gpusched.airflow.authoring import gpu
 
 
+def note_failure(context) -> None:
+    Path(os.environ["AIRFLOW_HOME"], "e2e_gpu_never_fits.failed").write_text(str(context["ti"].try_number))
+
+
 @dag(dag_id="e2e_gpu_never_fits", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
 def e2e_gpu_never_fits():
-    # 64 NVLink-connected GPUs: the largest island of the default fleet has 8.
-    @task(task_id="huge", **gpu(gpus=64, vendor="nvidia", interconnect="island"))
+    # 64 NVLink-connected GPUs: the largest island of the default fleet has 8. Its retries must
+    # not be spent (the same request fails the same way); its failure callback still runs.
+    @task(task_id="huge", retries=2, retry_delay=timedelta(seconds=1), on_failure_callback=note_failure,
+          **gpu(gpus=64, vendor="nvidia", interconnect="island"))
     def huge() -> None:
         raise AssertionError("must never start")
 
@@ -114,7 +124,7 @@ GPU_TASKS = {
 def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     home = tmp_path_factory.mktemp("airflow_home")
     dags = tmp_path_factory.mktemp("dags")  # only the examples: other DAGs must not disturb the checks
-    for dag_id in DAGS:
+    for dag_id in (*DAGS, GANG_DAG):
         shutil.copy(REPO / "dags" / f"{dag_id}.py", dags)
     (dags / f"{WAIT_DAG}.py").write_text(WAIT_DAG_SOURCE)
     (dags / f"{NEVER_DAG}.py").write_text(NEVER_DAG_SOURCE)
@@ -128,7 +138,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
 
 def _dags_loaded(airflow: Airflow) -> bool:
     found = {d["dag_id"] for d in airflow.api("GET", "/dags", params={"limit": 100})["dags"]}
-    return {*DAGS, WAIT_DAG, NEVER_DAG, ISOLATED_DAG} <= found
+    return {*DAGS, GANG_DAG, WAIT_DAG, NEVER_DAG, ISOLATED_DAG} <= found
 
 
 def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
@@ -241,40 +251,116 @@ def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
     assert "final loss" in cpu_log
 
 
-def test_never_fitting_task_says_why_in_its_log_and_the_event_log(airflow: Airflow) -> None:
-    """Before: the Logs tab showed only 'Could not read served logs', the event log had no
-    gpusched.unschedulable row, and the fault chain retried it as an 'unknown failure'."""
-    from gpusched.ledger import Ledger
-
-    if not airflow.token:  # run on its own
+def _ready(airflow: Airflow) -> None:
+    """Healthy, logged in and every DAG parsed (for a test run on its own)."""
+    if not airflow.token:
         _wait("the api-server, scheduler and dag-processor", lambda: _healthy(airflow), 240, airflow)
         airflow.token = _wait("a login token", lambda: _login(airflow), 60, airflow)
         _wait("the DAGs to be parsed", lambda: _dags_loaded(airflow), 120, airflow)
+
+
+def test_never_fitting_task_says_why_in_its_log_and_the_event_log(airflow: Airflow) -> None:
+    """Before: the Logs tab showed only 'Could not read served logs', the event log had no
+    gpusched.unschedulable row, and the fault chain retried it as an 'unknown failure'. Then:
+    it went through every Airflow retry (the reason nested one level deeper each try), left a
+    'state mismatch' row and Airflow's 'task state changed externally' error, and the fleet
+    page did not show it."""
+    import httpx
+
+    from gpusched.ledger import Ledger
+
+    _ready(airflow)
     airflow.api("PATCH", f"/dags/{NEVER_DAG}", json={"is_paused": False})
     run_id = airflow.api("POST", f"/dags/{NEVER_DAG}/dagRuns", json={"logical_date": None})["dag_run_id"]
     _wait("the never-fitting run to fail", lambda: airflow.api(
         "GET", f"/dags/{NEVER_DAG}/dagRuns/{run_id}")["state"] == "failed", 240, airflow, interval=2)
     ti = airflow.api("GET", f"/dags/{NEVER_DAG}/dagRuns/{run_id}/taskInstances/huge")
-    assert ti["state"] == "failed" and ti["try_number"] == 1, ti
+    assert ti["state"] == "failed" and ti["try_number"] == 1, ti  # retries=2: none spent
     text = _log_text(airflow, NEVER_DAG, run_id, "huge", 1)
     assert "can never fit this fleet" in text and "largest" in text, text[-3000:]
 
-    def logged() -> list[dict[str, Any]]:
-        rows = airflow.api("GET", "/eventLogs", params={
-            "dag_id": NEVER_DAG, "task_id": "huge", "event": "gpusched.unschedulable"})["event_logs"]
+    def logged(event: str) -> list[dict[str, Any]]:
+        rows = airflow.api("GET", "/eventLogs", params={"dag_id": NEVER_DAG, "event": event})["event_logs"]
         return list(rows)
 
-    rows = _wait("the gpusched.unschedulable event log row", logged, 60, airflow)
-    assert "can never fit this fleet" in (rows[0]["extra"] or ""), rows
+    rows = _wait("the gpusched.unschedulable event log row", lambda: logged("gpusched.unschedulable"), 60,
+                 airflow)
+    (row,) = rows
+    reason = row["extra"] or ""
+    assert reason.startswith("can never fit this fleet: needs 64") and "\n" not in reason, rows
+    assert "refused" not in reason and reason.count("can never fit") == 1
+    # Airflow agrees with the executor: no state mismatch, no "changed externally" error.
+    assert logged("state mismatch") == []
+    assert not [line for line in airflow.output.read_text(errors="replace").splitlines()
+                if "changed-externally" in line and NEVER_DAG in line]
+    # Its failure callback still runs (in the dag-processor), for try 1.
+    marker = airflow.home / f"{NEVER_DAG}.failed"
+    _wait("the failure callback", marker.is_file, 120, airflow, interval=2)
+    assert marker.read_text() == "1"
+    # The fleet page lists it, with the executor's reason.
+    failed = httpx.get(f"{airflow.url}/gpusched/unschedulable", headers=airflow.headers(), timeout=30).json()
+    key = ti_key(NEVER_DAG, "huge", run_id, 1)
+    assert [(f["key"], f["reason"]) for f in failed if f["task"]["dag_id"] == NEVER_DAG] == [(key, reason)]
     ledger = Ledger(f"sqlite:///{airflow.home / 'gpusched' / 'ledger.db'}")
     try:
-        key = ti_key(NEVER_DAG, "huge", run_id, 1)
         handled = _wait("the fault chain to handle it", lambda: [
             e for e in ledger.events(200, kinds=["failure_handled"]) if e.subject == key], 60, airflow)
         assert handled[0].detail["failure_kind"] == "unschedulable" and handled[0].detail["retry"] is False
         assert not [e for e in ledger.events(200, kinds=["scale_out_request"]) if e.subject == key]
     finally:
         ledger.close()
+
+
+def test_the_gang_example_waits_for_the_standby_node_and_runs_once_it_is_on(airflow: Airflow) -> None:
+    """Before: example_multi_node_gang failed at once as never fitting on the default fleet (rack-a
+    has one H100 node in service and one on standby), and the agent's standby scale-out did not
+    consider gangs. The agent runs once here with --scale-after 0 (run.sh's waits 300 s)."""
+    import os
+    import subprocess
+    import sys
+
+    from gpusched.ledger import Ledger
+    from gpusched.ledger.queue import GangQueueEntry
+
+    _ready(airflow)
+    airflow.api("PATCH", f"/dags/{GANG_DAG}", json={"is_paused": False})
+    run_id = airflow.api("POST", f"/dags/{GANG_DAG}/dagRuns", json={"logical_date": None})["dag_run_id"]
+    ledger = Ledger(f"sqlite:///{airflow.home / 'gpusched' / 'ledger.db'}")
+    try:
+        def waiting() -> list[Any]:
+            return [q for q in ledger.queue() if isinstance(q, GangQueueEntry) and q.gang.gang.startswith(
+                f"{GANG_DAG}/{run_id}/")]
+
+        queued = _wait("both gang members to wait", lambda: len(waiting()) == 2 and waiting(), 120,
+                       airflow)
+        assert {q.reason for q in queued} == {
+            "multi-node gang pretrain: only 1 of 2 members fit on distinct nodes of one rack now "
+            "(1 when idle); standby node a-h100-2 would make all 2 fit: waiting for the standby scale-out "
+            "to switch it on"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
+        env.update(AIRFLOW_HOME=str(airflow.home), GPUSCHED_BACKEND="simulated")
+        agent = subprocess.run([sys.executable, "-m", "gpusched.cli", "agent", "--once", "--scale-after", "0",
+                                "--port", "0"], env=env, capture_output=True, text=True, timeout=120)
+        assert agent.returncode == 0, agent.stderr
+        said = agent.stdout
+        assert "multi-node gang pretrain" in said and "standby node a-h100-2" in said, said
+
+        def done() -> bool:
+            return airflow.api("GET", f"/dags/{GANG_DAG}/dagRuns/{run_id}")["state"] in ("success", "failed")
+
+        _wait("the gang to run", done, 180, airflow, interval=2)
+        tis = airflow.api("GET", f"/dags/{GANG_DAG}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        assert {t["task_id"]: t["state"] for t in tis} == {"pretrain__node0": "success",
+                                                           "pretrain__node1": "success"}, airflow.tail()
+        keys = {ti_key(GANG_DAG, t["task_id"], run_id, t["try_number"]) for t in tis}
+        nodes = {a.key: {s.node for s in a.shares} for a in ledger.history(since=airflow.started_at - 60)
+                 if a.key in keys}
+        assert sorted(n for used in nodes.values() for n in used) == ["a-h100-1", "a-h100-2"], nodes
+    finally:
+        ledger.close()
+    node1 = next(t for t in tis if t["task_id"] == "pretrain__node1")
+    text = _log_text(airflow, GANG_DAG, run_id, "pretrain__node1", node1["try_number"])
+    assert "NNODES=2" in text and "NODE_RANK=1" in text, text[-3000:]
 
 
 def test_sigint_stops_airflow_cleanly(airflow: Airflow) -> None:
