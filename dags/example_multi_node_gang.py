@@ -1,8 +1,10 @@
 """Multi-node gang: a 16-GPU data-parallel job as two 8-GPU members, one per node of one rack.
 
 ``gang_task`` adds one member task per node (``pretrain__node0``, ``pretrain__node1``). The
-executor places both members in the same cycle (two H100 nodes of rack-a in the default simulated
-fleet) or neither, starts them together and gives each the rendezvous variables torchrun reads.
+executor places both members in the same cycle (the two H100 nodes of rack-a in the default
+simulated fleet) or neither, starts them together and gives each the rendezvous variables torchrun
+reads. One of those nodes is on standby: the gang waits (its queue reason says so) until
+``gpusched agent`` switches it on, after ``--scale-after`` seconds of waiting (300 by default).
 Under the Celery executor each member goes to the queue of its own GPU host. If one member fails
 or its host is lost, the other is stopped and the gang is retried as a whole.
 """
