@@ -32,15 +32,23 @@ DEFAULT_WORKER_SLOTS = 16
 ``AIRFLOW__CELERY__WORKER_CONCURRENCY`` names one."""
 
 
+def _tokens(cmdline: Sequence[str]) -> list[str]:
+    # A worker that set its process title (Celery does, through setproctitle) shows as
+    # "[celeryd: NAME:MainProcess] -active- (worker -O fair --queues Q ...)": one string, or
+    # split on spaces, with the arguments in parentheses.
+    return [t.strip("()") for arg in cmdline for t in arg.split(" ") if t.strip("()")]
+
+
 def worker_slots(cmdline: Sequence[str], environ: Any = None) -> int:
     """The slots of a Celery worker started with ``cmdline``: ``--concurrency N`` / ``-c N``,
     else ``AIRFLOW__CELERY__WORKER_CONCURRENCY`` of ``environ`` (default this process's), else
     :data:`DEFAULT_WORKER_SLOTS`."""
     env = os.environ if environ is None else environ
-    for i, arg in enumerate(cmdline):
+    tokens = _tokens(cmdline)
+    for i, arg in enumerate(tokens):
         value = None
-        if arg in ("--concurrency", "-c") and i + 1 < len(cmdline):
-            value = cmdline[i + 1]
+        if arg in ("--concurrency", "-c") and i + 1 < len(tokens):
+            value = tokens[i + 1]
         elif arg.startswith("--concurrency="):
             value = arg.split("=", 1)[1]
         if value is not None and value.strip().isdigit() and int(value) > 0:
@@ -50,10 +58,12 @@ def worker_slots(cmdline: Sequence[str], environ: Any = None) -> int:
 
 
 def _serves(cmdline: Sequence[str], queue: str) -> bool:
-    if "celery" not in " ".join(cmdline[:4]) or "worker" not in cmdline:
+    """Is ``cmdline`` the main process of a Celery worker consuming ``queue``?"""
+    tokens = _tokens(cmdline)
+    if not any("celery" in t for t in tokens[:6]) or "worker" not in tokens:
         return False
-    for i, arg in enumerate(cmdline):
-        queues = cmdline[i + 1] if arg in ("--queues", "-q", "-Q") and i + 1 < len(cmdline) else (
+    for i, arg in enumerate(tokens):
+        queues = tokens[i + 1] if arg in ("--queues", "-Q") and i + 1 < len(tokens) else (
             arg.split("=", 1)[1] if arg.startswith("--queues=") else None)
         if queues is not None and queue in queues.split(","):
             return True

@@ -35,6 +35,7 @@ sized to the live hosts' GPUs exactly as under GPUExecutor (the shared hooks,
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from airflow.providers.celery.executors.celery_executor import CeleryExecutor
@@ -48,6 +49,7 @@ from gpusched.airflow.gpu_scheduling import GPUScheduling
 from gpusched.errors import ConfigurationError, DispatchUnavailableError
 from gpusched.ledger.hosts import LAUNCH_EVENT, HostState, host_queue
 from gpusched.scheduler.cycle import Launch
+from gpusched.scheduler.hosts import slot_full_reason, worker_slot_use
 from gpusched.scheduler.keys import ti_key_of
 
 __all__ = ["GPUCeleryExecutor"]
@@ -163,6 +165,20 @@ class _CeleryDispatcher:
     def __init__(self, executor: GPUCeleryExecutor) -> None:
         self.executor = executor
         self._hosts: dict[str, tuple[str, str]] = {}
+        self._slot_use: dict[str, tuple[int, int]] = {}  # host -> (busy, slots), this cycle
+
+    def full_nodes(self, active: Sequence[Any]) -> dict[str, str]:
+        """Nodes of live hosts whose Celery worker slots are all taken (node -> why), from the
+        hosts' reported slots and the cycle's ``active`` allocations; :meth:`refuse` then counts
+        this cycle's launches on top."""
+        hosts = self.executor.ledger.hosts()
+        if not any(h.worker_slots for h in hosts):
+            self._slot_use = {}
+            return {}
+        node_host = {node: host for node, (host, _) in self.executor.ledger.node_hosts().items()}
+        use = self._slot_use = worker_slot_use(hosts, node_host, active)
+        return {node: slot_full_reason(host, *use[host]) for node, host in node_host.items()
+                if host in use and use[host][0] >= use[host][1]}
 
     def _host_of(self, node: str) -> tuple[str, str] | None:
         if node not in self._hosts:
@@ -181,6 +197,14 @@ class _CeleryDispatcher:
                     "beside its Celery worker")
         if found[1] != HostState.LIVE:
             return f"GPU host {found[0]} is {found[1]}; waiting for its agent"
+        use = self._slot_use.get(found[0])
+        if use is not None:
+            busy, slots = use
+            # A gang's members were placed together on hosts with free slots at the cycle's start;
+            # refusing one now would break the gang, so they are only counted.
+            if busy >= slots and not launch.env.get("GPUSCHED_GANG"):
+                return slot_full_reason(found[0], busy, slots)
+            self._slot_use[found[0]] = (busy + 1, slots)
         return None
 
     def available(self) -> bool:

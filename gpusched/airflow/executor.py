@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from airflow.executors.local_executor import LocalExecutor
@@ -141,6 +142,9 @@ class _LocalDispatcher:
 
     def available(self) -> bool:
         return True  # its workers are this process's children
+
+    def full_nodes(self, active: Sequence[Any]) -> dict[str, str]:
+        return {}  # LocalExecutor's parallelism is Airflow's own slot limit
 
     def dispatch(self, workload: Any, launch: Launch) -> None:
         local_put(self.executor, workload, launch.env)

@@ -19,7 +19,8 @@ from gpusched.records import AllocationStatus
 from gpusched.scheduler.hosts import judge_hosts, quarantine_reason
 from gpusched.scheduler.keys import parse_ti_key, ti_key
 
-__all__ = ["FaultCore", "fail_orphaned", "handle_lost_hosts", "stop_broken_gangs", "tries_heard"]
+__all__ = ["FaultCore", "fail_orphaned", "handle_lost_hosts", "quarantine_if_unconfirmed",
+           "stop_broken_gangs", "tries_heard"]
 
 
 class FaultCore(Protocol):
@@ -93,6 +94,29 @@ def handle_lost_hosts(core: FaultCore, now: float) -> list[str]:
             save_task_event(core.executor, event="gpusched.node_lost", extra=failed, ti_key=airflow_key)
             core.executor.fail(airflow_key, info=failed)
     return lost_keys
+
+
+def quarantine_if_unconfirmed(core: FaultCore, key: Any, reason: str) -> bool:
+    """Quarantine try ``key`` (True) instead of releasing it when its devices are on a GPU host
+    that is not live now: the executor heard that its process ended, but nothing on that host
+    can confirm it (e.g. Airflow's task heartbeat timeout failed a try whose worker died), so its
+    devices wait for the host's agent. False: no such host; release as usual."""
+    ledger_key = core.gpu_running.get(key)
+    alloc = core.ledger.get(ledger_key) if ledger_key is not None else None
+    if alloc is None or alloc.released_at is not None or alloc.status != AllocationStatus.ACTIVE:
+        return False
+    node_hosts = core.ledger.node_hosts()
+    hosts = {node_hosts[s.node] for s in alloc.shares if s.node in node_hosts}
+    away = sorted(name for name, state in hosts if state != HostState.LIVE)
+    if not away:
+        return False
+    parts = parse_ti_key(alloc.key)
+    why = f"{reason}, but GPU host {away[0]} is {dict(hosts)[away[0]]}"
+    core.ledger.quarantine(alloc.key, host=away[0], reason=quarantine_reason(
+        away[0], why, parts.try_number if parts else None))
+    core.gpu_running.pop(key, None)
+    core.log.warning("gpusched: %s quarantined: %s", alloc.key, why)
+    return True
 
 
 def tries_heard(ledger: Any, hosts: Sequence[str]) -> dict[str, float]:

@@ -65,6 +65,17 @@ class InputsCore(Protocol):
 
     def reject(self, workload: Any, key: str, reason: str) -> None: ...
 
+    @property
+    def dispatcher(self) -> SlotView: ...
+
+    slot_notes: list[str]  # why some hosts take nothing this cycle (their worker slots)
+
+
+class SlotView(Protocol):
+    """What the cycle's inputs ask the executor's dispatcher."""
+
+    def full_nodes(self, active: Sequence[Any]) -> dict[str, str]: ...
+
 
 def pending_work(
     core: InputsCore, workloads: Sequence[Any], now: float
@@ -125,6 +136,11 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
     pending = [replace(w, submitted_at=min(w.submitted_at, first[w.key])) if w.key in first else w
                for w in pending]
     snapshot, active = ledger.cycle_view(now)  # one read transaction: both agree
+    full = core.dispatcher.full_nodes(active)
+    if full:  # hosts whose workers have no free slot take nothing new this cycle
+        snapshot = snapshot.with_nodes([replace(n, cordoned=True) for n in snapshot.nodes
+                                        if n.name in full and not n.cordoned])
+    core.slot_notes = sorted(set(full.values()))
     work, busy, core.predicted = core.durations.apply(ledger, now, pending, running_tasks(active))
     attained = {}
     if core.preemption.mode == "service":

@@ -82,6 +82,11 @@ class Dispatcher(Protocol):
         """Whether the workers can be reached now (asked while dispatch is paused)."""
         ...
 
+    def full_nodes(self, active: Sequence[Any]) -> dict[str, str]:
+        """Nodes whose workers have no free slot now (node -> why), given the cycle's ``active``
+        allocations; they take no new task this cycle."""
+        ...
+
 
 class GPUScheduling:
     """GPU placement and allocation lifecycle for one executor (see the module docstring).
@@ -115,6 +120,7 @@ class GPUScheduling:
         self.durations = DurationHistory.from_settings(conf)  # run times learnt from history
         self.attained = AttainedService()  # GPU-time of earlier tries (preemption = service)
         self.predicted: dict[str, Any] = {}  # ledger key -> this cycle's Prediction
+        self.slot_notes: list[str] = []  # this cycle: hosts whose worker slots are all busy
         # The placement engine kept between cycles, and the request mix it scores by (kept until
         # it drifts past [gpusched] workload_drift, so the engine need not be rebuilt every cycle).
         self.warm = WarmPlacement()
@@ -219,8 +225,10 @@ class GPUScheduling:
             # The executor's state only says the process ended; the reason names the task's own
             # outcome (a SIGKILLed task ends "success" here but "failed" in Airflow).
             outcome = self._safe(lambda: task_state(key)) or f"executor state {state}"
-            self.release(key, self.preemption.release_reason(self.gpu_running[key])
-                         or f"task process ended (task {outcome})")
+            reason = (self.preemption.release_reason(self.gpu_running[key])
+                      or f"task process ended (task {outcome})")
+            if not self._safe(lambda: gpu_faults.quarantine_if_unconfirmed(self, key, reason)):
+                self.release(key, reason)
 
     # ---- one cycle ---------------------------------------------------------------------------
 
@@ -375,6 +383,9 @@ class GPUScheduling:
         if hold.permanent and self.fail_unschedulable:
             self.reject(workload, hold.key, f"can never fit this fleet: {hold.reason}")
             return
+        if self.slot_notes and "worker slot" not in hold.reason:  # devices free there, slots not
+            more = f" (+{len(self.slot_notes) - 2} more)" if len(self.slot_notes) > 2 else ""
+            hold = Hold(hold.key, f"{hold.reason}; {'; '.join(self.slot_notes[:2])}{more}", hold.permanent)
         if hold.key in self.predicted:
             hold = Hold(hold.key, f"{hold.reason} ({self.predicted[hold.key].describe()})", hold.permanent)
         if self._queue_reason.get(hold.key) == hold.reason:

@@ -180,6 +180,7 @@ class LocalCluster:
         self.api_port = free_port()
         self.url = f"http://127.0.0.1:{self.api_port}"
         self.db_url = ""
+        self._left: list[Any] = []  # psutil.Process of what a kill_worker left running
         self._executor = executor
         self._fleet = fleet or include_dir() / "fleets" / "multihost.yaml"
         self._extra = dict(env or {})
@@ -262,10 +263,16 @@ class LocalCluster:
                                       "--address", "127.0.0.1", "--port", "0", "--interval", "30",
                                       "--heartbeat", "2", "--host-timeout", "10"],
                     self._role("agent", host_env))
+        self.start_worker(host, host_env)
+
+    def start_worker(self, host: str, host_env: Mapping[str, str] | None = None) -> None:
+        """Start (or restart, after :meth:`kill_worker`) the Celery worker of GPU host ``host``."""
+        env = dict(host_env or {"GPUSCHED_HOST": host,
+                                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())})
         self._spawn(f"{host}-worker", [*self._airflow, "celery", "worker", "--queues",
                                        f"gpusched@{host},default", "--celery-hostname", f"{host}@%h",
                                        "--concurrency", str(self.worker_concurrency), "--without-mingle",
-                                       "--without-gossip"], self._role("worker", host_env))
+                                       "--without-gossip"], self._role("worker", env))
 
     def restart_scheduler(self, env: Mapping[str, str] | None = None) -> None:
         """Stop the scheduler (SIGTERM, SIGKILL of its group after 30 s) and start it again with
@@ -316,20 +323,32 @@ class LocalCluster:
             return False
 
     def host_pids(self, host: str) -> list[int]:
-        """Every live process of GPU host ``host`` in this cluster: its worker, agent, their pools
-        and the task processes they started, found by the environment they inherit (an Airflow
-        task process runs in a process group of its own, so the worker's group does not hold it)."""
-        return processes_with({"GPUSCHED_HOST": host, "GPUSCHED_DB_URL": self.db_url})
+        """Every live process of GPU host ``host`` in this cluster: its worker and agent, those
+        found by the environment they inherit, and everything they started, in any process group
+        or session (Airflow's task supervisor and task process start one of their own, with an
+        environment of their own)."""
+        import psutil
+
+        # The processes this cluster started for the host, and those marked by their environment
+        # (a process that sets its title, as Celery's do, may lose its environment's record).
+        pids = set(processes_with({"GPUSCHED_HOST": host, "GPUSCHED_DB_URL": self.db_url}))
+        pids.update(proc.pid for name, proc in self.procs.items()
+                    if name in (f"{host}-worker", f"{host}-agent") and proc.poll() is None)
+        for pid in list(pids):
+            with contextlib.suppress(psutil.Error):
+                pids.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+        return sorted(pids)
 
     def kill_host(self, host: str) -> None:
         """SIGKILL every process of GPU host ``host`` — worker, agent and the task processes they
-        started — as a machine dying takes them all."""
+        started — at once, as a machine dying takes them all."""
+        pids = self.host_pids(host)  # before any dies: an orphan leaves the worker's process tree
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         for role in ("worker", "agent"):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.procs[f"{host}-{role}"].pid, signal.SIGKILL)
-        for pid in self.host_pids(host):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
         for role in ("worker", "agent"):
             self.procs[f"{host}-{role}"].wait(timeout=30)
 
@@ -337,6 +356,11 @@ class LocalCluster:
         """SIGKILL only the Celery worker of ``host`` and its pool: its agent and the task
         processes it started live on (as when the worker alone crashes or is OOM-killed)."""
         proc = self.procs[f"{host}-worker"]
+        import psutil
+
+        for pid in self.host_pids(host):  # the survivors, for stop()
+            with contextlib.suppress(psutil.Error):
+                self._left.append(psutil.Process(pid))
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
@@ -357,7 +381,21 @@ class LocalCluster:
                 os.kill(pid, signal.SIGCONT)
 
     def stop(self) -> None:
-        """Stop every process (SIGTERM, then SIGKILL of each process group) and PostgreSQL."""
+        """Stop every process (SIGTERM, then SIGKILL of each process group) and PostgreSQL; the
+        hosts' task processes, and those a :meth:`kill_worker` left behind, are SIGKILLed first
+        (they run in sessions of their own)."""
+        import psutil
+
+        left = [p for p in self._left if p.is_running()]  # is_running: the same process, not a reused pid
+        if self.db_url:
+            for pid in (pid for host in self.hosts for pid in self.host_pids(host)):
+                with contextlib.suppress(psutil.Error):
+                    left.append(psutil.Process(pid))
+        started = {proc.pid for proc in self.procs.values()}
+        for process in left:
+            if process.pid not in started:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
         for proc in self.procs.values():
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

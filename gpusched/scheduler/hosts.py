@@ -15,16 +15,22 @@ agent heartbeats and says with each heartbeat what it sees of the worker
 A lost host comes back when its agent heartbeats with its worker running
 (:meth:`gpusched.ledger.hosts.LedgerHosts.heartbeat_host`); what ran there waits in quarantine
 until the agent confirms it stopped.
+
+A live host's Celery worker slots are capacity too (:func:`worker_slot_use`): a host whose slots
+are all taken gets no new task while another host has a free slot and a device that fits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpusched.ledger.hosts import HostRecord, HostState, WorkerState, host_queue
+from gpusched.records import AllocationStatus
+from gpusched.scheduler.keys import KEY_PREFIX
 
-__all__ = ["HostVerdict", "judge_hosts", "quarantine_reason"]
+__all__ = ["HostVerdict", "judge_hosts", "quarantine_reason", "slot_full_reason", "worker_slot_use"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +87,29 @@ def quarantine_reason(host: str, why: str, try_number: int | None) -> str:
     which = f"try {try_number}" if try_number is not None else "the try"
     return (f"{why}; host {host}: waiting for its agent to confirm {which} stopped (or `gpusched ledger "
             f"unquarantine {host}` once you know it did)")
+
+
+def worker_slot_use(
+    hosts: Sequence[HostRecord], node_host: Mapping[str, str], active: Iterable[Any],
+) -> dict[str, tuple[int, int]]:
+    """Host -> (slots busy, slots) of each live host whose agent reports its worker's slots.
+
+    A busy slot is one of the host's active Airflow tries (a gang member on it counts one, a
+    quarantined or test-run allocation none): Celery gives each task one worker slot whatever
+    GPUs it holds. Tasks without GPUs that the worker also takes are not seen.
+    """
+    slots = {h.name: h.worker_slots for h in hosts if h.state == HostState.LIVE and h.worker_slots}
+    busy = dict.fromkeys(slots, 0)
+    for alloc in active:
+        if getattr(alloc, "status", None) != AllocationStatus.ACTIVE or not alloc.key.startswith(KEY_PREFIX):
+            continue
+        host = next((node_host[s.node] for s in alloc.shares if s.node in node_host), None)
+        if host in busy:
+            busy[host] += 1
+    return {name: (busy[name], int(total)) for name, total in slots.items()}
+
+
+def slot_full_reason(host: str, busy: int, slots: int) -> str:
+    """Why nothing more goes to ``host`` now: its Celery worker's slots are all taken."""
+    return (f"GPU host {host}: every Celery worker slot is busy ({busy} of {slots}); a task sent there "
+            "would wait in its queue")

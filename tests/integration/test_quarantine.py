@@ -155,7 +155,7 @@ def test_a_heartbeat_with_the_worker_gone_keeps_a_lost_host_out(ledger: Ledger) 
 
 
 def test_the_agent_sees_its_worker_run_stop_and_go() -> None:
-    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "celery", "worker",
+    fake = subprocess.Popen([sys.executable, "-c", "import time;time.sleep(120)", "celery", "worker",
                              "--queues", "gpusched@guard-host,default", "--concurrency", "3"])
     try:
         deadline = time.monotonic() + 10

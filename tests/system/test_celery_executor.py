@@ -66,7 +66,7 @@ def test_gpu_tasks_go_to_the_queue_of_the_host_owning_their_devices(executor: An
     assert not executor.queued_tasks
 
 
-def test_lost_host_releases_allocations_and_fails_its_tasks(executor: Any) -> None:
+def test_lost_host_quarantines_allocations_and_fails_its_tasks(executor: Any) -> None:
     from airflow.utils.state import TaskInstanceState
 
     w = _workload("victim", {"gpus": 1, "models": ["A100-SXM-80GB"]})
@@ -74,8 +74,12 @@ def test_lost_host_releases_allocations_and_fails_its_tasks(executor: Any) -> No
     later = time.time() + 100
     executor.ledger.heartbeat_host("host-b", now=later)
     lost = executor.gpu.handle_lost_hosts(now=later + 5)  # host-a silent since registration
-    assert lost == [ti_key("d", "victim", "manual__1", 1)]
-    assert executor.ledger.active() == []
+    key = ti_key("d", "victim", "manual__1", 1)
+    assert lost == [key]
+    # Its fate is unknown: the devices wait, quarantined, for host-a's agent to confirm it stopped.
+    (fenced,) = executor.ledger.active()
+    assert (fenced.key, fenced.status, fenced.holder) == (key, "quarantined", "fence@host-a")
+    assert "host host-a: waiting for its agent to confirm try 1 stopped" in (fenced.release_reason or "")
     state, info = executor.event_buffer[w.key]
     assert state == TaskInstanceState.FAILED and "node lost: no heartbeat from host host-a" in info
     # nothing runs on the lost host any more: an A100 task now waits with a reason

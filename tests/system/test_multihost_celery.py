@@ -10,9 +10,9 @@ each host in its own process group.
 
 Shows: every GPU task ran in the worker of the host that owns its devices, with exactly those
 devices visible; a two-host gang starts together with one rendezvous and, when one member
-fails, is stopped and retried as a whole; SIGKILL of one host mid-task marks it lost, releases
-its allocation, and the task succeeds on a retry on the other host; at the end no allocation is
-left. And the compose ``celery`` profile as shipped: with the environment ``docker-compose.yaml``
+fails, is stopped and retried as a whole; SIGKILL of one host mid-task marks it lost, fences
+its allocation (quarantined until the host's agent, restarted, confirms the try died with it),
+and the task succeeds on a retry on the other host; at the end no allocation is left. And the compose ``celery`` profile as shipped: with the environment ``docker-compose.yaml``
 gives each service (``GPUSCHED_POOL_SYNC`` on, so every GPU task is parsed into a partition
 pool), the executor creates and sizes those pools from the live hosts' GPUs, and a GPU task and
 a two-node gang run to success.
@@ -214,17 +214,23 @@ def test_gpu_tasks_run_on_their_devices_host_and_survive_a_host_death(cluster: L
         assert _seen(cluster, "victim", 2)["GPUSCHED_HOST"] == survivor
         lost = ledger.host(doomed)
         assert lost is not None and lost.state == "lost" and "no heartbeat" in (lost.reason or "")
-        released = ledger.get(first_key)
-        assert released is not None and released.released_at is not None
-        assert "node lost" in (released.release_reason or "")
+        # Its fate unknown to the scheduler, try 1 keeps its devices in quarantine until the host's
+        # agent confirms it stopped.
+        fenced = ledger.get(first_key)
+        assert fenced is not None and fenced.released_at is None and fenced.status == "quarantined"
+        assert "node lost" in (fenced.release_reason or "")
         second = ledger.history(since=started - 5)
         retry = [a for a in second if a.key == ti_key("mh_victim", "victim", run_id, 2)]
         assert len(retry) == 1 and {s.node for s in retry[0].shares} == {survivor}
         assert doomed not in {n.name for n in ledger.snapshot().nodes}
         print(f"host death -> task running on {survivor}: {recovered_s:.1f} s")
 
-        # 4. Nothing is left allocated.
-        _wait(cluster, "every allocation to be released", lambda: not ledger.active(), 60)
+        # 4. The host comes back: its agent confirms try 1 died with it; nothing is left allocated.
+        cluster.start_host(doomed)
+        _wait(cluster, "every allocation to be released", lambda: not ledger.active(), 120)
+        confirmed = ledger.get(first_key)
+        assert confirmed is not None and "agent confirmed try 1 stopped (no task process" in (
+            confirmed.release_reason or "")
     finally:
         ledger.close()
 

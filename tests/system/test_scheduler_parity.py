@@ -568,6 +568,7 @@ def _executed_host_loss(ex: Any) -> list[tuple[Any, ...]]:
 
     from airflow.utils.state import TaskInstanceState
 
+    from gpusched.agent.host_guard import confirm_quarantined
     from gpusched.airflow.gpu_faults import handle_lost_hosts
     from gpusched.records import HolderProcess
 
@@ -599,6 +600,9 @@ def _executed_host_loss(ex: Any) -> list[tuple[Any, ...]]:
             ex.change_state(current[task_id], TaskInstanceState.SUCCESS)
         for host in ("host-a", "host-b"):
             if host == "host-b" or t == 0 or t >= BACK_AT:
+                # As the agent does before each heartbeat: its lost tries' processes died with the
+                # host, so their quarantine ends as it comes back.
+                confirm_quarantined(ex.ledger, host, now=T0 + t)
                 ex.ledger.heartbeat_host(host, now=T0 + t)
         handle_lost_hosts(ex.gpu, T0 + t)
         for task_id in [k for k in ends if str(ex.event_buffer.get(current[k], (None,))[0]) == "failed"]:

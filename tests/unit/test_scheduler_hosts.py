@@ -61,7 +61,36 @@ def test_the_agent_finds_its_worker_by_queue_and_reads_its_slots() -> None:
     assert not _serves(["/venv/bin/python", "-m", "gpusched.cli", "agent", "--host-name", "host-a"],
                        "gpusched@host-a")
     assert worker_slots(argv, {}) == 2
+    titled = ["[celeryd: host-a@box:MainProcess] -active- (worker -O fair --queues gpusched@host-a,default "
+              "--concurrency 2 --loglevel INFO)"]  # the process title Celery sets (setproctitle)
+    assert _serves(titled, "gpusched@host-a") and worker_slots(titled, {}) == 2
+    assert _serves(titled[0].split(" "), "gpusched@host-a")
+    assert not _serves(["[celeryd: host-a@box:ForkPoolWorker-1]"], "gpusched@host-a")  # a pool child
     assert worker_slots(["celery", "worker", "-c", "3"], {}) == 3
     assert worker_slots(["celery", "worker", "--concurrency=5"], {}) == 5
     assert worker_slots(["celery", "worker"], {"AIRFLOW__CELERY__WORKER_CONCURRENCY": "8"}) == 8
     assert worker_slots(["celery", "worker"], {}) == DEFAULT_WORKER_SLOTS
+
+
+def test_worker_slots_count_a_hosts_active_tries_one_each() -> None:
+    from gpusched.model import DeviceShare
+    from gpusched.records import Allocation
+    from gpusched.request import GPURequest
+    from gpusched.scheduler.hosts import slot_full_reason, worker_slot_use
+    from gpusched.scheduler.keys import ti_key
+
+    def alloc(task: str, node: str, status: str = "active", key: str | None = None) -> Allocation:
+        return Allocation(key or ti_key("d", task, "r", 1), GPURequest(count=1),
+                          (DeviceShare(f"{node}-0", node, 0, 250, 0),), "executor", 0.0, 1.0, status=status)
+
+    hosts = [_host("host-a"), _host("host-b"), _host("host-c", state=HostState.LOST)]
+    node_host = {"a1": "host-a", "b1": "host-b", "c1": "host-c"}
+    active = [alloc("t1", "a1"), alloc("t2", "a1"), alloc("t3", "b1"),
+              alloc("t4", "a1", status="quarantined"),  # fenced: no worker slot
+              alloc("t5", "a1", key="test-run:x"),  # a test run does not run on the worker
+              alloc("t6", "c1")]
+    assert worker_slot_use(hosts, node_host, active) == {"host-a": (2, 2), "host-b": (1, 2)}
+    unwatched = [HostRecord("host-a", "f", (), "a", HostState.LIVE, None, 0.0, T)]
+    assert worker_slot_use(unwatched, node_host, active) == {}  # slots unknown: no limit
+    assert slot_full_reason("host-a", 2, 2).startswith(
+        "GPU host host-a: every Celery worker slot is busy (2 of 2)")
