@@ -17,8 +17,11 @@ plain, GPU, GPU, plain (N/2 tasks per run) so that neither gains from running la
 
 For each: queued -> running per task (Airflow's ``queued_when`` -> ``start_date``), p50/p95, wall
 time of the batch, and the scheduler's CPU seconds per task. Then ``--deaths`` times: a long GPU
-task starts, its host is SIGKILLed (worker and agent), and the time until the task's retry runs on
-the other host is measured; the dead host is restarted (re-admitted) before the next round.
+task starts, its host dies as a machine does (worker, agent and the task processes SIGKILLed), and
+the time until the task's retry runs on the other host is measured; the dead host is restarted
+(its agent confirms the old try is gone, ending its quarantine; re-admitted) before the next
+round. Then ``--deaths`` times the same with the host's Celery worker alone killed: its agent
+reports the worker gone and kills the orphaned try itself.
 """
 
 from __future__ import annotations
@@ -178,24 +181,35 @@ def _summary(runs: list[tuple[list[float], float, float]]) -> dict[str, float]:
             "mean_s": statistics.fmean(waits), "wall_s": wall, "scheduler_cpu_s_per_task": cpu / len(waits)}
 
 
-def _death(cluster: LocalCluster, round_no: int) -> dict[str, float | str]:
+def _death(cluster: LocalCluster, round_no: int, *, worker_only: bool = False) -> dict[str, float | str]:
+    """One death mid-task: the whole host (worker, agent and task processes SIGKILLed, as a
+    machine dying) or, with ``worker_only``, its Celery worker alone (agent and task live on);
+    timed from the kill to the retry running on the other host."""
     run_id = cluster.trigger("bench_death")
     safe = run_id.replace(":", "_")
     first = cluster.out / f"{safe}-1.host"
     cluster.wait("the victim to start", first.exists, 300, 0.5)
     doomed = first.read_text().split()[0]
     killed = time.time()
-    cluster.kill_host(doomed)
+    if worker_only:
+        cluster.kill_worker(doomed)
+    else:
+        cluster.kill_host(doomed)
     second = cluster.out / f"{safe}-2.host"
     cluster.wait("the retry to run on the other host", second.exists, 300, 0.2)
     host, started = second.read_text().split()
     cluster.wait("bench_death to finish", lambda: cluster.run_state("bench_death", run_id) == "success", 120)
     seconds = float(started) - killed
-    print(f"  round {round_no}: killed {doomed}; task running on {host} after {seconds:.1f} s", flush=True)
-    cluster.start_host(doomed)  # the host comes back and is re-admitted
+    what = "its worker" if worker_only else "it"
+    print(f"  round {round_no}: killed {what} on {doomed}; task running on {host} after {seconds:.1f} s",
+          flush=True)
+    if worker_only:
+        cluster.start_worker(doomed)
+    else:
+        cluster.start_host(doomed)  # the host comes back; its agent confirms the old try and is re-admitted
     with Ledger(cluster.db_url) as ledger:
-        cluster.wait("the host to be re-admitted", lambda: (h := ledger.host(doomed)) is not None
-                     and h.state == "live", 120)
+        cluster.wait("the host to be re-admitted, nothing quarantined", lambda: (h := ledger.host(doomed))
+                     is not None and h.state == "live" and not ledger.quarantined(doomed), 120)
     return {"killed": doomed, "ran_on": host, "seconds": seconds}
 
 
@@ -233,7 +247,8 @@ def plot(result: dict[str, object], path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=200, help="short tasks per executor (default 200)")
-    parser.add_argument("--deaths", type=int, default=3, help="host deaths to time (default 3)")
+    parser.add_argument("--deaths", type=int, default=3,
+                        help="host deaths, then worker deaths, to time (default 3 each)")
     parser.add_argument("--concurrency", type=int, default=4, help="Celery worker slots per host (default 4)")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "multihost.json")
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out and exit")
@@ -265,9 +280,12 @@ def main() -> int:
         plain, gpu = _summary(runs["bench_plain"]), _summary(runs["bench_gpu"])
         print(f"host deaths ({args.deaths}):", flush=True)
         deaths = [_death(cluster, i + 1) for i in range(args.deaths)]
+        print(f"worker deaths, agent alive ({args.deaths}):", flush=True)
+        worker_deaths = [_death(cluster, i + 1, worker_only=True) for i in range(args.deaths)]
     finally:
         cluster.stop()
     recovery = sorted(float(d["seconds"]) for d in deaths)
+    worker_recovery = sorted(float(d["seconds"]) for d in worker_deaths)
     result = {
         "tasks": args.tasks, "worker_concurrency_per_host": args.concurrency, "hosts": 2,
         "plain_celery": plain, "gpu_celery": gpu,
@@ -275,6 +293,8 @@ def main() -> int:
         "p95_ratio_gpu_over_plain": gpu["p95_s"] / plain["p95_s"] if plain["p95_s"] else None,
         "host_death_to_running_s": deaths,
         "host_death_to_running_median_s": statistics.median(recovery) if recovery else None,
+        "worker_death_to_running_s": worker_deaths,
+        "worker_death_to_running_median_s": statistics.median(worker_recovery) if worker_recovery else None,
         "host_timeout_s": 10,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
