@@ -133,7 +133,14 @@ class GPUCeleryExecutor(GPUExecutorHooks, CeleryExecutor):
             alloc = self.gpu._safe(lambda k=ledger_key: self.ledger.get(k))
             if alloc is not None and alloc.released_at is None:
                 self.gpu.gpu_running[ti.key] = ledger_key
+                self.watch.adopt(ti, self._workload_of)
         return not_adopted
+
+    def _workload_of(self, ti: Any) -> Any:
+        """The workload an adopted try is queued again as, should its dispatch be lost."""
+        from airflow.executors.workloads import ExecuteTask
+
+        return ExecuteTask.make(ti, generator=self.jwt_generator)
 
     def _never_sent(self, ti: Any) -> bool:
         """True when the ledger has no ``launch`` of ``ti``'s try (False when it cannot be read)."""

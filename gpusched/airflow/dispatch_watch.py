@@ -18,7 +18,9 @@ looked into without consuming, so with another broker nothing is re-placed. Each
 broker once for all the overdue tries; only those whose message is not where it should be are
 looked up in the result backend, Airflow and the ledger. A try is re-placed only when two checks
 in a row, ``check_s`` apart, found it lost, and it is re-sent under a new Celery task id (the old
-one is revoked), so a late copy of the old message can never run it twice.
+one is revoked), so a late copy of the old message can never run it twice. A restarted executor
+watches the GPU tries it adopts that were sent and not yet started (:meth:`DispatchWatch.adopt`),
+timed from their original send.
 
 A gang member is re-placed only together with every other member of its gang (all lost); when
 some member started, the lost one fails instead and the gang is retried as a whole
@@ -36,7 +38,8 @@ from typing import Any
 from gpusched.airflow.executor_compat import celery_forget, save_task_event
 from gpusched.airflow.orphans import task_state
 from gpusched.errors import LedgerUnavailableError
-from gpusched.ledger.hosts import HostState
+from gpusched.ledger.hosts import LAUNCH_EVENT, HostState, host_queue
+from gpusched.scheduler.keys import ti_key_of
 
 __all__ = ["ABSENT", "DISPATCH_LOST_EVENT", "QUEUED", "RESERVED", "UNKNOWN", "DispatchWatch", "Sent",
            "broker_messages", "find_message", "remove_message"]
@@ -89,11 +92,38 @@ class DispatchWatch:
         return self.executor.log
 
     def sent(self, workload: Any, *, ledger_key: str, task_id: str, queue: str, host: str,
-             gang: str | None) -> None:
-        """Watch ``workload`` (as it waited in the executor), just sent as Celery task ``task_id``."""
+             gang: str | None, sent_at: float | None = None) -> None:
+        """Watch ``workload`` (as it waited in the executor), sent as Celery task ``task_id``
+        (now, or at ``sent_at``: a try adopted from an earlier executor)."""
         if self.timeout_s > 0:
             self.sent_tries[workload.key] = Sent(workload, ledger_key, task_id, queue, host, gang,
-                                                 self.core.clock())
+                                                 self.core.clock() if sent_at is None else sent_at)
+
+    def adopt(self, ti: Any, make_workload: Callable[[Any], Any]) -> bool:
+        """Watch try ``ti`` that an earlier executor sent and this one adopted (True), when it is
+        still ``queued`` with an active allocation and a ``launch`` event (its host and when it
+        was sent) and no task process: a dispatch lost while no executor ran is then found as
+        any other. ``make_workload(ti)`` builds the workload it is queued again as. Never raises."""
+        try:
+            if str(getattr(ti, "state", "")) not in ("queued", "TaskInstanceState.QUEUED") \
+                    or not getattr(ti, "external_executor_id", None):
+                return False
+            ledger_key = ti_key_of(ti)
+            alloc = self.core.ledger.get(ledger_key)
+            started = alloc is not None and any(p.role == "task" for p in alloc.processes)
+            if alloc is None or alloc.released_at is not None or started:
+                return False
+            launched = self.core.ledger.events(1, kinds=[LAUNCH_EVENT], subject=ledger_key)
+            if not launched or not launched[0].detail.get("host"):
+                return False
+            host = str(launched[0].detail["host"])
+            gang = (launched[0].detail.get("env") or {}).get("GPUSCHED_GANG")
+            self.sent(make_workload(ti), ledger_key=ledger_key, task_id=str(ti.external_executor_id),
+                      queue=host_queue(host), host=host, gang=gang, sent_at=launched[0].at)
+            return True
+        except Exception:
+            self.log.exception("gpusched: could not watch the adopted try %s", getattr(ti, "key", ti))
+            return False
 
     def check(self, now: float | None = None) -> list[Any]:
         """Re-place the tries found lost twice in a row; return their Airflow keys. Never raises.

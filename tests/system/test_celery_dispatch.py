@@ -152,6 +152,32 @@ def test_a_dispatch_lost_in_a_broker_restart_is_placed_again(executor: Any, redi
     assert all(state != TaskInstanceState.FAILED for state, _ in executor.event_buffer.values())
 
 
+def test_a_restarted_executor_watches_the_dispatches_it_adopts(executor: Any, redis: RedisServer) -> None:
+    from types import SimpleNamespace
+
+    w = _workload("adopted", gpus=1, models=["A100-SXM-80GB"])
+    key = ti_key("d", "adopted", "manual__1", 1)
+    executor.watch.airflow_state = lambda k: "queued"
+    _submit(executor, w)
+    sent_at = executor.watch.sent_tries[w.key].sent_at
+    # A new executor after a scheduler restart knows nothing it did not adopt.
+    executor.watch.sent_tries.clear()
+    ti = SimpleNamespace(dag_id="d", task_id="adopted", run_id="manual__1", try_number=1, map_index=-1,
+                         state="queued", external_executor_id=w.ti.external_executor_id, key=w.key)
+    running = SimpleNamespace(**{**vars(ti), "state": "running"})
+    assert not executor.watch.adopt(running, lambda t: w)  # a started try is left alone
+    assert executor.watch.adopt(ti, lambda t: w)
+    adopted = executor.watch.sent_tries[w.key]
+    assert (adopted.ledger_key, adopted.queue, adopted.host) == (key, "gpusched@host-a", "host-a")
+    assert abs(adopted.sent_at - sent_at) < 5  # timed from its original send, not the adoption
+
+    redis.stop()
+    redis.start()  # its message is gone: placed again as any lost dispatch
+    assert executor.watch.check(now=sent_at + 30) == []
+    assert executor.watch.check(now=sent_at + 40) == [w.key]
+    assert w.key in executor.queued_tasks and executor.ledger.active() == []
+
+
 def test_a_started_try_is_never_placed_again(executor: Any, redis: RedisServer) -> None:
     w = _workload("running", gpus=1, models=["L40S"])
     _submit(executor, w)
