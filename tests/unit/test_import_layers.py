@@ -9,6 +9,7 @@ crossing, it does not remove it). Module length is not a rule.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,15 @@ def _top_level() -> set[str]:
 
 def test_every_contract_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)  # lint-imports reads the package from the working directory first
-    status = lint_imports(config_filename=CONFIG, no_cache=True, no_logo=True)
+    # lint-imports configures logging with dictConfig, which disables every logger that exists
+    # already: put them back, or a later test in this process hears nothing from them.
+    loggers = [lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    disabled = {lg: lg.disabled for lg in loggers}
+    try:
+        status = lint_imports(config_filename=CONFIG, no_cache=True, no_logo=True)
+    finally:
+        for lg, was in disabled.items():
+            lg.disabled = was
     assert status == EXIT_STATUS_SUCCESS, "lint-imports found a broken contract (report above)"
 
 
