@@ -54,6 +54,7 @@ class Eligibility:
     n_cordoned: int
     n_standby: int
     n_usable: int
+    largest_slice_milli: int = 0  # the largest hard-isolated slice of a matching device (0: none)
 
 
 def milli_need(request: GPURequest, round_up_fractions: bool) -> int:
@@ -233,6 +234,8 @@ def _compute(
         n_cordoned=int(cordoned.sum()),
         n_standby=int(standby.sum()),
         n_usable=int(usable.sum()),
+        largest_slice_milli=int(info.compute[kind & info.is_slice].max()) if info.any_slices
+        and bool((kind & info.is_slice).any()) else 0,
     )
 
 
@@ -251,9 +254,11 @@ def static_reason(request: GPURequest, elig: Eligibility, *, fractional: bool) -
             f"{_gib(request.memory_per_gpu)} of memory"
         )
     if elig.n_hardware == 0 and fractional and request.isolation == "hard":
+        largest = (f" (the largest slice of a matching GPU here is {elig.largest_slice_milli / MILLI:.3g} of "
+                   f"a GPU: ask for at most that)" if elig.largest_slice_milli else "")
         return (
             f"needs {what}: none of the {elig.n_memory} matching devices is a MIG instance or compute "
-            "partition that holds it; partition a GPU (MIG / CPX) or allow isolation='soft'"
+            f"partition that holds it{largest}; partition a GPU (MIG / CPX) or allow isolation='soft'"
         )
     if elig.n_hardware == 0:
         return (

@@ -404,3 +404,13 @@ def test_the_genetic_optimiser_keeps_hard_requests_on_whole_slices(fleet: FleetS
             assert device.parent is None and device.takes_work and share.milli == 100
     assert all(milli <= 1000 for milli in used.values())
     assert sum(a.key.startswith("h") for a in result.plan.assignments) == 4  # four MIG instances
+
+
+def test_a_hard_request_bigger_than_every_slice_says_how_big_the_largest_is(fleet: FleetSnapshot) -> None:
+    # The README's example on the default fleet: its largest MIG slice is 3g.40gb, 3/7 of an A100.
+    placed = _place(fleet, GPURequest.build(gpus=0.5, memory="20GiB", isolation="hard"))
+    assert "the largest slice of a matching GPU here is 0.428 of a GPU: ask for at most that" in placed["t0"]
+    plain = FleetSnapshot(tuple(load_fleet(default_fleet_path().with_name("small.yaml"))))
+    if not any(d.parent for d in plain.devices()):  # no slice at all: nothing to name
+        placed = _place(plain, GPURequest.build(gpus=0.5, memory="20GiB", isolation="hard"))
+        assert "largest slice" not in placed["t0"]
