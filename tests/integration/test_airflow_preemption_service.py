@@ -117,6 +117,13 @@ class _CycleCore(_Core):
         self.predicted: dict[str, Any] = {}
         self.use_uuids, self.replan_budget_ms, self.replan_weights = False, 0.0, (1.0, 1.0, 0.1)
         self.warm, self.steady = WarmPlacement(), SteadyWorkload(0.1)
+        self.dispatcher = _OneHost()  # the local executor's: no worker slots to count
+        self.slot_notes: list[str] = []
+
+
+class _OneHost:
+    def full_nodes(self, active: Any) -> dict[str, str]:
+        return {}
 
 
 def _executor_cycle(core: _CycleCore, *waiting: tuple[str, int]) -> tuple[CycleRequest, Any]:
