@@ -81,12 +81,8 @@ def run_latency(
             row["release_p50_ms"] = round(statistics.median(release), 4)
             row["release_p99_ms"] = round(percentile(release, 99), 4)
         sweep.append(row)
-        if progress:
-            print(
-                f"latency {n} nodes: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms "
-                f"(CPU {row['cpu_p50_ms']} / {row['cpu_p99_ms']} ms)",
-                file=sys.stderr,
-            )
+        if progress:  # progress only: the caller prints the figures once
+            print(f"latency: {n} nodes measured ({samples} samples)", file=sys.stderr)
     first = sweep[0]
     return {
         "policy": policy_name,

@@ -315,11 +315,14 @@ def _latency(args: argparse.Namespace) -> int:
         resident=args.resident,
         progress=not args.quiet,
     )
-    if not args.json:
-        for row in result["sweep"]:
-            print(f"{row['nodes']:>6} nodes: p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms", file=sys.stderr)
+    if not args.json and len(result["sweep"]) > 1:  # a sweep: one row per size, the first as headline
+        for row in result["sweep"][1:]:
+            print(f"latency {row['nodes']} nodes: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms "
+                  f"(CPU {row['cpu_p50_ms']} / {row['cpu_p99_ms']} ms)", file=sys.stderr)
+    first = result["sweep"][0]
     return emit(
-        args, result, f"latency {args.nodes} nodes: p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms"
+        args, result, f"latency {args.nodes} nodes: p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms "
+                      f"(CPU {first['cpu_p50_ms']} / {first['cpu_p99_ms']} ms)"
     )
 
 

@@ -184,3 +184,11 @@ def test_bench_policy_parts(tiny: dict[str, Path]) -> None:
     plain = _cli("bench", "philly", "--jobs", tiny["philly"], "--nodes", "1", "--start", "2017-10-09",
                  "--end", "2017-10-10")
     assert "policy_parts" not in plain
+
+
+def test_bench_latency_prints_its_result_once() -> None:
+    proc = subprocess.run([sys.executable, "-m", "gpusched.cli", "bench", "latency", "--nodes", "20",
+                           "--samples", "5"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (proc.stdout + proc.stderr).count("p50") == 1, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("latency 20 nodes: p50 ")
