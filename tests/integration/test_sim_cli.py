@@ -187,8 +187,8 @@ def test_bench_policy_parts(tiny: dict[str, Path]) -> None:
 
 
 def test_bench_latency_prints_its_result_once() -> None:
-    proc = subprocess.run([sys.executable, "-m", "gpusched.cli", "bench", "latency", "--nodes", "20",
-                           "--samples", "5"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    argv = [sys.executable, "-m", "gpusched.cli", "bench", "latency", "--nodes", "20", "--samples", "5"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     assert (proc.stdout + proc.stderr).count("p50") == 1, proc.stdout + proc.stderr
     assert proc.stdout.startswith("latency 20 nodes: p50 ")
