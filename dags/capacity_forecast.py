@@ -1,7 +1,8 @@
 """Hourly capacity forecast: demand history → validation → model choice → forecast → pre-scaling.
 
 Tasks
-1. ``load_history`` — hourly GPU demand: from the allocation ledger (default), a Philly trace
+1. ``load_history`` — hourly GPU demand: from the allocation ledger (default: GPUs allocated plus
+   GPUs that waited for devices, queued and not yet placed, so unmet demand is forecast too), a Philly trace
    (``GPUSCHED_DEMAND_SOURCE=trace:<path to philly_jobs.csv>``) or a synthetic series
    (``synthetic``, for demos and tests). The fleet capacity comes from the ledger's snapshot
    (``GPUSCHED_FORECAST_CAPACITY`` overrides it).
@@ -20,7 +21,8 @@ Tasks
    ``forecast-<stamp>.png`` (without it the task logs why and writes ``"plot": null``).
 5. ``prescale`` — :func:`gpusched.capacity.scaling.plan_prescale` with the provisioning delay
    (``GPUSCHED_PROVISIONING_DELAY_S``, default 900) applied through ``GPUSCHED_SCALER``
-   (``local`` | ``command:<cmd>`` | ``webhook:<url>``).
+   (``local`` | ``command:<cmd>`` | ``webhook:<url>``) and, for the ledger source, recorded in the
+   ledger (a ``prescale_plan`` event): the agent's scale-in keeps its burst reserve and target.
 
 Top-level imports are only ``airflow.sdk`` and the standard library; the work happens in tasks.
 """
@@ -103,9 +105,10 @@ def gpusched_capacity_forecast() -> None:
             ledger.migrate()
             now = float(int(time.time()) // 3600 * 3600)
             rows = ledger.demand_history(now - HISTORY_DAYS * 86400, now, 3600)
+            waited = ledger.waiting_history(now - HISTORY_DAYS * 86400, now, 3600)
             snapshot = ledger.snapshot(now)
             capacity = float(override or snapshot.total_devices())
-            series = demand_from_history(rows, capacity=capacity)
+            series = demand_from_history(rows, capacity=capacity, waiting=waited)
             active = sum(len(n.devices) for n in snapshot.nodes if not n.standby)
             standby = [{"name": n.name, "gpus": len(n.devices)} for n in snapshot.nodes if n.standby]
         return {"source": source, "start": series.start, "step_s": series.step_s,
@@ -172,7 +175,7 @@ def gpusched_capacity_forecast() -> None:
     @task
     def prescale(history: dict[str, Any], fc: dict[str, Any]) -> dict[str, Any]:
         from gpusched.capacity.forecast import Forecast
-        from gpusched.capacity.scaling import plan_prescale, scaler_from_spec
+        from gpusched.capacity.scaling import plan_prescale, record_plan, scaler_from_spec
         from gpusched.catalog import default_catalog
         from gpusched.model import Device, Node
 
@@ -189,6 +192,10 @@ def gpusched_capacity_forecast() -> None:
             standby=standby,
         )
         result = scaler_from_spec().apply(plan)
+        if history["source"] == "ledger":
+            from gpusched.ledger import Ledger
+
+            record_plan(Ledger(), plan, result)
         return {"plan": plan.to_dict(), "provider": result.provider, "applied": result.applied,
                 "activated": list(result.activated), "detail": result.detail}
 

@@ -177,7 +177,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "(default $AIRFLOW_HOME/gpusched/quota.yaml)."),
     EnvVar("GPUSCHED_RECOVERY_INLINE", "fault listener", "Boolean (default true): the failure "
            "listener runs the fault chain at once; 0 leaves it to the fault-recovery DAG."),
-    EnvVar("GPUSCHED_SCALER", "remediation", "Scaler that activates standby nodes."),
+    EnvVar("GPUSCHED_SCALER", "remediation, agent, capacity_forecast DAG", "Scaler that switches standby "
+           "nodes on and back to standby: local (default), command:<command line> or webhook:<url>."),
+    EnvVar("GPUSCHED_SCALE_IN_AFTER_S", "agent", "Seconds a standby node the scaler switched on stays "
+           "idle before the agent sends it back to standby (default 1800; off = never)."),
     EnvVar("GPUSCHED_DYNAMIC_MIG", "agent", "Dynamic MIG provider: off (default), local (the simulated "
            "fleet) or nvml (GPUs already in MIG mode); re-partitions idle GPUs for waiting hard requests."),
     EnvVar("GPUSCHED_PROVISIONING_DELAY_S", "capacity_forecast DAG", "Seconds a new node needs "

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpusched.agent.prometheus import TenantBudget, exposition, metric_families, scheduling_families
 from gpusched.capacity.mig_plan import plan_repartition
-from gpusched.capacity.scaling import react_to_waiting
+from gpusched.capacity.scaling import react_to_waiting, release_idle, scale_in_after
 from gpusched.errors import HardwareError, TelemetryError
 from gpusched.faults.alerts import Action, ActionKind, AlertConfig, evaluate
 from gpusched.faults.remediation import apply_actions
@@ -35,6 +35,13 @@ from gpusched.quota.usage import period_start, spans_of, tenant_usage
 __all__ = ["CycleResult", "TelemetryAgent", "sample_once"]
 
 log = logging.getLogger(__name__)
+
+
+class _FromEnv:
+    """Default of a setting read from the environment when the agent starts."""
+
+
+_FROM_ENV = _FromEnv()
 
 
 def sample_once(backend: HardwareBackend, ledger: Ledger) -> list[DeviceSample]:
@@ -77,6 +84,9 @@ class TelemetryAgent:
         retention_s: samples older than this are pruned (hourly).
         scale_after_s: tasks waiting longer than this for capacity a standby node gives switch
             that node on (:func:`gpusched.capacity.scaling.react_to_waiting`); None: never.
+        release_after_s: switched-on standby nodes idle this long go back to standby
+            (:func:`gpusched.capacity.scaling.release_idle`); None: never. Default:
+            ``$GPUSCHED_SCALE_IN_AFTER_S`` (1800 when unset; ``off`` = never).
         mig_provider: dynamic MIG (``GPUSCHED_DYNAMIC_MIG``; None = off, the default): each cycle,
             idle MIG-capable GPUs are re-partitioned for waiting hard-isolated requests
             (:func:`gpusched.capacity.mig_plan.plan_repartition`) and the inventory re-synced.
@@ -93,9 +103,12 @@ class TelemetryAgent:
         inventory_every_s: float = 60.0,
         retention_s: float = 7 * 86400.0,
         scale_after_s: float | None = None,
+        release_after_s: float | _FromEnv | None = _FROM_ENV,
         mig_provider: MigProvider | None = None,
     ) -> None:
         self.scale_after_s = scale_after_s
+        self.release_after_s: float | None = (
+            scale_in_after() if isinstance(release_after_s, _FromEnv) else release_after_s)
         self.backend = backend
         self.ledger = ledger
         self.config = config or AlertConfig()
@@ -138,6 +151,14 @@ class TelemetryAgent:
                 scaled = [f"reactive scale-out failed: {exc}"]
             if scaled:
                 self.sync_inventory(at)  # activated nodes are usable at once
+        if self.release_after_s is not None:
+            try:
+                released = list(release_idle(self.ledger, cool_down_s=self.release_after_s, now=at).reasons)
+            except Exception as exc:  # a scaler failure must not stop sampling and alerting
+                released = [f"scale-in failed: {exc}"]
+            if released and not released[0].startswith("scale-in failed"):
+                self.sync_inventory(at)  # released nodes take no more work
+            scaled += released
         observe = getattr(self.backend, "observe_allocations", None)
         if observe is not None:  # the simulated fleet: devices held by tasks look busy
             observe(self.ledger.active())

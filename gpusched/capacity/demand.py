@@ -2,7 +2,8 @@
 
 :class:`DemandSeries` is what :mod:`gpusched.capacity.forecast` forecasts and
 :mod:`gpusched.capacity.demand_checks` validates. Builders: :func:`demand_from_jobs` (job
-records, integrated exactly), :func:`demand_from_history` (``Ledger.demand_history`` rows),
+records, integrated exactly), :func:`demand_from_history` (``Ledger.demand_history`` rows, plus
+the ``Ledger.waiting_history`` of demand that waited),
 :func:`load_philly_demand` (the Philly trace) and :func:`synthetic_demand` (seeded daily/weekly
 cycles for tests and demos).
 numpy and pandas are imported inside the functions that need them.
@@ -107,16 +108,27 @@ def demand_from_jobs(
 
 
 def demand_from_history(
-    rows: Sequence[tuple[float, int]], *, step_s: int = 3600, capacity: float | None = None
+    rows: Sequence[tuple[float, int]],
+    *,
+    step_s: int = 3600,
+    capacity: float | None = None,
+    waiting: Sequence[tuple[float, int]] = (),
 ) -> DemandSeries:
-    """A series from ``Ledger.demand_history`` rows ``(step start, milli-GPU in use)``."""
+    """A series from ``Ledger.demand_history`` rows ``(step start, milli-GPU in use)``.
+
+    ``waiting``: ``Ledger.waiting_history`` rows on the same steps (milli-GPU that waited for
+    devices), added to each step, so the forecast sees the demand the fleet could not serve. With
+    a ``capacity`` a step reads at most the whole fleet: no scaling serves more than that.
+    """
     if not rows:
         raise ForecastError("the ledger returned no demand history; run the scheduler for a while "
                             "or configure a trace as the demand source")
+    waited = dict(waiting)
     ordered = sorted(rows)
-    return DemandSeries(
-        float(ordered[0][0]), step_s, tuple(milli / MILLI for _, milli in ordered), capacity
-    )
+    values = [(milli + waited.get(at, 0)) / MILLI for at, milli in ordered]
+    if capacity is not None:
+        values = [min(value, capacity) for value in values]
+    return DemandSeries(float(ordered[0][0]), step_s, tuple(values), capacity)
 
 
 def load_philly_demand(path: str | Path, *, step_s: int = 3600) -> DemandSeries:

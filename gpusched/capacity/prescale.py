@@ -3,9 +3,10 @@
 :func:`plan_prescale` says which standby nodes to activate *now* so that they are ready before
 the predicted demand arrives, and how many GPUs to hold back for the burst partition.
 :func:`standby_for_waiting` is the reactive half: which standby nodes would let tasks (and
-multi-node gangs) that have waited too long for capacity start; :func:`standby_for_gang` is its
-rule for one gang, which the scheduler also uses to tell a gang that waits for standby capacity
-from one that can never fit.
+multi-node gangs) that have waited too long for capacity start — the shared rule of
+:mod:`gpusched.capacity.standby_rules` over a fleet snapshot (:class:`SnapshotView`);
+:func:`standby_for_gang` is its rule for one gang, which the scheduler also uses to tell a gang
+that waits for standby capacity from one that can never fit.
 :func:`activate_in_snapshot` shows a fleet snapshot as it will be once a plan is carried out.
 The providers that carry plans out live in :mod:`gpusched.capacity.scaling` (the edge).
 """
@@ -18,22 +19,30 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gpusched.capacity.forecast import Forecast
+from gpusched.capacity.standby_rules import ReactiveScaleOut, WaitingTask, reactive_scale_out
 from gpusched.errors import ScalingError
-from gpusched.gang import GangMember
 from gpusched.model import FleetSnapshot, Node
+from gpusched.placement.engine import place
 from gpusched.placement.feasible import feasible, fitting_nodes
+from gpusched.placement.policy import Policy
+from gpusched.placement.types import PendingTask, PlacementRequest
+from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 
 __all__ = [
     "ReactiveScaleOut",
     "ScaleStep",
     "ScalingPlan",
+    "SnapshotView",
     "WaitingTask",
     "activate_in_snapshot",
     "plan_prescale",
     "standby_for_gang",
     "standby_for_waiting",
 ]
+
+_TAKE_POLICY = Policy()
+"""The policy :meth:`SnapshotView.take` places with (the default one: room accounting, not a decision)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,25 +191,6 @@ def activate_in_snapshot(snapshot: FleetSnapshot, names: Sequence[str]) -> Fleet
     return snapshot.with_nodes(changed) if changed else snapshot
 
 
-@dataclass(frozen=True, slots=True)
-class WaitingTask:
-    """A task waiting for devices: its key, its request and since when it waits (epoch seconds);
-    ``gang``: its membership when it is one member of a multi-node gang."""
-
-    key: str
-    request: GPURequest
-    since: float
-    gang: GangMember | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ReactiveScaleOut:
-    """Standby nodes to activate for tasks that waited too long, and why (one line per task or gang)."""
-
-    activate: tuple[str, ...]
-    reasons: tuple[str, ...]
-
-
 def standby_for_gang(
     request: GPURequest, size: int, same_rack: bool, snapshot: FleetSnapshot, *, empty: bool = False
 ) -> tuple[str, ...] | None:
@@ -234,55 +224,50 @@ def standby_for_waiting(
 ) -> ReactiveScaleOut:
     """Which standby nodes to switch on so that tasks waiting longer than ``threshold_s`` start.
 
-    A task counts when its request does not fit the free devices of the active fleet now but
-    fits once a standby node is active (first such node in fleet order); tasks held back by
-    something else (a budget, a partition limit) fit now and are left alone, and tasks no
-    standby node helps are not served here. A multi-node gang counts as one unit once all its
-    members wait (since its last member arrived): it gets the standby nodes
-    :func:`standby_for_gang` names when its members do not all fit on distinct nodes now.
-    Longest-waiting units choose first; a node chosen for one is offered to the next ones too.
+    The shared rule :func:`gpusched.capacity.standby_rules.reactive_scale_out` over the fleet
+    ``snapshot`` (:class:`SnapshotView`): a task that fits the active fleet now waits for
+    something else (a budget, a partition limit) and is left alone; one that fits once a standby
+    node is on gets the first such node (fleet order) and takes its room there, so the next task
+    is offered what is left; tasks no standby node helps are not served here. A multi-node gang
+    counts as one unit once all its members wait (since its last member arrived) and gets the
+    standby nodes :func:`standby_for_gang` names.
+    """
+    return reactive_scale_out(waiting, SnapshotView(snapshot), now=now, threshold_s=threshold_s)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotView:
+    """A fleet snapshot as the standby rules see it (:class:`~gpusched.capacity.standby_rules.CapacityView`).
+
+    ``holds`` is placement's feasibility check, ``take`` adds the devices placement itself would
+    choose for the request (default policy, no quota) to the snapshot's usage, ``switchable`` are
+    the uncordoned standby nodes in fleet order and ``gang_standby`` is :func:`standby_for_gang`.
     """
 
-    current = snapshot
-    chosen: list[str] = []
-    reasons: list[str] = []
-    units: list[tuple[float, str, WaitingTask]] = []  # (waiting since, name, the task or rank 0)
-    gangs: dict[str, dict[int, WaitingTask]] = {}  # gang -> rank -> member
-    sizes: dict[str, int] = {}
-    for task in waiting:
-        if task.gang is None:
-            units.append((task.since, task.key, task))
-        else:
-            gangs.setdefault(task.gang.gang, {})[task.gang.rank] = task
-            sizes[task.gang.gang] = task.gang.size
-    for name, ranks in gangs.items():
-        if len(ranks) == sizes[name]:  # every member waits
-            units.append((max(m.since for m in ranks.values()), name, ranks[min(ranks)]))
-    for since, _, task in sorted(units, key=lambda u: (u[0], u[1])):
-        waited = now - since
-        if waited < threshold_s:
-            continue
-        gang = task.gang
-        if gang is not None:
-            nodes = standby_for_gang(task.request, gang.size, gang.scope == "same_rack", current)
-            if nodes:
-                current = activate_in_snapshot(current, nodes)
-                chosen.extend(nodes)
-                which = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {', '.join(nodes)}"
-                reasons.append(f"multi-node gang {gang.gang.rsplit('/', 1)[-1]} ({gang.size} members of "
-                               f"{task.request.count} GPU(s)) waited {waited / 60:.0f} min for standby "
-                               f"{which}; activating {'it' if len(nodes) == 1 else 'them'}")
-            continue
-        if feasible(task.request, current):
-            continue
-        for node in current.nodes:
-            if not node.standby or node.cordoned:
-                continue
-            trial = activate_in_snapshot(current, [node.name])
-            if feasible(task.request, trial):
-                current = trial
-                chosen.append(node.name)
-                reasons.append(f"{task.key} waited {waited / 60:.0f} min for {task.request.count} "
-                               f"GPU(s) that standby node {node.name} gives; activating it")
-                break
-    return ReactiveScaleOut(tuple(chosen), tuple(reasons))
+    snapshot: FleetSnapshot
+
+    def holds(self, request: GPURequest) -> bool:
+        """Whether ``request`` fits the free devices of the active fleet."""
+        return feasible(request, self.snapshot)
+
+    def take(self, request: GPURequest) -> SnapshotView:
+        """The snapshot with the devices placement would give ``request`` in use."""
+        plan = place(PlacementRequest(
+            pending=(PendingTask("gpusched-scale-out", request, 0.0),), snapshot=self.snapshot,
+            policy=_TAKE_POLICY, now=0.0, quota=QuotaState.unlimited(),
+        ))
+        if not plan.assignments:
+            return self
+        return SnapshotView(self.snapshot.with_usage(plan.assignments[0].shares))
+
+    def switchable(self) -> tuple[str, ...]:
+        """The uncordoned standby nodes, fleet order."""
+        return tuple(n.name for n in self.snapshot.nodes if n.standby and not n.cordoned)
+
+    def switch_on(self, names: Sequence[str]) -> SnapshotView:
+        """The snapshot with those standby nodes active."""
+        return SnapshotView(activate_in_snapshot(self.snapshot, names))
+
+    def gang_standby(self, request: GPURequest, size: int, same_rack: bool) -> tuple[str, ...] | None:
+        """:func:`standby_for_gang` on this snapshot."""
+        return standby_for_gang(request, size, same_rack, self.snapshot)

@@ -4,10 +4,10 @@ Each concept's SQL lives in its own module, mixed in here so callers see one ``L
 allocations (:mod:`gpusched.ledger.allocations`), the pending queue (:mod:`.queue`), telemetry
 samples (:mod:`.samples`), the event log (:mod:`.events`), the fault chain's request overrides
 (:mod:`.overrides`), GPU hosts (:mod:`.hosts`), checkpoints with preemption notices
-(:mod:`.checkpoints`) and the migrate mode's moves in flight (:mod:`.moves`). This module keeps
-the lifecycle, inventory, health and cordons, and the reads that combine concepts
-(:meth:`Ledger.snapshot`, :meth:`Ledger.cycle_view`). Every method is one database transaction
-(see ``docs/ledger.md``).
+(:mod:`.checkpoints`), the migrate mode's moves in flight (:mod:`.moves`) and the demand that
+waited (:mod:`.demand`). This module keeps the lifecycle, inventory, health and cordons, and the
+reads that combine concepts (:meth:`Ledger.snapshot`, :meth:`Ledger.cycle_view`). Every method
+is one database transaction (see ``docs/ledger.md``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from gpusched.errors import LedgerError
 from gpusched.ledger import capacity, inventory
 from gpusched.ledger.allocations import KnownParts, LedgerAllocations, active_allocations
 from gpusched.ledger.checkpoints import LedgerCheckpoints
+from gpusched.ledger.demand import LedgerDemand
 from gpusched.ledger.engine import default_url, make_engine, read_tx, write_tx
 from gpusched.ledger.events import LedgerEvents, write_event
 from gpusched.ledger.hosts import HostState, LedgerHosts
@@ -45,7 +46,7 @@ def _now(now: float | None) -> float:
 
 
 class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, LedgerOverrides, LedgerHosts,
-             LedgerCheckpoints, LedgerMoves):
+             LedgerCheckpoints, LedgerMoves, LedgerDemand):
     """Allocations, leases, inventory, health, cordons, queue, samples, events and overrides in one database.
 
     ``Ledger(url)``: ``url`` None means ``$GPUSCHED_DB_URL``, else SQLite (WAL) at

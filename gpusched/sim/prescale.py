@@ -8,16 +8,22 @@ take ``provisioning_delay_s`` to become usable once activated. Two job classes a
 
 Burst jobs go first; training jobs may not take the burst reserve. Strategies:
 
-* ``reactive`` — when queued demand exceeds free plus provisioning capacity, activate enough
-  standby nodes (ready after the delay); no reserve.
+* ``reactive`` — the jobs that wait for capacity switch standby nodes on (ready after the delay);
+  no reserve.
 * ``predictive`` — every ``plan_every_s`` the demand forecast (:mod:`gpusched.capacity.forecast`, refit
   every ``refit_every_s`` on the simulated hourly history of total and burst demand) goes through
   :func:`gpusched.capacity.prescale.plan_prescale`, which activates standby nodes ahead of the predicted
   demand and sets the burst reserve; the reactive rule stays as a fallback.
 
-Both scale in the same way: a whole idle node beyond what is needed goes back to standby after
-``idle_release_s``. The pool abstraction ignores which node a job sits on (jobs are at most one
-node wide), so scale-in assumes an idle node's worth of free GPUs can be handed back.
+Every decision comes from the rules the agent runs (:mod:`gpusched.capacity.standby_rules`):
+the reactive scale-out (:func:`~gpusched.capacity.standby_rules.reactive_scale_out`, threshold 0,
+over the pool as a :class:`PoolView`: GPU counts, capacity being provisioned counted as coming),
+the burst reserve (:func:`~gpusched.capacity.standby_rules.usable_gpus`: in dispatching and in
+what the scale-out counts as fitting) and the scale-in
+(:func:`~gpusched.capacity.standby_rules.scale_in`: a switched-on node goes back to standby after
+``idle_release_s``). This module keeps the pool's bookkeeping, the clock and the metrics. The pool
+ignores which node a job sits on (jobs are at most one node wide), so a node counts as idle from
+when it came up and scale-in assumes an idle node's worth of free GPUs can be handed back.
 The first ``warmup_days`` run reactive for both strategies (to build forecasting history);
 metrics cover the ``measure_days`` after.
 """
@@ -28,15 +34,24 @@ import heapq
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpusched.capacity.forecast import DemandSeries, Forecast, fit_forecast
 from gpusched.capacity.prescale import plan_prescale
+from gpusched.capacity.standby_rules import (
+    SwitchedOn,
+    WaitingTask,
+    reactive_scale_out,
+    scale_in,
+    usable_gpus,
+)
 from gpusched.catalog import default_catalog
 from gpusched.model import Device, Node
+from gpusched.request import GPURequest, Partition
 
-__all__ = ["PrescaleConfig", "PrescaleResult", "compare", "generate_jobs", "simulate_prescale"]
+__all__ = ["PoolView", "PrescaleConfig", "PrescaleResult", "compare", "generate_jobs", "simulate_prescale"]
 
 HOUR = 3600
 DAY = 86400
@@ -144,6 +159,42 @@ def _standby_nodes(cfg: PrescaleConfig) -> list[Node]:
     return nodes
 
 
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """The pool as the standby rules see it (:class:`~gpusched.capacity.standby_rules.CapacityView`):
+    ``free`` GPUs (free now, plus those being provisioned in the view of capacity coming), the
+    standby nodes not yet switched on (in the order they are offered), the GPUs per node and the
+    burst reserve. A request holds when its GPUs fit the free GPUs its partition may use
+    (:func:`~gpusched.capacity.standby_rules.usable_gpus`, as dispatching does); the pool has no
+    multi-node gangs."""
+
+    free: int
+    standby: tuple[str, ...]
+    gpus_per_node: int
+    reserve: int = 0
+
+    def holds(self, request: GPURequest) -> bool:
+        """Whether ``request``'s GPUs fit the free GPUs its partition may use."""
+        return request.count <= usable_gpus(self.free, self.reserve, partition=request.partition)
+
+    def take(self, request: GPURequest) -> PoolView:
+        """The pool with ``request``'s GPUs taken."""
+        return replace(self, free=self.free - request.count)
+
+    def switchable(self) -> tuple[str, ...]:
+        """The standby nodes not switched on yet."""
+        return self.standby
+
+    def switch_on(self, names: Sequence[str]) -> PoolView:
+        """The pool with those nodes' GPUs added."""
+        return replace(self, free=self.free + len(names) * self.gpus_per_node,
+                       standby=tuple(n for n in self.standby if n not in names))
+
+    def gang_standby(self, request: GPURequest, size: int, same_rack: bool) -> tuple[str, ...] | None:
+        """The pool scenario has no multi-node gangs: never any nodes for one."""
+        return None
+
+
 class _Pool:
     """GPU pool state and the hourly demand history the forecaster learns from."""
 
@@ -216,20 +267,28 @@ def simulate_prescale(cfg: PrescaleConfig, strategy: str, jobs: list[SimJob] | N
     forecasts: tuple[Forecast, Forecast] | None = None
     last_fit = -math.inf
 
-    def activate(count_gpus: int, now: float) -> None:
-        while count_gpus > 0 and pool.standby:
-            name = pool.standby.pop(0)
+    requests: dict[tuple[int, bool], GPURequest] = {}
+
+    def request_of(job: SimJob) -> GPURequest:
+        shape = (job.gpus, job.burst)
+        if shape not in requests:
+            requests[shape] = GPURequest(count=job.gpus,
+                                         partition=Partition.BURST if job.burst else Partition.TRAINING)
+        return requests[shape]
+
+    def activate(names: Sequence[str], now: float) -> None:
+        for name in names:
+            pool.standby.remove(name)
             pool.provisioning += cfg.gpus_per_node
             pool.activations += now >= measure_from
             push(now + cfg.provisioning_delay_s, "ready", name)
-            count_gpus -= cfg.gpus_per_node
 
     def dispatch(now: float) -> None:
         for queue, burst in ((pool.queue_burst, True), (pool.queue_train, False)):
+            partition = Partition.BURST if burst else Partition.TRAINING
             while queue:
                 _, job = queue[0]
-                free = pool.active - pool.used - (0 if burst else pool.reserve)
-                if job.gpus > free:
+                if job.gpus > usable_gpus(pool.active - pool.used, pool.reserve, partition=partition):
                     break
                 queue.popleft()
                 pool.used += job.gpus
@@ -237,10 +296,17 @@ def simulate_prescale(cfg: PrescaleConfig, strategy: str, jobs: list[SimJob] | N
                 if job.arrival >= measure_from:
                     waits[burst].append(now - job.arrival)
                 push(now + job.duration, "done", job)
-        queued = sum(j.gpus for _, j in pool.queue_burst) + sum(j.gpus for _, j in pool.queue_train)
-        short = queued - (pool.active - pool.used) - pool.provisioning
-        if short > 0:  # the reactive rule (also the predictive strategy's fallback)
-            activate(short, now)
+        if not pool.queue_burst and not pool.queue_train:
+            return
+        # The reactive rule (also the predictive strategy's fallback): the agent's, at once.
+        waiting = [WaitingTask(f"{i:07d}", request_of(job), job.arrival)
+                   for queue in (pool.queue_burst, pool.queue_train) for i, job in queue]
+        free, standby = pool.active - pool.used, tuple(pool.standby)
+        decision = reactive_scale_out(
+            waiting, PoolView(free, standby, cfg.gpus_per_node, pool.reserve), now=now, threshold_s=0.0,
+            coming=PoolView(free + pool.provisioning, standby, cfg.gpus_per_node, pool.reserve),
+        )
+        activate(decision.activate, now)
 
     while events:
         now, _, kind, data = heapq.heappop(events)
@@ -272,23 +338,22 @@ def simulate_prescale(cfg: PrescaleConfig, strategy: str, jobs: list[SimJob] | N
                 plan = plan_prescale(forecasts[0], pool.active + pool.provisioning, cfg.provisioning_delay_s,
                                      now=now, standby=standby, burst_forecast=forecasts[1],
                                      max_burst_fraction=0.5, use_upper=cfg.use_upper)
-                for name in plan.activate:
-                    pool.standby.remove(name)
-                    pool.standby.insert(0, name)
-                activate(sum(len(standby_by_name[n].devices) for n in plan.activate), now)
+                activate(plan.activate, now)
                 pool.reserve = plan.burst_reserve_gpus
                 target = plan.target_gpus
-            # Scale-in: an activated node idle long enough, beyond what is wanted, goes back.
-            base = cfg.active_nodes * cfg.gpus_per_node
-            for name, since in list(pool.on):
-                free = pool.active - pool.used - pool.reserve
-                keep = max(target, base)
-                if (free >= cfg.gpus_per_node and now - since >= cfg.idle_release_s
-                        and pool.active - cfg.gpus_per_node >= keep and not pool.queue_burst
-                        and not pool.queue_train):
-                    pool.on.remove((name, since))
-                    pool.active -= cfg.gpus_per_node
-                    pool.standby.append(name)
+            # Scale-in: the agent's rule; a node counts as idle from when it came up (the pool
+            # cannot tell which node a job sits on).
+            released = scale_in(
+                [SwitchedOn(name, cfg.gpus_per_node, since) for name, since in pool.on],
+                now=now, cool_down_s=cfg.idle_release_s, free_gpus=pool.active - pool.used,
+                active_gpus=pool.active, reserve_gpus=pool.reserve,
+                keep_gpus=max(target, cfg.active_nodes * cfg.gpus_per_node),
+                waiting=bool(pool.queue_burst or pool.queue_train),
+            ).release
+            for name in released:
+                pool.on = [(n, since) for n, since in pool.on if n != name]
+                pool.active -= cfg.gpus_per_node
+                pool.standby.append(name)
         dispatch(now)
     burst_waits = sorted(waits[True])
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from gpusched.agent.telemetry import TelemetryAgent, sample_once
 from gpusched.cli import main
@@ -209,3 +211,68 @@ def test_a_gang_waiting_for_the_standby_node_switches_it_on_and_then_starts() ->
         reply = decide(CycleRequest(tuple(members), ledger.snapshot(now), Policy.named("gpusched"), (), now,
                                     QuotaState.unlimited()))
         assert sorted(launch.shares[0].node for launch in reply.launches) == ["a-h100-1", "a-h100-2"]
+
+
+def test_an_idle_standby_node_goes_back_to_standby_after_the_cool_down() -> None:
+    """Before: the agent only ever switched standby nodes on; a-h100-2 stayed on (and paid for)
+    long after the task that needed it had finished."""
+    from gpusched.capacity.scaling import LocalFleetScaler
+
+    backend = SimulatedBackend()
+    h100 = next(n for n in backend.discover() if n.name == "a-h100-1")
+    now = time.time()
+    key = "airflow/train/fit/-1/1/manual__1"
+    want = GPURequest.build(gpus=8, model="H100-SXM-80GB", interconnect="same_node")
+    with Ledger() as ledger:
+        ledger.migrate()
+        ledger.sync_inventory(backend.discover(), source="simulated")
+        ledger.allocate("busy", want, [DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes)
+                                       for d in h100.devices], holder="test", now=now - 3600, lease_s=10**7)
+        ledger.record_queue(key, want, "8 on standby nodes", now - 400)
+        agent = TelemetryAgent(backend, ledger, scale_after_s=300.0, release_after_s=1800.0)
+        agent.cycle(now)
+        assert LocalFleetScaler().state()["active_standby"] == ["a-h100-2"]
+        standby = ledger.snapshot(now).node("a-h100-2")
+        ledger.clear_queue(key)  # the executor places the task on the node switched on for it
+        ledger.allocate(key, want, [DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes)
+                                    for d in standby.devices], holder="test", now=now + 10, lease_s=10**7,
+                        queued_at=now - 400)
+        assert agent.cycle(now + 1900).applied == ()  # busy: the task still runs there
+        ledger.release(key, reason="success", now=now + 2000)
+        # A second task waits for those H100s: the node stays on although idle past the cool-down.
+        ledger.record_queue("airflow/train/fit/-1/1/manual__2", want, "placing", now + 3800)
+        assert agent.cycle(now + 3850).applied == ()
+        ledger.clear_queue("airflow/train/fit/-1/1/manual__2")
+        assert agent.cycle(now + 2000 + 1700).applied == ()  # idle 1,700 s < 1,800 s
+        result = agent.cycle(now + 2000 + 1800)
+        assert result.applied == ("standby node a-h100-2 idle 30 min (cool-down 30 min); back to standby",)
+        assert LocalFleetScaler().state()["active_standby"] == []
+        assert ledger.snapshot(now + 3800).node("a-h100-2").standby  # takes no work any more
+        event = ledger.events(5, kinds=["scale_in"])[0]
+        assert event.subject == "a-h100-2" and event.detail["provider"] == "local"
+        assert agent.cycle(now + 4000).applied == ()  # nothing left to release
+
+
+def test_a_command_scaler_is_told_which_nodes_to_release(tmp_path: Path) -> None:
+    """Scale-in through an operator's command: it gets the nodes on stdin, the ledger says so."""
+    from gpusched.capacity.scaling import CommandScaler, ScalingPlan, record_plan, release_idle, switched_on
+
+    backend = SimulatedBackend()
+    out = tmp_path / "calls.jsonl"
+    code = (f"import sys, pathlib; p = pathlib.Path({str(out)!r}); "
+            "p.write_text((p.read_text() if p.exists() else '') + sys.stdin.read() + '\\n')")
+    scaler = CommandScaler([sys.executable, "-c", code])
+    now = time.time()
+    with Ledger() as ledger:
+        ledger.migrate()
+        ledger.sync_inventory(backend.discover(), source="simulated")
+        plan = ScalingPlan(created_at=now - 7200, provisioning_delay_s=0, active_gpus=0, target_gpus=0,
+                           activate=("a-h100-1",), surplus_gpus=0, burst_reserve_gpus=0, steps=(),
+                           model="ets", reason="test")
+        record_plan(ledger, plan, scaler.apply(plan))
+        assert switched_on(ledger, scaler) == {"a-h100-1": now - 7200}
+        assert release_idle(ledger, cool_down_s=1800.0, scaler=scaler, now=now).release == ("a-h100-1",)
+        calls = [json.loads(line) for line in out.read_text().splitlines() if line]
+        assert [c["action"] for c in calls] == ["activate", "release"]
+        assert calls[1]["release"] == ["a-h100-1"] and "idle 31 min" in calls[1]["reason"]
+        assert switched_on(ledger, scaler) == {}

@@ -110,6 +110,8 @@ def test_capacity_forecast_dag_reads_the_ledger_and_records_a_forecast_event() -
     assert events and len(events[0].detail["mean"]) == 24
     plan = json.loads((home / "gpusched" / "scaling.json").read_text())["last_plan"]
     assert plan["active_gpus"] == 24  # the standby node is not active capacity
+    recorded = ledger.events(1, kinds=["prescale_plan"])  # what the agent's scale-in reads
+    assert recorded and recorded[0].detail["plan"] == plan
 
 
 @pytest.mark.airflow

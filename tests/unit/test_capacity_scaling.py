@@ -205,3 +205,24 @@ def test_a_waiting_gang_switches_on_the_standby_node_it_needs_as_one_unit() -> N
     assert standby_for_gang(member, 1, True, fleet) == ()
     assert standby_for_gang(member, 3, True, fleet) is None
     assert standby_for_gang(member, 2, False, fleet) == ("a-h100-2",)
+
+
+def test_scale_in_goes_through_every_provider(hook_url: str, tmp_path: Path) -> None:
+    from gpusched.capacity.scaling import scale_in_after
+
+    _Hook.received.clear()
+    _Hook.status = 200
+    plan = plan_prescale(_forecast([30], band=0), 16, 900, now=NOW, standby=[_node("s1", 16)])
+    WebhookScaler(hook_url).apply(plan)
+    result = WebhookScaler(hook_url).release(["s1"], reason="idle 31 min", now=NOW + 3600)
+    assert result.applied and [r["action"] for r in _Hook.received] == ["activate", "release"]
+    assert _Hook.received[1] == {"action": "release", "release": ["s1"], "reason": "idle 31 min",
+                                 "created_at": NOW + 3600}
+    local = LocalFleetScaler(tmp_path / "scaling.json")
+    local.apply(plan)
+    assert local.state()["activated_at"] == {"s1": NOW}
+    assert local.release(["s1"], reason="idle", now=NOW + 3600).applied
+    assert local.state()["active_standby"] == [] and local.state()["activated_at"] == {}
+    assert scale_in_after("") == 1800.0 and scale_in_after("off") is None and scale_in_after("60") == 60.0
+    with pytest.raises(ConfigurationError, match="GPUSCHED_SCALE_IN_AFTER_S"):
+        scale_in_after("soon")
