@@ -25,6 +25,7 @@ __all__ = [
     "Health",
     "MigStep",
     "Node",
+    "gpu_cards",
 ]
 
 MILLI = 1000
@@ -272,3 +273,15 @@ class FleetSnapshot:
         node = self._nodes[device.node]
         devices = tuple(device if d.uuid == device.uuid else d for d in node.devices)
         return self.with_nodes([replace(node, devices=devices)])
+
+
+def gpu_cards(devices: Iterable[Device]) -> tuple[int, int]:
+    """(physical GPUs, hard-isolated slices) among ``devices``: a GPU cut into MIG instances or
+    partitions counts once however it is recorded (a MIG-enabled device beside its instances, or
+    only its partitions naming it as their parent); each slice also counts as a slice. Every
+    surface that counts "GPUs" (inventory, ``ledger status``, the fleet page) counts this way."""
+    listed = list(devices)
+    uuids = {d.uuid for d in listed}
+    whole = sum(1 for d in listed if d.parent is None)
+    slices = [d for d in listed if d.parent is not None]
+    return whole + len({d.parent for d in slices if d.parent not in uuids}), len(slices)

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from gpusched.model import MILLI, Device, DeviceSample, FleetSnapshot, Health, Node
+from gpusched.model import MILLI, Device, DeviceSample, FleetSnapshot, Health, Node, gpu_cards
 from gpusched.quota import usage as quota_usage
 from gpusched.quota.policy import UNITS_PER_A100_HOUR, QuotaPolicy, partition_capacity
 from gpusched.request import Partition
@@ -128,7 +128,8 @@ def fleet_view(
         "simulated": "simulated" in snapshot.source.lower(),
         "taken_at": snapshot.taken_at,
         "summary": {
-            "devices": total,
+            "devices": total,  # physical GPUs: a GPU cut into slices is one tile (gpu_cards)
+            "slices": gpu_cards(snapshot.devices())[1],
             "nodes": len(snapshot.nodes),
             "states": counts,
             "in_service": in_service,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpusched.hardware.detect import detect_backend
-from gpusched.model import Node
+from gpusched.model import Node, gpu_cards
 
 __all__ = ["inventory_dict", "register", "render_text"]
 
@@ -111,9 +111,11 @@ def inventory_dict(nodes: Sequence[Node], *, source: str, simulated: bool, backe
 def render_text(nodes: Sequence[Node], *, source: str, simulated: bool) -> str:
     """The human view: a header naming the source, then racks → nodes → devices."""
     lines = [f"source: {source}" + ("  [SIMULATED — not real hardware]" if simulated else "")]
-    total = sum(len(n.devices) for n in nodes)
+    gpus, slices = gpu_cards(d for n in nodes for d in n.devices)
     models = sorted({d.model for n in nodes for d in n.devices})
-    lines.append(f"{len(nodes)} node(s), {total} device(s), models: {', '.join(models) or '-'}")
+    cut = (f" ({slices} MIG instance(s) / partition(s) of them listed below, each scheduled on its own)"
+           if slices else "")
+    lines.append(f"{len(nodes)} node(s), {gpus} GPU(s){cut}, models: {', '.join(models) or '-'}")
     racks: dict[str, list[Node]] = {}
     for node in nodes:
         racks.setdefault(node.rack, []).append(node)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpusched.commands.args import finite_float, int_range
 from gpusched.errors import ConfigurationError, LedgerError
-from gpusched.model import Health
+from gpusched.model import Health, gpu_cards
 from gpusched.paths import state_dir
 
 if TYPE_CHECKING:  # the ledger (sqlalchemy) loads when a ledger command runs, not at `gpusched --help`
@@ -283,31 +283,28 @@ def _where(ledger: Ledger) -> str:
 
 def _status(ledger: Ledger, as_json: bool) -> int:
     # local: both load the ledger (sqlalchemy), as in run()
-    from gpusched.airflow.api_views import DEVICE_STATES, device_state
+    from gpusched.airflow.api_views import fleet_view
     from gpusched.ledger.migrate import current_revision, head_revision
 
     snapshot = ledger.snapshot()
     active = ledger.active()
-    states = dict.fromkeys(DEVICE_STATES, 0)
-    for node in snapshot.nodes:
-        for device in node.devices:
-            states[device_state(device, node, snapshot.used(device.uuid).used_milli)] += 1
-    in_service = states["allocated"] + states["shared"] + states["free"]  # as on the fleet page
+    summary = fleet_view(snapshot, active)["summary"]  # GPUs counted as the fleet page counts them
     devices = list(snapshot.devices())
     data = {
         "database": _where(ledger),
         "revision": current_revision(ledger.engine),
         "head": head_revision(),
         "source": snapshot.source,
-        "devices": len(devices),
-        "in_service": in_service,
-        "standby": states["standby"],
+        "devices": summary["devices"],  # physical GPUs: a GPU cut into slices counts once
+        "slices": gpu_cards(devices)[1],  # MIG instances / partitions, each scheduled on its own
+        "in_service": summary["in_service"],
+        "standby": summary["states"]["standby"],
         "cordoned": sum(1 for d in devices if d.cordoned or snapshot.node(d.node).cordoned),
         "unhealthy": sum(1 for d in devices if d.health is Health.UNHEALTHY),
         "degraded": sum(1 for d in devices if d.health is Health.DEGRADED),
         "active_allocations": len(active),
         "used_milli": sum(snapshot.used(d.uuid).used_milli for d in devices),
-        "capacity_milli": 1000 * in_service,
+        "capacity_milli": 1000 * summary["in_service"],
         "queued": len(ledger.queue()),
     }
     if as_json:

@@ -2,20 +2,19 @@
 
 Boots (``gpusched.deploy.multihost_cluster.LocalCluster``) real processes on 127.0.0.1:
 ``redis-server``, a throwaway PostgreSQL (Airflow's metadata, the Celery result backend and the
-gpusched ledger), ``airflow scheduler`` with
-``GPUCeleryExecutor``, ``airflow api-server``, ``airflow dag-processor``, and per GPU host
-(``host-a``: 2 A100, ``host-b``: 2 L40S of ``gpusched/include/fleets/multihost.yaml``) one
-``airflow celery worker --queues gpusched@<host>`` plus one ``gpusched agent --host-name <host>``,
-each host in its own process group.
+gpusched ledger), ``airflow scheduler`` with ``GPUCeleryExecutor``, ``airflow api-server``,
+``airflow dag-processor``, and per GPU host (``host-a``: 2 A100, ``host-b``: 2 L40S of
+``gpusched/include/fleets/multihost.yaml``) one ``airflow celery worker --queues gpusched@<host>``
+plus one ``gpusched agent --host-name <host>``, each host in its own process group.
 
 Shows: every GPU task ran in the worker of the host that owns its devices, with exactly those
-devices visible; a two-host gang starts together with one rendezvous and, when one member
-fails, is stopped and retried as a whole; SIGKILL of one host mid-task marks it lost, fences
-its allocation (quarantined until the host's agent, restarted, confirms the try died with it),
-and the task succeeds on a retry on the other host; at the end no allocation is left. And the compose ``celery`` profile as shipped: with the environment ``docker-compose.yaml``
-gives each service (``GPUSCHED_POOL_SYNC`` on, so every GPU task is parsed into a partition
-pool), the executor creates and sizes those pools from the live hosts' GPUs, and a GPU task and
-a two-node gang run to success.
+devices visible; a two-host gang starts together with one rendezvous and, when one member fails, is
+stopped and retried as a whole; SIGKILL of one host mid-task marks it lost, fences its allocation
+(quarantined until the host's agent, restarted, confirms the try died with it), and the task
+succeeds on a retry on the other host; at the end no allocation is left. And the compose ``celery``
+profile as shipped: with the environment ``docker-compose.yaml`` gives each service
+(``GPUSCHED_POOL_SYNC`` on, so every GPU task is parsed into a partition pool), the executor creates
+and sizes those pools from the live hosts' GPUs, and a GPU task and a two-node gang run to success.
 """
 
 from __future__ import annotations
