@@ -94,3 +94,4 @@ def test_worker_slots_count_a_hosts_active_tries_one_each() -> None:
     assert worker_slot_use(unwatched, node_host, active) == {}  # slots unknown: no limit
     assert slot_full_reason("host-a", 2, 2).startswith(
         "GPU host host-a: every Celery worker slot is busy (2 of 2)")
+
