@@ -129,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the agent; returns the exit code."""
     import os
 
-    # local: the ledger (sqlalchemy) and prometheus_client load when the agent runs, not at `gpusched --help`
+    # local: the ledger (sqlalchemy), psutil and prometheus_client load when the agent runs, not at
+    # `gpusched --help`
+    from gpusched.agent.host_guard import confirm_quarantined, watch_worker
     from gpusched.agent.prometheus import MetricsServer
     from gpusched.agent.telemetry import TelemetryAgent
     from gpusched.ledger import Ledger
@@ -146,8 +148,6 @@ def run(args: argparse.Namespace) -> int:
     ledger.migrate()
     heartbeat = None
     if host:
-        from gpusched.agent.host_guard import confirm_quarantined, watch_worker
-
         watch = None if args.no_worker_watch else watch_worker
         backend = HostSlice(backend, host)
         for line in confirm_quarantined(ledger, host):
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         if warning:
             print(f"gpusched agent: warning: {warning}", file=sys.stderr, flush=True)
         if not args.once:
-            heartbeat = _Heartbeat(ledger, host, args.heartbeat, watch)
+            heartbeat = _Heartbeat(ledger, host, args.heartbeat, watch, confirm_quarantined)
             heartbeat.start()
 
     agent = TelemetryAgent(backend, ledger, config=config, window_s=args.window,
@@ -253,18 +253,17 @@ class _Heartbeat(threading.Thread):
     tries (killing leftovers), look at its Celery worker (``watch``; None: not watched) and
     heartbeat with what it saw."""
 
-    def __init__(self, ledger: Any, host: str, interval: float, watch: Any = None) -> None:
+    def __init__(self, ledger: Any, host: str, interval: float, watch: Any, confirm: Any) -> None:
         super().__init__(name=f"gpusched-heartbeat-{host}", daemon=True)
         self.ledger, self.host, self.interval, self.watch = ledger, host, interval, watch
+        self.confirm = confirm  # host_guard.confirm_quarantined
         self._stop_event = threading.Event()
         self._worker_state: str | None = None
 
     def run(self) -> None:
-        from gpusched.agent.host_guard import confirm_quarantined
-
         while not self._stop_event.wait(self.interval):
             try:
-                for line in confirm_quarantined(self.ledger, self.host):
+                for line in self.confirm(self.ledger, self.host):
                     print(f"gpusched agent: {line}", flush=True)
                 worker = self.watch(self.host) if self.watch is not None else None
                 if worker is not None and worker.state != self._worker_state:
