@@ -9,6 +9,7 @@ great_expectations and pandas are imported inside :func:`validate_demand`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,20 @@ def validate_demand(
             suite file cannot be read.
     """
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    # GX logs its import and context set-up at INFO (~200 lines) and draws a progress bar on
+    # stderr (an Airflow task log shows it as errors): the outcome below is what the caller reports.
+    gx_log = logging.getLogger("great_expectations")
+    level = gx_log.level
+    gx_log.setLevel(max(level, logging.WARNING))
+    try:
+        return _validate(frame, capacity=capacity, step_s=step_s, min_rows=min_rows, suite_file=suite_file)
+    finally:
+        gx_log.setLevel(level)
+
+
+def _validate(
+    frame: Any, *, capacity: float, step_s: int, min_rows: int, suite_file: Path | None,
+) -> tuple[DemandCheck, ...]:
     import great_expectations as gx
     from great_expectations.core.expectation_suite import ExpectationSuite
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
@@ -82,7 +97,10 @@ def validate_demand(
         raise ForecastError(
             f"demand frame lacks column(s) {sorted(missing)}; build it with DemandSeries.to_frame()"
         )
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
     context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
     suite = context.suites.add(ExpectationSuite(name=str(spec.get("name", "demand_history")),
                                                 expectations=configs))
     source = context.data_sources.add_pandas("gpusched_demand")

@@ -49,3 +49,13 @@ def test_too_short_and_missing_columns(good: DemandSeries) -> None:
         validate_demand(good.to_frame().rename(columns={"gpus": "value"}), capacity=100.0)
     with pytest.raises(ForecastError, match="capacity"):
         validate_series(DemandSeries(good.start, 3600, good.values, None))
+
+
+def test_validation_is_quiet(good: DemandSeries, capfd: pytest.CaptureFixture[str],
+                             caplog: pytest.LogCaptureFixture) -> None:
+    # GX draws a progress bar on stderr (an Airflow task log shows it as errors) and logs ~200
+    # INFO lines about itself; the forecast's log should hold only what the DAG reports.
+    with caplog.at_level("INFO"):
+        validate_series(good)
+    assert capfd.readouterr().err == ""
+    assert len([r for r in caplog.records if r.name.startswith("great_expectations")]) <= 2
