@@ -2,7 +2,10 @@
 
 Runs ``scripts/bench_recovery_airflow.py --trials 1`` (airflow standalone with the GPU executor,
 the gpusched plugin and a gpusched agent, on the simulated fleet) and checks its outcome; the
-timing is reported by the script, not asserted.
+timing is reported by the script, not asserted. Twice: with the task's own Airflow retry (the
+failure listener handles the fault inline), and with ``--sweep`` — a task without retries, whose
+failed run the bundled ``gpusched_fault_recovery`` DAG, triggered in the same Airflow, classifies
+and clears — to the same outcome.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_xid_fault_is_recovered_through_airflow(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["inline", "sweep"])
+def test_xid_fault_is_recovered_through_airflow(tmp_path: Path, path: str) -> None:
     out = tmp_path / "recovery.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "bench_recovery_airflow.py"), "--trials", "1",
-         "--out", str(out)],
+         "--out", str(out), *(["--sweep"] if path == "sweep" else [])],
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
