@@ -23,6 +23,8 @@ class AllocationStatus:
     ACTIVE = "active"
     RELEASED = "released"
     EXPIRED = "expired"
+    SUCCEEDED = "succeeded"
+    """Released because its task succeeded (what learned durations learn from)."""
     QUARANTINED = "quarantined"
     """Unreleased, its holder's fate unknown (host lost): the devices wait for the host's agent to
     confirm the try's processes are gone (``gpusched.ledger.allocations``)."""

@@ -203,5 +203,5 @@ def record_finished_runs(
     for n, run_s in enumerate(run_seconds):
         key = ti_key(dag_id, task_id, f"scheduled__history{n}", 1)
         ledger.allocate(key, request, [device], holder="history", now=at)
-        ledger.release(key, reason="task succeeded", now=at + run_s)
+        ledger.release(key, reason="task succeeded", now=at + run_s, succeeded=True)
         at += run_s + 1

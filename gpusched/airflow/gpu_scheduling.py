@@ -228,7 +228,7 @@ class GPUScheduling:
             reason = (self.preemption.release_reason(self.gpu_running[key])
                       or f"task process ended (task {outcome})")
             if not self._safe(lambda: gpu_faults.quarantine_if_unconfirmed(self, key, reason)):
-                self.release(key, reason)
+                self.release(key, reason, succeeded=outcome == "success")
 
     # ---- one cycle ---------------------------------------------------------------------------
 
@@ -463,12 +463,14 @@ class GPUScheduling:
         """Stop the live members of every launched gang one of whose members failed (or was lost)."""
         return gpu_faults.stop_broken_gangs(self)
 
-    def release(self, key: Any, reason: str) -> None:
-        """Release the devices of Airflow key ``key`` (idempotent with the task-side listener)."""
+    def release(self, key: Any, reason: str, *, succeeded: bool = False) -> None:
+        """Release the devices of Airflow key ``key`` (idempotent with the task-side listener);
+        ``succeeded``: its task did (what learned durations learn from)."""
         ledger_key = self.gpu_running.pop(key, None)
         if ledger_key is None:
             return
-        if self._safe(lambda: self.ledger.release(ledger_key, reason=reason, now=self.clock())) is not None:
+        if self._safe(lambda: self.ledger.release(ledger_key, reason=reason, now=self.clock(),
+                                                  succeeded=succeeded)) is not None:
             self.log.info("gpusched: released %s (%s)", ledger_key, reason)
 
     def fail_orphaned(self) -> list[str]:

@@ -321,14 +321,15 @@ def _await_launch(ledger: Any, key: str) -> list[Any]:
     return []
 
 
-def release_devices(task_instance: Any, reason: str) -> bool:
-    """Release the task's allocation in the ledger; True when one was active."""
+def release_devices(task_instance: Any, reason: str, *, succeeded: bool = False) -> bool:
+    """Release the task's allocation in the ledger (``succeeded``: the task did); True when one
+    was active."""
 
     key = ti_key_of(task_instance)
     allocation = allocation_from_env(os.environ)
     if not is_gpu_task(task_instance) and (allocation is None or allocation.get("key") != key):
         return False
-    released = _ledger().release(key, reason=reason)
+    released = _ledger().release(key, reason=reason, succeeded=succeeded)
     if released is not None:
         _logger(task_instance).info("gpusched: released the devices of %s (%s)", key, reason)
     return released is not None
@@ -365,7 +366,7 @@ def record_task_process(task_instance: Any) -> bool:
 @hookimpl
 def on_task_instance_success(previous_state: Any, task_instance: Any) -> None:
     """Release the devices of a task that succeeded."""
-    _release_quietly(task_instance, "task succeeded")
+    _release_quietly(task_instance, "task succeeded", succeeded=True)
 
 
 @hookimpl
@@ -380,7 +381,7 @@ def on_task_instance_skipped(previous_state: Any, task_instance: Any) -> None:
     _release_quietly(task_instance, "task skipped")
 
 
-def _release_quietly(task_instance: Any, reason: str) -> None:
+def _release_quietly(task_instance: Any, reason: str, *, succeeded: bool = False) -> None:
     if ALLOCATION_VAR not in os.environ and not is_gpu_task(task_instance):
         return
     key = ti_key_of(task_instance)
@@ -389,6 +390,6 @@ def _release_quietly(task_instance: Any, reason: str) -> None:
             _end_test_run(key)
             if _TEST_RUNS[key]["stop"] is None:
                 return  # it ran with no device visible: nothing was allocated
-        release_devices(task_instance, reason)
+        release_devices(task_instance, reason, succeeded=succeeded)
     except Exception:
         _logger(task_instance).exception("gpusched: could not release the task's devices")

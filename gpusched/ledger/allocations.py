@@ -215,14 +215,18 @@ class LedgerAllocations:
             )
         return allocation
 
-    def release(self, key: str, *, reason: str, now: float | None = None) -> Allocation | None:
-        """Release the active allocation of ``key`` (None if it has none: releasing is idempotent)."""
+    def release(
+        self, key: str, *, reason: str, now: float | None = None, succeeded: bool = False,
+    ) -> Allocation | None:
+        """Release the active allocation of ``key`` (None if it has none: releasing is idempotent);
+        ``succeeded``: its task succeeded (status ``succeeded``, else ``released``)."""
         at = _now(now)
+        status = AllocationStatus.SUCCEEDED if succeeded else AllocationStatus.RELEASED
         with write_tx(self.engine) as conn:
             row = self._active_row(conn, key, lock=True)
             if row is None:
                 return None
-            return self._release_row(conn, row, reason, AllocationStatus.RELEASED, at)
+            return self._release_row(conn, row, reason, status, at)
 
     def renew(self, key: str, lease_s: int = 600, *, now: float | None = None) -> None:
         """Extend the lease of ``key`` to ``now + lease_s`` (UnknownAllocationError if not active)."""

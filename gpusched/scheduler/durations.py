@@ -13,9 +13,10 @@ stays empty and costs nothing. :func:`predict_pending` and
 devices) before ``decide``. The ledger keeps the author's request; the executor says in the queue
 reason and the try's log when an estimate was predicted.
 
-A finished run is an allocation released because its task succeeded (the listener's ``task
-succeeded`` or the executor's ``task process ended (task success)``): a failed or stopped try says
-little about how long the task takes. Its run time is the task's whole work: the succeeded try's
+A finished run is an allocation released because its task succeeded, as recorded with the
+release (status ``succeeded``: the listener's success hook, the executor seeing the try end in
+success, the simulator's end of a job): a failed or stopped try says little about how long the
+task takes. Its run time is the task's whole work: the succeeded try's
 own time plus, for each earlier try of the same task instance that reported a checkpoint, the time
 from its start to its last checkpoint (the work the next try resumed from,
 :func:`carried_work`). Without that a task preempted late would be learnt as short as its last
@@ -40,6 +41,7 @@ from gpusched.durations import (
     with_prediction,
 )
 from gpusched.placement import RunningTask
+from gpusched.records import AllocationStatus
 from gpusched.request import GPURequest
 from gpusched.scheduler.attained import identity, instance_allocations
 from gpusched.scheduler.cycle import PendingWork
@@ -50,7 +52,6 @@ __all__ = [
     "request_left", "saved_before", "task_name",
 ]
 
-_SUCCEEDED = ("task succeeded", "task process ended (task success)")
 # A release committed a little after it was stamped must not be missed by the next read.
 _OVERLAP_S = 120.0
 
@@ -61,9 +62,10 @@ def task_name(key: str) -> str:
     return f"{parts.dag_id}/{parts.task_id}" if parts else ""
 
 
-def succeeded(reason: str | None) -> bool:
-    """True for the release reasons of a task that succeeded."""
-    return bool(reason) and any(str(reason).startswith(s) for s in _SUCCEEDED)
+def succeeded(allocation: Any) -> bool:
+    """True for an allocation released because its task succeeded: its recorded outcome (status
+    ``succeeded``; the ledger's migration 0012 gave older rows theirs), not its reason's wording."""
+    return allocation.released_at is not None and allocation.status == AllocationStatus.SUCCEEDED
 
 
 def finished_runs(
@@ -71,7 +73,7 @@ def finished_runs(
 ) -> list[FinishedRun]:
     """The succeeded runs among ledger ``allocations``, oldest release first; ``carried``: key →
     seconds of work its earlier tries saved (:func:`carried_work`), added to its own run time."""
-    done = [a for a in allocations if a.released_at is not None and succeeded(a.release_reason)]
+    done = [a for a in allocations if succeeded(a)]
     done.sort(key=lambda a: a.released_at)
     extra = carried or {}
     return [FinishedRun.of(a.request, task_name(a.key),
@@ -82,7 +84,7 @@ def carried_work(ledger: Any, allocations: Iterable[Any]) -> dict[str, float]:
     """Key of each succeeded later try among ``allocations`` → seconds of work the earlier tries of
     its task instance saved (:func:`saved_before`). Reads the ledger only when there is such a try
     (after a preemption, a move or a retry)."""
-    later = [a.key for a in allocations if a.released_at is not None and succeeded(a.release_reason)]
+    later = [a.key for a in allocations if succeeded(a)]
     return saved_before(ledger, later)
 
 

@@ -98,11 +98,13 @@ class InMemoryStore:
         self._run_of[key] = run
         return alloc
 
-    def release(self, key: str, *, reason: str, now: float) -> Allocation:
-        """End ``key``'s allocation at ``now`` with ``reason``; its devices are free again."""
+    def release(self, key: str, *, reason: str, now: float, succeeded: bool = False) -> Allocation:
+        """End ``key``'s allocation at ``now`` with ``reason`` (``succeeded``: its task did); its
+        devices are free again."""
         alloc = self.active.pop(key)
         done = Allocation(alloc.key, alloc.request, alloc.shares, alloc.holder, alloc.created_at,
-                          alloc.lease_expires_at, now, reason, AllocationStatus.RELEASED)
+                          alloc.lease_expires_at, now, reason,
+                          AllocationStatus.SUCCEEDED if succeeded else AllocationStatus.RELEASED)
         self._snapshot = None
         at = bisect.bisect_right(self._release_times, now)
         self._release_times.insert(at, now)

@@ -251,7 +251,7 @@ def simulate(
                 freed.extend(task.shares)
                 if online is not None:
                     online.ended(key)
-                store.release(key, reason="task succeeded", now=t)
+                store.release(key, reason="task succeeded", now=t, succeeded=True)
                 if online is not None:
                     online.finished(by_key[key], full_run[key])
                 if service is not None:

@@ -37,7 +37,7 @@ def _try(ledger: Ledger, run: str, number: int, start: float, end: float, reason
     ledger.allocate(key, ONE, [DEVICE], holder="sched", now=start)
     if checkpoint is not None:
         ledger.report_checkpoint(key, task_of(key), step=1, now=checkpoint)
-    ledger.release(key, reason=reason, now=end)
+    ledger.release(key, reason=reason, now=end, succeeded=reason == "task succeeded")
     return key
 
 
@@ -67,3 +67,16 @@ def test_no_ledger_read_without_a_later_try(ledger: Ledger, monkeypatch: pytest.
     _try(ledger, "manual__c", 1, NOW - 5000, NOW - 800, "task succeeded")
     monkeypatch.setattr(ledger, "history_of", lambda patterns: pytest.fail("read the tries"))
     assert carried_work(ledger, ledger.history(NOW - 6000, NOW)) == {}
+
+
+
+def test_runs_are_learnt_from_their_recorded_outcome_not_their_wording(ledger: Ledger) -> None:
+    t0 = NOW - 20_000.0
+    # The outcome recorded with the release decides, whatever the reason's words.
+    for run, (reason, ok) in enumerate([("finished; devices back", True), ("task succeeded", False)]):
+        key = ti_key("d", "train", f"manual__{run}", 1, -1)
+        ledger.allocate(key, ONE, [DEVICE], holder="sched", now=t0 + 10_000 * run)
+        ledger.release(key, reason=reason, now=t0 + 10_000 * run + 1000 * (run + 1), succeeded=ok)
+    history = ledger.history(t0 - 1, NOW)
+    assert [a.status for a in history] == ["succeeded", "released"]
+    assert [r.duration_s for r in finished_runs(history)] == pytest.approx([1000.0])

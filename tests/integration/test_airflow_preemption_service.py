@@ -57,7 +57,7 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     for i, (task, run) in enumerate(runs):
         key, start = ti_key("d", task, f"scheduled__{i}", 1, -1), NOW - 86400.0 * 20 + i * 20_000.0
         led.allocate(key, ONE, [DEVICE], holder="old", now=start)
-        led.release(key, reason="task succeeded", now=start + run)
+        led.release(key, reason="task succeeded", now=start + run, succeeded=True)
     yield led
     led.close()
 

@@ -160,7 +160,7 @@ def test_durations_reports_how_well_finished_runs_were_predicted(
                                                 (100, "task succeeded", 40 * 86400)]):
             key = ti_key("d", "train", f"scheduled__{i}", 1)
             led.allocate(key, GPURequest.build(gpus=1), [share(d[0])], holder="s", now=now - ago)
-            led.release(key, reason=reason, now=now - ago + run)
+            led.release(key, reason=reason, now=now - ago + run, succeeded="fail" not in reason)
     capsys.readouterr()
     assert _run("--url", url, "durations", "--json") == 0
     report = json.loads(capsys.readouterr().out)

@@ -361,3 +361,23 @@ def test_upgrade_rewrites_a_move_stored_by_0008_as_device_share_dicts(url: str) 
             stored = conn.execute(sa.text("SELECT placement FROM gpusched_moves")).scalar_one()
         stored = stored if isinstance(stored, list) else json.loads(stored)
         assert stored == [DeviceShare("n1-gpu1", "n1", 1, 500, 1024).to_dict()]
+
+
+def test_upgrade_to_0012_records_the_outcome_of_runs_released_before(url: str) -> None:
+    from gpusched.ledger.migrate import upgrade
+
+    request = GPURequest.build(gpus=1).to_dict()
+    rows = [("a", "task succeeded"), ("b", "task process ended (task success)"),
+            ("c", "task process ended (task failed)"), ("d", "preempted for x; requeued")]
+    with Ledger(url) as led:
+        upgrade(led.engine, "0011_inventory_revision")
+        with led.engine.begin() as conn:  # rows as the code before 0012 wrote them
+            for key, reason in rows:
+                conn.execute(sa.text(
+                    "INSERT INTO gpusched_allocations (key, request, holder, created_at, "
+                    "lease_expires_at, released_at, release_reason, status) "
+                    "VALUES (:k, :r, 'x', 1.0, 2.0, 3.0, :why, 'released')"),
+                    {"k": key, "r": json.dumps(request), "why": reason})
+        led.migrate()
+        assert {a.key: a.status for a in led.history(0.0)} == {
+            "a": "succeeded", "b": "succeeded", "c": "released", "d": "released"}

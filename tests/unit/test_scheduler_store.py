@@ -26,7 +26,7 @@ def test_tenant_use_matches_the_recount_across_periods() -> None:
     for i in range(300):
         now += rng.expovariate(1 / 1800)
         for key in [k for k, end in ends.items() if end <= now]:  # runs that ended meanwhile
-            store.release(key, reason="task succeeded", now=ends.pop(key))
+            store.release(key, reason="task succeeded", now=ends.pop(key), succeeded=True)
         key = f"j{i}"
         free = [d for d in devices if store.snapshot.free_milli(d.uuid) == 1000]
         picked = rng.sample(free, min(len(free), rng.randint(1, 4)))
@@ -43,7 +43,7 @@ def test_tenant_use_matches_the_recount_across_periods() -> None:
         if i % 7 == 0:
             now += rng.choice([0.0, 3600.0, 2 * 86400.0])  # a pass later, sometimes periods later
             for key in [k for k, end in ends.items() if end <= now]:
-                store.release(key, reason="task succeeded", now=ends.pop(key))
+                store.release(key, reason="task succeeded", now=ends.pop(key), succeeded=True)
         start = period_start(now, policy.period_s)
         expected = tenant_usage(spans_of(store.history(start, now)), fleet, start, now)
         got = quota_at(policy, store, fleet, now)
@@ -64,7 +64,7 @@ def test_reads_of_the_port() -> None:
     one = (DeviceShare(d0.uuid, d0.node, d0.index, 1000, 0),)
     store.allocate("a", GPURequest(count=1), one, now=10.0)
     store.allocate("b", GPURequest(count=1), (DeviceShare(d1.uuid, d1.node, d1.index, 500, 0),), now=20.0)
-    store.release("a", reason="task succeeded", now=30.0)
+    store.release("a", reason="task succeeded", now=30.0, succeeded=True)
     store.record_checkpoint("b", 25.0)
     snapshot, active = store.cycle_view(40.0)
     assert [a.key for a in active] == ["b"] and snapshot.free_milli(d0.uuid) == 1000

@@ -9,6 +9,8 @@ unreleased, so its devices stay out of placement, until the host's agent confirm
 processes are gone. The same try may be placed again meanwhile, so the one-active-row-per-key
 index now covers only ``active`` rows. Each host row also records what its agent last saw of the
 host's Celery worker (running, stopped, missing), when it last saw it running, and its slots.
+An allocation released because its task succeeded now says so in its status (``succeeded``, what
+learned durations read); older rows get it from the release reasons the code wrote then.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ branch_labels = None
 depends_on = None
 
 _INDEX = "ix_gpusched_allocations_active_key"
+_SUCCEEDED_REASONS = ("release_reason LIKE 'task succeeded%' "
+                      "OR release_reason LIKE 'task process ended (task success)%'")
 
 
 def upgrade() -> None:
@@ -34,10 +38,13 @@ def upgrade() -> None:
     where = sa.text("released_at IS NULL AND status = 'active'")
     op.create_index(_INDEX, "gpusched_allocations", ["key"], unique=True,
                     sqlite_where=where, postgresql_where=where)
+    op.execute(f"UPDATE gpusched_allocations SET status = 'succeeded' WHERE status = 'released' AND "
+               f"({_SUCCEEDED_REASONS})")
 
 
 def downgrade() -> None:
     """Drop the worker columns; the active-key index covers every unreleased row again."""
+    op.execute("UPDATE gpusched_allocations SET status = 'released' WHERE status = 'succeeded'")
     op.drop_index(_INDEX, table_name="gpusched_allocations")
     where = sa.text("released_at IS NULL")
     op.create_index(_INDEX, "gpusched_allocations", ["key"], unique=True,
