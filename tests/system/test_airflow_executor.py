@@ -349,7 +349,7 @@ def test_durations_predicted_from_finished_runs_change_the_order(
     for i, (task, run, reason) in enumerate([*runs, ("short", 172800.0, "task failed")]):
         key, start = ti_key("d", task, f"scheduled__{i}", 1, -1), now - 86400.0 * (i + 3)
         ex.ledger.allocate(key, one, device, holder="old", now=start)
-        ex.ledger.release(key, reason=reason, now=start + run)
+        ex.ledger.release(key, reason=reason, now=start + run, succeeded="fail" not in reason)
     busy = _workload("busy", {"gpus": 7})
     _submit(ex, busy)
     assert len(_drain(ex)) == 1
