@@ -218,6 +218,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Bind address of the agent's /metrics (default 127.0.0.1; the host's address or 0.0.0.0 "
            "lets Prometheus scrape it from another machine)."),
     EnvVar("GPUSCHED_STOP_TIMEOUT", "scripts/run.sh", "Seconds to wait for Airflow to stop (default 90)."),
+    EnvVar("GPUSCHED_METADB", "scripts/run.sh", "Airflow's database when none is configured: postgres "
+           "(default; a PostgreSQL run.sh starts and stops itself, SQLite when the server binaries are "
+           "absent) or sqlite."),
+    EnvVar("GPUSCHED_PGDATA", "scripts/run.sh", "Folder of that PostgreSQL (default $AIRFLOW_HOME/postgres; "
+           "run as root, the postgres user's home when it cannot reach AIRFLOW_HOME)."),
     EnvVar("GPUSCHED_RUN_SIGINT_RESTORED", "scripts/run.sh", "Internal: set when the script has re-run "
            "itself with SIGINT restored (a background job starts with it ignored)."),
     EnvVar("GPUSCHED_DOCKERD_DIR", "scripts/start_dockerd.sh", "State folder of the test Docker engine."),

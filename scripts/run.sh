@@ -5,7 +5,9 @@
 #                             # 127.0.0.1 only: GPUSCHED_LISTEN=0.0.0.0 to expose it)
 #
 # State lives in <repo>/.airflow (GPUSCHED_AIRFLOW_HOME to change), DAGs come from <repo>/dags
-# (GPUSCHED_DAGS_FOLDER to change). Without NVIDIA/AMD devices
+# (GPUSCHED_DAGS_FOLDER to change). Airflow's database is a PostgreSQL that this script starts and
+# stops itself (data in .airflow/postgres; SQLite when the PostgreSQL server binaries are absent or
+# GPUSCHED_METADB=sqlite). Without NVIDIA/AMD devices
 # the simulated fleet (include/fleets/default.yaml, or GPUSCHED_FLEET) stands in for hardware.
 # Ctrl-C / SIGINT / SIGTERM stop Airflow cleanly (running tasks finish first; one signal is
 # enough), also when the script was started in the background (`scripts/run.sh &`), where a
@@ -74,12 +76,69 @@ fi
 echo "gpusched: Airflow UI at http://localhost:$PORT  (user admin; password in"
 echo "          $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated once started)"
 
-# Airflow's metadata database on SQLite (the default): WAL and the ledger's 60 s lock wait, so a
-# component waits for another's write instead of failing with "database is locked" (a 500 from
-# the API on a loaded machine). Any other database is left as configured.
-if [[ "$("$VENV/bin/python" -m gpusched.airflow.metadb)" == sqlite ]]; then
+# Airflow's metadata database. On SQLite the API server deadlocks itself under load: its audit
+# log row (every REST write, e.g. POST dagRuns) is inserted from its event loop while one of its own
+# request threads holds SQLite's one write lock and needs that loop to commit, so everything stalls
+# for the lock wait and the request fails (gpusched/airflow/metadb.py). PostgreSQL locks rows, so the
+# main job runs on a PostgreSQL of its own (data in $AIRFLOW_HOME/postgres, or GPUSCHED_PGDATA; a
+# Unix socket only, started and stopped with the job); SQLite is the fallback where the server
+# binaries are absent, or with GPUSCHED_METADB=sqlite. A database configured by the user (in the
+# environment or airflow.cfg) is left as configured.
+METADB="${GPUSCHED_METADB:-postgres}"
+case "$METADB" in
+    postgres|sqlite) ;;
+    *) echo "run.sh: GPUSCHED_METADB='$METADB' is not valid; accepted: postgres (default), sqlite" >&2; exit 2 ;;
+esac
+PGDATA_DIR=""
+halt_metadb() {  # after Airflow has stopped (and on any exit of this script)
+    if [[ -n "$PGDATA_DIR" ]]; then
+        bash "$REPO/scripts/start_postgres.sh" --halt "$PGDATA_DIR" || true
+        PGDATA_DIR=""
+    fi
+}
+trap halt_metadb EXIT
+DB_KIND="$("$VENV/bin/python" -m gpusched.airflow.metadb kind)" \
+    || { echo "run.sh: cannot read Airflow's database settings (python -m gpusched.airflow.metadb kind failed above)" >&2; exit 2; }
+if [[ "$DB_KIND" == default && "$METADB" == postgres ]]; then
+    PGDATA_DIR="${GPUSCHED_PGDATA:-$AIRFLOW_HOME/postgres}"
+    set +e
+    DB_URL="$(bash "$REPO/scripts/start_postgres.sh" --keep "$PGDATA_DIR" airflow 2>"$AIRFLOW_HOME/postgres-start.log")"
+    started=$?
+    if [[ $started -eq 3 && -z "${GPUSCHED_PGDATA:-}" ]]; then
+        # Run as root, the server runs as the postgres user, which cannot reach this AIRFLOW_HOME
+        # (e.g. under /root): keep the cluster in its home instead, one per AIRFLOW_HOME.
+        PGDATA_DIR="$(getent passwd postgres | cut -d: -f6)/gpusched/$(printf '%s' "$AIRFLOW_HOME" | cksum | cut -d' ' -f1)"
+        DB_URL="$(bash "$REPO/scripts/start_postgres.sh" --keep "$PGDATA_DIR" airflow 2>"$AIRFLOW_HOME/postgres-start.log")"
+        started=$?
+    fi
+    set -e
+    if [[ $started -eq 0 ]]; then
+        export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="$DB_URL"
+        export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC="$DB_URL"  # psycopg 3 is async too
+        echo "gpusched: Airflow database: PostgreSQL, data in $PGDATA_DIR ($DB_URL; GPUSCHED_METADB=sqlite for SQLite)"
+    elif [[ $started -eq 2 ]]; then  # no server binaries (or no postgres user to run them as root)
+        PGDATA_DIR=""
+        echo "gpusched: Airflow database: SQLite ($AIRFLOW_HOME/airflow.db): no PostgreSQL to start" \
+             "($(head -n 1 "$AIRFLOW_HOME/postgres-start.log"); scripts/setup.sh installs it);" \
+             "the API server may stall for a minute under load"
+    else
+        echo "run.sh: could not start PostgreSQL in $PGDATA_DIR for Airflow's database:" >&2
+        tail -n 20 "$AIRFLOW_HOME/postgres-start.log" >&2
+        echo "run.sh: fix the above, or set GPUSCHED_METADB=sqlite to run on SQLite" >&2
+        PGDATA_DIR=""
+        exit 2
+    fi
+elif [[ "$DB_KIND" == other ]]; then
+    echo "gpusched: Airflow database: as configured (AIRFLOW__DATABASE__SQL_ALCHEMY_CONN / airflow.cfg)"
+fi
+# SQLite (the fallback, or configured): WAL and the ledger's 60 s lock wait, so a component waits
+# for another's write instead of failing at once with "database is locked".
+if [[ -z "$PGDATA_DIR" && "$("$VENV/bin/python" -m gpusched.airflow.metadb)" == sqlite ]]; then
     export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS="gpusched.airflow.metadb.SQLITE_CONNECT_ARGS"
     export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC="gpusched.airflow.metadb.SQLITE_CONNECT_ARGS"
+    if [[ "$DB_KIND" != default || "$METADB" == sqlite ]]; then
+        echo "gpusched: Airflow database: SQLite (WAL, 60 s lock wait)"
+    fi
 fi
 
 # Job control gives Airflow its own process group. SIGINT is what stops standalone cleanly, but
@@ -119,6 +178,7 @@ stop() {
         kill -KILL -- "-$AIRFLOW_PID" 2>/dev/null || true
     fi
     wait "$AIRFLOW_PID" 2>/dev/null || true
+    halt_metadb
     echo "gpusched: stopped"
 }
 trap 'stop; exit 130' INT
@@ -128,4 +188,5 @@ set +e
 wait "$AIRFLOW_PID"
 status=$?
 if [[ -n "$AGENT_PID" ]]; then kill -TERM "$AGENT_PID" 2>/dev/null || true; wait "$AGENT_PID" 2>/dev/null; fi
+halt_metadb
 exit "$status"

@@ -1,12 +1,16 @@
 """Shared by the system tests that boot the main job (``scripts/run.sh`` → ``airflow standalone``
-on SQLite, the simulated fleet): start and stop it, wait on it, read its API and task logs."""
+on the PostgreSQL run.sh starts itself, SQLite without the server binaries; the simulated fleet):
+start and stop it, wait on it, read its API and task logs."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -31,6 +35,8 @@ class Airflow:
     output: Path
     started_at: float
     token: str = ""
+    pgdata: Path | None = None
+    """Where run.sh keeps Airflow's PostgreSQL (None when it runs on SQLite)."""
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
@@ -50,15 +56,27 @@ class Airflow:
         return self.output.read_text(errors="replace")[-6000:]
 
 
+def postgres_installed() -> bool:
+    """Whether the PostgreSQL server binaries are there, so that run.sh runs Airflow on PostgreSQL
+    (``scripts/start_postgres.sh`` looks in ``PATH``, then ``/usr/lib/postgresql/*/bin``)."""
+    return shutil.which("initdb") is not None or bool(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+
+
 def run_sh_airflow(home: Path, dags: Path, env_extra: Mapping[str, str]) -> Iterator[Airflow]:
     """Boot ``scripts/run.sh`` on a free port with ``dags`` as the DAG folder, the simulated
     backend and ``env_extra`` on top of a clean environment (no inherited AIRFLOW*/GPUSCHED*);
-    stop it afterwards. Use as the body of a fixture (``yield from``)."""
+    stop it afterwards. Use as the body of a fixture (``yield from``).
+
+    Airflow's database is what run.sh picks, as for users: its own PostgreSQL when the server
+    binaries are installed. Its data goes to a folder of its own under the system's temporary
+    folder (``GPUSCHED_PGDATA``), which the server's user can reach when the tests run as root
+    (pytest's folders are closed to it), and which is removed afterwards."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
+    pgdata = Path(tempfile.mkdtemp(prefix="gpusched-pg-"))  # in /tmp: reachable by the server user
     env.update({
         "GPUSCHED_AIRFLOW_HOME": str(home), "GPUSCHED_DAGS_FOLDER": str(dags), "GPUSCHED_PORT": str(port),
-        "GPUSCHED_BACKEND": "simulated",
+        "GPUSCHED_BACKEND": "simulated", "GPUSCHED_PGDATA": str(pgdata),
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
     })
@@ -68,10 +86,16 @@ def run_sh_airflow(home: Path, dags: Path, env_extra: Mapping[str, str]) -> Iter
     with output.open("wb") as sink:
         proc = subprocess.Popen([str(REPO / "scripts" / "run.sh")], cwd=REPO, env=env, stdout=sink,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+    uses_postgres = postgres_installed() and env.get("GPUSCHED_METADB", "postgres") == "postgres"
     try:
-        yield Airflow(home, f"http://localhost:{port}", proc, output, started)
+        yield Airflow(home, f"http://localhost:{port}", proc, output, started,
+                      pgdata=pgdata if uses_postgres else None)
     finally:
         stop_run_sh(proc)
+        if (pgdata / "data" / "postmaster.pid").exists():  # run.sh did not get to stop it
+            subprocess.run(["bash", str(REPO / "scripts" / "start_postgres.sh"), "--halt", str(pgdata)],
+                           check=False, timeout=120)
+        shutil.rmtree(pgdata, ignore_errors=True)
 
 
 def wait_for(what: str, check: Any, timeout: float, airflow: Airflow, interval: float = 1.0) -> Any:

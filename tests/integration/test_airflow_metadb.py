@@ -1,5 +1,6 @@
-"""Airflow's SQLite metadata database gets WAL and the ledger's lock wait (``gpusched.airflow.metadb``,
-applied by ``scripts/run.sh``): real SQLite files, the module run as run.sh runs it."""
+"""Airflow's metadata database in the main job (``gpusched.airflow.metadb``, used by
+``scripts/run.sh``): which kind is configured (run.sh starts PostgreSQL for Airflow's default), and
+the SQLite fallback's WAL and lock wait: real SQLite files, the module run as run.sh runs it."""
 
 from __future__ import annotations
 
@@ -11,15 +12,28 @@ import threading
 import time
 from pathlib import Path
 
-from gpusched.airflow.metadb import SQLITE_CONNECT_ARGS, enable_wal, sqlite_path
+from gpusched.airflow.metadb import SQLITE_CONNECT_ARGS, database_kind, enable_wal, sqlite_path
 from gpusched.ledger.engine import BUSY_TIMEOUT_S
 
 
-def _run_module(home: Path, url: str) -> subprocess.CompletedProcess[str]:
+def _run_module(home: Path, url: str | None, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env.update({"AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url})
-    return subprocess.run([sys.executable, "-m", "gpusched.airflow.metadb"], env=env, text=True,
+    env["AIRFLOW_HOME"] = str(home)
+    if url is not None:
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = url
+    return subprocess.run([sys.executable, "-m", "gpusched.airflow.metadb", *args], env=env, text=True,
                           capture_output=True, timeout=120, check=True)
+
+
+def test_kind_tells_airflows_default_file_from_a_database_the_user_configured(tmp_path: Path) -> None:
+    """run.sh starts its own PostgreSQL only for ``default``: nothing configured."""
+    assert database_kind(f"sqlite:///{tmp_path / 'airflow.db'}", tmp_path) == "default"
+    assert database_kind(f"sqlite:///{tmp_path / 'elsewhere.db'}", tmp_path) == "sqlite"
+    assert database_kind("postgresql+psycopg://postgres@/airflow?host=/run/pg", tmp_path) == "other"
+    # As run.sh asks: nothing in the environment (Airflow's own default), then a configured one.
+    assert _run_module(tmp_path, None, "kind").stdout.strip().splitlines()[-1] == "default"
+    assert _run_module(tmp_path, f"sqlite:///{tmp_path / 'x.db'}", "kind").stdout.strip() == "sqlite"
+    assert _run_module(tmp_path, "postgresql+psycopg://a@h/db", "kind").stdout.strip() == "other"
 
 
 def test_sqlite_path_only_for_sqlite_files(tmp_path: Path) -> None:

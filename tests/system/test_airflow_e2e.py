@@ -1,13 +1,14 @@
-"""End to end: real Airflow (``scripts/run.sh`` → ``airflow standalone`` on SQLite) with the GPU
-executor on the default simulated fleet runs the example DAGs (the multi-node gang once the agent
-switches the standby H100 node on).
+"""End to end: real Airflow (``scripts/run.sh`` → ``airflow standalone`` on the PostgreSQL run.sh
+starts itself; SQLite where the server binaries are absent) with the GPU executor on the default
+simulated fleet runs the example DAGs (the multi-node gang once the agent switches the standby H100
+node on).
 
 Checks: every task succeeds; each GPU task got correctly placed devices (4 GPUs in one NVLink
 island of one node; two half-GPU fine-tunes on one shared device; the dev smoke test on a dev
 node); no device is over-committed at any instant of the ledger's allocation history; the task
 logs show the CUDA_VISIBLE_DEVICES that the ledger recorded; a hard-isolated fraction runs on a
 MIG instance and sees its MIG UUID; every allocation is released at the end; SIGINT stops
-Airflow cleanly; the API server listens on 127.0.0.1 only.
+Airflow cleanly, its PostgreSQL with it; the API server listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -145,6 +146,15 @@ def test_example_dags_run_on_placed_devices(airflow: Airflow) -> None:
     from gpusched.ledger import Ledger
 
     _wait("api-server, scheduler and dag-processor to be healthy", lambda: _healthy(airflow), 240, airflow)
+    # Airflow's database is the one run.sh gives users: its own PostgreSQL where the server
+    # binaries are installed (on SQLite the API server stalled under load: docs/reliability.md).
+    said = [line for line in airflow.output.read_text(errors="replace").splitlines()
+            if line.startswith("gpusched: Airflow database: ")]
+    if airflow.pgdata is not None:
+        assert said and said[0].startswith("gpusched: Airflow database: PostgreSQL"), said
+        assert (airflow.pgdata / "data" / "postmaster.pid").is_file()
+    else:
+        assert said and "SQLite" in said[0], said
     # The main job's API server listens on loopback only (run.sh's default).
     import psutil
 
@@ -368,6 +378,9 @@ def test_sigint_stops_airflow_cleanly(airflow: Airflow) -> None:
     assert code is not None, f"Airflow needed SIGKILL to stop:\n{airflow.tail()}"
     assert leftovers == [], f"processes left running after SIGINT: {leftovers}"
     assert "gpusched: stopped" in airflow.output.read_text(errors="replace")
+    if airflow.pgdata is not None:  # run.sh stopped the PostgreSQL it started (its data stays)
+        assert not (airflow.pgdata / "data" / "postmaster.pid").exists()
+        assert (airflow.pgdata / "data" / "PG_VERSION").is_file()
 
 
 def _assert_never_overcommitted(history: list[Any], snapshot: Any) -> None:
