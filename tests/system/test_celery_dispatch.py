@@ -96,10 +96,14 @@ def test_a_down_broker_keeps_gpu_tasks_queued_and_pauses_dispatch(
     assert _launches(executor, key) == [] and executor.ledger.active() == []
     released = executor.ledger.get(key)
     assert released is not None and "not sent" in (released.release_reason or "")
-    assert "OperationalError" in (executor.gpu.dispatch_down or "")
+    # kombu's refused connection, or on a loaded machine Airflow's send timeout first: both mean
+    # the broker did not take it.
+    refused = ("OperationalError", "AirflowTaskTimeout")
+    assert any(why in (executor.gpu.dispatch_down or "") for why in refused), executor.gpu.dispatch_down
     paused = [line for line in logged if "GPU dispatch paused" in line]
     assert len(paused) == 1, logged
-    assert "stay queued (not failed, no retry spent)" in paused[0] and "OperationalError" in paused[0]
+    assert "stay queued (not failed, no retry spent)" in paused[0]
+    assert any(why in paused[0] for why in refused), paused[0]
     assert not [line for line in logged if "dispatched on" in line]
 
     # The broker answers again: dispatch resumes, both are sent and their launches recorded.
