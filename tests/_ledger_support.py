@@ -205,3 +205,11 @@ def record_finished_runs(
         ledger.allocate(key, request, [device], holder="history", now=at)
         ledger.release(key, reason="task succeeded", now=at + run_s, succeeded=True)
         at += run_s + 1
+
+
+def lose_silent_hosts(ledger: Any, timeout_s: float, now: float) -> list[str]:
+    """The executors' lost-host rule on hosts none of whose tries runs
+    (:func:`gpusched.scheduler.hosts.record_verdicts`, nothing heard): the names it marked lost."""
+    from gpusched.scheduler.hosts import record_verdicts
+
+    return [v.name for v in record_verdicts(ledger, ledger.hosts(), now, timeout_s, {}) if v.state == "lost"]

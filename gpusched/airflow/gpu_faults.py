@@ -16,7 +16,7 @@ from gpusched.airflow.executor_compat import save_task_event
 from gpusched.ledger.hosts import HostState
 from gpusched.ledger.liveness import process_alive
 from gpusched.records import AllocationStatus
-from gpusched.scheduler.hosts import judge_hosts, quarantine_reason
+from gpusched.scheduler.hosts import quarantine_reason, record_verdicts
 from gpusched.scheduler.keys import parse_ti_key, ti_key
 
 __all__ = ["FaultCore", "fail_orphaned", "handle_lost_hosts", "quarantine_if_unconfirmed",
@@ -62,10 +62,7 @@ def handle_lost_hosts(core: FaultCore, now: float) -> list[str]:
               if h.state != HostState.LOST and now - h.last_heartbeat > core.host_timeout_s]
     heard = tries_heard(core.ledger, silent) if silent else {}
     lost_keys: list[str] = []
-    for verdict in judge_hosts(hosts, now, core.host_timeout_s, heard):
-        if core.ledger.set_host_state(verdict.name, verdict.state, verdict.reason,
-                                      expected=verdict.previous, now=now) is None:
-            continue  # re-admitted meanwhile
+    for verdict in record_verdicts(core.ledger, hosts, now, core.host_timeout_s, heard):
         if verdict.state != HostState.LOST:
             core.log.warning("gpusched: GPU host %s: %s", verdict.name, verdict.reason)
             continue

@@ -272,21 +272,6 @@ class LedgerHosts:
             row = conn.execute(sa.select(HOSTS).where(HOSTS.c.name == name)).first()
         return _record(row)
 
-    def mark_lost_hosts(self, timeout_s: float, *, now: float | None = None) -> list[HostRecord]:
-        """Mark every live host whose agent's last heartbeat is older than ``timeout_s`` lost;
-        return them (the agent alone; the scheduler's own judgement is
-        :func:`gpusched.scheduler.hosts.judge_hosts`)."""
-        at = time.time() if now is None else now
-        lost = []
-        for host in self.hosts():
-            if host.state == HostState.LIVE and host.last_heartbeat < at - timeout_s:
-                reason = f"node lost: no heartbeat from host {host.name} for {at - host.last_heartbeat:.0f} s"
-                marked = self.set_host_state(host.name, HostState.LOST, reason, expected=HostState.LIVE,
-                                             now=at)
-                if marked is not None:
-                    lost.append(marked)
-        return lost
-
     def unavailable_nodes(self, conn: sa.Connection) -> dict[str, str]:
         """Node -> state of the nodes of hosts that take no new work: a lost host's leave the
         snapshot; an unconfirmed host's, and a live host's whose agent last saw its worker not

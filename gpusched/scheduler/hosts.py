@@ -30,7 +30,8 @@ from gpusched.ledger.hosts import HostRecord, HostState, WorkerState, host_queue
 from gpusched.records import AllocationStatus
 from gpusched.scheduler.keys import KEY_PREFIX
 
-__all__ = ["HostVerdict", "judge_hosts", "quarantine_reason", "slot_full_reason", "worker_slot_use"]
+__all__ = ["HostVerdict", "judge_hosts", "quarantine_reason", "record_verdicts", "slot_full_reason",
+           "worker_slot_use"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,16 @@ def judge_hosts(
         if verdict is not None and verdict.state != host.state:
             verdicts.append(verdict)
     return verdicts
+
+
+def record_verdicts(
+    ledger: Any, hosts: Sequence[HostRecord], now: float, timeout_s: float, tries_heard: Mapping[str, float],
+) -> list[HostVerdict]:
+    """:func:`judge_hosts` over ``hosts``, each verdict recorded in ``ledger``
+    (``set_host_state``); returns those that took effect (a host its agent re-admitted meanwhile,
+    or another scheduler moved first, is left out)."""
+    return [v for v in judge_hosts(hosts, now, timeout_s, tries_heard)
+            if ledger.set_host_state(v.name, v.state, v.reason, expected=v.previous, now=now) is not None]
 
 
 def _judge(host: HostRecord, now: float, timeout_s: float, heard: float | None) -> HostVerdict | None:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _ledger_support import lose_silent_hosts
 
 from gpusched.errors import ConfigurationError, HostConflictError, WrongHostError
 from gpusched.hardware.detect import detect_backend
@@ -33,10 +34,11 @@ def test_registered_hosts_make_the_snapshot_and_a_silent_one_leaves_it(ledger: L
     assert {n.name for n in ledger.snapshot().nodes} == {"host-a", "host-b"}
     assert ledger.node_hosts() == {"host-a": ("host-a", "live"), "host-b": ("host-b", "live")}
     ledger.heartbeat_host("host-a", now=115.0)
-    lost = ledger.mark_lost_hosts(10, now=116.0)
-    assert [h.name for h in lost] == ["host-b"] and "no heartbeat" in (lost[0].reason or "")
+    assert lose_silent_hosts(ledger, 10, now=116.0) == ["host-b"]
+    lost = ledger.host("host-b")
+    assert lost is not None and "no heartbeat" in (lost.reason or "")
     assert {n.name for n in ledger.snapshot().nodes} == {"host-a"}
-    assert ledger.mark_lost_hosts(10, now=117.0) == []  # reported once
+    assert lose_silent_hosts(ledger, 10, now=117.0) == []  # reported once
     ledger.heartbeat_host("host-b", now=120.0)  # it came back: re-admitted
     assert {n.name for n in ledger.snapshot().nodes} == {"host-a", "host-b"}
     kinds = [(e.subject, e.detail.get("state")) for e in ledger.events(kinds=["host"])]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from _ledger_support import fleet, share
+from _ledger_support import fleet, lose_silent_hosts, share
 
 from gpusched.hardware.detect import detect_backend
 from gpusched.hardware.host_slice import HostSlice
@@ -100,7 +100,7 @@ def test_lost_hosts_leave_the_view_and_come_back(tmp_path: Path) -> None:
         both = led.snapshot().nodes
         assert {n.name for n in both} == {"host-a", "host-b"}
         led.heartbeat_host("host-a", now=115.0)
-        led.mark_lost_hosts(10, now=116.0)
+        assert lose_silent_hosts(led, 10, now=116.0) == ["host-b"]
         assert {n.name for n in led.snapshot().nodes} == {"host-a"}
         led.heartbeat_host("host-b", now=120.0)
         again = led.snapshot().nodes

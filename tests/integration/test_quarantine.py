@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _ledger_support import BACKENDS, database_url
+from _ledger_support import BACKENDS, database_url, lose_silent_hosts
 
 from gpusched.agent.host_guard import confirm_quarantined, watch_worker
 from gpusched.hardware.detect import detect_backend
@@ -137,7 +137,7 @@ def test_the_agent_kills_a_leftover_try_before_it_frees_its_devices(ledger: Ledg
 
 
 def test_a_heartbeat_with_the_worker_gone_keeps_a_lost_host_out(ledger: Ledger) -> None:
-    ledger.mark_lost_hosts(10, now=200.0)
+    assert lose_silent_hosts(ledger, 10, now=200.0) == ["host-a", "host-b"]
     missing, stopped = WorkerStatus(WorkerState.MISSING), WorkerStatus(WorkerState.STOPPED, 2)
     assert ledger.heartbeat_host("host-a", now=201.0, worker=missing) == HostState.LOST
     assert "host-a" not in {n.name for n in ledger.snapshot().nodes}

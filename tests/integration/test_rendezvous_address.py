@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _ledger_support import lose_silent_hosts
 
 from gpusched.cli import main
 from gpusched.commands.agent import host_address
@@ -170,5 +171,5 @@ def test_loopback_warning_only_for_live_hosts_mixing_loopback_and_routable(ledge
     warning = loopback_warning(ledger.hosts())
     assert warning is not None and "host-a (127.0.0.1)" in warning and "host-b" not in warning
     assert "beside 1 routable host(s)" in warning
-    ledger.mark_lost_hosts(0, now=10**10)  # both silent: no live host left to warn about
+    lose_silent_hosts(ledger, 0, now=10**10)  # both silent: no live host left to warn about
     assert loopback_warning(ledger.hosts()) is None
