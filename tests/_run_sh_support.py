@@ -8,7 +8,6 @@ import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -19,7 +18,13 @@ from typing import Any
 
 import pytest
 
-from gpusched.deploy.airflow_instance import free_port, login_token, scheduler_healthy, wait_until
+from gpusched.deploy.airflow_instance import (
+    free_port,
+    login_token,
+    scheduler_healthy,
+    stop_run_sh,
+    wait_until,
+)
 from gpusched.errors import AirflowBootError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,33 +109,6 @@ def wait_for(what: str, check: Any, timeout: float, airflow: Airflow, interval: 
         return wait_until(what, check, timeout, proc=airflow.proc, log=airflow.output, interval=interval)
     except AirflowBootError as exc:
         pytest.fail(str(exc))
-
-
-def stop_run_sh(proc: subprocess.Popen[bytes]) -> tuple[int | None, list[int]]:
-    """SIGINT to run.sh (it forwards SIGINT to standalone's parent); kill the process groups as a
-    fallback. Returns run.sh's exit code (None if it had to be killed) and the pids still alive."""
-    import psutil
-
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    proc.send_signal(signal.SIGINT)
-    try:
-        code: int | None = proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        code = None
-        for child in family:
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                child.kill()
-        proc.kill()
-        proc.wait(timeout=30)
-    _gone, alive = psutil.wait_procs(family, timeout=10)
-    for child in alive:
-        child.kill()
-    return code, [p.pid for p in alive]
 
 
 def login(airflow: Airflow) -> str:

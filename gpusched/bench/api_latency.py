@@ -37,7 +37,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -51,7 +50,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpusched.deploy.airflow_instance import free_port, login_token, scheduler_healthy, wait_until
+from gpusched.deploy.airflow_instance import (
+    free_port,
+    login_token,
+    scheduler_healthy,
+    stop_run_sh,
+    wait_until,
+)
 from gpusched.errors import AirflowBootError
 
 REPO = Path(__file__).resolve().parents[2]  # gpusched/bench/ → the repository
@@ -197,14 +202,7 @@ def _main_job(home: Path, metadb: str, pgdata: Path) -> Iterator[tuple[subproces
     try:
         yield proc, f"http://127.0.0.1:{port}", log
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        stop_run_sh(proc)
 
 
 class _Prober:

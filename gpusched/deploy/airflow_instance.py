@@ -1,10 +1,10 @@
 """One local Airflow for tests and benchmarks: free ports, waiting for readiness, health and login.
 
-The end-to-end tests (``scripts/run.sh`` → ``airflow standalone``), the API-server test and the
-real-Airflow recovery benchmark (:mod:`gpusched.bench.recovery_airflow`) boot Airflow the same
-way and share these helpers; the multi-host cluster (:mod:`gpusched.deploy.multihost_cluster`)
-takes its ports from here too. Only the standard library: no Airflow import.
-"""
+The end-to-end tests (``scripts/run.sh`` → ``airflow standalone``; :func:`stop_run_sh` stops it,
+as the API latency benchmark does too), the API-server test and the real-Airflow recovery
+benchmark (:mod:`gpusched.bench.recovery_airflow`) boot Airflow the same way and share these
+helpers; the multi-host cluster (:mod:`gpusched.deploy.multihost_cluster`) takes its ports from
+here too. No Airflow import (psutil only inside :func:`stop_run_sh`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from typing import Any
 from gpusched.errors import AirflowBootError
 
 __all__ = [
-    "api_server", "free_port", "http_get", "login_token", "poll_until", "scheduler_healthy", "wait_until",
+    "api_server", "free_port", "http_get", "login_token", "poll_until", "scheduler_healthy", "stop_run_sh",
+    "wait_until",
 ]
 
 
@@ -151,3 +152,30 @@ def _tail(log: Path, chars: int) -> str:
         return log.read_text(errors="replace")[-chars:]
     except OSError:
         return f"(no log at {log})"
+
+
+def stop_run_sh(proc: subprocess.Popen[bytes]) -> tuple[int | None, list[int]]:
+    """SIGINT to run.sh (it forwards SIGINT to standalone's parent); kill the process groups as a
+    fallback. Returns run.sh's exit code (None if it had to be killed) and the pids still alive."""
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    proc.send_signal(signal.SIGINT)
+    try:
+        code: int | None = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        code = None
+        for child in family:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                child.kill()
+        proc.kill()
+        proc.wait(timeout=30)
+    _gone, alive = psutil.wait_procs(family, timeout=10)
+    for child in alive:
+        child.kill()
+    return code, [p.pid for p in alive]

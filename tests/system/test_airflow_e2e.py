@@ -23,9 +23,9 @@ from _run_sh_support import REPO, Airflow, run_sh_airflow
 from _run_sh_support import healthy as _healthy
 from _run_sh_support import log_text as _log_text
 from _run_sh_support import login as _login
-from _run_sh_support import stop_run_sh as _stop
 from _run_sh_support import wait_for as _wait
 
+from gpusched.deploy.airflow_instance import stop_run_sh as _stop
 from gpusched.model import MILLI
 from gpusched.scheduler.keys import parse_ti_key, ti_key
 
