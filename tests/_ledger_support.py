@@ -213,3 +213,15 @@ def lose_silent_hosts(ledger: Any, timeout_s: float, now: float) -> list[str]:
     from gpusched.scheduler.hosts import record_verdicts
 
     return [v.name for v in record_verdicts(ledger, ledger.hosts(), now, timeout_s, {}) if v.state == "lost"]
+
+
+def fleet_ledger(backend: str, tmp_path: Path) -> Iterator[Any]:
+    """A migrated ledger on a fresh ``backend`` database (:func:`database_url`) holding one node of
+    four GPUs (:func:`fleet`). Use as the body of a fixture (``yield from``)."""
+    from gpusched.ledger import Ledger
+
+    for url in database_url(backend, tmp_path):
+        with Ledger(url) as led:
+            led.migrate()
+            led.sync_inventory(fleet(1, 4), "test", now=0.0)
+            yield led

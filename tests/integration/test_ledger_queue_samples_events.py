@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _ledger_support import BACKENDS, GIB, database_url, fleet, share
+from _ledger_support import BACKENDS, GIB, fleet_ledger, share
 
 from gpusched.errors import LedgerError
 from gpusched.ledger import Ledger
@@ -17,11 +17,7 @@ from gpusched.request import GPURequest
 
 @pytest.fixture(params=BACKENDS)
 def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
-    for url in database_url(request.param, tmp_path):
-        with Ledger(url) as led:
-            led.migrate()
-            led.sync_inventory(fleet(1, 4), "test", now=0.0)
-            yield led
+    yield from fleet_ledger(request.param, tmp_path)
 
 
 def test_queue_keeps_first_sighting_and_latest_reason(ledger: Ledger) -> None:

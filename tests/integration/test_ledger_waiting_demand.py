@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _ledger_support import BACKENDS, database_url, fleet, share
+from _ledger_support import BACKENDS, fleet_ledger, share
 
 from gpusched.capacity.demand import demand_from_history
 from gpusched.gang import GangMember
@@ -16,11 +16,7 @@ from gpusched.request import GPURequest
 
 @pytest.fixture(params=BACKENDS)
 def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
-    for url in database_url(request.param, tmp_path):
-        with Ledger(url) as led:
-            led.migrate()
-            led.sync_inventory(fleet(1, 4), "test", now=0.0)
-            yield led
+    yield from fleet_ledger(request.param, tmp_path)
 
 
 def test_waiting_demand_counts_queued_and_late_placed_gpus(ledger: Ledger) -> None:
