@@ -177,6 +177,12 @@ def _started(cluster: LocalCluster, dag_id: str) -> tuple[str, dict[str, Any]]:
     return run_id, first
 
 
+def _hosts(first: dict[str, Any]) -> tuple[str, str]:
+    """The host try 1 runs on (the one the test hurts) and the other one."""
+    doomed = str(first["host"])
+    return doomed, next(h for h in HOSTS if h != doomed)
+
+
 def _queue_length(cluster: LocalCluster, host: str) -> int:
     import redis
 
@@ -190,8 +196,7 @@ def _queue_length(cluster: LocalCluster, host: str) -> int:
 def test_a_dead_worker_beside_a_live_agent_loses_its_host_and_its_orphan_is_killed(
         cluster: LocalCluster, ledger: Ledger) -> None:
     run_id, first = _started(cluster, "mf_kill")
-    doomed = first["host"]
-    survivor = next(h for h in HOSTS if h != doomed)
+    doomed, survivor = _hosts(first)
     first_key = ti_key("mf_kill", "victim", run_id, 1)
     killed_at = time.time()
     cluster.kill_worker(doomed)
@@ -236,8 +241,7 @@ def test_a_dead_worker_beside_a_live_agent_loses_its_host_and_its_orphan_is_kill
 def test_a_frozen_host_thawed_stops_its_old_try_before_its_devices_are_given_again(
         cluster: LocalCluster, ledger: Ledger) -> None:
     run_id, first = _started(cluster, "mf_freeze")
-    doomed = first["host"]
-    survivor = next(h for h in HOSTS if h != doomed)
+    doomed, survivor = _hosts(first)
     first_key = ti_key("mf_freeze", "victim", run_id, 1)
     devices = {s.uuid for s in ledger.get(first_key).shares}  # type: ignore[union-attr]
     pids = cluster.freeze_host(doomed)
