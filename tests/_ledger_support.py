@@ -225,3 +225,20 @@ def fleet_ledger(backend: str, tmp_path: Path) -> Iterator[Any]:
             led.migrate()
             led.sync_inventory(fleet(1, 4), "test", now=0.0)
             yield led
+
+
+def budget_period_around(now: float, back_s: float, ahead_s: float) -> tuple[int, str]:
+    """A quota ``period_s`` whose one period holds all of ``[now - back_s, now + ahead_s]``, and
+    the name the reasons give it (``"this week"`` when a week does).
+
+    Periods are aligned on Monday 00:00 UTC, so a test that charges usage "45 minutes ago" and
+    runs early on a Monday would see it fall into the previous week; a period a few hours longer
+    than a week puts its boundaries elsewhere.
+    """
+    from gpusched.quota.usage import period_start
+
+    for hours in range(49):
+        period_s = 7 * 86400 + 3600 * hours
+        if period_start(now - back_s, period_s) == period_start(now + ahead_s, period_s):
+            return period_s, "this week" if hours == 0 else "this period"
+    raise AssertionError(f"no period of 7 to 9 days holds [{now - back_s}, {now + ahead_s}]")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from _airflow_support import gpu_workload, queue_reading_executor
+from _ledger_support import budget_period_around
 
 from gpusched.model import DeviceShare
 from gpusched.request import GPURequest
@@ -256,9 +257,10 @@ def test_tenant_over_budget_waits_with_the_reason_while_another_tenant_runs(
     from gpusched.airflow.api_views import queue_view
     from gpusched.airflow.fault_listener import read_log_tail
 
-    small_fleet.write_text("budgets: {vision: 1}\nperiod_s: 604800\ndefault_duration_s: 60\n")
     ex = executor
     now = time.time()
+    period_s, period = budget_period_around(now, 2701, 600)
+    small_fleet.write_text(f"budgets: {{vision: 1}}\nperiod_s: {period_s}\ndefault_duration_s: 60\n")
     # vision already used 1.5 A100-h this week (2 A100s for the last 45 minutes).
     used = GPURequest.build(gpus=2, tenant="vision")
     shares = [DeviceShare(f"GPU-sim-n1-{i}", "n1", i, 1000, 0) for i in range(2)]
@@ -271,7 +273,7 @@ def test_tenant_over_budget_waits_with_the_reason_while_another_tenant_runs(
     assert vision.key in ex.queued_tasks
     (entry,) = queue_view(ex.ledger.queue(), time.time())
     assert entry["key"] == _key(vision)
-    assert entry["reason"].startswith("tenant vision used 1.5 of 1.0 A100-h this week")
+    assert entry["reason"].startswith(f"tenant vision used 1.5 of 1.0 A100-h {period}")
     assert "resets Monday" in entry["reason"] and "00:00 UTC" in entry["reason"]
     assert f"waiting for GPUs: {entry['reason']}" in read_log_tail(vision.key)
 
@@ -307,7 +309,8 @@ def test_running_work_over_its_hard_budget_finishes_or_stops(
     from gpusched.airflow.fault_listener import read_log_tail
     from gpusched.airflow.gpu_over_budget import check_running
 
-    small_fleet.write_text("budgets: {vision: 1}\nperiod_s: 604800\ndefault_duration_s: 60\n")
+    period_s, period = budget_period_around(time.time(), 60, 3 * 3600)
+    small_fleet.write_text(f"budgets: {{vision: 1}}\nperiod_s: {period_s}\ndefault_duration_s: 60\n")
     ex = executor
     ex.gpu.over_budget = action  # [gpusched] over_budget
     run = _workload(f"long_{action}", {"gpus": 1, "tenant": "vision"})
@@ -317,7 +320,7 @@ def test_running_work_over_its_hard_budget_finishes_or_stops(
     assert check_running(ex.gpu, later) == [run.key]
     assert check_running(ex.gpu, later) == []  # acted on once
     shown = read_log_tail(run.key)
-    assert "tenant vision used 2.0 of 1.0 A100-h this week" in shown
+    assert f"tenant vision used 2.0 of 1.0 A100-h {period}" in shown
     if action == "finish":
         assert "let finish ([gpusched] over_budget = finish)" in shown
         assert ex.ledger.get(_key(run)).released_at is None and run.key in ex.gpu_running
