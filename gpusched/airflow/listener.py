@@ -36,8 +36,9 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
-from gpusched.airflow.authoring import is_gpu_task
-from gpusched.errors import WrongHostError
+from gpusched import settings
+from gpusched.airflow.authoring import is_gpu_task, request_from_executor_config
+from gpusched.errors import AllocationConflictError, WrongHostError
 from gpusched.hardware.envexport import ALLOCATION_VAR, allocation_from_env, devices_env
 from gpusched.records import AllocationStatus
 from gpusched.scheduler.keys import ti_key_of
@@ -227,9 +228,7 @@ def _test_placement(task_instance: Any, key: str, now: float) -> tuple[Any, Any,
 
     from airflow.configuration import conf
 
-    from gpusched import settings
-    from gpusched.airflow.authoring import request_from_executor_config
-    from gpusched.errors import AllocationConflictError
+    # local: the ledger and the scheduler's cycle load SQL tables, only for a test run's placement
     from gpusched.ledger.liveness import current_process
     from gpusched.placement import Policy
     from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide, running_tasks

@@ -116,7 +116,7 @@ def _live_fleet(url_option: str | None) -> tuple[FleetSnapshot, list[Allocation]
 def render_text(reports: Sequence[FitReport], *, source: str, policy: str) -> str:
     """The human view: the fleet, then per DAG one line per GPU task (verdict, placement, reason)
     and a closing count per verdict."""
-    from gpusched.airflow.fit_check import Verdict
+    from gpusched.airflow.fit_check import Verdict  # local: as in run()
 
     lines = [f"checked against {source} (policy {policy})"]
     dag = None

@@ -5,10 +5,14 @@ policy → store and devices → vocabulary), pure policy apart from the store, 
 Airflow faces, only the faces importing ``airflow``, and no import cycles between siblings at any
 depth. Imports inside functions and under ``TYPE_CHECKING`` count (a lazy import hides a
 crossing, it does not remove it). Module length is not a rule.
+
+A function-local import of the package's own modules is for a heavy third-party import or a real
+cycle only: at most :data:`MAX_LOCAL_IMPORTS` of them, each group with its one-line reason.
 """
 
 from __future__ import annotations
 
+import ast
 import logging
 from pathlib import Path
 
@@ -20,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gpusched"
 CONFIG = str(ROOT / "pyproject.toml")
 AIRFLOW_FACES = {"airflow", "deploy"}
+MAX_LOCAL_IMPORTS = 40
 
 
 def _contract(contract_id: str) -> dict[str, list[str]]:
@@ -58,3 +63,34 @@ def test_every_top_level_module_is_in_a_layer() -> None:
 def test_every_module_outside_the_faces_is_kept_from_airflow() -> None:
     sources = {s.removeprefix("gpusched.") for s in _contract("airflow-faces-only")["source_modules"]}
     assert _top_level() - AIRFLOW_FACES - sources == set(), "add it to airflow-faces-only's source_modules"
+
+
+def _own_local_imports() -> list[tuple[str, int, bool]]:
+    """(module, line, has a reason) of each import of gpusched inside a function: a reason is a
+    comment on the line or the one above, or the reasoned import right above (one group)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        reasoned: set[int] = set()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for inner in ast.walk(node):
+                own = (isinstance(inner, ast.ImportFrom) and (inner.level > 0 or (inner.module or "").startswith("gpusched"))
+                       or isinstance(inner, ast.Import) and any(a.name.startswith("gpusched") for a in inner.names))
+                if not own:
+                    continue
+                line = inner.lineno
+                above = lines[line - 2].strip() if line > 1 else ""
+                ok = "#" in lines[line - 1] or above.startswith("#") or line - 1 in reasoned
+                if ok:
+                    reasoned.add(inner.end_lineno or line)
+                found.append((str(path.relative_to(ROOT)), line, ok))
+    return found
+
+
+def test_function_local_imports_of_own_modules_are_few_and_give_their_reason() -> None:
+    found = _own_local_imports()
+    unexplained = [f"{module}:{line}" for module, line, ok in found if not ok]
+    assert unexplained == [], "say why on the line above (a heavy import, a cycle) or import at the top"
+    assert len(found) <= MAX_LOCAL_IMPORTS, f"{len(found)} function-local imports of gpusched; import at the top"
