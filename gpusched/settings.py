@@ -111,12 +111,13 @@ OPTIONS: tuple[Option, ...] = (
            "or age (a task that has run longer is credited its run time: for slow restarts).", "age"),
     Option("visible_devices_by_uuid", "boolean", "False",
            "Hand devices to tasks by UUID (CUDA_VISIBLE_DEVICES=GPU-...) instead of by index.", "True"),
-    Option("replan_budget_ms", "float", "0",
+    Option("replan_budget_ms", "float", "100",
            "Milliseconds per scheduling cycle for the genetic re-planner (DEAP) to improve the "
-           "greedy placement of the pending batch; 0 keeps the greedy plan.", "100"),
+           "greedy placement of the pending batch (two or more tasks, some room free; never worse "
+           "than greedy, never past the quota); 0 keeps the greedy plan.", "50"),
     Option("replan_weights", "string", "1,1,0.1",
-           "Weights of the re-planner's objectives: placed tasks, fragmentation, topology "
-           "(three comma-separated numbers).", "1,2,0.5"),
+           "Weights of the re-planner's objectives: latency (hours), fragmentation (stranded "
+           "GPUs), energy (kWh), three comma-separated numbers.", "1,2,0.5"),
     Option("workload_drift", "float", "0.1",
            "How far the estimated mix of request shapes (what the fragmentation measure expects, "
            "estimated from the pending and running GPU tasks) may drift, as a total variation "

@@ -333,7 +333,10 @@ class GPUScheduling:
             self._unsent(workload, launch, submitted, f"not sent ({exc}); placed again once it answers", now)
             raise
         devices = ", ".join(f"{s.node}:{s.index}({s.milli}m)" for s in launch.shares)
-        self.log.info("gpusched: %s dispatched on %s", launch.key, devices)
+        note = f" ({launch.note})" if launch.note else ""
+        self.log.info("gpusched: %s dispatched on %s%s", launch.key, devices, note)
+        if launch.note:
+            append_task_log(workload.key, f"gpusched: {launch.note}", level="info")
         if launch.key in self.predicted:
             append_task_log(workload.key, f"gpusched: {self.predicted[launch.key].describe()}", level="info")
         save_task_event(

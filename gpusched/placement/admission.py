@@ -72,7 +72,7 @@ class QuotaGate:
                 self.quota.policy, req.partition, need, self.used, self.capacity, self.pending
             )
         if not verdict.allowed:
-            return Rejection(task.key, verdict.reason, verdict.permanent)
+            return Rejection(task.key, verdict.reason, verdict.permanent, by_quota=True)
         self.used[req.partition] += need
         self.committed[req.tenant] = self.committed.get(req.tenant, 0) + cost
         return None

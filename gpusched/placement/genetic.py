@@ -20,7 +20,9 @@ repaired genome is written back (Lamarckian repair).
 Tasks greedy placed stay placed (the GA may move them to other devices); tasks greedy left
 waiting may be placed when the batch leaves room. The greedy plan is evaluated with the same
 objective and seeds the population; the result is never worse than it — greedy is returned
-when the GA found nothing better. The GA stops at
+when the GA found nothing better. With quotas in force the GA neither places a task the quota
+refused in the greedy plan nor returns a plan the quota would refuse (a device of another model
+costs its tenant another number of A100-hours): such a plan yields to greedy. The GA stops at
 ``budget_ms`` (wall clock, counted from the call) or after ``max_generations``. With a seed and
 a generation cap that binds before the budget, the result is deterministic.
 """
@@ -37,10 +39,12 @@ import numpy as np
 
 from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare
+from gpusched.placement.admission import QuotaGate
 from gpusched.placement.engine import place
 from gpusched.placement.ga_objective import Candidate, Decoder, Problem, plan_objective
 from gpusched.placement.index import fleet_index
 from gpusched.placement.types import Assignment, PendingTask, PlacementPlan, PlacementRequest, Rejection
+from gpusched.quota.policy import physical_milli
 
 __all__ = ["OptimiseResult", "optimise", "optimise_with_report", "parse_weights", "plan_objective"]
 
@@ -77,6 +81,18 @@ class OptimiseResult:
     greedy_terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """(latency h, fragmentation GPUs, energy kWh), unweighted, of greedy's plan and of the result."""
+    refused_by_quota: bool = False
+    """The search found a better plan that the quota refused; greedy's plan stands."""
+
+    def describe(self) -> str:
+        """The change against greedy in words, e.g. ``fragmentation 3.0 → 1.0 GPUs, energy 0.42 →
+        0.40 kWh (objective -23%)``: the terms that moved, then the weighted gain."""
+        names = (("latency", "h", 2), ("fragmentation", "GPUs", 1), ("energy", "kWh", 2))
+        pairs = zip(names, self.greedy_terms, self.terms, strict=True)
+        moved = [f"{name} {before:.{digits}f} → {after:.{digits}f} {unit}"
+                 for (name, unit, digits), before, after in pairs
+                 if round(before, digits) != round(after, digits)]
+        return f"{', '.join(moved) or 'same terms'} (objective -{self.gain_pct:.0f}% against greedy)"
 
     @property
     def gain_pct(self) -> float:
@@ -98,9 +114,8 @@ def optimise(
 
     ``weights`` = (α latency, β fragmentation, γ energy). Pass ``greedy`` when the caller
     already has this cycle's greedy plan (``place(request)``: it is then not recomputed and not
-    counted against the budget). The search itself does not check quotas: with
-    ``request.quota.enforced`` the caller keeps the greedy plan. Other keywords go to
-    :func:`optimise_with_report`.
+    counted against the budget). With ``request.quota.enforced`` the result also passes the
+    quota (see the module's docstring). Other keywords go to :func:`optimise_with_report`.
     """
     return optimise_with_report(request, budget_ms=budget_ms, weights=weights, greedy=greedy, **kwargs).plan
 
@@ -137,11 +152,12 @@ def optimise_with_report(
     blocked = np.zeros(index.n_devices, dtype=bool)
     for res in greedy.reservations:
         blocked[[index.pos[s.uuid] for s in res.shares if s.uuid in index.pos]] = True
-    # Tasks the GA may move: greedy's assigned ones, and waiting ones that could fit at all.
+    # Tasks the GA may move: greedy's assigned ones, and waiting ones that could fit at all and
+    # that no quota refused.
     tasks = [
         by_key[k]
         for k in dict.fromkeys(t.key for t in pending)
-        if k in assigned or (k in rejected and not rejected[k].permanent)
+        if k in assigned or (k in rejected and not rejected[k].permanent and not rejected[k].by_quota)
     ]
     tasks.sort(key=lambda t: (-t.request.priority, t.submitted_at, t.key))
     cands: list[list[Candidate]] = []
@@ -167,6 +183,11 @@ def optimise_with_report(
         cands.append(options)
     decoder = Decoder(problem, cands, unplaced)
     _, greedy_value = decoder.decode(start_genome)
+    if not any(cands):  # nothing can move (a full fleet): no search, greedy stands
+        terms = decoder.terms(decoder.decode(start_genome)[0])
+        elapsed = (time.perf_counter() - began) * 1000.0
+        return OptimiseResult(greedy, greedy, greedy_value, greedy_value, False, 0, 1, elapsed, greedy_ms,
+                              terms, terms)
 
     state = random.getstate()
     random.seed(seed)
@@ -178,6 +199,9 @@ def optimise_with_report(
         random.setstate(state)
     improved = best_value < greedy_value - 1e-9
     plan = _to_plan(greedy, tasks, cands, best_genome, problem) if improved else greedy
+    refused = improved and request.quota.enforced and not _quota_admits(plan, request)
+    if refused:
+        plan, improved = greedy, False
     elapsed = (time.perf_counter() - began) * 1000.0
     greedy_terms = decoder.terms(decoder.decode(start_genome)[0])
     return OptimiseResult(
@@ -192,7 +216,24 @@ def optimise_with_report(
         greedy_ms,
         greedy_terms,
         decoder.terms(decoder.decode(best_genome)[0]) if improved else greedy_terms,
+        refused,
     )
+
+
+def _quota_admits(plan: PlacementPlan, request: PlacementRequest) -> bool:
+    """Whether every assignment of ``plan`` passes the quota, the batch admitted in priority
+    order (then submission), as the greedy engine admits its own."""
+    gate = QuotaGate(request.snapshot, request.quota, request.running, request.pending, request.now)
+    shares = {a.key: a.shares for a in plan.assignments}
+    order = sorted({t.key: t for t in request.pending}.values(),
+                   key=lambda t: (-t.request.priority, t.submitted_at, t.key))
+    for task in order:
+        if task.key not in shares:
+            gate.done(task.request)
+        elif gate.admit(task, shares[task.key], physical_milli(shares[task.key], request.snapshot),
+                        request.now) is not None:
+            return False
+    return True
 
 
 def _search(

@@ -124,12 +124,14 @@ class Rejection:
     """A pending task left waiting this cycle, and why.
 
     ``permanent`` is True when the request could never fit, even on the empty fleet (the caller
-    should fail the task rather than keep it queued).
+    should fail the task rather than keep it queued). ``by_quota``: devices were found, its
+    tenant's budget or its partition refused them (:class:`~gpusched.placement.admission.QuotaGate`).
     """
 
     key: str
     reason: str
     permanent: bool
+    by_quota: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,13 +76,16 @@ class PendingWork:
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """Start ``key`` on ``shares`` with ``env`` in its process (``reused``: already allocated)."""
+    """Start ``key`` on ``shares`` with ``env`` in its process (``reused``: already allocated;
+    ``note``: why these devices when a rule other than the policy's greedy choice picked them,
+    for the task's log, e.g. the batch re-planner's gain)."""
 
     key: str
     request: GPURequest
     shares: tuple[DeviceShare, ...]
     env: Mapping[str, str]
     reused: bool = False
+    note: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +175,9 @@ def decide(request: CycleRequest) -> CycleReply:
     this request (the snapshot after the gangs, whose usage already counts every active
     allocation; policy, clock, running tasks, quota, seed). With ``replan_budget_ms > 0`` and at
     least two workloads to place, the genetic optimiser re-plans the batch from the greedy plan
-    within that budget (never worse than greedy by its objective; ``replan_weights`` = latency,
-    fragmentation, energy).
+    within that budget (never worse than greedy by its objective, never past the quota;
+    ``replan_weights`` = latency, fragmentation, energy); a launch it moved off greedy's devices
+    carries the gain in its ``note``.
     """
     pending, snapshot, use_uuids = request.pending, request.snapshot, request.use_uuids
     replan_budget_ms, replan_weights = request.replan_budget_ms, request.replan_weights
@@ -198,15 +202,18 @@ def decide(request: CycleRequest) -> CycleReply:
             quota=request.quota, running=request.running, seed=request.seed,
         )
         plan = request.engine.place(placement) if request.engine is not None else place(placement)
-        # The optimiser does not check quotas: with quotas in force the greedy plan stands.
-        if replan_budget_ms > 0 and len(to_place) >= 2 and not request.quota.enforced:
+        greedy_shares = {a.key: a.shares for a in plan.assignments}
+        note = ""
+        if replan_budget_ms > 0 and len(to_place) >= 2:
             report = optimise_with_report(placement, budget_ms=replan_budget_ms, weights=replan_weights,
                                           greedy=plan, max_generations=request.replan_generations)
             plan, replanned, improved = report.plan, True, report.improved
+            note = f"placed by the batch re-planner: {report.describe()}" if improved else ""
         assignments = _fifo_prefix(plan, to_place) if request.strict_fifo else plan.assignments
         for assignment in assignments:
             work = by_key[assignment.key]
-            _launch_or_hold(work, assignment.shares, snapshot, use_uuids, False, launches, holds)
+            moved = note if greedy_shares.get(assignment.key) != assignment.shares else ""
+            _launch_or_hold(work, assignment.shares, snapshot, use_uuids, False, launches, holds, note=moved)
         for rejection in plan.rejections:
             holds.append(Hold(rejection.key, rejection.reason, rejection.permanent))
         if len(assignments) < len(plan.assignments):
@@ -325,6 +332,7 @@ def _launch_or_hold(
     launches: list[Launch],
     holds: list[Hold],
     extra: Mapping[str, str] | None = None,
+    note: str = "",
 ) -> None:
     try:
         env = devices_env(shares, snapshot, key=work.key, use_uuids=use_uuids)
@@ -333,4 +341,4 @@ def _launch_or_hold(
         return
     if extra:
         env.update(extra)
-    launches.append(Launch(work.key, work.request, tuple(shares), env, reused))
+    launches.append(Launch(work.key, work.request, tuple(shares), env, reused, note))
