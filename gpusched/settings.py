@@ -157,6 +157,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("duration_refresh_seconds", "float", "60",
            "How often the executor reads the tasks finished since its last read to update its "
            "duration predictions.", "300"),
+    Option("metrics_port", "integer", "0",
+           "Port of the scheduler's Prometheus metrics (GET /metrics: decision latency, waiting "
+           "tasks by reason kind, holds, preemptions, migrations, lost hosts, GPU-hours per tenant "
+           "and partition; docs/metrics.md), served by the GPU executor in the scheduler process. "
+           "0 serves none.", "9401"),
+    Option("metrics_host", "string", "127.0.0.1",
+           "Address the scheduler's metrics server binds (loopback by default; 0.0.0.0 to let a "
+           "Prometheus on another host or container scrape it).", "0.0.0.0"),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 

@@ -10,6 +10,9 @@ ledger's fleet when ``[gpusched] pool_sync`` is on (default: ``GPUSCHED_POOL_SYN
 executor alike: the fleet is the ledger's snapshot — on several GPU hosts the nodes of live
 hosts only, so a lost host's GPUs leave the pools until its agent is back
 (:mod:`gpusched.airflow.pool_sync`).
+
+Both start the scheduler's Prometheus endpoint in ``start()`` when ``[gpusched] metrics_port`` is
+set (:mod:`gpusched.airflow.scheduler_metrics`) and stop it in ``end()``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from gpusched import settings
 from gpusched.airflow.authoring import POOL_SYNC_VAR, is_gpu_task
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.pool_sync import PoolSyncer
+from gpusched.airflow.scheduler_metrics import serve, stop_serving
 
 if TYPE_CHECKING:
     from airflow.executors.base_executor import BaseExecutor
@@ -49,6 +53,12 @@ class GPUExecutorHooks(_ExecutorBase):
         self._last_pool_check = float("-inf")
         if settings.get_bool("pool_sync", self.conf, empty=settings.env_bool(POOL_SYNC_VAR)):
             self._pool_syncer = PoolSyncer()
+
+    def start(self) -> None:
+        """Start as the base executor does, then serve the scheduler's metrics (``[gpusched]
+        metrics_port``; 0, the default, serves none)."""
+        super().start()
+        serve(self.gpu.metrics, self.conf, self.log)
 
     def sync(self) -> None:
         """Sync as the base executor does, then keep the partition pools sized to the fleet."""
@@ -109,4 +119,5 @@ class GPUExecutorHooks(_ExecutorBase):
         """End as the base executor does, then forget what waits and release what is still held
         (unless :attr:`tasks_outlive_executor`)."""
         super().end(*args, **kwargs)
+        stop_serving(self.gpu.metrics)
         self.gpu.end(list(self.queued_tasks.values()), release_running=not self.tasks_outlive_executor)

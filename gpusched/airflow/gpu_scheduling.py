@@ -36,6 +36,7 @@ from gpusched.airflow.gpu_migration import Migrator, throughput_table
 from gpusched.airflow.gpu_preemption import Preemptor
 from gpusched.airflow.ledger_guard import LedgerGuard
 from gpusched.airflow.orphans import reconcile_holder, task_state
+from gpusched.airflow.scheduler_metrics import SchedulerMetrics
 from gpusched.airflow.task_log import append_task_log
 from gpusched.errors import (
     AllocationConflictError,
@@ -147,6 +148,7 @@ class GPUScheduling:
         self.gangs: dict[str, set[Any]] = {}  # launched multi-node gangs: gang id -> Airflow keys
         self.preemption = Preemptor(self)  # [gpusched] preemption: stops lower-priority work
         self.migration = Migrator(self, lease_s=self.lease_s)  # preemption = migrate: between GPU types
+        self.metrics = SchedulerMetrics(clock)  # the scheduler's /metrics ([gpusched] metrics_port)
 
     @property
     def log(self) -> Any:
@@ -250,20 +252,24 @@ class GPUScheduling:
         return gpu_inputs.read_cycle_request(self, pending, now)
 
     def _schedule(self, workloads: Sequence[Any]) -> None:
-        now = self.clock()
+        now, started = self.clock(), time.perf_counter()
         self.migration.claim(now)  # a moved task's target, freed by another mover, before anyone else
         pending, by_key = gpu_inputs.pending_work(self, workloads, now)
         if not pending:
             return
         # The room being made for preemptions in flight stays theirs; service: queue by index.
         cycle = self.preemption.rank(self.preemption.hold_nominated(self.cycle_request(pending, now)))
+        victims = set(self.preemption.evictions)
         reply = self.preemption.consider(cycle, self.preemption.decide(cycle))
+        self.metrics.preempted(victims, self.preemption.evictions)
+        self.metrics.decided(time.perf_counter() - started, reply)
         # One task's failure never costs the others their turn; only an unreachable or locked
         # ledger ends the cycle (every write would wait out its bound in turn).
         for launch in reply.launches:
             self._isolated(launch.key, lambda w=by_key[launch.key], x=launch: self._launch(w, x, now))
         for hold in reply.holds:
             self._isolated(hold.key, lambda w=by_key[hold.key], x=hold: self.hold(w, x, now))
+        self.metrics.cycle_done()
 
     def _pause_dispatch(self, exc: DispatchUnavailableError) -> None:
         now = time.monotonic()
@@ -391,6 +397,7 @@ class GPUScheduling:
             hold = Hold(hold.key, f"{hold.reason}; {'; '.join(self.slot_notes[:2])}{more}", hold.permanent)
         if hold.key in self.predicted:
             hold = Hold(hold.key, f"{hold.reason} ({self.predicted[hold.key].describe()})", hold.permanent)
+        self.metrics.held(hold, self.submitted.get(workload.key, now), self._queue_reason.get(hold.key))
         if self._queue_reason.get(hold.key) == hold.reason:
             return  # already recorded; the ledger keeps the first time it started waiting
         self._queue_reason[hold.key] = hold.reason
@@ -444,13 +451,15 @@ class GPUScheduling:
         # Victims being stopped (also those an earlier executor began to stop: restore).
         self._safe(lambda: self.preemption.advance(now))
         if self.migration.enabled:  # claim freed targets, then (every interval) the migration rule
-            self._safe(lambda: self.migration.tick(self.policy, now))
+            self.metrics.migrated(self._safe(lambda: self.migration.tick(self.policy, now)))
         if self.gangs and now - self._last_gang_check >= 2.0:
             self._last_gang_check = now
             self._safe(self.stop_broken_gangs)
         if self.host_timeout_s > 0 and now - self._last_host_check >= min(5.0, self.host_timeout_s / 3):
             self._last_host_check = now
             self._safe(lambda: self.handle_lost_hosts(now))
+        self._safe(lambda: self.metrics.periodic(  # budget use every minute; waiting tasks gone
+            self.ledger, any(is_gpu_task(w) for w in self.executor.queued_tasks.values()), now))
 
     def _renew(self, ledger_key: str) -> None:
         try:
@@ -460,7 +469,10 @@ class GPUScheduling:
 
     def handle_lost_hosts(self, now: float) -> list[str]:
         """Mark silent GPU hosts lost; release their allocations and fail their tasks (node lost)."""
-        return gpu_faults.handle_lost_hosts(self, now)
+        before = self.ledger.hosts()
+        lost = gpu_faults.handle_lost_hosts(self, now)
+        self.metrics.hosts_judged(before, self.ledger.hosts() if before else ())
+        return lost
 
     def stop_broken_gangs(self) -> list[Any]:
         """Stop the live members of every launched gang one of whose members failed (or was lost)."""
