@@ -130,3 +130,23 @@ def test_compose_config_validates() -> None:
     env = {**os.environ, "AIRFLOW_UID": "50000"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_monitoring_profile_scrapes_every_scheduler_and_agent(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    prometheus = services["prometheus"]
+    assert prometheus["profiles"] == ["monitoring"] and prometheus["ports"] == ["9090:9090"]
+    assert "/etc/prometheus:ro" in prometheus["volumes"][0]
+    config_name = prometheus["command"][0].removeprefix("--config.file=/etc/prometheus/")
+    config = yaml.safe_load((REPO / "deploy" / "prometheus" / config_name).read_text())
+    targets = {job["job_name"]: set(job["static_configs"][0]["targets"]) for job in config["scrape_configs"]}
+    schedulers = {name for name, s in services.items() if s.get("command") == "scheduler"}
+    agents = {name for name, s in services.items() if "agent" in (s.get("command") or [])}
+    assert len(schedulers) == 3 and len(agents) == 3
+    for name in schedulers:  # each serves its metrics to the compose network
+        env = services[name]["environment"]
+        served = env["AIRFLOW__GPUSCHED__METRICS_PORT"], env["AIRFLOW__GPUSCHED__METRICS_HOST"]
+        assert served == ("9401", "0.0.0.0")
+    assert targets["gpusched-scheduler"] == {f"{name}:9401" for name in schedulers}
+    assert targets["gpusched-agent"] == {f"{name}:9400" for name in agents}
+    assert config["rule_files"] == ["gpusched.rules.yml"]
