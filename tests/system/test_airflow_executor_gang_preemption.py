@@ -62,6 +62,7 @@ def test_a_gang_preempts_only_when_every_member_fits_on_its_own_node(executor: A
     ex.change_state(peer.key, TaskInstanceState.SUCCESS)
     assert _cycle(ex) == []  # the gang waits while its victim has its grace to checkpoint
     assert list(ex.gpu.preemption.evictions) == [_key("low")]
+    assert ex.gpu.metrics.preemptions == 1  # gpusched_scheduler_preemptions_total
     (event,) = ex.ledger.events(10, kinds=["preempted"])
     assert event.subject == _key("low") and event.detail["by"] == _key("train__node0")
     proven = {s.split(":")[0] for v in event.detail["proof"].values() for s in v}
@@ -71,6 +72,9 @@ def test_a_gang_preempts_only_when_every_member_fits_on_its_own_node(executor: A
     assert _cycle(ex, low2) == []
     reasons = {q.key: q.reason for q in ex.ledger.queue()}
     assert reasons[_key("train__node0")].startswith("waiting for preempted"), reasons
+    kinds = {k: kind for k, (kind, _) in ex.gpu.metrics.waiting.items()}  # pending_tasks{reason}
+    assert kinds[_key("train__node0")] == kinds[_key("train__node1")] == "preemption", kinds
+    assert ex.gpu.metrics.preemptions == 1
     # The victim's process ends (it was cleared): the gang starts on both nodes, low2 still waits.
     ex.change_state(low.key, TaskInstanceState.SUCCESS)
     assert sorted(_cycle(ex)) == sorted(w.key for w in gang)

@@ -182,6 +182,7 @@ def test_a_move_in_flight_survives_a_scheduler_restart(
     assert held is not None and held.active
     (row,) = preemptions_view(ex.ledger.events(10, kinds=["preempted", "migrated"]))  # the fleet page's row
     assert row["kind"] == "move" and row["move"].startswith("K80 (") and "-> A100-SXM-80GB (" in row["move"]
+    assert ex.gpu.metrics.migrations == 1  # gpusched_scheduler_migrations_total
 
     # The scheduler dies (no end(): nothing is released) and a new executor starts over the ledger.
     # Its first reconcile releases the old try (its task instance and process are gone) but not

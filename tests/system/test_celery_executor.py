@@ -88,6 +88,11 @@ def test_lost_host_quarantines_allocations_and_fails_its_tasks(executor: Any) ->
     assert again.key in executor.queued_tasks
     (entry,) = executor.ledger.queue()
     assert "GPU host(s) host-a lost: waiting for them to come back" in entry.reason
+    # The scheduler's metrics (the core both executors share): one host lost, the task waiting for it.
+    metrics = executor.gpu.metrics
+    assert (metrics.hosts_lost, metrics.hosts) == (1, {"live": 1, "lost": 1, "unconfirmed": 0})
+    assert [kind for kind, _ in metrics.waiting.values()] == ["host_unavailable"]
+    assert metrics.decisions >= 2 and metrics.holds["host_unavailable"] == 1
 
 
 def test_a_node_without_a_host_agent_is_not_dispatched(executor: Any) -> None:
