@@ -21,7 +21,8 @@ what only the scheduler process knows, for both executors alike (their shared co
 - ``gpusched_scheduler_tenant_gpu_hours{tenant}`` and ``gpusched_scheduler_partition_gpu_hours{partition}``
   (gauges): use this budget period (:mod:`gpusched.quota.usage`: A100-equivalent hours per tenant
   as the quota counts them, physical GPU-hours per partition), read from the ledger every
-  :attr:`SchedulerMetrics.usage_refresh_s` seconds.
+  :attr:`SchedulerMetrics.usage_refresh_s` seconds while the metrics are served (never with
+  ``metrics_port = 0``).
 
 Reason labels are a fixed set (:data:`REASON_KINDS`, from :func:`reason_kind`), never the
 free-text reason. ``[gpusched] metrics_port`` (0 = off, the default) and ``metrics_host``
@@ -122,6 +123,7 @@ class SchedulerMetrics:
         self.tenant_hours: dict[str, float] = {}
         self.partition_hours: dict[str, float] = {}
         self._usage_at = float("-inf")
+        self.served = False  # set by serve(): the budget use is read only for a scrape to see
 
     # ---- the scheduler loop records ------------------------------------------------------------
 
@@ -175,13 +177,14 @@ class SchedulerMetrics:
             self.hosts = counts
 
     def periodic(self, ledger: Any, waiting_gpu_work: bool, now: float | None = None) -> None:
-        """Every executor sync: forget the waiting tasks once none is queued any more, and read
-        the budget period's use from ``ledger`` when :attr:`usage_refresh_s` have passed."""
+        """Every executor sync: forget the waiting tasks once none is queued any more, and (when
+        :attr:`served`) read the budget period's use from ``ledger`` when :attr:`usage_refresh_s`
+        have passed."""
         if not waiting_gpu_work:
             with self._lock:
                 self.waiting = {}
         now = self.clock() if now is None else now
-        if now - self._usage_at < self.usage_refresh_s:
+        if not self.served or now - self._usage_at < self.usage_refresh_s:
             return
         self._usage_at = now
         start = period_start(now, load_quota_policy().period_s)
@@ -337,6 +340,7 @@ def serve(metrics: SchedulerMetrics, conf: Any, log: Any) -> MetricsEndpoint | N
             log.info("gpusched: scheduler metrics on http://%s:%d/metrics", host, endpoint.port)
         if metrics not in endpoint.metrics:
             endpoint.metrics.append(metrics)
+        metrics.served = True
     return endpoint
 
 
@@ -346,6 +350,7 @@ def stop_serving(metrics: SchedulerMetrics) -> None:
         for key, endpoint in list(_ENDPOINTS.items()):
             if metrics in endpoint.metrics:
                 endpoint.metrics.remove(metrics)
+                metrics.served = False
                 if not endpoint.metrics:
                     endpoint.close()
                     del _ENDPOINTS[key]

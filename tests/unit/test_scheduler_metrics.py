@@ -160,6 +160,9 @@ def test_gpu_hours_by_tenant_and_partition_are_read_once_a_minute(monkeypatch: p
     ledger = _Ledger([alloc])
     metrics = SchedulerMetrics(clock=lambda: now)
     metrics.periodic(ledger, waiting_gpu_work=True, now=now)
+    assert ledger.reads == 0  # not served ([gpusched] metrics_port = 0): the ledger is not read for it
+    metrics.served = True
+    metrics.periodic(ledger, waiting_gpu_work=True, now=now)
     metrics.periodic(ledger, waiting_gpu_work=True, now=now + 30)
     assert ledger.reads == 1
     families = _families(metrics, now)
