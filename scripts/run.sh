@@ -22,6 +22,8 @@ export AIRFLOW_HOME="${GPUSCHED_AIRFLOW_HOME:-$REPO/.airflow}"
 export AIRFLOW__CORE__EXECUTOR="gpusched.airflow.executor.GPUExecutor"
 DAGS_FOLDER="${GPUSCHED_DAGS_FOLDER:-$REPO/dags}"
 export AIRFLOW__CORE__DAGS_FOLDER="$DAGS_FOLDER"
+# plugins/ holds a shim that registers the gpusched plugin only where no installed gpusched does
+# (its entry point): the plugin is registered once, with no "Plugin Import Error" for a duplicate.
 export AIRFLOW__CORE__PLUGINS_FOLDER="$REPO/plugins"
 export AIRFLOW__CORE__LOAD_EXAMPLES="False"
 export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="${AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION:-False}"
@@ -39,6 +41,17 @@ export AIRFLOW__GPUSCHED__REPLAN_BUDGET_MS="${AIRFLOW__GPUSCHED__REPLAN_BUDGET_M
 # Airflow's default parallelism (32) makes LocalExecutor keep up to 32 worker processes; size it
 # to the machine instead: four task slots per CPU core.
 export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-$(( $(nproc 2>/dev/null || echo 2) * 4 ))}"
+# A new DAG file appears within this many seconds: the dag-processor looks for new files in the
+# DAG folder this often (Airflow's default: 300 s). A changed file is re-parsed every
+# [dag_processor] min_file_process_interval (30 s).
+export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL:-30}"
+# Quotas (tenant budgets, the training/burst/dev = 70/20/10 partitions) are enforced only with a
+# quota file: GPUSCHED_QUOTA_FILE, else $AIRFLOW_HOME/gpusched/quota.yaml, else the example
+# shipped for the example DAGs' tenants (gpusched/include/quotas/example.yaml).
+if [[ -z "${GPUSCHED_QUOTA_FILE:-}" && ! -f "$AIRFLOW_HOME/gpusched/quota.yaml" ]]; then
+    export GPUSCHED_QUOTA_FILE="$REPO/gpusched/include/quotas/example.yaml"
+fi
+QUOTA_FILE="${GPUSCHED_QUOTA_FILE:-$AIRFLOW_HOME/gpusched/quota.yaml}"
 export PATH="$VENV/bin:$PATH"
 mkdir -p "$AIRFLOW_HOME"
 
@@ -66,6 +79,35 @@ backend.close()
 PY
 )"
 
+# Airflow's log servers (the scheduler's, which serves the logs of running tasks to the API server,
+# and the triggerer's) listen on all interfaces: Airflow 3.3 binds them to "" in
+# airflow/utils/serve_logs/core.py, with no setting for the address (they answer only requests
+# carrying a JWT signed with this instance's [api] secret_key). Their ports default to 8793 and
+# 8794 for every instance; take those when free, else ports the kernel picks, so that a second
+# instance starts beside the first (AIRFLOW__LOGGING__{WORKER,TRIGGER}_LOG_SERVER_PORT to choose).
+if [[ -z "${AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT:-}" || -z "${AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT:-}" ]]; then
+    read -r WORKER_LOG_PORT TRIGGER_LOG_PORT < <("$VENV/bin/python" - 8793 8794 <<'PY'
+import socket
+import sys
+
+held = []
+for default in map(int, sys.argv[1:]):
+    for port in (default, 0):  # Airflow's default when it is free, else one the kernel picks
+        sock = socket.socket()
+        try:
+            sock.bind(("", port))  # as the log server binds: all interfaces
+        except OSError:
+            sock.close()
+            continue
+        held.append(sock)  # held until both are chosen: the two differ
+        break
+print(*(sock.getsockname()[1] for sock in held))
+PY
+)
+    export AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT="${AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT:-$WORKER_LOG_PORT}"
+    export AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT="${AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT:-$TRIGGER_LOG_PORT}"
+fi
+
 echo "gpusched: AIRFLOW_HOME=$AIRFLOW_HOME"
 echo "gpusched: executor gpusched.airflow.executor.GPUExecutor, DAGs from $DAGS_FOLDER"
 if [[ "$BACKEND" == simulated* ]]; then
@@ -73,6 +115,13 @@ if [[ "$BACKEND" == simulated* ]]; then
 else
     echo "gpusched: hardware backend: $BACKEND"
 fi
+if [[ -f "$QUOTA_FILE" ]]; then
+    echo "gpusched: quotas (tenant budgets, partition shares) from $QUOTA_FILE"
+else
+    echo "gpusched: no quota file at $QUOTA_FILE: budgets and partitions not enforced"
+fi
+echo "gpusched: new DAG files appear within ${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL} s;" \
+     "Airflow's log servers on ports $AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT and $AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT (all interfaces)"
 echo "gpusched: Airflow UI at http://localhost:$PORT  (user admin; password in"
 echo "          $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated once started)"
 

@@ -67,10 +67,12 @@ def postgres_installed() -> bool:
     return shutil.which("initdb") is not None or bool(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
 
 
-def run_sh_airflow(home: Path, dags: Path, env_extra: Mapping[str, str]) -> Iterator[Airflow]:
+def run_sh_airflow(home: Path, dags: Path, env_extra: Mapping[str, str], *,
+                   log_server_ports: bool = True) -> Iterator[Airflow]:
     """Boot ``scripts/run.sh`` on a free port with ``dags`` as the DAG folder, the simulated
     backend and ``env_extra`` on top of a clean environment (no inherited AIRFLOW*/GPUSCHED*);
-    stop it afterwards. Use as the body of a fixture (``yield from``).
+    stop it afterwards. Use as the body of a fixture (``yield from``). ``log_server_ports=False``
+    leaves the ports of Airflow's log servers to run.sh, as for users (else free ones are set).
 
     Airflow's database is what run.sh picks, as for users: its own PostgreSQL when the server
     binaries are installed. Its data goes to a folder of its own under the system's temporary
@@ -82,9 +84,10 @@ def run_sh_airflow(home: Path, dags: Path, env_extra: Mapping[str, str]) -> Iter
     env.update({
         "GPUSCHED_AIRFLOW_HOME": str(home), "GPUSCHED_DAGS_FOLDER": str(dags), "GPUSCHED_PORT": str(port),
         "GPUSCHED_BACKEND": "simulated", "GPUSCHED_PGDATA": str(pgdata),
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
     })
+    if log_server_ports:
+        env.update({"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+                    "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port())})
     env.update(env_extra)
     output = home / "run.log"
     started = time.time()
