@@ -11,6 +11,10 @@ the task process by the gpusched executor/listener, or the ``allocation=`` argum
 * ``network_mode="none"`` by default, and an optional shared named volume (datasets,
   checkpoints) mounted at ``/shared``.
 
+A missing engine, or an engine that cannot hand out NVIDIA GPUs (no NVIDIA Container Toolkit),
+fails the task at once with one :class:`~gpusched.errors.ConfigurationError` line naming the
+problem and the fix, instead of the Docker client's traceback.
+
 Usage::
 
     GPUDockerOperator(task_id="train", image="my-train:1", command="python train.py",
@@ -26,8 +30,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from airflow.exceptions import AirflowException
 from airflow.providers.docker.decorators.docker import _DockerDecoratedOperator
 from airflow.providers.docker.operators.docker import DockerOperator
+from docker.errors import APIError
 
 from gpusched.airflow.docker_devices import (
     GpuContainerSpec,
@@ -52,6 +58,10 @@ BASE_IMAGES: Mapping[str, str] = {
     "ascend": "ascendai/cann:8.0.0-910b-ubuntu22.04-py3.10",
 }
 """Suggested vendor base images; build task images FROM them (see docs/docker.md)."""
+
+
+NO_NVIDIA_DRIVER = "could not select device driver"
+"""What the Docker engine answers to a GPU device request when it has no NVIDIA Container Toolkit."""
 
 
 def docker_gpu_arguments(spec: GpuContainerSpec) -> dict[str, Any]:
@@ -130,10 +140,25 @@ class GPUDockerOperator(DockerOperator):
             profiles=profiles_from_allocation(record),
         )
 
+    def check_engine(self) -> None:
+        """Connect to the Docker engine (the provider's client, kept for the run).
+
+        Raises:
+            ConfigurationError: no engine answers at ``docker_url`` (one line: what and the fix).
+        """
+        try:
+            self.cli  # noqa: B018 - the provider's client pings the engine when first built
+        except AirflowException as exc:  # "Failed to establish connection to any given Docker hosts."
+            raise ConfigurationError(
+                f"task {self.task_id!r}: no Docker engine answers at {self.docker_url}: start one "
+                "(e.g. `sudo systemctl start docker`) or point DOCKER_HOST / docker_url at one"
+            ) from exc
+
     def execute(self, context: Any) -> Any:
         from docker.types import Mount
 
         self.gpu_spec = self.resolve_gpu_spec()
+        self.check_engine()
         if self.gpu_spec is not None:
             arguments = docker_gpu_arguments(self.gpu_spec)
             self.environment = {**self.environment, **self.gpu_spec.environment}
@@ -148,7 +173,16 @@ class GPUDockerOperator(DockerOperator):
             )
         if self.shared_volume:
             self.mounts.append(Mount(target=self.shared_mount, source=self.shared_volume, type="volume"))
-        return super().execute(context)
+        try:
+            return super().execute(context)
+        except APIError as exc:
+            if self.gpu_spec is None or not self.gpu_spec.gpu_device_ids or NO_NVIDIA_DRIVER not in str(exc):
+                raise
+            raise ConfigurationError(
+                f"task {self.task_id!r}: the Docker engine at {self.docker_url} cannot give containers "
+                f"NVIDIA GPUs ({NO_NVIDIA_DRIVER}): install the NVIDIA Container Toolkit on that "
+                "host and restart dockerd"
+            ) from exc
 
     def _run_image_with_mounts(self, target_mounts: Any, add_tmp_variable: bool) -> Any:
         # DockerOperator builds the host config itself and has no `devices` argument: add ours

@@ -4,7 +4,9 @@ This machine has no GPU: stand-in character devices (mknod) in a temporary folde
 AMD render nodes / Ascend davinci nodes, and the tests check that a container started by
 ``GPUDockerOperator`` sees exactly the allocated ones (``ls /dev``, environment). For NVIDIA the
 device request must reach the engine (``HostConfig.DeviceRequests``); without the NVIDIA
-container runtime the engine then refuses to *start* the container, which is asserted too.
+Container Toolkit the engine then refuses to *start* the container, which the operator reports in
+one line. A private engine whose NVIDIA driver runs a stand-in for the toolkit's hook
+(``_docker_support.nvidia_engine``) then starts it with exactly the allocated GPUs.
 
 The engine: ``$DOCKER_HOST`` or the default socket; started with ``scripts/start_dockerd.sh``
 when absent (root + ``apt-get install -y docker.io``). The image is built locally from a static
@@ -13,19 +15,15 @@ busybox (``apt-get install -y busybox-static``) with ``docker import``; nothing 
 
 from __future__ import annotations
 
-import io
 import os
-import shutil
-import subprocess
-import sys
-import sysconfig
-import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _docker_support import BUSYBOX_IMAGE, NvidiaEngine, busybox_image, default_engine, nvidia_engine
+from _docker_support import python_image as build_python_image
 
 from gpusched.catalog import Vendor
 from gpusched.hardware.envexport import allocation_from_env, devices_env
@@ -33,34 +31,14 @@ from gpusched.model import DeviceShare
 
 pytestmark = pytest.mark.docker
 
-REPO = Path(__file__).resolve().parents[2]
-IMAGE = "gpusched-test-busybox:1"
+IMAGE = BUSYBOX_IMAGE
 GIB = 1024**3
-
-
-def _client() -> Any:
-    import docker
-
-    return docker.from_env(version="auto", timeout=30)
 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
     """A reachable Docker engine (started with scripts/start_dockerd.sh when needed)."""
-    import docker
-
-    try:
-        client = _client()
-        client.ping()
-    except docker.errors.DockerException:
-        if shutil.which("dockerd") is None:
-            pytest.skip("no Docker engine and dockerd is not installed (apt-get install -y docker.io)")
-        if os.geteuid() != 0:
-            pytest.skip("no Docker engine running and starting dockerd needs root")
-        result = subprocess.run([str(REPO / "scripts" / "start_dockerd.sh")], capture_output=True,
-                                text=True, timeout=60)
-        assert result.returncode == 0, f"dockerd did not start: {result.stderr}"
-        client = _client()
+    client = default_engine()
     yield client
     client.close()
 
@@ -68,70 +46,13 @@ def engine() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def image(engine: Any) -> str:
     """A tiny image with busybox (sh, ls, env), imported from a local rootfs tarball."""
-    busybox = shutil.which("busybox")
-    if busybox is None:
-        pytest.skip("busybox is needed to build the test image offline (apt-get install -y busybox-static)")
-    if engine.images.list(name=IMAGE):
-        return IMAGE
-    ldd = subprocess.run(["ldd", busybox], capture_output=True, text=True)
-    if "not a dynamic executable" not in ldd.stdout + ldd.stderr:
-        pytest.skip("busybox is not static; install busybox-static")
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for folder in ("bin", "dev", "proc", "sys", "tmp", "etc", "shared"):
-            info = tarfile.TarInfo(folder)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-        tar.add(busybox, arcname="bin/busybox")
-        for applet in ("sh", "ls", "env", "cat", "echo", "test"):
-            link = tarfile.TarInfo(f"bin/{applet}")
-            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
-            tar.addfile(link)
-    engine.api.import_image_from_data(buffer.getvalue(), repository=IMAGE.split(":")[0], tag="1")
-    return IMAGE
-
-
-PY_IMAGE = "gpusched-test-python:1"
+    return busybox_image(engine)
 
 
 @pytest.fixture(scope="module")
 def python_image(engine: Any) -> str:
     """bash + this machine's Python 3.11 and stdlib (what ``@task.docker`` runs), imported offline."""
-    if engine.images.list(name=PY_IMAGE):
-        return PY_IMAGE
-    # The interpreter behind this venv, at its own path (so it finds its stdlib), plus bash.
-    python = Path(os.path.realpath(sys.executable))
-    bash = Path(shutil.which("bash") or "/usr/bin/bash")
-    binaries = [bash, python]
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    if not bash.exists() or not stdlib.is_dir():
-        pytest.skip("needs bash and the interpreter's stdlib to build the test image offline")
-    libs: set[str] = set()
-    for binary in [*binaries, *stdlib.glob("lib-dynload/*.so")]:
-        out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True).stdout
-        libs.update(part for line in out.splitlines() for part in line.split() if part.startswith("/"))
-    skip = {"test", "idlelib", "tkinter", "ensurepip", "lib2to3", "__pycache__", "site-packages",
-            "dist-packages", "turtledemo"}
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for folder in ("tmp", "dev", "proc", "sys", "etc"):
-            info = tarfile.TarInfo(folder)
-            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if folder == "tmp" else 0o755
-            tar.addfile(info)
-        for path in [*binaries, *(Path(lib) for lib in sorted(libs))]:
-            tar.add(str(path.resolve()), arcname=str(path).lstrip("/"))
-        tar.add(str(stdlib), arcname=str(stdlib).lstrip("/"),
-                filter=lambda info: None if set(Path(info.name).parts) & skip else info)
-        if str(python) != "/usr/bin/python3":
-            link = tarfile.TarInfo("usr/bin/python3")
-            link.type, link.linkname = tarfile.SYMTYPE, str(python)
-            tar.addfile(link)
-        if str(bash) != "/bin/bash":
-            link = tarfile.TarInfo("bin/bash")
-            link.type, link.linkname = tarfile.SYMTYPE, str(bash)
-            tar.addfile(link)
-    engine.api.import_image_from_data(buffer.getvalue(), repository=PY_IMAGE.split(":")[0], tag="1")
-    return PY_IMAGE
+    return build_python_image(engine)
 
 
 def _stand_in_devices(root: Path, names: list[str]) -> None:
@@ -230,9 +151,8 @@ def test_network_is_none_and_shared_volume_is_mounted(image: str, engine: Any, t
 
 
 def test_nvidia_device_request_reaches_the_engine(image: str, engine: Any) -> None:
-    import docker
-
     from gpusched.airflow.docker import GPUDockerOperator
+    from gpusched.errors import ConfigurationError
 
     name = f"gpusched-test-{uuid.uuid4().hex[:8]}"
     allocation = _allocation(Vendor.NVIDIA, [0, 2], "k-nv")
@@ -245,9 +165,13 @@ def test_nvidia_device_request_reaches_the_engine(image: str, engine: Any) -> No
         if "nvidia" in runtimes:  # a real NVIDIA host: it must simply run
             op.execute(context={})
         else:
-            # No NVIDIA runtime here: the engine accepts the request but cannot start it.
-            with pytest.raises(docker.errors.APIError, match="could not select device driver"):
+            # No NVIDIA Container Toolkit here: the engine accepts the request but cannot start
+            # the container; the operator says so in one line, with the fix.
+            with pytest.raises(ConfigurationError) as raised:
                 op.execute(context={})
+            assert "cannot give containers NVIDIA GPUs (could not select device driver)" in str(raised.value)
+            assert "install the NVIDIA Container Toolkit" in str(raised.value)
+            assert "\n" not in str(raised.value)
         inspected = engine.api.inspect_container(name)
         requests = inspected["HostConfig"]["DeviceRequests"]
         assert len(requests) == 1
@@ -257,6 +181,38 @@ def test_nvidia_device_request_reaches_the_engine(image: str, engine: Any) -> No
         assert not inspected["HostConfig"].get("Devices")
     finally:
         engine.api.remove_container(name, force=True)
+
+
+@pytest.fixture(scope="module")
+def nvidia() -> Iterator[NvidiaEngine]:
+    """A private engine with the NVIDIA device driver (the toolkit's hook stood in)."""
+    yield from nvidia_engine()
+
+
+def test_nvidia_container_sees_exactly_its_gpus_through_the_toolkit_hook(nvidia: NvidiaEngine) -> None:
+    image = busybox_image(nvidia.client)
+    allocation = _allocation(Vendor.NVIDIA, [1, 3], "dag.train.run1.1.-1")
+    out = _run_operator(image, allocation, None, docker_url=nvidia.url, shared_volume=None)
+    # The engine's NVIDIA driver turned the device request into the toolkit's variable and ran
+    # the toolkit's hook for exactly the allocated GPUs; CUDA sees the same UUIDs.
+    assert "NVIDIA_VISIBLE_DEVICES=nvidia-uuid-1,nvidia-uuid-3" in out
+    assert "CUDA_VISIBLE_DEVICES=nvidia-uuid-1,nvidia-uuid-3" in out
+    assert [(c["args"], c["NVIDIA_VISIBLE_DEVICES"]) for c in nvidia.hook_calls()] == [
+        (["prestart"], "nvidia-uuid-1,nvidia-uuid-3")]
+
+
+def test_no_engine_is_one_line_naming_the_problem_and_the_fix(tmp_path: Path) -> None:
+    from gpusched.airflow.docker import GPUDockerOperator
+    from gpusched.errors import ConfigurationError
+
+    url = f"unix://{tmp_path / 'no-docker.sock'}"
+    op = GPUDockerOperator(task_id="nodocker", image=IMAGE, command=["true"], docker_url=url,
+                           allocation=_allocation(Vendor.NVIDIA, [0], "k-none"), mount_tmp_dir=False)
+    with pytest.raises(ConfigurationError) as raised:
+        op.execute(context={})
+    message = str(raised.value)
+    assert message == (f"task 'nodocker': no Docker engine answers at {url}: start one "
+                       "(e.g. `sudo systemctl start docker`) or point DOCKER_HOST / docker_url at one")
 
 
 def test_missing_allocation_is_a_clear_error(image: str, monkeypatch: pytest.MonkeyPatch) -> None:
