@@ -156,7 +156,9 @@ def test_example_dags_parse_without_errors_and_stay_light(tmp_path: Path) -> Non
 import importlib.util, json, sys
 from pathlib import Path
 heavy = ("numpy", "pandas", "deap", "statsmodels", "gpusched.ledger", "gpusched.placement",
-         "gpusched.hardware", "matplotlib")
+         "matplotlib")
+# Of the device layer only envexport (the variables per vendor, pure): the Docker operator's mapping.
+light = ("gpusched.hardware", "gpusched.hardware.envexport")
 found = {{}}
 for path in sorted(Path({str(REPO / 'dags')!r}).glob("example_*.py")):
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -164,7 +166,8 @@ for path in sorted(Path({str(REPO / 'dags')!r}).glob("example_*.py")):
     spec.loader.exec_module(module)
     dag = getattr(module, path.stem)()
     found[dag.dag_id] = {{t.task_id: (t.executor_config or {{}}).get("gpusched") for t in dag.tasks}}
-found["_heavy"] = [m for m in heavy if m in sys.modules]
+found["_heavy"] = [m for m in heavy if m in sys.modules] + sorted(
+    m for m in sys.modules if m.startswith("gpusched.hardware") and m not in light)
 print(json.dumps(found))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -172,7 +175,7 @@ print(json.dumps(found))
     assert found.pop("_heavy") == []
     assert set(found) == {
         "example_multi_gpu_nvlink_training", "example_fractional_finetune", "example_dev_smoke_test",
-        "example_multi_node_gang",
+        "example_multi_node_gang", "example_gpu_container",
     }
     gang = found["example_multi_node_gang"]
     assert sorted(gang) == ["pretrain__node0", "pretrain__node1"]
@@ -183,3 +186,6 @@ print(json.dumps(found))
     fractions = found["example_fractional_finetune"]
     assert fractions["finetune_sentiment"]["milli"] == fractions["finetune_ner"]["milli"] == 500
     assert found["example_dev_smoke_test"]["smoke_test"]["partition"] == "dev"
+    containers = found["example_gpu_container"]
+    assert containers["show_devices"]["count"] == 1 and containers["show_devices"]["vendors"] == ["nvidia"]
+    assert containers["train"]["count"] == 2 and containers["train"]["interconnect"] == "island"
