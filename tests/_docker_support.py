@@ -155,6 +155,17 @@ class NvidiaEngine:
     url: str
     folder: Path
     client: Any
+    proc: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        """Stop the engine (as a host whose dockerd went away); idempotent."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
 
     @property
     def record(self) -> Path:
@@ -203,14 +214,9 @@ def nvidia_engine() -> Iterator[NvidiaEngine]:
                 found = candidate
             except docker.errors.DockerException:  # not up yet
                 time.sleep(0.5)
-        yield NvidiaEngine(url, folder, found)
+        yield NvidiaEngine(url, folder, found, proc)
         found.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        NvidiaEngine(url, folder, None, proc).stop()
         log.close()
         shutil.rmtree(folder, ignore_errors=True)

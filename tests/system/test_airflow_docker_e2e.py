@@ -1,7 +1,9 @@
 """The bundled ``example_gpu_container`` DAG under the gpusched executor in real Airflow
 (``scripts/run.sh``: scheduler, api-server, dag-processor, triggerer; the simulated fleet) against
 a real Docker engine: each container sees exactly the GPUs the ledger allocated to its try, and
-the allocations are released afterwards.
+the allocations are released afterwards. Then the engine stops, as for a user without one: the
+next run's tasks fail at once, each log saying in one line what is missing and how to fix it, and
+their allocations are released too.
 
 The engine is a private dockerd (``_docker_support.nvidia_engine``) whose NVIDIA device driver
 runs a stand-in for the NVIDIA Container Toolkit's hook: the engine turns the operator's device
@@ -122,5 +124,41 @@ def test_each_container_sees_exactly_its_allocated_gpus_and_they_are_released(
         # The engine asked the toolkit's hook for exactly those GPUs, one container each.
         assert sorted(c["NVIDIA_VISIBLE_DEVICES"] for c in engine.hook_calls()) == sorted(
             [_uuids_in_env_order(show), _uuids_in_env_order(train)])
+    finally:
+        ledger.close()
+
+
+def test_without_an_engine_the_tasks_fail_at_once_with_the_fix_and_release_their_gpus(
+    engine: NvidiaEngine, images: dict[str, str], airflow: Airflow
+) -> None:
+    from gpusched.ledger import Ledger
+
+    engine.stop()  # runs after the test above: the same Airflow, its engine gone
+    _wait("the api-server, scheduler and dag-processor", lambda: _healthy(airflow), 300, airflow)
+    airflow.token = airflow.token or _wait("a login token", lambda: _login(airflow), 60, airflow)
+    airflow.api("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+    run_id = airflow.api("POST", f"/dags/{DAG_ID}/dagRuns",
+                         json={"logical_date": None, "conf": images})["dag_run_id"]
+
+    def run_state() -> str | None:
+        state = str(airflow.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"])
+        return state if state in ("success", "failed") else None
+
+    assert _wait("the run to fail", run_state, 300, airflow, interval=2) == "failed"
+    url = engine.url
+    ledger = Ledger(f"sqlite:///{airflow.home / 'gpusched' / 'ledger.db'}")
+    try:
+        for task in ("show_devices", "train"):
+            ti = airflow.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task}")
+            assert (ti["state"], ti["try_number"]) == ("failed", 1), ti
+            text = _log_text(airflow, DAG_ID, run_id, task, 1)
+            assert (f"task '{task}': no Docker engine answers at {url}: start one (e.g. `sudo systemctl "
+                    "start docker`) or point DOCKER_HOST / docker_url at one") in text, text[-3000:]
+            key = ti_key(DAG_ID, task, run_id, 1)
+            allocation = _wait(f"{task}'s allocation to be released", lambda key=key: (
+                lambda a: a if a is not None and a.released_at is not None else None)(ledger.get(key)),
+                60, airflow)
+            assert allocation.status == AllocationStatus.RELEASED, allocation
+        assert not [a for a in ledger.active() if a.key.endswith(run_id)]
     finally:
         ledger.close()
