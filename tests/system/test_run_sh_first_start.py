@@ -2,7 +2,8 @@
 on run.sh's defaults: no quota file of their own, no log-server ports chosen for it).
 
 - The gpusched plugin is registered once (the plugins-folder shim and the installed package's entry
-  point no longer both register it): no "Plugin Import Error" on the Home page.
+  point no longer both register it): no "Plugin Import Error" on the Home page. The same holds
+  without run.sh, where docker-compose.yaml mounts plugins/ into an image with the entry point.
 - Airflow's log servers take free ports when Airflow's defaults (8793, 8794) are taken, so a second
   instance starts beside the first. Airflow 3.3 binds them to all interfaces with no setting for
   the address (airflow/utils/serve_logs/core.py: ``host=""``): every other listening socket of the
@@ -101,6 +102,32 @@ def test_the_plugin_is_registered_once_without_an_import_error(ready: Airflow) -
     assert names.count("gpusched") == 1, names
     fleet = _gpusched(ready, "/fleet")
     assert fleet, "the fleet page's API answered nothing"
+
+
+PLUGINS_PROBE = """
+import json
+from airflow import plugins_manager
+plugins, errors = plugins_manager._get_plugins()
+print(json.dumps({"names": [p.name for p in plugins], "errors": errors}))
+"""
+
+
+def test_the_plugins_folder_and_the_entry_point_register_the_plugin_once(tmp_path: Path) -> None:
+    """As docker-compose.yaml deploys it (plugins/ mounted as the plugins folder of an image whose
+    gpusched wheel has the entry point), without run.sh: one registration, no import error."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUSCHED"))}
+    env.update({"AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False"})
+    done = subprocess.run([sys.executable, "-c", PLUGINS_PROBE], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["errors"] == {} and found["names"].count("gpusched") == 1, found
 
 
 def _listening(airflow: Airflow) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
