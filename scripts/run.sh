@@ -9,6 +9,8 @@
 # stops itself (data in .airflow/postgres; SQLite when the PostgreSQL server binaries are absent or
 # GPUSCHED_METADB=sqlite). Without NVIDIA/AMD devices
 # the simulated fleet (include/fleets/default.yaml, or GPUSCHED_FLEET) stands in for hardware.
+# Quotas are on: GPUSCHED_QUOTA_FILE, else $AIRFLOW_HOME/gpusched/quota.yaml, else the example for
+# the example DAGs' tenants (include/quotas/example.yaml: 70/20/10 partitions, weekly budgets).
 # Ctrl-C / SIGINT / SIGTERM stop Airflow cleanly (running tasks finish first; one signal is
 # enough), also when the script was started in the background (`scripts/run.sh &`), where a
 # non-interactive shell would otherwise leave SIGINT ignored.
