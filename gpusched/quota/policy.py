@@ -50,8 +50,21 @@ DEFAULT_SHARES: Mapping[Partition, int] = MappingProxyType(
 
 
 def hours(units: int) -> str:
-    """``units`` of normalised milli-GPU-seconds as A100-GPU-hours, e.g. ``"12.5"``."""
-    return f"{units / UNITS_PER_A100_HOUR:.1f}"
+    """``units`` of normalised milli-GPU-seconds as A100-GPU-hours, e.g. ``"12.5"`` (two
+    significant digits below one hour: ``"0.25"``, ``"0.0083"``)."""
+    value = units / UNITS_PER_A100_HOUR
+    return f"{value:.1f}" if value == 0 or abs(value) >= 1 else f"{value:.2g}"
+
+
+def _hours(name: str, value: Any) -> float:
+    """A budget in GPU-hours from the quota file (fractions allowed), or a one-line error."""
+    wrong = f"quota {name}: {value!r} is not a number of GPU-hours; write e.g. 500 or 0.5"
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigurationError(wrong)
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigurationError(wrong) from None
 
 
 @dataclass(frozen=True)
@@ -69,8 +82,8 @@ class QuotaPolicy:
 
     shares_pct: Mapping[Partition, int] = field(default_factory=lambda: dict(DEFAULT_SHARES))
     borrowing: bool = True
-    budgets_hours: Mapping[str, int] = field(default_factory=dict)
-    default_budget_hours: int | None = None
+    budgets_hours: Mapping[str, float] = field(default_factory=dict)
+    default_budget_hours: float | None = None
     period_s: int = 30 * 86400
     default_duration_s: int = 3600
 
@@ -107,13 +120,12 @@ class QuotaPolicy:
             raise ConfigurationError(
                 f"quota shares: {exc}; partitions are {', '.join(p.value for p in Partition)}"
             ) from exc
+        default, budgets = data.get("default_budget"), dict(data.get("budgets", {}))
         return cls(
             shares_pct=shares,
             borrowing=bool(data.get("borrowing", True)),
-            budgets_hours={str(k): int(v) for k, v in dict(data.get("budgets", {})).items()},
-            default_budget_hours=(
-                None if data.get("default_budget") is None else int(data["default_budget"])
-            ),
+            budgets_hours={str(k): _hours(f"budgets.{k}", v) for k, v in budgets.items()},
+            default_budget_hours=None if default is None else _hours("default_budget", default),
             period_s=int(data.get("period_s", 30 * 86400)),
             default_duration_s=int(data.get("default_duration_s", 3600)),
         )
@@ -121,7 +133,7 @@ class QuotaPolicy:
     def budget(self, tenant: str) -> int | None:
         """The tenant's budget in normalised milli-GPU-seconds (None = unlimited)."""
         value = self.budgets_hours.get(tenant, self.default_budget_hours)
-        return None if value is None else value * UNITS_PER_A100_HOUR
+        return None if value is None else round(value * UNITS_PER_A100_HOUR)
 
     def share_milli(self, partition: Partition, capacity_milli: int) -> int:
         """The partition's guaranteed share of ``capacity_milli``."""

@@ -160,3 +160,14 @@ def test_over_budget_setting_is_checked() -> None:
     assert over_budget_action(Conf(None)) == "finish" and over_budget_action(Conf(" Stop ")) == "stop"
     with pytest.raises(ConfigurationError, match="over_budget = 'kill' is not finish or stop"):
         over_budget_action(Conf("kill"))
+
+
+def test_budgets_may_be_fractions_of_an_hour_and_a_wrong_one_is_named() -> None:
+    from gpusched.quota.policy import hours
+
+    policy = QuotaPolicy.from_dict({"budgets": {"vision": 0.01, "nlp": "2.5"}, "default_budget": 0.5})
+    assert policy.budget("vision") == 36 * 1000  # 36 A100-seconds, not truncated to nothing
+    assert (policy.budget("nlp"), policy.budget("other")) == (9000 * 1000, 1800 * 1000)
+    assert (hours(36 * 1000), hours(1800 * 1000), hours(45_000 * 1000)) == ("0.01", "0.5", "12.5")
+    with pytest.raises(ConfigurationError, match=r"quota budgets\.vision: 'lots' is not a number of GPU-hours"):
+        QuotaPolicy.from_dict({"budgets": {"vision": "lots"}})
