@@ -37,9 +37,6 @@ case "$AIRFLOW__API__HOST" in 0.0.0.0|::) API_ADDR="127.0.0.1" ;; *:*) API_ADDR=
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://$API_ADDR:$PORT/execution/"
 # GPU tasks may wait for devices longer than Airflow's default 10 minutes in "queued".
 export AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT="${AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT:-3600}"
-# Each scheduling cycle's batch of waiting GPU tasks is re-planned by the genetic optimiser
-# within this many milliseconds (0 = greedy placement only).
-export AIRFLOW__GPUSCHED__REPLAN_BUDGET_MS="${AIRFLOW__GPUSCHED__REPLAN_BUDGET_MS:-100}"
 # Airflow's default parallelism (32) makes LocalExecutor keep up to 32 worker processes; size it
 # to the machine instead: four task slots per CPU core.
 export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-$(( $(nproc 2>/dev/null || echo 2) * 4 ))}"
@@ -87,8 +84,12 @@ PY
 # carrying a JWT signed with this instance's [api] secret_key). Their ports default to 8793 and
 # 8794 for every instance; take those when free, else ports the kernel picks, so that a second
 # instance starts beside the first (AIRFLOW__LOGGING__{WORKER,TRIGGER}_LOG_SERVER_PORT to choose).
-if [[ -z "${AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT:-}" || -z "${AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT:-}" ]]; then
-    read -r WORKER_LOG_PORT TRIGGER_LOG_PORT < <("$VENV/bin/python" - 8793 8794 <<'PY'
+# The same for the Prometheus endpoints (on 127.0.0.1): the agent's device telemetry on 9400
+# (GPUSCHED_METRICS_PORT) and the scheduler's own metrics on 9401 (AIRFLOW__GPUSCHED__METRICS_PORT;
+# docs/metrics.md), the targets deploy/prometheus/prometheus.yml scrapes.
+if [[ -z "${AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT:-}" || -z "${AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT:-}"
+      || -z "${GPUSCHED_METRICS_PORT:-}" || -z "${AIRFLOW__GPUSCHED__METRICS_PORT:-}" ]]; then
+    read -r WORKER_LOG_PORT TRIGGER_LOG_PORT AGENT_METRICS_PORT SCHEDULER_METRICS_PORT < <("$VENV/bin/python" - 8793 8794 9400 9401 <<'PY'
 import socket
 import sys
 
@@ -108,6 +109,8 @@ PY
 )
     export AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT="${AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT:-$WORKER_LOG_PORT}"
     export AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT="${AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT:-$TRIGGER_LOG_PORT}"
+    export GPUSCHED_METRICS_PORT="${GPUSCHED_METRICS_PORT:-$AGENT_METRICS_PORT}"
+    export AIRFLOW__GPUSCHED__METRICS_PORT="${AIRFLOW__GPUSCHED__METRICS_PORT:-$SCHEDULER_METRICS_PORT}"
 fi
 
 echo "gpusched: AIRFLOW_HOME=$AIRFLOW_HOME"
@@ -124,6 +127,9 @@ else
 fi
 echo "gpusched: new DAG files appear within ${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL} s;" \
      "Airflow's log servers on ports $AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT and $AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT (all interfaces)"
+if [[ "$AIRFLOW__GPUSCHED__METRICS_PORT" != "0" ]]; then
+    echo "gpusched: scheduler metrics on http://127.0.0.1:$AIRFLOW__GPUSCHED__METRICS_PORT/metrics"
+fi
 echo "gpusched: Airflow UI at http://localhost:$PORT  (user admin; password in"
 echo "          $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated once started)"
 

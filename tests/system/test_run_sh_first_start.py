@@ -206,3 +206,20 @@ def test_the_example_quotas_are_enforced_and_an_example_dag_still_runs(ready: Ai
     assert ti["state"] == "success", f"{ti}\n{ready.tail()}"
     after = {t["tenant"]: t for t in _gpusched(ready, "/quotas")["tenants"]}
     assert after["dev"]["budget_hours"] == budgets["dev"], after
+
+
+def test_the_scheduler_serves_its_metrics_on_the_port_it_prints(ready: Airflow) -> None:
+    import httpx
+
+    said = wait_for("run.sh to print the scheduler's metrics port", lambda: re.search(
+        r"scheduler metrics on (http://127\.0\.0\.1:\d+/metrics)", ready.output.read_text(errors="replace")),
+        30, ready)
+    def metrics() -> str | None:
+        try:
+            response = httpx.get(said[1], timeout=10)
+        except httpx.HTTPError:  # the scheduler's executor has not started yet
+            return None
+        return response.text if response.status_code == 200 else None
+
+    text = wait_for("the scheduler's /metrics", metrics, 120, ready)
+    assert "gpusched_scheduler_decision_seconds" in text, text[:2000]
