@@ -25,7 +25,7 @@ from gpusched.faults.alerts import Action, ActionKind, AlertConfig, evaluate
 from gpusched.faults.remediation import apply_actions
 from gpusched.faults.stopping import TaskStopper
 from gpusched.hardware.base import HardwareBackend
-from gpusched.hardware.mig_provider import MigProvider
+from gpusched.hardware.mig_provider import MigProvider, MigResult
 from gpusched.ledger import Ledger
 from gpusched.model import DeviceSample, FleetSnapshot
 from gpusched.quota.file import load_quota_policy
@@ -92,6 +92,9 @@ class TelemetryAgent:
             (:func:`gpusched.capacity.mig_plan.plan_repartition`) and the inventory re-synced.
     """
 
+    MIG_RETRY_S = 600.0
+    """A GPU whose re-partition failed is not tried again before this many seconds."""
+
     def __init__(
         self,
         backend: HardwareBackend,
@@ -117,6 +120,8 @@ class TelemetryAgent:
         self.inventory_every_s = inventory_every_s
         self.retention_s = retention_s
         self.mig_provider = mig_provider
+        self._mig_failed: dict[str, float] = {}  # GPU uuid -> when its re-partition last failed
+        self._own_nodes: frozenset[str] | None = None  # nodes of the last inventory sync
         self.counters: Counter[tuple[str, str]] = Counter()
         self._synced_at = float("-inf")
         self._pruned_at = float("-inf")
@@ -128,7 +133,9 @@ class TelemetryAgent:
     def sync_inventory(self, now: float | None = None) -> None:
         """Write the backend's nodes (with reported health) into the ledger."""
         at = time.time() if now is None else now
-        self.ledger.sync_inventory(self.backend.discover(), source=self.backend.name)
+        nodes = self.backend.discover()
+        self.ledger.sync_inventory(nodes, source=self.backend.name)
+        self._own_nodes = frozenset(n.name for n in nodes)
         self._synced_at = at
 
     def cycle(self, now: float | None = None) -> CycleResult:
@@ -163,7 +170,10 @@ class TelemetryAgent:
         if observe is not None:  # the simulated fleet: devices held by tasks look busy
             observe(self.ledger.active())
         if self.mig_provider is not None:
-            self.repartition(at)
+            try:
+                self.repartition(at)
+            except Exception as exc:  # e.g. the ledger read failed: sampling and alerting go on
+                log.warning("gpusched agent: dynamic MIG failed this cycle (%s); sampling goes on", exc)
         samples = sample_once(self.backend, self.ledger)
         own = {s.uuid for s in samples}
         window = [s for s in self.ledger.samples(None, at - self.window_s) if s.uuid in own]
@@ -201,19 +211,48 @@ class TelemetryAgent:
         return scheduling_families(waiting_since, budgets, at)
 
     def repartition(self, now: float) -> tuple[str, ...]:
-        """Dynamic MIG: re-partition idle GPUs for waiting hard requests; the GPUs changed."""
+        """Dynamic MIG: re-partition idle GPUs for waiting hard requests; the GPUs changed.
+
+        Never raises: a provider failure is logged and recorded as a ``mig_repartition_failed``
+        ledger event naming the GPU and the fix, and that GPU is not tried again for
+        :attr:`MIG_RETRY_S`; the cycle goes on (sampling, alerts and metrics).
+        """
         if self.mig_provider is None:
             return ()
         waiting = [entry.request for entry in self.ledger.queue()]
-        steps = plan_repartition(self.ledger.snapshot(now), waiting)
+        snapshot = self.ledger.snapshot(now)
+        held = {share.uuid for a in self.ledger.active() for share in a.shares}
+        steps = [
+            s
+            for s in plan_repartition(snapshot, waiting)
+            # Every agent plans alike from the one ledger; each carries out its own host's steps.
+            if (self._own_nodes is None or s.node in self._own_nodes)
+            and now - self._mig_failed.get(s.gpu, float("-inf")) >= self.MIG_RETRY_S
+            and s.gpu not in held
+            and not any(d.uuid in held for d in snapshot.devices() if d.parent == s.gpu)
+        ]
         if not steps:
             return ()
-        result = self.mig_provider.apply(steps)
+        provider = self.mig_provider.name
+        try:
+            result = self.mig_provider.apply(steps, held=frozenset(held))
+        except Exception as exc:  # a provider failure must not stop sampling and alerting
+            result = MigResult(provider, (), tuple(
+                f"{s.gpu} on {s.node}: re-partitioning into {' + '.join(s.layout)} failed ({exc}); "
+                "check the GPU's MIG instances (nvidia-smi mig -lgi) or set GPUSCHED_DYNAMIC_MIG=off"
+                for s in steps), tuple(s.gpu for s in steps))
+        layouts = {s.gpu: list(s.layout) for s in steps}
         for line in result.detail:
             log.warning("gpusched agent: dynamic MIG (%s): %s", result.provider, line)
+        for gpu in result.failed:
+            self._mig_failed[gpu] = now
+            line = next((d for d in result.detail if d.startswith(gpu)), f"{gpu}: re-partitioning failed")
+            self.ledger.record_event("mig_repartition_failed", gpu, now=now, provider=result.provider,
+                                     layout=layouts.get(gpu, []), detail=line)
         for gpu in result.applied:
+            self._mig_failed.pop(gpu, None)
             self.ledger.record_event("mig_repartition", gpu, now=now, provider=result.provider,
-                                     layout=next(list(s.layout) for s in steps if s.gpu == gpu))
+                                     layout=layouts.get(gpu, []))
         if result.applied:
             self.sync_inventory(now)
         return result.applied

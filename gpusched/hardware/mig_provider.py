@@ -8,18 +8,25 @@ Like the scaler providers (:mod:`gpusched.capacity.scaling`), a provider has a `
 * ``local`` — :class:`LocalMigProvider`: the simulated fleet. Layouts go to
   ``state_dir()/mig_layouts.json``, which :class:`~gpusched.hardware.simulated.SimulatedBackend`
   applies in ``discover()`` (the GPU switches to MIG mode with the new instances);
-* ``nvml`` — :class:`NvmlMigProvider`: creates GPU instances and their compute instances with
-  NVML (``nvmlDeviceCreateGpuInstance``, ``nvmlGpuInstanceCreateComputeInstance``) on a GPU that
-  is **already in MIG mode** and idle. Turning MIG mode on needs a GPU reset, which gpusched never
-  does: such a step is skipped and says so.
+* ``nvml`` — :class:`NvmlMigProvider`: on a GPU that is **already in MIG mode** and idle, destroys
+  its unused compute and GPU instances (``nvmlGpuInstanceGetComputeInstances`` /
+  ``nvmlComputeInstanceDestroy``, ``nvmlDeviceGetGpuInstances`` / ``nvmlGpuInstanceDestroy``) and
+  creates the new layout (``nvmlDeviceCreateGpuInstance``, ``nvmlGpuInstanceCreateComputeInstance``).
+  A GPU with an instance a task holds (the ``held`` MIG UUIDs the agent reads from the ledger's
+  active allocations) is never touched. Turning MIG mode on needs a GPU reset, which gpusched
+  never does: such a step is skipped and says so.
+
+A step that fails is reported in :attr:`MigResult.failed` with a line naming the GPU and the fix;
+the other steps still run. ``apply`` raises :class:`HardwareError` only when it cannot start at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -35,7 +42,9 @@ __all__ = [
     "MigProvider",
     "MigResult",
     "NvmlMigProvider",
+    "existing_instances",
     "mig_provider_from_spec",
+    "mig_uuids",
 ]
 
 DYNAMIC_MIG_KINDS = ("off", "local", "nvml")
@@ -44,11 +53,13 @@ DYNAMIC_MIG_KINDS = ("off", "local", "nvml")
 
 @dataclass(frozen=True, slots=True)
 class MigResult:
-    """What a provider did: the GPUs re-partitioned and a line per step."""
+    """What a provider did: the GPUs re-partitioned, a line per step, and the GPUs whose step
+    failed (their lines say why and what to do)."""
 
     provider: str
     applied: tuple[str, ...]
     detail: tuple[str, ...]
+    failed: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -57,8 +68,9 @@ class MigProvider(Protocol):
 
     name: str
 
-    def apply(self, steps: Sequence[MigStep]) -> MigResult:
-        """Re-partition the steps' GPUs; raises :class:`HardwareError` when it cannot at all."""
+    def apply(self, steps: Sequence[MigStep], held: Collection[str] = ()) -> MigResult:
+        """Re-partition the steps' GPUs, never one with an instance among ``held`` (MIG UUIDs tasks
+        hold); raises :class:`HardwareError` when it cannot start at all."""
         ...
 
 
@@ -78,8 +90,9 @@ class LocalMigProvider:
             return {}
         return {str(k): [str(p) for p in v] for k, v in data.items()} if isinstance(data, dict) else {}
 
-    def apply(self, steps: Sequence[MigStep]) -> MigResult:
-        """Record each step's layout (replacing the GPU's previous one)."""
+    def apply(self, steps: Sequence[MigStep], held: Collection[str] = ()) -> MigResult:
+        """Record each step's layout (replacing the GPU's previous one; the agent leaves out GPUs
+        with held instances, so ``held`` is not read here)."""
         layouts = self.layouts()
         for step in steps:
             layouts[step.gpu] = list(step.layout)
@@ -95,7 +108,8 @@ class LocalMigProvider:
 
 
 class NvmlMigProvider:
-    """Creates MIG instances with NVML on idle GPUs that are already in MIG mode."""
+    """Re-lays out idle GPUs that are already in MIG mode with NVML: unused instances destroyed,
+    the step's instances created."""
 
     name = "nvml"
 
@@ -106,57 +120,125 @@ class NvmlMigProvider:
             nvml = pynvml
         self._nvml = nvml
 
-    def apply(self, steps: Sequence[MigStep]) -> MigResult:
-        """Create each step's GPU instances (and one full compute instance in each)."""
-
+    def apply(self, steps: Sequence[MigStep], held: Collection[str] = ()) -> MigResult:
+        """Carry out each step: destroy the GPU's compute and GPU instances (none held), then
+        create the layout's GPU instances with one full compute instance each."""
         nvml = self._nvml
-        applied, detail = [], []
+        applied: list[str] = []
+        failed: list[str] = []
+        detail: list[str] = []
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
             raise HardwareError(f"NVML cannot start ({exc}); dynamic MIG needs the NVIDIA driver") from exc
         try:
             for step in steps:
-                handle = nvml.nvmlDeviceGetHandleByUUID(step.gpu)
-                current = nvml.nvmlDeviceGetMigMode(handle)[0]
-                if current != nvml.NVML_DEVICE_MIG_ENABLE:
+                try:
+                    line = self._apply_one(step, frozenset(held))
+                except (nvml.NVMLError, HardwareError) as exc:
+                    failed.append(step.gpu)
                     detail.append(
-                        f"{step.gpu}: MIG mode is off; enabling it needs a GPU reset, which "
-                        "gpusched never does (run nvidia-smi -i <gpu> -mig 1 when it is idle)"
+                        f"{step.gpu} on {step.node}: re-partitioning into "
+                        f"{' + '.join(step.layout) or 'nothing'} "
+                        f"failed ({exc}); check its instances with nvidia-smi mig -lgi / -lci, destroy "
+                        "leftovers no task uses (nvidia-smi mig -dci; nvidia-smi mig -dgi) or set "
+                        "GPUSCHED_DYNAMIC_MIG=off"
                     )
                     continue
-                profiles = gpu_instance_profiles(nvml, handle)
-                for name in step.layout:
-                    slices = int(name.split("g.", 1)[0])
-                    info = next(
-                        (
-                            i
-                            for i in profiles.values()
-                            if int(i.sliceCount) == slices
-                            and _gib_name(int(i.memorySizeMB)) == name.split(".", 1)[1]
-                        ),
-                        None,
-                    )
-                    if info is None:
-                        info = next((i for i in profiles.values() if int(i.sliceCount) == slices), None)
-                    if info is None:
-                        raise HardwareError(f"{step.gpu} offers no MIG profile {name}")
-                    instance = nvml.nvmlDeviceCreateGpuInstance(handle, int(info.id))
-                    shared = nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-                    ci = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                        instance, _ci_constant(nvml, slices), shared
-                    )
-                    nvml.nvmlGpuInstanceCreateComputeInstance(instance, int(ci.id))
+                if line.startswith("skipped"):
+                    detail.append(f"{step.gpu}: {line}")
+                    continue
                 applied.append(step.gpu)
-                detail.append(f"{step.gpu}: created {' + '.join(step.layout)}")
-        except nvml.NVMLError as exc:
-            raise HardwareError(
-                f"NVML could not create MIG instances ({exc}); check them with nvidia-smi mig -lgi"
-            ) from exc
+                detail.append(f"{step.gpu}: {line}")
         finally:
             with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlShutdown()
-        return MigResult(self.name, tuple(applied), tuple(detail))
+        return MigResult(self.name, tuple(applied), tuple(detail), tuple(failed))
+
+    def _apply_one(self, step: MigStep, held: frozenset[str]) -> str:
+        nvml = self._nvml
+        handle = nvml.nvmlDeviceGetHandleByUUID(step.gpu)
+        current = nvml.nvmlDeviceGetMigMode(handle)[0]
+        if current != nvml.NVML_DEVICE_MIG_ENABLE:
+            return (
+                "skipped: MIG mode is off; enabling it needs a GPU reset, which gpusched never does "
+                "(run nvidia-smi -i <gpu> -mig 1 when it is idle)"
+            )
+        profiles = gpu_instance_profiles(nvml, handle)
+        instances = existing_instances(nvml, handle, profiles)
+        in_use = sorted(uuid for uuid in mig_uuids(nvml, handle).values() if uuid in held)
+        if in_use:
+            return f"skipped: {', '.join(in_use)} is held by a task; a GPU in use is never re-partitioned"
+        for gi, cis in instances:
+            for ci in cis:
+                nvml.nvmlComputeInstanceDestroy(ci)
+            nvml.nvmlGpuInstanceDestroy(gi)
+        for name in step.layout:
+            slices = int(name.split("g.", 1)[0])
+            info = next(
+                (
+                    i
+                    for i in profiles.values()
+                    if int(i.sliceCount) == slices and _gib_name(int(i.memorySizeMB)) == name.split(".", 1)[1]
+                ),
+                None,
+            )
+            if info is None:
+                info = next((i for i in profiles.values() if int(i.sliceCount) == slices), None)
+            if info is None:
+                raise HardwareError(f"{step.gpu} offers no MIG profile {name}")
+            instance = nvml.nvmlDeviceCreateGpuInstance(handle, int(info.id))
+            shared = nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+            ci = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                instance, _ci_constant(nvml, slices), shared)
+            nvml.nvmlGpuInstanceCreateComputeInstance(instance, int(ci.id))
+        gone = f"destroyed {len(instances)} unused GPU instance(s), " if instances else ""
+        return f"{gone}created {' + '.join(step.layout) or 'no instance'}"
+
+
+def existing_instances(nvml: Any, handle: Any, profiles: dict[int, Any]) -> list[tuple[Any, list[Any]]]:
+    """Every GPU instance of ``handle`` (``nvmlDeviceGetGpuInstances`` per GPU-instance profile)
+    with its compute instances (``nvmlGpuInstanceGetComputeInstances`` per compute profile)."""
+    out: list[tuple[Any, list[Any]]] = []
+    for profile_id, info in sorted(profiles.items()):
+        capacity = max(int(info.instanceCount), 1)
+        count = ctypes.c_uint(0)
+        array = (nvml.c_nvmlGpuInstance_t * capacity)()
+        nvml.nvmlDeviceGetGpuInstances(handle, profile_id, array, ctypes.byref(count))
+        for gi in list(array)[: count.value]:
+            out.append((gi, _compute_instances(nvml, gi)))
+    return out
+
+
+def _compute_instances(nvml: Any, gi: Any) -> list[Any]:
+    found: list[Any] = []
+    shared = nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+    for profile in range(int(nvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
+        try:
+            info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, profile, shared)
+        except nvml.NVMLError:
+            continue  # the GPU instance offers no such compute profile
+        count = ctypes.c_uint(0)
+        array = (nvml.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
+        nvml.nvmlGpuInstanceGetComputeInstances(gi, int(info.id), array, ctypes.byref(count))
+        found.extend(list(array)[: count.value])
+    return found
+
+
+def mig_uuids(nvml: Any, handle: Any) -> dict[int, str]:
+    """GPU-instance id → the ``MIG-…`` UUID of its MIG device, for every populated slot."""
+    out: dict[int, str] = {}
+    for slot in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except nvml.NVMLError as exc:
+            if exc.value in (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_ERROR_INVALID_ARGUMENT):
+                continue
+            raise
+        uuid = nvml.nvmlDeviceGetUUID(mig)
+        gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
+        out[gi_id] = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    return out
 
 
 def _gib_name(memory_mib: int) -> str:
