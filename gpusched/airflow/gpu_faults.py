@@ -8,9 +8,10 @@ failed member has its other members stopped.
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.ledger.hosts import HostState
@@ -22,25 +23,31 @@ from gpusched.scheduler.keys import parse_ti_key, ti_key
 __all__ = ["FaultCore", "fail_orphaned", "handle_lost_hosts", "quarantine_if_unconfirmed",
            "stop_broken_gangs", "tries_heard"]
 
+if TYPE_CHECKING:  # typing only: the ledger loads its SQL tables, Airflow's executor its models
+    from airflow.executors.base_executor import BaseExecutor
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    from gpusched.scheduler.ledger_store import LedgerStore
+
 
 class FaultCore(Protocol):
     """What these handlers use of :class:`~gpusched.airflow.gpu_scheduling.GPUScheduling`."""
 
-    executor: Any
-    gangs: dict[str, set[Any]]
-    gpu_running: dict[Any, str]
+    executor: BaseExecutor
+    gangs: dict[str, set[TaskInstanceKey]]
+    gpu_running: dict[TaskInstanceKey, str]
     holder: str
     host_timeout_s: float
 
     @property
-    def log(self) -> Any: ...
+    def log(self) -> logging.Logger: ...
 
     @property
-    def ledger(self) -> Any: ...
+    def ledger(self) -> LedgerStore: ...
 
-    def release(self, key: Any, reason: str) -> None: ...
+    def release(self, key: TaskInstanceKey, reason: str) -> None: ...
 
-    def requeue_unstarted(self, key: Any, reason: str) -> bool: ...
+    def requeue_unstarted(self, key: TaskInstanceKey, reason: str) -> bool: ...
 
 
 def handle_lost_hosts(core: FaultCore, now: float) -> list[str]:
@@ -93,7 +100,7 @@ def handle_lost_hosts(core: FaultCore, now: float) -> list[str]:
     return lost_keys
 
 
-def quarantine_if_unconfirmed(core: FaultCore, key: Any, reason: str) -> bool:
+def quarantine_if_unconfirmed(core: FaultCore, key: TaskInstanceKey, reason: str) -> bool:
     """Quarantine try ``key`` (True) instead of releasing it when its devices are on a GPU host
     that is not live now: the executor heard that its process ended, but nothing on that host
     can confirm it (e.g. Airflow's task heartbeat timeout failed a try whose worker died), so its
@@ -116,7 +123,7 @@ def quarantine_if_unconfirmed(core: FaultCore, key: Any, reason: str) -> bool:
     return True
 
 
-def tries_heard(ledger: Any, hosts: Sequence[str]) -> dict[str, float]:
+def tries_heard(ledger: LedgerStore, hosts: Sequence[str]) -> dict[str, float]:
     """GPU host -> the newest heartbeat (epoch s) Airflow's task supervisors sent for the running
     tries whose active allocations are on that host (hosts without one are left out)."""
     from airflow.models.taskinstance import TaskInstance as TI
@@ -149,7 +156,7 @@ def tries_heard(ledger: Any, hosts: Sequence[str]) -> dict[str, float]:
     return heard
 
 
-def stop_broken_gangs(core: FaultCore) -> list[Any]:
+def stop_broken_gangs(core: FaultCore) -> list[TaskInstanceKey]:
     """Stop the live members of every launched gang one of whose members failed (or was lost).
 
     The stopped members fail now (their retries wait for the whole gang again); Airflow's

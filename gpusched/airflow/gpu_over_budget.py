@@ -7,7 +7,8 @@ state is the cycle's (:func:`gpusched.scheduler.quota.cycle_quota`).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import logging
+from typing import TYPE_CHECKING, Protocol
 
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.task_log import append_task_log
@@ -15,25 +16,31 @@ from gpusched.scheduler.quota import cycle_quota, over_budget_work
 
 __all__ = ["QuotaCore", "check_running"]
 
+if TYPE_CHECKING:  # typing only: the ledger loads its SQL tables, Airflow's executor its models
+    from airflow.executors.base_executor import BaseExecutor
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    from gpusched.scheduler.ledger_store import LedgerStore
+
 
 class QuotaCore(Protocol):
     """What :func:`check_running` uses of the executors' GPU core (``GPUScheduling``)."""
 
-    executor: Any
-    gpu_running: dict[Any, str]
+    executor: BaseExecutor
+    gpu_running: dict[TaskInstanceKey, str]
     over_budget: str
     over_budget_seen: set[str]
 
     @property
-    def ledger(self) -> Any: ...
+    def ledger(self) -> LedgerStore: ...
 
     @property
-    def log(self) -> Any: ...
+    def log(self) -> logging.Logger: ...
 
-    def release(self, key: Any, reason: str) -> None: ...
+    def release(self, key: TaskInstanceKey, reason: str) -> None: ...
 
 
-def check_running(core: QuotaCore, now: float) -> list[Any]:
+def check_running(core: QuotaCore, now: float) -> list[TaskInstanceKey]:
     """Act once on each running task of a tenant over its hard budget; return the Airflow keys."""
     if not core.gpu_running:
         return []
