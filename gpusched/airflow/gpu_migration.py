@@ -44,8 +44,10 @@ A move whose next try had already started is just forgotten (its pin removed).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched import settings
 from gpusched.airflow.executor_compat import save_task_event
@@ -63,6 +65,12 @@ from gpusched.throughputs import load_throughputs
 
 __all__ = ["MIGRATION_REQUEUE_WAIT_S", "MigrationCore", "Migrator", "Moving", "throughput_table"]
 
+if TYPE_CHECKING:  # typing only: the ledger loads its SQL tables, Airflow's executor its models
+    from airflow.executors.base_executor import BaseExecutor, ExecutorConf
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    from gpusched.scheduler.ledger_store import LedgerStore
+
 MIGRATION_REQUEUE_WAIT_S = 180.0
 """How long after a moved try ended its next try may take to start on the held devices."""
 
@@ -79,20 +87,20 @@ def throughput_table(conf: Any) -> dict[str, dict[str, float]]:
 class MigrationCore(Protocol):
     """What the migrator uses of :class:`~gpusched.airflow.gpu_scheduling.GPUScheduling`."""
 
-    executor: Any
-    conf: Any
+    executor: BaseExecutor
+    conf: ExecutorConf
     holder: str
-    process: Any
-    gpu_running: dict[Any, str]
-    gangs: dict[str, set[Any]]
+    process: Any  # a HolderProcess once the executor started (gpusched.ledger.liveness)
+    gpu_running: dict[TaskInstanceKey, str]
+    gangs: dict[str, set[TaskInstanceKey]]
     preemption: Preemptor
-    clock: Any  # () -> now
+    clock: Callable[[], float]
 
     @property
-    def log(self) -> Any: ...
+    def log(self) -> logging.Logger: ...
 
     @property
-    def ledger(self) -> Any: ...
+    def ledger(self) -> LedgerStore: ...
 
 
 @dataclass

@@ -35,7 +35,9 @@ from the notice (:meth:`Preemptor.restore`), and its beneficiary keeps waiting f
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched import settings
 from gpusched.airflow.executor_compat import save_task_event
@@ -59,23 +61,29 @@ from gpusched.scheduler.service import NamedHistory, service_indices, service_ra
 
 __all__ = ["Eviction", "PreemptionCore", "Preemptor", "after_launches", "requeue"]
 
+if TYPE_CHECKING:  # typing only: the ledger loads its SQL tables, Airflow's executor its models
+    from airflow.executors.base_executor import BaseExecutor, ExecutorConf
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    from gpusched.scheduler.ledger_store import LedgerStore
+
 
 class PreemptionCore(Protocol):
     """What the preemptor uses of :class:`~gpusched.airflow.gpu_scheduling.GPUScheduling`."""
 
-    executor: Any
-    conf: Any
-    gpu_running: dict[Any, str]
-    gangs: dict[str, set[Any]]
+    executor: BaseExecutor
+    conf: ExecutorConf
+    gpu_running: dict[TaskInstanceKey, str]
+    gangs: dict[str, set[TaskInstanceKey]]
     durations: DurationHistory  # its ``service`` history (mode service)
     attained: AttainedService  # which running tries were preempted before
-    clock: Any  # () -> now
+    clock: Callable[[], float]
 
     @property
-    def log(self) -> Any: ...
+    def log(self) -> logging.Logger: ...
 
     @property
-    def ledger(self) -> Any: ...
+    def ledger(self) -> LedgerStore: ...
 
 
 class Preemptor:
