@@ -9,6 +9,9 @@ hard-isolated slices) is one unit; the members of a multi-node gang
 * ``fits when idle`` — on the fleet with nothing running;
 * ``fits only with standby nodes`` — on the idle fleet once every standby node is switched on
   (:func:`gpusched.capacity.prescale.activate_in_snapshot`);
+* ``fits after a re-partition`` — a hard-isolated slice no existing MIG instance / compute
+  partition holds, but a GPU of the fleet can be re-partitioned into one (the reason names it:
+  dynamic MIG or an operator does it; :func:`gpusched.placement.reasons.repartition_wait`);
 * ``never fits`` — not even then.
 
 No feasibility rule of its own: each answer is the scheduling cycle's decision
@@ -46,6 +49,7 @@ from gpusched.gang import GANG_KEY, gang_member
 from gpusched.hardware.detect import fleet_path_from_env
 from gpusched.model import DeviceShare, FleetSnapshot, Node
 from gpusched.placement import Policy, RunningTask
+from gpusched.placement.reasons import is_repartition_wait
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import CycleReply, CycleRequest, Hold, PendingWork, decide
@@ -66,6 +70,7 @@ class Verdict(StrEnum):
     FITS_NOW = "fits now"
     FITS_WHEN_IDLE = "fits when idle"
     NEEDS_STANDBY = "fits only with standby nodes"
+    NEEDS_REPARTITION = "fits after a re-partition"
     NEVER = "never fits"
 
 
@@ -300,9 +305,12 @@ def judge(
             verdict = Verdict.FITS_NOW if not now_reply.holds else Verdict.FITS_WHEN_IDLE
             reason = now_reply.holds[0].reason if now_reply.holds else ""
         return _report(unit, verdict, reason, on_active)
+    hold = on_active.holds[0]
+    if not hold.permanent and is_repartition_wait(hold.reason):
+        return _report(unit, Verdict.NEEDS_REPARTITION, hold.reason, None)
     standby = [n.name for n in snapshot.nodes if n.standby]
     if not standby:
-        return _report(unit, Verdict.NEVER, on_active.holds[0].reason, None)
+        return _report(unit, Verdict.NEVER, hold.reason, None)
     with_standby = _decide(unit, activate_in_snapshot(idle, standby), policy, (), at)
     if not with_standby.holds:
         return _report(unit, Verdict.NEEDS_STANDBY, on_active.holds[0].reason, with_standby)

@@ -4,7 +4,8 @@
 
 PATH is a DAG file or a DAGs folder, parsed as Airflow's dag-processor parses it. Each GPU task
 (a multi-node gang as one unit) gets one verdict — ``fits now`` (``--ledger`` only: on the
-devices free now), ``fits when idle``, ``fits only with standby nodes`` or ``never fits`` — with
+devices free now), ``fits when idle``, ``fits only with standby nodes``, ``fits after a
+re-partition`` (a hard slice a GPU can be re-partitioned into) or ``never fits`` — with
 the scheduler's reason and its placement on the idle fleet (:mod:`gpusched.airflow.fit_check`).
 The fleet: ``--fleet``, else ``$GPUSCHED_FLEET``, else the bundled default fleet (the simulated
 fleet the main job uses without real devices); ``--ledger`` judges the main job's ledger now
@@ -38,7 +39,8 @@ if TYPE_CHECKING:  # Airflow and the placement engine load when the command runs
 
 __all__ = ["register", "render_text", "run"]
 
-_REASON_LABEL = {"fits only with standby nodes": "without standby nodes", "never fits": "why"}
+_REASON_LABEL = {"fits only with standby nodes": "without standby nodes", "never fits": "why",
+                 "fits after a re-partition": "how"}
 """What a report's reason explains, by verdict (any other: why it waits now, on a live ledger)."""
 
 

@@ -27,7 +27,7 @@ from gpusched.placement.incremental import Incremental, WholeFits
 from gpusched.placement.index import FleetIndex, FreeState
 from gpusched.placement.lookahead import ShapeDeltas, level_choice
 from gpusched.placement.policy import Chooser, Policy
-from gpusched.placement.reasons import busy_reason, gang_reason, host_reason, never_fits
+from gpusched.placement.reasons import busy_reason, gang_reason, host_reason, never_fits, repartition_wait
 from gpusched.placement.score import FragStats
 from gpusched.placement.speeds import timed
 from gpusched.placement.ties import levels_best, tie_break
@@ -123,7 +123,8 @@ def choose(
     )
     reason = flt.static_reason(req, elig, fractional=frac) or never_fits(idx, req, elig, frac)
     if reason is not None:
-        return Rejection(task.key, reason, True)
+        wait = repartition_wait(idx, req, state, reason) if frac else None
+        return Rejection(task.key, reason, True) if wait is None else Rejection(task.key, wait, False)
     inc = placer.incremental
     host = bool(task.cpu_milli or task.host_memory_bytes)
     if inc is not None and not np.isfinite(state.res_start).any():

@@ -30,6 +30,7 @@ __all__ = [
     "fraction_fits",
     "fraction_take",
     "milli_need",
+    "repartition_candidates",
     "slice_info",
 ]
 
@@ -137,6 +138,36 @@ def eligibility(
     result = _compute(index, request, fractional and fractions_need_partitioning, fractional)
     index.masks[key] = result
     return result
+
+
+def repartition_candidates(index: FleetIndex, request: GPURequest) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Whole GPUs a hard fraction no existing slice holds could get a slice of once re-partitioned
+    (MIG / compute partitions), health and cordons aside; and per model position the smallest
+    profile that holds the request ("" where none does). Cached per request signature."""
+    key = ("repartition", request.vendors, request.models, request.labels, request.min_arch,
+           request.memory_per_gpu, request.milli_per_gpu, request.profile)
+    hit: tuple[np.ndarray, tuple[str, ...]] | None = index.masks.get(key)
+    if hit is not None:
+        return hit
+    kind_m, _ = _model_ok(index, request, False)
+    want = (request.profile or "").casefold()
+    profiles = []
+    for m, info in enumerate(index.model_info):
+        fitting = [
+            p for p in (info.slice_profiles if info is not None and kind_m[m] else ())
+            if p.memory_bytes >= request.memory_per_gpu and p.compute_milli >= request.milli_per_gpu
+            and (not want or p.name.casefold() == want)
+        ]
+        profiles.append(min(fitting, key=lambda p: (p.compute_milli, p.memory_bytes)).name if fitting else "")
+    has_profile = np.array([bool(p) for p in profiles], dtype=bool)
+    if not index.n_devices:
+        return np.zeros(0, dtype=bool), tuple(profiles)
+    mask = has_profile[index.dev_model] & ~slice_info(index).is_slice
+    if request.labels:
+        mask &= _labels_ok(index, request.labels)[index.dev_node]
+    hit = (mask, tuple(profiles))
+    index.masks[key] = hit
+    return hit
 
 
 def _isolation_ok(index: FleetIndex, request: GPURequest, fractional: bool) -> np.ndarray:

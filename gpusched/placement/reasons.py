@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpusched.model import MILLI
 from gpusched.placement import filter as flt
 from gpusched.placement.feasible import shape_fits
-from gpusched.placement.index import FleetIndex
+from gpusched.placement.index import FleetIndex, FreeState
 from gpusched.placement.topology import NodeCounts, node_counts
 from gpusched.placement.types import PendingTask, Reservation
 from gpusched.request import GPURequest, Interconnect
 
-__all__ = ["busy_reason", "gang_reason", "host_reason", "never_fits", "reserved_note"]
+__all__ = ["busy_reason", "gang_reason", "host_reason", "is_repartition_wait", "never_fits",
+           "repartition_wait", "reserved_note"]
 
 
 def never_fits(idx: FleetIndex, req: GPURequest, elig: flt.Eligibility, frac: bool) -> str | None:
@@ -55,6 +57,68 @@ def never_fits(idx: FleetIndex, req: GPURequest, elig: flt.Eligibility, frac: bo
             reason = f"needs {what}; the largest matching node in the fleet has {int(nc.count.max())}"
     idx.masks[key] = reason
     return reason
+
+
+_REPARTITION_WAITS = ("waiting for a MIG re-partition", "waiting for a compute re-partition")
+
+
+def is_repartition_wait(reason: str) -> bool:
+    """Whether ``reason`` is :func:`repartition_wait`'s (the task waits for a slice to be made)."""
+    return reason.startswith(_REPARTITION_WAITS)
+
+
+def repartition_wait(idx: FleetIndex, req: GPURequest, state: FreeState, static: str) -> str | None:
+    """Why a hard fraction that no existing slice holds waits instead of never fitting: a whole
+    GPU of an allowed model can be re-partitioned into a slice that holds it (the host's agent does
+    it with ``GPUSCHED_DYNAMIC_MIG``, or an operator by hand). None when no GPU could
+    (``static``, the never-fits reason, stands)."""
+    if req.isolation != "hard" or not req.is_fractional:
+        return None
+    mask, profiles = flt.repartition_candidates(idx, req)
+    if not mask.any():
+        return None
+    info = flt.slice_info(idx)
+    in_service = mask & (idx.dev_health < 2) & ~idx.dev_cordoned & ~idx.dev_standby
+    idle = np.zeros(idx.n_devices, dtype=bool)
+    for d in np.flatnonzero(in_service):
+        slices = info.parent_pos == d
+        own_free = info.mig_parent[d] or (
+            state.free_milli[d] >= MILLI and state.free_mem[d] >= idx.dev_mem[d])
+        idle[d] = bool(own_free and (state.free_milli[slices] >= MILLI).all())
+    what = req.describe(fractional=True)
+    candidates = idle if idle.any() else in_service if in_service.any() else mask
+
+    def order(d: int) -> tuple[bool, bool, int]:
+        dev = idx.devices[d]
+        return (not dev.mig_enabled, dev.island is not None, int(d))
+
+    best = min((int(d) for d in np.flatnonzero(candidates)), key=order)
+    dev = idx.devices[best]
+    profile = profiles[int(idx.dev_model[best])]
+    model = idx.model_info[int(idx.dev_model[best])]
+    mig = model is not None and "mig" in model.partitioning
+    kind = "MIG re-partition" if mig else "compute re-partition"
+    if not mig:
+        how = f"amd-smi set --gpu <gpu> --compute-partition {profile}"
+    elif dev.mig_enabled:
+        how = f"nvidia-smi mig -i <gpu> -cgi {profile} -C"
+    else:  # MIG mode needs a GPU reset, which gpusched never does
+        how = f"nvidia-smi -i <gpu> -mig 1 while it is idle, then nvidia-smi mig -i <gpu> -cgi {profile} -C"
+    if not mig:  # the agent's dynamic MIG does not change AMD compute partitions
+        by = f"an operator makes a {profile} partition ({how})"
+    else:
+        agent = "GPUSCHED_DYNAMIC_MIG" if dev.mig_enabled else (
+            "GPUSCHED_DYNAMIC_MIG; with real GPUs only once MIG mode is on")
+        by = f"the host's agent makes a {profile} slice ({agent}), or an operator ({how})"
+    where = f"{dev.uuid} ({dev.model} on {dev.node})"
+    if idle.any():
+        return f"waiting for a {kind} of {where}: no existing slice holds {what}; {by}"
+    busy = int(in_service.sum())
+    if busy:
+        return (f"waiting for a {kind} of {where} once it is idle: no existing slice holds {what} and "
+                f"all {busy} GPU(s) that could be re-partitioned are busy; {by}")
+    return (f"waiting for a {kind}: no existing slice holds {what} and the {int(mask.sum())} GPU(s) "
+            f"that could be re-partitioned are out of service ({static})")
 
 
 def _held(fits: np.ndarray, fits_now: np.ndarray) -> str:

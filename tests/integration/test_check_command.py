@@ -100,8 +100,9 @@ def test_an_impossible_request_never_fits_with_the_placement_reason_and_exit_cod
     huge = by_task["too_big.huge"]
     assert huge["verdict"] == "never fits" and huge["fits"] is False and huge["where"] == []
     assert huge["reason"] == "needs 64 same-node GPUs; the largest matching node in the fleet has 8"
-    assert by_task["too_big.half_hard"]["verdict"] == "never fits"
-    assert "MIG instance or compute partition" in by_task["too_big.half_hard"]["reason"]
+    half = by_task["too_big.half_hard"]  # no slice holds it; the MIG A100 can be re-laid out
+    assert half["verdict"] == "fits after a re-partition" and half["fits"] is True
+    assert half["reason"].startswith("waiting for a MIG re-partition of GPU-sim-a-a100mig-1-0")
     (spot,) = by_task["too_big.slice_ok"]["where"]
     assert spot["node"] == "a-a100mig-1" and spot["shares"][0]["profile"]  # a MIG instance
     assert by_task["too_big.fine"]["verdict"] == "fits when idle"
@@ -110,7 +111,9 @@ def test_an_impossible_request_never_fits_with_the_placement_reason_and_exit_cod
     text = capsys.readouterr().out
     assert "huge: 64 same-node GPUs: never fits" in text
     assert "why: needs 64 same-node GPUs; the largest matching node in the fleet has 8" in text
-    assert text.rstrip().endswith("4 GPU task(s): 2 fits when idle, 2 never fits")
+    assert ": fits after a re-partition\n    how: waiting for a MIG re-partition" in text
+    summary = "4 GPU task(s): 2 fits when idle, 1 fits after a re-partition, 1 never fits"
+    assert text.rstrip().endswith(summary)
 
 
 def test_json_output_has_one_entry_per_gpu_task_with_its_request_and_placement(

@@ -163,12 +163,22 @@ def test_profile_pins_the_slice_and_cpx_is_an_amd_partition(fleet: FleetSnapshot
     assert env["HIP_VISIBLE_DEVICES"] == str(cpx.index) and env["GPUSCHED_ISOLATION"] == "hard"
 
 
-def test_hard_request_on_a_fleet_without_slices_is_rejected_for_good() -> None:
+def test_hard_request_on_a_fleet_without_slices_waits_for_a_re_partition() -> None:
     plain = FleetSnapshot(tuple(load_fleet(default_fleet_path().with_name("small.yaml"))))
     if any(d.parent for d in plain.devices()):
         pytest.skip("the small fleet has slices")
-    placed = _place(plain, GPURequest.build(gpus=0.1, memory="8GiB", isolation="hard"))
-    assert "MIG instance or compute partition" in placed["t0"]
+    request = GPURequest.build(gpus=0.1, memory="8GiB", isolation="hard")
+    plan = place(no_quota([PendingTask("t0", request, 0.0)], plain, Policy(), now=0.0))
+    (rejection,) = plan.rejections
+    assert not rejection.permanent  # the A100 can be cut into MIG instances: it waits
+    assert rejection.reason.startswith("waiting for a MIG re-partition of GPU-sim-n1-0 (A100-SXM-80GB on n1)")
+    assert "1g.10gb" in rejection.reason and "nvidia-smi -i <gpu> -mig 1" in rejection.reason
+    # Without a GPU that has slice profiles it never fits, as before.
+    unsliceable = FleetSnapshot(tuple(
+        n for n in plain.nodes if not any(d.model in ("A100-SXM-80GB", "MI300X") for d in n.devices)))
+    plan = place(no_quota([PendingTask("t0", request, 0.0)], unsliceable, Policy(), now=0.0))
+    (rejection,) = plan.rejections
+    assert rejection.permanent and "MIG instance or compute partition" in rejection.reason
 
 
 def test_slices_of_a_cordoned_or_unhealthy_gpu_are_out_of_service(fleet: FleetSnapshot) -> None:
@@ -406,11 +416,16 @@ def test_the_genetic_optimiser_keeps_hard_requests_on_whole_slices(fleet: FleetS
     assert sum(a.key.startswith("h") for a in result.plan.assignments) == 4  # four MIG instances
 
 
-def test_a_hard_request_bigger_than_every_slice_says_how_big_the_largest_is(fleet: FleetSnapshot) -> None:
-    # The README's example on the default fleet: its largest MIG slice is 3g.40gb, 3/7 of an A100.
+def test_a_hard_request_bigger_than_every_slice_waits_for_a_re_partition(fleet: FleetSnapshot) -> None:
+    # The README's example on the default fleet: its largest MIG slice is 3g.40gb, 3/7 of an A100;
+    # the idle MIG A100 can be re-laid out with a 4g.40gb instance, so the task waits for that.
     placed = _place(fleet, GPURequest.build(gpus=0.5, memory="20GiB", isolation="hard"))
-    assert "the largest slice of a matching GPU here is 0.428 of a GPU: ask for at most that" in placed["t0"]
-    plain = FleetSnapshot(tuple(load_fleet(default_fleet_path().with_name("small.yaml"))))
-    if not any(d.parent for d in plain.devices()):  # no slice at all: nothing to name
-        placed = _place(plain, GPURequest.build(gpus=0.5, memory="20GiB", isolation="hard"))
-        assert "largest slice" not in placed["t0"]
+    assert placed["t0"].startswith("rejected: waiting for a MIG re-partition of GPU-sim-a-a100mig-1-0 ")
+    assert "makes a 4g.40gb slice (GPUSCHED_DYNAMIC_MIG)" in placed["t0"]
+    busy = fleet.with_usage([DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes)
+                             for d in fleet.devices() if d.model == "A100-SXM-80GB" and d.takes_work])
+    placed = _place(busy, GPURequest.build(gpus=0.5, memory="20GiB", isolation="hard", model="A100"))
+    assert "once it is idle" in placed["t0"]
+    assert "GPU(s) that could be re-partitioned are busy" in placed["t0"]
+
+
