@@ -385,7 +385,7 @@ class GPUScheduling:
     def hold(self, workload: Any, hold: Hold, now: float) -> None:
         """Keep ``workload`` waiting with ``hold.reason`` (or fail it when it can never fit)."""
         if hold.permanent:
-            lost = sorted(h.name for h in self.ledger.hosts() if h.state != "live")
+            lost = sorted(h.name for h in self.ledger.hosts() if h.state not in ("live", "standby"))
             if lost:  # their devices may come back: wait for them rather than fail
                 hold = Hold(hold.key, f"{hold.reason}; GPU host(s) {', '.join(lost)} lost: "
                                       "waiting for them to come back")

@@ -220,7 +220,8 @@ def standby_for_gang(
 
 
 def standby_for_waiting(
-    waiting: Sequence[WaitingTask], snapshot: FleetSnapshot, *, now: float, threshold_s: float
+    waiting: Sequence[WaitingTask], snapshot: FleetSnapshot, *, now: float, threshold_s: float,
+    coming: Sequence[str] = (),
 ) -> ReactiveScaleOut:
     """Which standby nodes to switch on so that tasks waiting longer than ``threshold_s`` start.
 
@@ -230,9 +231,12 @@ def standby_for_waiting(
     node is on gets the first such node (fleet order) and takes its room there, so the next task
     is offered what is left; tasks no standby node helps are not served here. A multi-node gang
     counts as one unit once all its members wait (since its last member arrived) and gets the
-    standby nodes :func:`standby_for_gang` names.
+    standby nodes :func:`standby_for_gang` names. ``coming``: standby nodes already switched on
+    and still on their way (their host booting): capacity the waiting work counts on, not asked for again.
     """
-    return reactive_scale_out(waiting, SnapshotView(snapshot), now=now, threshold_s=threshold_s)
+    on_the_way = SnapshotView(activate_in_snapshot(snapshot, coming)) if coming else None
+    return reactive_scale_out(waiting, SnapshotView(snapshot), now=now, threshold_s=threshold_s,
+                              coming=on_the_way)
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,9 +75,19 @@ SCALE_IN = "scale_in"
 """Ledger event kind of a scale-in (subject: the node sent back to standby; detail: the reason)."""
 PRESCALE_PLAN = "prescale_plan"
 """Ledger event kind of a forecast plan applied (subject ``fleet``; detail: the plan and the result)."""
+SCALE_OUT_FAILED = "scale_out_failed"
+"""Ledger event kind of a reactive activation whose scaler call failed (subject: the node): the
+node counts as not switched on, so a later decision may ask again."""
+SCALE_IN_FAILED = "scale_in_failed"
+"""Ledger event kind of a scale-in whose scaler call failed (subject: the node): it counts as
+switched on again, idle from then."""
+SCALER_CALL = "scaler_call"
+"""Ledger event kind of one scaler call of the standby rules (subject: ``activate`` or
+``release``; detail: the nodes, the provider and what it answered)."""
 _FAULT_SCALE_OUT = "scale_out_request"
 """The fault chain's scale-out (gpusched.faults.remediation.SCALE_OUT; detail: ``activate``)."""
-_SWITCH_KINDS = (REACTIVE_SCALE_OUT, PRESCALE_PLAN, _FAULT_SCALE_OUT, SCALE_IN)
+_SWITCH_KINDS = (REACTIVE_SCALE_OUT, PRESCALE_PLAN, _FAULT_SCALE_OUT, SCALE_IN, SCALE_OUT_FAILED,
+                 SCALE_IN_FAILED)
 
 SCALE_IN_AFTER_ENV = "GPUSCHED_SCALE_IN_AFTER_S"
 """Seconds a switched-on standby node stays idle before the agent sends it back (``off``: never)."""
@@ -269,28 +279,46 @@ def react_to_waiting(
     :func:`gpusched.capacity.prescale.standby_for_waiting` through ``scaler`` (default
     ``$GPUSCHED_SCALER``) and records one ``scale_out_reactive`` event per node with the reason.
     The burst reserve of the last forecast plan is kept.
+
+    One decision is one scaler call, however many agents run this rule over one ledger: nodes
+    already switched on and not yet in service (their host still booting, :func:`switched_on`)
+    count as capacity on its way, and each node is claimed in the ledger before the call
+    (:meth:`~gpusched.ledger.Ledger.claim_event`: of agents deciding at once, one records the
+    ``scale_out_reactive`` event and calls; the others find it and call nothing). A failed call
+    records ``scale_out_failed``, so a later cycle may ask again.
     """
     at = time.time() if now is None else now
     waiting = [WaitingTask(q.key, q.request, q.since, getattr(q, "gang", None)) for q in ledger.queue()]
     if not waiting:
         return ReactiveScaleOut((), ())
-    decision = standby_for_waiting(waiting, ledger.snapshot(at), now=at, threshold_s=threshold_s)
+    scaler = scaler or scaler_from_spec()
+    snapshot = ledger.snapshot(at)
+    coming = list(switched_on(ledger, scaler))  # those still standby are on their way
+    decision = standby_for_waiting(waiting, snapshot, now=at, threshold_s=threshold_s, coming=coming)
     if not decision.activate:
         return decision
-    scaler = scaler or scaler_from_spec()
-    state = scaler.state() if isinstance(scaler, LocalFleetScaler) else {}
     reason = "; ".join(decision.reasons)
+    claimed = tuple(name for name in decision.activate if ledger.claim_event(
+        REACTIVE_SCALE_OUT, name, among=(SCALE_IN, SCALE_OUT_FAILED), now=at, reason=reason,
+        provider=scaler.name, applied=True))
+    if not claimed:  # another agent made this decision first and called the scaler
+        return ReactiveScaleOut((), ())
+    state = scaler.state() if isinstance(scaler, LocalFleetScaler) else {}
     plan = ScalingPlan(
         created_at=at, provisioning_delay_s=0, active_gpus=0, target_gpus=0,
-        activate=decision.activate, surplus_gpus=0,
+        activate=claimed, surplus_gpus=0,
         burst_reserve_gpus=int(state.get("burst_reserve_gpus") or 0), steps=(), model="reactive",
         reason=f"reactive scale-out: {reason}",
     )
-    result = scaler.apply(plan)
-    for name in decision.activate:
-        ledger.record_event(REACTIVE_SCALE_OUT, name, now=at, reason=reason, provider=result.provider,
-                            applied=result.applied, detail=result.detail)
-    return decision
+    try:
+        result = scaler.apply(plan)
+    except Exception as exc:
+        for name in claimed:
+            ledger.record_event(SCALE_OUT_FAILED, name, now=at, reason=str(exc), provider=scaler.name)
+        raise
+    ledger.record_event(SCALER_CALL, "activate", now=at, nodes=list(claimed), provider=result.provider,
+                        applied=result.applied, detail=result.detail)
+    return decision if claimed == decision.activate else ReactiveScaleOut(claimed, decision.reasons)
 
 
 def record_plan(ledger: Any, plan: ScalingPlan, result: ScalingResult) -> None:
@@ -311,8 +339,11 @@ def switched_on(ledger: Any, scaler: Scaler) -> dict[str, float]:
     on: dict[str, float] = {}
     for event in reversed(ledger.events(1000, kinds=_SWITCH_KINDS)):
         detail = event.detail
-        if event.kind == SCALE_IN:
+        if event.kind in (SCALE_IN, SCALE_OUT_FAILED):
             on.pop(event.subject, None)
+            continue
+        if event.kind == SCALE_IN_FAILED:  # still on: idle from now, released after a cool-down
+            on[event.subject] = float(event.at)
             continue
         if event.kind == REACTIVE_SCALE_OUT:
             names = [event.subject] if detail.get("applied", True) else []
@@ -402,11 +433,31 @@ def release_idle(
                         keep_gpus=target if at < until else 0, waiting=waiting)
     if not decision.release:
         return decision
-    result = scaler.release(decision.release, reason="; ".join(decision.reasons), now=at)
-    for name, reason in zip(decision.release, decision.reasons, strict=True):
-        ledger.record_event(SCALE_IN, name, now=at, reason=reason, provider=result.provider,
-                            applied=result.applied, detail=result.detail)
-    return decision
+    # One decision, one call (as in react_to_waiting): each node is claimed before the call.
+    chosen = [(name, reason) for name, reason in zip(decision.release, decision.reasons, strict=True)
+              if ledger.claim_event(SCALE_IN, name, among=(REACTIVE_SCALE_OUT, SCALE_IN_FAILED),
+                                    since=on[name], now=at, reason=reason, provider=scaler.name,
+                                    applied=True)]
+    if not chosen:
+        return ScaleIn((), ())
+    names = tuple(name for name, _ in chosen)
+    # The GPU hosts of these nodes go to standby before they are powered off: nothing new is
+    # placed there, and their agents' silence is no lost host (scheduler.hosts judges live ones).
+    node_hosts = ledger.node_hosts()
+    hosts = sorted({node_hosts[n][0] for n in names if n in node_hosts})
+    for host in hosts:
+        ledger.standby_host(host, reason=f"released by the scale-in ({scaler.name} scaler)", now=at)
+    try:
+        result = scaler.release(names, reason="; ".join(r for _, r in chosen), now=at)
+    except Exception as exc:
+        for name in names:
+            ledger.record_event(SCALE_IN_FAILED, name, now=at, reason=str(exc), provider=scaler.name)
+        for host in hosts:  # still powered: back in service (its agent's heartbeat keeps it live)
+            ledger.set_host_state(host, "live", None, expected="standby", now=at)
+        raise
+    ledger.record_event(SCALER_CALL, "release", now=at, nodes=list(names), provider=result.provider,
+                        applied=result.applied, detail=result.detail)
+    return decision if names == decision.release else ScaleIn(names, tuple(r for _, r in chosen))
 
 
 def _gpus(node: Any) -> int:

@@ -108,6 +108,11 @@ class CapacityView(Protocol):
         ...
 
 
+def _span(seconds: float) -> str:
+    """A wait or an idle time in words: whole minutes, or seconds under two minutes."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def usable_gpus(free_gpus: int, reserve_gpus: int, *, partition: Partition | str) -> int:
     """The burst reserve: the free GPUs work of ``partition`` may take — all of them for burst
     work, those beyond the reserve for any other partition."""
@@ -166,7 +171,7 @@ def reactive_scale_out(
                 chosen.extend(nodes)
                 which = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {', '.join(nodes)}"
                 reasons.append(f"multi-node gang {gang.gang.rsplit('/', 1)[-1]} ({gang.size} members of "
-                               f"{task.request.count} GPU(s)) waited {waited / 60:.0f} min for standby "
+                               f"{task.request.count} GPU(s)) waited {_span(waited)} for standby "
                                f"{which}; activating {'it' if len(nodes) == 1 else 'them'}")
             continue
         if fleet.holds(task.request):
@@ -179,7 +184,7 @@ def reactive_scale_out(
             if trial.holds(task.request):
                 current = trial.take(task.request)
                 chosen.append(name)
-                reasons.append(f"{task.key} waited {waited / 60:.0f} min for {task.request.count} "
+                reasons.append(f"{task.key} waited {_span(waited)} for {task.request.count} "
                                f"GPU(s) that standby node {name} gives; activating it")
                 break
     return ReactiveScaleOut(tuple(chosen), tuple(reasons))
@@ -221,6 +226,6 @@ def scale_in(
         free -= node.gpus
         active -= node.gpus
         release.append(node.name)
-        reasons.append(f"standby node {node.name} idle {(now - node.idle_since) / 60:.0f} min "
-                       f"(cool-down {cool_down_s / 60:.0f} min); back to standby")
+        reasons.append(f"standby node {node.name} idle {_span(now - node.idle_since)} "
+                       f"(cool-down {_span(cool_down_s)}); back to standby")
     return ScaleIn(tuple(release), tuple(reasons))

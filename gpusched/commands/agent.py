@@ -4,6 +4,7 @@
                    [--db-url URL] [--window S] [--memory-growth MB_PER_MIN]
                    [--temp-limit VENDOR=CELSIUS ...] [--no-stop]
                    [--host-name NAME] [--heartbeat S] [--host-timeout S] [--no-worker-watch]
+                   [--standby]
 
 With ``--host-name NAME`` (or ``GPUSCHED_HOST``) the agent serves one GPU host of a multi-host
 fleet: it registers the host's devices in the shared ledger under NAME (a name registered by a
@@ -25,6 +26,12 @@ then its devices are released (``gpusched.agent.host_guard``). When the worker r
 container, share its PID namespace with the agent (compose: ``pid: service:<worker>``) and give
 the worker container the host's name (``hostname: NAME``); ``--no-worker-watch`` counts the host
 live on the agent's heartbeat alone.
+
+``--host-name NAME --standby`` declares GPU host NAME a standby host and exits: its devices are
+registered, its state is ``standby`` (its nodes are standby nodes the agents' standby scale-out
+may switch on through ``GPUSCHED_SCALER``; the scheduler does not judge a standby host, so its
+silence is no lost host). Run it once where the host's devices can be discovered, then power the
+host off; switched on, its agent registers it live; released by the scale-in, it is standby again.
 
 Every interval: release allocations whose lease ran out (so a crashed executor's devices come
 back even while no executor runs), sync the inventory (each minute), read every device into the
@@ -106,6 +113,9 @@ def register(subparsers: Any) -> None:
                         help="do not watch this host's Celery worker: the host counts live on the "
                              "agent's heartbeat alone (default: the worker serving gpusched@NAME must "
                              "run here too)")
+    parser.add_argument("--standby", action="store_true",
+                        help="with --host-name: declare the host standby (powered off, switched on by "
+                             "the standby scale-out) and exit")
     parser.set_defaults(func=run)
 
 
@@ -147,9 +157,20 @@ def run(args: argparse.Namespace) -> int:
     ledger = Ledger(args.db_url)
     ledger.migrate()
     heartbeat = None
+    if args.standby and not host:
+        raise ConfigurationError("--standby declares one GPU host standby: give --host-name NAME too")
     if host:
         watch = None if args.no_worker_watch else watch_worker
         backend = HostSlice(backend, host)
+        if args.standby:
+            try:
+                ledger.standby_host(host, backend.discover(), reason="declared standby")
+            finally:
+                backend.close()
+                ledger.close()
+            print(f"gpusched agent: GPU host {host} declared standby (switched on by the standby "
+                  "scale-out through GPUSCHED_SCALER)", flush=True)
+            return 0
         for line in confirm_quarantined(ledger, host):
             print(f"gpusched agent: {line}", flush=True)
         worker = watch(host) if watch else None

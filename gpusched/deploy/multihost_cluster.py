@@ -13,6 +13,12 @@ included), :meth:`LocalCluster.kill_worker` kill only the worker, :meth:`LocalCl
 back on the same port. The hosts' slices of the simulated fleet are the
 nodes of the fleet file named after them.
 
+Standby hosts (``standby=``) are declared standby at start (``gpusched agent --host-name H
+--standby``) and their worker and agent are not started: :meth:`LocalCluster.serve_power_requests`
+stands in for the machines' power controllers (IPMI, Redfish, a cloud API), carrying out the
+requests a ``GPUSCHED_SCALER`` command leaves in a folder — ``activate`` starts the named hosts
+(:meth:`LocalCluster.start_host`), ``release`` stops them (:meth:`LocalCluster.stop_host`).
+
 ``LocalCluster(..., role_env=compose_environments())`` boots it with the environment that
 ``docker-compose.yaml``'s ``celery`` profile gives each of those processes (read from the YAML,
 anchors and merges resolved), keeping only this machine's addresses, paths and hardware
@@ -29,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -147,6 +154,10 @@ class LocalCluster:
             the cluster's addresses and paths, ``env`` and ``scheduler_env`` still win.
         broker_appendonly: run Redis with its append-only file (what it holds survives a
             restart, as in ``docker-compose.yaml``); default off, so a restart loses it.
+        standby: GPU hosts (of ``hosts``) that start powered off: declared standby in the ledger,
+            their worker and agent not started (see :meth:`serve_power_requests`).
+        agent_args: extra ``gpusched agent`` arguments for every host's agent (e.g.
+            ``--scale-after 0``).
     """
 
     def __init__(
@@ -162,6 +173,8 @@ class LocalCluster:
         scheduler_env: Mapping[str, str] | None = None,
         role_env: Mapping[str, Mapping[str, str]] | None = None,
         broker_appendonly: bool = False,
+        standby: Sequence[str] = (),
+        agent_args: Sequence[str] = (),
     ) -> None:
         self.base = base
         self.hosts = tuple(hosts)
@@ -191,6 +204,14 @@ class LocalCluster:
         self.broker_appendonly = broker_appendonly
         self.redis_port = 0
         self._stopped: set[str] = set()  # control-host processes stopped on purpose (the broker)
+        unknown = sorted(set(standby) - set(self.hosts))
+        if unknown:
+            raise ConfigurationError(f"standby host(s) {', '.join(unknown)} are not among hosts {self.hosts}")
+        self.standby = tuple(standby)
+        self.agent_args = list(agent_args)
+        self._power: threading.Thread | None = None
+        self._power_stop = threading.Event()
+        self._power_lock = threading.Lock()
 
     # ---- start / stop ----------------------------------------------------------------------
 
@@ -250,7 +271,10 @@ class LocalCluster:
                     self._role("api-server"))
         self._spawn("dag-processor", [*self._airflow, "dag-processor"], self._role("dag-processor"))
         for host in self.hosts:
-            self.start_host(host)
+            if host in self.standby:
+                self.declare_standby(host)
+            else:
+                self.start_host(host)
         self._spawn("scheduler", [*self._airflow, "scheduler"], self._role("scheduler", self.scheduler_env))
         return self
 
@@ -261,9 +285,82 @@ class LocalCluster:
         # (an agent refuses a loopback address it only resolved).
         self._spawn(f"{host}-agent", [sys.executable, "-m", "gpusched.cli", "agent", "--host-name", host,
                                       "--address", "127.0.0.1", "--port", "0", "--interval", "30",
-                                      "--heartbeat", "2", "--host-timeout", "10"],
+                                      "--heartbeat", "2", "--host-timeout", "10", *self.agent_args],
                     self._role("agent", host_env))
         self.start_worker(host, host_env)
+
+    def declare_standby(self, host: str) -> None:
+        """Declare GPU host ``host`` standby in the ledger (``gpusched agent --host-name H
+        --standby``: its devices registered, powered off), as an operator does before powering
+        the machine down."""
+        env = {**self.env, **self._role("agent", {"GPUSCHED_HOST": host})}
+        done = subprocess.run([sys.executable, "-m", "gpusched.cli", "agent", "--host-name", host,
+                               "--address", "127.0.0.1", "--standby"], cwd=REPO, capture_output=True,
+                              text=True, timeout=120, env=env)
+        if done.returncode != 0:
+            raise ConfigurationError(f"declaring {host} standby failed: {done.stderr.strip()[-500:]}")
+
+    def running(self, host: str) -> bool:
+        """Whether the agent or the worker of GPU host ``host`` runs (a started host)."""
+        return any(name in self.procs and self.procs[name].poll() is None
+                   for name in (f"{host}-agent", f"{host}-worker"))
+
+    def stop_host(self, host: str, timeout: float = 30.0) -> None:
+        """Power GPU host ``host`` off in order: SIGTERM its worker and agent (each process
+        group), SIGKILL what is left after ``timeout`` s. Its idle host's processes end; the
+        ledger's view of it is the scale-in's (:meth:`gpusched.ledger.Ledger.standby_host`)."""
+        procs = [self.procs[name] for name in (f"{host}-worker", f"{host}-agent") if name in self.procs]
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the group: celery's pool children too
+            proc.wait(timeout=10)
+
+    def serve_power_requests(self, folder: Path, interval: float = 0.5) -> None:
+        """Act as the standby hosts' power controllers: every ``interval`` s, carry out each
+        ``*.json`` request in ``folder`` (oldest first; what a ``GPUSCHED_SCALER`` command got on
+        stdin): ``{"action": "activate", "activate": [hosts]}`` starts each named standby host not
+        running (:meth:`start_host`), ``{"action": "release", "release": [hosts]}`` stops each
+        named host (:meth:`stop_host`). A request done is renamed ``*.done``; one that failed
+        ``*.failed`` (the reason in ``power.log``). Runs until :meth:`stop`."""
+        folder.mkdir(parents=True, exist_ok=True)
+
+        def serve() -> None:
+            import json
+
+            while not self._power_stop.wait(interval):
+                for request in sorted(folder.glob("*.json")):
+                    try:
+                        payload = json.loads(request.read_text())
+                        with self._power_lock:
+                            self._power_request(payload)
+                        request.rename(request.with_suffix(".done"))
+                    except Exception as exc:  # keep serving; the test reads power.log
+                        with (self.logs / "power.log").open("a") as sink:
+                            sink.write(f"{request.name}: {exc!r}\n")
+                        request.rename(request.with_suffix(".failed"))
+
+        self._power = threading.Thread(target=serve, name="gpusched-power", daemon=True)
+        self._power.start()
+
+    def _power_request(self, payload: Mapping[str, Any]) -> None:
+        action = payload.get("action")
+        names = [str(n) for n in payload.get(str(action), []) or []]
+        with (self.logs / "power.log").open("a") as sink:
+            sink.write(f"{time.time():.1f} {action} {', '.join(names)}\n")
+        for name in names:
+            if name not in self.hosts:
+                raise ConfigurationError(f"no GPU host {name!r} in this cluster")
+            if action == "activate" and not self.running(name):
+                self.start_host(name)
+            elif action == "release":
+                self.stop_host(name)
 
     def start_worker(self, host: str, host_env: Mapping[str, str] | None = None) -> None:
         """Start (or restart, after :meth:`kill_worker`) the Celery worker of GPU host ``host``."""
@@ -386,6 +483,9 @@ class LocalCluster:
         (they run in sessions of their own)."""
         import psutil
 
+        self._power_stop.set()
+        if self._power is not None:
+            self._power.join(timeout=60)
         left = [p for p in self._left if p.is_running()]  # is_running: the same process, not a reused pid
         if self.db_url:
             for pid in (pid for host in self.hosts for pid in self.host_pids(host)):

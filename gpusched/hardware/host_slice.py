@@ -2,11 +2,14 @@
 
 On real hardware a host's backend sees only its own node (named ``GPUSCHED_NODE_NAME`` or the
 host name), so the slice is the whole backend. A simulated fleet describes many nodes: the GPU
-host ``H`` of a multi-host test or demo owns the fleet file's node named ``H``.
+host ``H`` of a multi-host test or demo owns the fleet file's node named ``H``. A host whose agent
+runs is switched on, so its nodes are never standby here (a fleet file's ``standby: true`` says
+which host starts powered off; whether it is, is its host's state in the ledger).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from gpusched.errors import ConfigurationError
@@ -29,7 +32,7 @@ class HostSlice:
     def discover(self) -> list[Node]:
         """The host's nodes; ConfigurationError when the backend has none named after it."""
         nodes = self.inner.discover()
-        mine = [n for n in nodes if n.name == self.host]
+        mine = [replace(n, standby=False) for n in nodes if n.name == self.host]
         if not mine:
             raise ConfigurationError(
                 f"GPU host {self.host!r}: the {self.inner.name} backend has no node of that name "

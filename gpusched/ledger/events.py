@@ -2,7 +2,9 @@
 
 Allocation, release, health, cordon and host changes are written by :func:`write_event` in the same
 transaction as the change they record (the audit replays them in id order); other layers add
-their own with :meth:`LedgerEvents.record_event`.
+their own with :meth:`LedgerEvents.record_event`; :meth:`LedgerEvents.claim_event` records one
+only when no other writer recorded the same decision first (the standby scale-out's one call per
+decision, whichever agent decides).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gpusched.records import LedgerEvent
 __all__ = ["LedgerEvents", "write_event"]
 
 _INSERT_EVENT = sa.insert(EVENTS)
+_PG_CLAIM_LOCK = 0x67707363616C65  # advisory lock key of claim_event ("gpscale")
 
 
 def write_event(conn: sa.Connection, at: float, kind: str, subject: str, /, **detail: Any) -> None:
@@ -56,6 +59,32 @@ class LedgerEvents:
         """Add an event of another layer (for example a fault classification) to the log."""
         with write_tx(self.engine) as conn:
             write_event(conn, time.time() if now is None else now, kind, subject, **detail)
+
+
+    def claim_event(
+        self, kind: str, subject: str, *, among: Sequence[str], since: float | None = None,
+        now: float | None = None, **detail: Any,
+    ) -> bool:
+        """Record event ``kind`` on ``subject`` unless the newest event of ``among`` on ``subject``
+        (at or after ``since``, when given) is of ``kind`` already: True when recorded, False when
+        another writer claimed the same decision first.
+
+        Claims take turns (a transaction-scoped advisory lock on PostgreSQL, ``BEGIN IMMEDIATE``
+        on SQLite), so of several agents deciding the same thing at once exactly one gets it.
+        """
+        at = time.time() if now is None else now
+        with write_tx(self.engine) as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_CLAIM_LOCK})
+            query = sa.select(EVENTS.c.kind).where(EVENTS.c.subject == subject,
+                                                   EVENTS.c.kind.in_([kind, *among]))
+            if since is not None:
+                query = query.where(EVENTS.c.at >= since)
+            last = conn.execute(query.order_by(EVENTS.c.id.desc()).limit(1)).scalar()
+            if last == kind:
+                return False
+            write_event(conn, at, kind, subject, **detail)
+        return True
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

@@ -2,9 +2,11 @@
 
 Each GPU host's agent registers the host under its name with the nodes it discovered (inventory
 source ``host:<name>``) and heartbeats, saying with each heartbeat what it sees of the host's
-Celery worker (:class:`WorkerStatus`). The fleet snapshot leaves out the nodes of a ``lost`` host
-and shows those of an ``unconfirmed`` one cordoned (its running work goes on; nothing new goes
-there). The scheduler judges the hosts (:mod:`gpusched.scheduler.hosts`) and records its verdicts
+Celery worker (:class:`WorkerStatus`). The fleet snapshot leaves out the nodes of a ``lost`` host,
+shows those of an ``unconfirmed`` one cordoned (its running work goes on; nothing new goes
+there) and those of a ``standby`` one as standby nodes (a powered-off host the standby scale-out
+may switch on: :meth:`LedgerHosts.standby_host`; its agent's registration makes it live again).
+The scheduler judges the hosts (:mod:`gpusched.scheduler.hosts`) and records its verdicts
 with :meth:`LedgerHosts.set_host_state`; an agent's heartbeat re-admits a lost host only while
 its worker runs.
 """
@@ -44,6 +46,10 @@ class HostState:
     UNCONFIRMED = "unconfirmed"
     """Its agent is silent but its running tries still heartbeat (Airflow's task supervisor): the
     work there goes on, nothing new is placed there."""
+    STANDBY = "standby"
+    """Powered off on purpose (declared standby, or released by the scale-in): its nodes are
+    standby nodes of the snapshot, the scheduler does not judge it (its silence is no loss), a
+    heartbeat does not wake it; its agent's next registration (the host switched on) does."""
 
 
 class WorkerState:
@@ -189,7 +195,8 @@ class LedgerHosts:
             else:
                 conn.execute(sa.update(HOSTS).where(HOSTS.c.name == name).values(**values))
                 if row.state != HostState.LIVE and serving:
-                    write_event(conn, at, "host", name, state="readmitted", devices=len(devices))
+                    came = "switched_on" if row.state == HostState.STANDBY else "readmitted"
+                    write_event(conn, at, "host", name, state=came, devices=len(devices))
         self.sync_inventory(nodes, source=HOST_SOURCE_PREFIX + name, now=at)
         return self.host(name)  # type: ignore[return-value]
 
@@ -210,6 +217,8 @@ class LedgerHosts:
                 )
             serving = worker is None or worker.state == WorkerState.RUNNING
             state = HostState.LIVE if serving or row.state == HostState.LIVE else row.state
+            if row.state == HostState.STANDBY:  # the agent of a released host, not yet stopped
+                state = HostState.STANDBY
             values: dict[str, Any] = {"last_heartbeat": at, "state": state,
                                       **_worker_values(worker, at, row.worker_seen_at)}
             if state == HostState.LIVE:
@@ -218,6 +227,34 @@ class LedgerHosts:
             if row.state != HostState.LIVE and state == HostState.LIVE:
                 write_event(conn, at, "host", name, state="readmitted")
         return state
+
+    def standby_host(
+        self, name: str, nodes: Sequence[Node] = (), *, reason: str, now: float | None = None,
+    ) -> HostRecord | None:
+        """Mark GPU host ``name`` standby: powered off on purpose, its nodes offered to the standby
+        scale-out, its silence no loss. With ``nodes`` (what its agent discovered: ``gpusched agent
+        --host-name NAME --standby``) the host is declared, registered when new; without, a
+        registered host goes back to standby (the scale-in released it). Returns the host, or None
+        when ``name`` is not registered and no ``nodes`` are given."""
+        at = time.time() if now is None else now
+        with write_tx(self.engine) as conn:
+            row = conn.execute(sa.select(HOSTS).where(HOSTS.c.name == name)).first()
+            if row is None and not nodes:
+                return None
+            values: dict[str, Any] = {"state": HostState.STANDBY, "reason": reason}
+            if nodes:
+                fingerprint, devices = devices_fingerprint(nodes)
+                values.update(fingerprint=fingerprint, devices=devices)
+            if row is None:
+                conn.execute(sa.insert(HOSTS).values(name=name, address="", registered_at=at,
+                                                     last_heartbeat=at, **values))
+            else:
+                conn.execute(sa.update(HOSTS).where(HOSTS.c.name == name).values(**values))
+            if row is None or row.state != HostState.STANDBY:
+                write_event(conn, at, "host", name, state=HostState.STANDBY, reason=reason)
+        if nodes:
+            self.sync_inventory(nodes, source=HOST_SOURCE_PREFIX + name, now=at)
+        return self.host(name)
 
     def host(self, name: str) -> HostRecord | None:
         """The host registered as ``name``, or None."""
@@ -274,8 +311,9 @@ class LedgerHosts:
 
     def unavailable_nodes(self, conn: sa.Connection) -> dict[str, str]:
         """Node -> state of the nodes of hosts that take no new work: a lost host's leave the
-        snapshot; an unconfirmed host's, and a live host's whose agent last saw its worker not
-        running, show cordoned (their running work stays in view)."""
+        snapshot; a standby host's show as standby nodes; an unconfirmed host's, and a live
+        host's whose agent last saw its worker not running, show cordoned (their running work
+        stays in view)."""
         rows = conn.execute(sa.select(HOSTS.c.name, HOSTS.c.state).where(sa.or_(
             HOSTS.c.state != HostState.LIVE,
             HOSTS.c.worker_state.in_([WorkerState.STOPPED, WorkerState.MISSING]))))

@@ -41,6 +41,15 @@ __all__ = ["Ledger"]
 _PG_INVENTORY_LOCK = 0x67707573636866  # advisory lock key for inventory syncs
 
 
+def _away_node(node: Node, state: str | None) -> Node:
+    """``node`` as the snapshot shows it while its GPU host is in ``state`` (None: in service)."""
+    if state is None:
+        return node
+    if state == HostState.STANDBY:
+        return replace(node, standby=True)
+    return replace(node, cordoned=True)
+
+
 def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
 
@@ -153,7 +162,8 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
         if view is None or view[0] != at or view[1] != gone:
             # Nodes of lost GPU hosts take no work until their agent and worker are back; those of
             # an unconfirmed host (agent silent, its tries alive) keep their running work, cordoned.
-            shown = tuple(n if n.name not in away else replace(n, cordoned=True)
+            # A standby host's (powered off on purpose) are standby nodes.
+            shown = tuple(_away_node(n, away.get(n.name))
                           for n in nodes if away.get(n.name) != HostState.LOST) if away else nodes
             view = (at, gone, shown, frozenset(d.uuid for n in shown for d in n.devices))
             self._fleet_view = view

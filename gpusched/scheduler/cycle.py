@@ -36,7 +36,7 @@ from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaState, physical_milli
 from gpusched.records import AllocationStatus
 from gpusched.request import GPURequest
-from gpusched.scheduler.gangs import membership, place_gang
+from gpusched.scheduler.gangs import membership, place_gang, standby_note
 
 __all__ = [
     "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "PlacementEngine", "cycle_policy",
@@ -215,7 +215,9 @@ def decide(request: CycleRequest) -> CycleReply:
             moved = note if greedy_shares.get(assignment.key) != assignment.shares else ""
             _launch_or_hold(work, assignment.shares, snapshot, use_uuids, False, launches, holds, note=moved)
         for rejection in plan.rejections:
-            holds.append(Hold(rejection.key, rejection.reason, rejection.permanent))
+            reason = rejection.reason if rejection.permanent else standby_note(
+                rejection.reason, by_key[rejection.key].request, snapshot)
+            holds.append(Hold(rejection.key, reason, rejection.permanent))
         if len(assignments) < len(plan.assignments):
             kept = {a.key for a in assignments}
             holds.extend(Hold(a.key, "fits, but waits behind earlier work (strict FIFO)", queued_behind=True)

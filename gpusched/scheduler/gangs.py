@@ -18,7 +18,7 @@ from gpusched.placement.feasible import gang_fit
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 
-__all__ = ["GangPlan", "GangWork", "membership", "place_gang"]
+__all__ = ["GangPlan", "GangWork", "membership", "place_gang", "standby_note"]
 
 class GangWork(Protocol):
     """What gang placement reads of a member's work (:class:`~gpusched.scheduler.cycle.PendingWork`)."""
@@ -119,6 +119,21 @@ def _waiting(
     return GangPlan({}, {}, f"multi-node gang {gang.gang.rsplit('/', 1)[-1]}: only {most} of {size} members "
                             f"fit {where} even when idle{on}: each needs {request.describe()} on a node of "
                             f"its own; {holders}", True)
+
+
+def standby_note(reason: str, request: GPURequest, snapshot: FleetSnapshot) -> str:
+    """``reason`` (why a single task waits) naming the standby node that would give it room now:
+    the node the agents' standby scale-out switches on for it once it has waited long enough
+    (:func:`gpusched.capacity.prescale.standby_for_gang` with one member over the free fleet, as
+    the reactive rule). Unchanged when it fits now (it waits for something else) or no standby
+    node helps."""
+    if not any(n.standby and not n.cordoned for n in snapshot.nodes):
+        return reason
+    nodes = standby_for_gang(request, 1, False, snapshot)
+    if not nodes:
+        return reason
+    return (f"{reason}; standby node {nodes[0]} would make it fit: waiting for the standby scale-out "
+            "to switch it on")
 
 
 def _groups(snapshot: FleetSnapshot, scope: str) -> list[tuple[Node, ...]]:

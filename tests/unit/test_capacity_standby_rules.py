@@ -37,7 +37,7 @@ def test_waiting_work_takes_its_room_so_a_burst_gets_enough_nodes() -> None:
     burst = [_task(f"j{i}", 2, since=float(i)) for i in range(5)]  # 10 GPUs, nothing free
     decision = reactive_scale_out(burst, _pool(0), now=60.0, threshold_s=0.0)
     assert decision.activate == ("s0", "s1")
-    assert decision.reasons[0] == "j0 waited 1 min for 2 GPU(s) that standby node s0 gives; activating it"
+    assert decision.reasons[0] == "j0 waited 60 s for 2 GPU(s) that standby node s0 gives; activating it"
     # 8 GPUs already being provisioned cover 8 of the 10: one more node.
     coming = reactive_scale_out(burst, _pool(0), now=60.0, threshold_s=0.0, coming=_pool(8))
     assert coming.activate == ("s0",)

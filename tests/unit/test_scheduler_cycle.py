@@ -102,3 +102,22 @@ def test_genetic_replan_keeps_every_key_once_and_never_overbooks(fleet: FleetSna
             used[share.uuid] = used.get(share.uuid, 0) + share.milli
             assert fleet.device(share.uuid).vendor == "nvidia"
     assert all(total <= MILLI for total in used.values())
+
+
+def test_a_task_that_only_a_standby_node_holds_waits_naming_that_node() -> None:
+    """Before: the reason said '8 on standby nodes' but not which node would be switched on for it
+    (the standby scale-out's choice), so an operator could not tell what the task waited for."""
+    backend = SimulatedBackend(default_fleet_path())
+    every = FleetSnapshot(tuple(backend.discover()), source="simulated")
+    assert every.node("a-h100-2").standby
+    h100 = every.node("a-h100-1")
+    busy = every.with_usage(DeviceShare(d.uuid, d.node, d.index, MILLI, d.memory_bytes) for d in h100.devices)
+    want = _req(gpus=8, models=["H100-SXM-80GB"], interconnect="same_node")
+    (hold,) = decide(CycleRequest((PendingWork("t", want, 1.0),), busy, Policy.named("gpusched"), (), 5.0,
+                                  NO_QUOTA)).holds
+    assert not hold.permanent
+    assert "standby node a-h100-2 would make it fit" in hold.reason, hold.reason
+    # No standby node holds it: nothing named.
+    (hold,) = decide(CycleRequest((PendingWork("t", _req(gpus=8, models=["L40S"]), 1.0),), busy,
+                                  Policy.named("gpusched"), (), 5.0, NO_QUOTA)).holds
+    assert "standby node" not in hold.reason, hold.reason
