@@ -10,8 +10,16 @@ the allocated one, and none for an unknown UUID.
 
 MIG: every GPU in MIG mode must list its MIG instances (``MIG-…`` UUIDs, profile, memory, SM
 share) exactly as ``nvidia-smi -L`` does, and a child given one instance's UUID must see exactly
-one device. The script only reads: it never changes MIG mode or resets a GPU (with no GPU in MIG
-mode it reports that MIG discovery found nothing, as it should).
+one device. The script never changes MIG mode or resets a GPU (with no GPU in MIG mode it reports
+that MIG discovery found nothing, as it should).
+
+Dynamic MIG for real (``mig_repartition`` in the report): on a GPU already in MIG mode with no
+compute process on it, the NVML provider the agent uses (``NvmlMigProvider.apply``) destroys its
+instances and creates a trial layout (the smallest catalog profile, twice), discovery must show
+exactly that layout and a child given the new instance's UUID must see one device; then the
+original layout is created again (same profiles; the instances get new ``MIG-…`` UUIDs). Skipped,
+with the reason, when no GPU is MIG-capable, none is in MIG mode, every one runs processes, or
+the current layout has a profile the catalog does not name (it could not be put back exactly).
 
 End to end: a task is placed by the placement engine on the real fleet (a whole GPU, and a
 hard-isolated fraction when a MIG instance exists), its environment exported by
@@ -200,6 +208,118 @@ def check_mig(devices: list[Any], pythonpath: list[str]) -> dict[str, Any]:
         seen = run_child({"CUDA_VISIBLE_DEVICES": slices[0].uuid}, pythonpath)
         result["child_sees"] = seen
         check(seen.get("count") == 1, f"a child given {slices[0].uuid} saw {seen}")
+    return result
+
+
+def gpus_with_processes() -> set[str] | None:
+    """UUIDs of the GPUs with a compute process on them or on one of their MIG instances; None
+    when NVML cannot say (then nothing is re-partitioned)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        busy: set[str] = set()
+        answered = False
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            raw = pynvml.nvmlDeviceGetUUID(handle)
+            uuid = raw.decode() if isinstance(raw, bytes) else str(raw)
+            handles = [handle]
+            try:
+                if pynvml.nvmlDeviceGetMigMode(handle)[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
+                    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                        try:
+                            handles.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+                        except pynvml.NVMLError:
+                            continue
+            except pynvml.NVMLError:
+                pass  # not MIG-capable
+            for h in handles:
+                try:
+                    processes = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+                except pynvml.NVMLError:
+                    continue
+                answered = True
+                if processes:
+                    busy.add(uuid)
+        return busy if answered else None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def check_mig_repartition(
+    devices: list[Any], pythonpath: list[str], discover: Any, provider: Any = None, busy: Any = None
+) -> dict[str, Any]:
+    """Dynamic MIG's destroy-and-create sequence on a real idle MIG GPU, then the layout put back.
+
+    ``discover`` returns the backend's nodes afresh; ``provider`` defaults to the NVML provider the
+    agent runs; ``busy`` to :func:`gpus_with_processes` (both replaced in tests).
+    """
+    from gpusched.catalog import default_catalog
+    from gpusched.model import MigStep
+
+    result: dict[str, Any] = {"ran": False}
+
+    def skip(reason: str) -> dict[str, Any]:
+        result["skipped"] = reason
+        warnings.append(f"dynamic MIG check skipped: {reason}")
+        return result
+
+    catalog = default_catalog()
+    gpus = [d for d in devices if d.parent is None]
+    capable = [g for g in gpus if (m := catalog.find(g.model)) is not None and "mig" in m.partitioning]
+    if not capable:
+        return skip(f"no MIG-capable GPU here ({', '.join(sorted({g.model for g in gpus})) or 'no GPU'})")
+    in_mig = [g for g in capable if g.mig_enabled]
+    if not in_mig:
+        return skip("no GPU is in MIG mode; enabling it needs a GPU reset, which this check never does "
+                    "(nvidia-smi -i <gpu> -mig 1 while the GPU is idle, then run the check again)")
+    running = (busy or gpus_with_processes)()
+    if running is None:
+        return skip("NVML cannot list the compute processes, so no GPU is known to be idle")
+    target = next((g for g in in_mig if g.uuid not in running), None)
+    if target is None:
+        return skip(f"every GPU in MIG mode runs compute processes ({', '.join(sorted(running))})")
+    model = catalog.get(target.model)
+    original = tuple(d.profile for d in devices if d.parent == target.uuid)
+    if any(p is None or model.slice_profile(p) is None for p in original):
+        return skip(f"{target.uuid}'s layout {list(original)} has a profile the catalog does not name, "
+                    "so it could not be put back exactly")
+    smallest = min(model.slice_profiles, key=lambda p: (p.compute_milli, p.memory_bytes))
+    trial = (smallest.name,) * min(2, smallest.max_count)
+    if sorted(trial) == sorted(str(p) for p in original):
+        trial = (smallest.name,)
+    if provider is None:
+        from gpusched.hardware.mig_provider import NvmlMigProvider
+
+        provider = NvmlMigProvider()
+    result.update(ran=True, gpu=target.uuid, original=list(original), trial=list(trial))
+
+    def slices_now() -> list[Any]:
+        return [d for n in discover() for d in n.devices if d.parent == target.uuid]
+
+    try:
+        applied = provider.apply([MigStep(target.uuid, target.node, target.model, trial, "device check")])
+        result["apply"] = {"applied": list(applied.applied), "detail": list(applied.detail),
+                           "failed": list(getattr(applied, "failed", ()))}
+        check(applied.applied == (target.uuid,), f"re-partitioning {target.uuid} into {list(trial)} failed: "
+              f"{list(applied.detail)}")
+        after = slices_now()
+        result["after"] = [{"uuid": d.uuid, "profile": d.profile} for d in after]
+        check(sorted(str(d.profile) for d in after) == sorted(trial),
+              f"after the re-partition discovery shows {[d.profile for d in after]}, not {list(trial)}")
+        if after:
+            seen = run_child({"CUDA_VISIBLE_DEVICES": after[0].uuid}, pythonpath)
+            result["child_sees"] = seen
+            check(seen.get("count") == 1, f"a child given the new instance {after[0].uuid} saw {seen}")
+    finally:
+        back = provider.apply([MigStep(target.uuid, target.node, target.model, original, "restore")])
+        result["restore"] = {"applied": list(back.applied), "detail": list(back.detail)}
+        restored = sorted(str(d.profile) for d in slices_now())
+        result["restored"] = restored
+        check(back.applied == (target.uuid,) and restored == sorted(str(p) for p in original),
+              f"{target.uuid}: the original layout {list(original)} is not back ({restored}); recreate it "
+              f"with nvidia-smi mig -i <gpu> -cgi {','.join(str(p) for p in original)} -C")
     return result
 
 
@@ -401,6 +521,9 @@ def main() -> int:
               f"child without CUDA_VISIBLE_DEVICES saw {everything}")
     report["visibility"] = visibility
     report["mig"] = check_mig(devices, pythonpath)
+    report["mig_repartition"] = check_mig_repartition(devices, pythonpath, backend.discover)
+    if report["mig_repartition"].get("ran"):
+        nodes = backend.discover()  # the restored layout's instances have new MIG UUIDs
     report["end_to_end"] = end_to_end(nodes, pythonpath)
     report["ok"] = not problems
 

@@ -67,3 +67,38 @@ def test_without_a_gpu_the_script_fails_with_a_json_report() -> None:
     assert proc.returncode == 1
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["ok"] is False and "NVML" in report["crash"]
+
+
+def test_dynamic_mig_sequence_re_partitions_an_idle_mig_gpu_and_puts_its_layout_back(
+    script: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The simulated fleet stands in for NVML: the local provider changes what discovery shows.
+    from gpusched.hardware.mig_provider import LocalMigProvider
+    from gpusched.hardware.simulated import SimulatedBackend
+
+    backend = SimulatedBackend(default_fleet_path(), state_folder=tmp_path)
+    devices = _mig_node_devices()
+    monkeypatch.setattr(
+        script, "run_child", lambda env, path: {"count": 1, "uuids": [env["CUDA_VISIBLE_DEVICES"]]}
+    )
+    provider = LocalMigProvider(tmp_path / "mig_layouts.json")
+    result = script.check_mig_repartition(devices, [], backend.discover, provider=provider, busy=set)
+    assert script.problems == [], script.problems
+    assert result["ran"] and result["gpu"] == "GPU-sim-a-a100mig-1-0"
+    assert result["trial"] == ["1g.10gb", "1g.10gb"]
+    assert [a["profile"] for a in result["after"]] == result["trial"]
+    assert result["restored"] == sorted(result["original"]) == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+    assert result["child_sees"]["count"] == 1
+
+
+def test_dynamic_mig_sequence_skips_with_the_reason(script: ModuleType) -> None:
+    (plain,) = [n for n in load_fleet(default_fleet_path()) if n.name == "a-h100-1"]
+    result = script.check_mig_repartition(list(plain.devices), [], lambda: [], busy=set)
+    assert not result["ran"] and "no GPU is in MIG mode" in result["skipped"]
+    assert "reset" in result["skipped"]
+    devices = _mig_node_devices()
+    result = script.check_mig_repartition(devices, [], lambda: [], busy=lambda: {"GPU-sim-a-a100mig-1-0"})
+    assert not result["ran"] and "runs compute processes" in result["skipped"]
+    result = script.check_mig_repartition(devices, [], lambda: [], busy=lambda: None)
+    assert not result["ran"] and "NVML cannot list" in result["skipped"]
+    assert script.problems == []
