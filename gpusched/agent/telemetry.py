@@ -215,7 +215,8 @@ class TelemetryAgent:
 
         Never raises: a provider failure is logged and recorded as a ``mig_repartition_failed``
         ledger event naming the GPU and the fix, and that GPU is not tried again for
-        :attr:`MIG_RETRY_S`; the cycle goes on (sampling, alerts and metrics).
+        :attr:`MIG_RETRY_S` (nor one whose step the provider skipped, e.g. MIG mode off); the cycle
+        goes on (sampling, alerts and metrics).
         """
         if self.mig_provider is None:
             return ()
@@ -249,6 +250,9 @@ class TelemetryAgent:
             line = next((d for d in result.detail if d.startswith(gpu)), f"{gpu}: re-partitioning failed")
             self.ledger.record_event("mig_repartition_failed", gpu, now=now, provider=result.provider,
                                      layout=layouts.get(gpu, []), detail=line)
+        for step in steps:  # a step skipped (e.g. MIG mode off) waits like a failed one
+            if step.gpu not in result.applied and step.gpu not in result.failed:
+                self._mig_failed[step.gpu] = now
         for gpu in result.applied:
             self._mig_failed.pop(gpu, None)
             self.ledger.record_event("mig_repartition", gpu, now=now, provider=result.provider,

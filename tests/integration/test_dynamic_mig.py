@@ -176,6 +176,11 @@ def test_the_agent_hands_the_provider_the_held_instances_and_only_its_own_gpus(t
         agent._own_nodes = frozenset({"another-host-node"})  # the step's GPU is another agent's
         agent.repartition(200.0)
         assert len(seen) == 1
+        agent._own_nodes = None
+        agent.repartition(300.0)  # the provider skipped the step (nothing applied): not at once again
+        assert len(seen) == 1
+        agent.repartition(100.0 + agent.MIG_RETRY_S)
+        assert len(seen) == 2
 
 
 # ---- NVML provider -------------------------------------------------------------------------------
