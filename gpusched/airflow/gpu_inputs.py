@@ -8,7 +8,8 @@ allocation a workload already owns (queued again after a restart, or the next tr
 :class:`~gpusched.scheduler.cycle.CycleRequest`: the fleet and the running tasks (one read
 transaction), predicted durations (:mod:`gpusched.scheduler.durations`), the policy with the
 request mix it scores by (the executor's :class:`~gpusched.placement.workload.SteadyWorkload`
-unless the policy names its shapes), the quota and, with
+unless the policy names its shapes), the quota (with the last forecast plan's burst reserve,
+``capacity.scaling.burst_reserve``) and, with
 ``preemption = service``, the GPU-time the earlier tries of each task instance attained
 (:mod:`gpusched.scheduler.attained`).
 """
@@ -20,6 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched.airflow.authoring import request_from_executor_config
+from gpusched.capacity.scaling import burst_reserve
 from gpusched.errors import GPURequestError
 from gpusched.faults.failures import load_overrides
 from gpusched.gang import gang_member
@@ -146,9 +148,13 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
     if core.preemption.mode == "service":
         attained = core.attained.earlier_tries(ledger, [w.key for w in work] + [r.key for r in busy], now)
     policy = cycle_policy(core.policy, core.steady, [w.request for w in work] + [r.request for r in busy])
+    quota = cycle_quota(ledger, snapshot, now)
+    if quota.enforced:  # the last forecast plan's burst reserve, kept by the quota gate
+        reserve = burst_reserve(ledger, now)
+        quota = replace(quota, burst_reserve_gpus=reserve) if reserve else quota
     return CycleRequest(
         work, snapshot, policy, busy, now,
-        cycle_quota(ledger, snapshot, now), use_uuids=core.use_uuids,
+        quota, use_uuids=core.use_uuids,
         replan_budget_ms=core.replan_budget_ms, replan_weights=core.replan_weights,
         addresses=ledger.node_addresses() if any(w.gang for w in work) else {},
         attained_gpu_s=attained, engine=core.warm,

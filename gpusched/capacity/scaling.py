@@ -60,6 +60,7 @@ __all__ = [
     "ScalingResult",
     "WebhookScaler",
     "activate_in_snapshot",
+    "burst_reserve",
     "plan_prescale",
     "react_to_waiting",
     "record_plan",
@@ -365,7 +366,7 @@ def switched_on(ledger: Any, scaler: Scaler) -> dict[str, float]:
     return on
 
 
-def _last_plan(ledger: Any, scaler: Scaler) -> tuple[int, int, float]:
+def _last_plan(ledger: Any, scaler: Scaler | None) -> tuple[int, int, float]:
     """(burst reserve, target GPUs, until when the target holds) of the last forecast plan."""
     events = ledger.events(1, kinds=[PRESCALE_PLAN])
     if events and isinstance(events[0].detail.get("plan"), dict):
@@ -374,6 +375,16 @@ def _last_plan(ledger: Any, scaler: Scaler) -> tuple[int, int, float]:
         return plan.burst_reserve_gpus, plan.target_gpus, plan.created_at + plan.provisioning_delay_s + 3600
     state = scaler.state() if isinstance(scaler, LocalFleetScaler) else {}
     return int(state.get("burst_reserve_gpus") or 0), 0, float("-inf")
+
+
+def burst_reserve(ledger: Any, now: float) -> int:
+    """The GPUs the executors' placement keeps free for burst work at ``now``: the burst reserve
+    of the last forecast plan (its ``prescale_plan`` event) while that plan holds (until one hour
+    past its provisioning delay, as its target), else 0 — a forecast DAG that stopped running
+    leaves no reserve behind. Placement applies it through the quota gate
+    (``QuotaState.burst_reserve_gpus``, :func:`gpusched.quota.policy.usable_gpus`)."""
+    reserve, _, until = _last_plan(ledger, None)
+    return reserve if now < until else 0
 
 
 def release_idle(

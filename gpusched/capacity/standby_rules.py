@@ -15,7 +15,9 @@ call these functions and keep only their own bookkeeping around them.
   no work waiting for them, the burst reserve still free afterwards and the capacity a plan
   wants still active.
 * :func:`usable_gpus` — the burst reserve: burst work may take every free GPU, other work only
-  the free GPUs beyond the reserve.
+  the free GPUs beyond the reserve (defined in :mod:`gpusched.quota.policy`, the layer below
+  placement, because the executors' placement keeps the same reserve: its quota gate,
+  :class:`gpusched.placement.admission.QuotaGate`).
 
 A driver describes its fleet through :class:`CapacityView`: the agent's view is a fleet snapshot
 judged by placement's feasibility check (:class:`gpusched.capacity.prescale.SnapshotView`), the
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpusched.gang import GangMember
+from gpusched.quota.policy import usable_gpus
 from gpusched.request import GPURequest, Partition
 
 __all__ = [
@@ -111,14 +114,6 @@ class CapacityView(Protocol):
 def _span(seconds: float) -> str:
     """A wait or an idle time in words: whole minutes, or seconds under two minutes."""
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
-def usable_gpus(free_gpus: int, reserve_gpus: int, *, partition: Partition | str) -> int:
-    """The burst reserve: the free GPUs work of ``partition`` may take — all of them for burst
-    work, those beyond the reserve for any other partition."""
-    if Partition(partition) is Partition.BURST:
-        return max(0, free_gpus)
-    return max(0, free_gpus - max(0, reserve_gpus))
 
 
 def waiting_units(waiting: Sequence[WaitingTask]) -> list[tuple[float, WaitingTask]]:

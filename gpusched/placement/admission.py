@@ -2,7 +2,9 @@
 
 A :class:`QuotaGate` is built from the running tasks and the pending batch; the engine asks it
 to :meth:`~QuotaGate.admit` each task it has found devices for (the policy itself is
-:mod:`gpusched.quota.policy`).
+:mod:`gpusched.quota.policy`): its tenant's budget, its partition's share, and the burst reserve
+(``QuotaState.burst_reserve_gpus``: non-burst work leaves that many GPUs free,
+:func:`gpusched.quota.policy.usable_gpus`, the rule the standby scale-in keeps too).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from gpusched.placement.types import PendingTask, Rejection, RunningTask
 from gpusched.quota.policy import (
     QuotaState,
     check_budget,
+    check_burst_reserve,
     check_partition,
     normalised_rate,
     partition_capacity,
@@ -71,6 +74,9 @@ class QuotaGate:
             verdict = check_partition(
                 self.quota.policy, req.partition, need, self.used, self.capacity, self.pending
             )
+        if verdict.allowed and self.quota.burst_reserve_gpus > 0:
+            free = self.capacity - sum(self.used.values())
+            verdict = check_burst_reserve(req.partition, need, free, self.quota.burst_reserve_gpus)
         if not verdict.allowed:
             return Rejection(task.key, verdict.reason, verdict.permanent, by_quota=True)
         self.used[req.partition] += need

@@ -32,6 +32,7 @@ __all__ = [
     "QuotaVerdict",
     "check",
     "check_budget",
+    "check_burst_reserve",
     "check_partition",
     "hours",
     "normalised_rate",
@@ -39,6 +40,7 @@ __all__ = [
     "over_budget_mode",
     "partition_capacity",
     "physical_milli",
+    "usable_gpus",
 ]
 
 UNITS_PER_A100_HOUR = MILLI * 3600
@@ -145,13 +147,16 @@ class QuotaState:
     """Budget use so far in the current period (normalised milli-GPU-seconds per tenant).
 
     ``enforced`` False (:meth:`unlimited`, no quota file configured): placement applies neither
-    budgets nor partitions. Build one from the ledger with :func:`gpusched.quota.usage.quota_state`.
+    budgets nor partitions (nor the burst reserve). Build one from the ledger with
+    :func:`gpusched.quota.usage.quota_state`. ``burst_reserve_gpus``: GPUs kept free for the
+    burst partition (the last forecast plan's, while it holds; :func:`usable_gpus`).
     """
 
     policy: QuotaPolicy = field(default_factory=QuotaPolicy)
     used: Mapping[str, int] = field(default_factory=dict)
     period_start: float = 0.0
     enforced: bool = True
+    burst_reserve_gpus: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "used", MappingProxyType(dict(self.used)))
@@ -223,6 +228,30 @@ def partition_capacity(snapshot: FleetSnapshot) -> int:
         for d in node.devices
         if d.takes_work and not d.cordoned and d.health is not Health.UNHEALTHY
     )
+
+
+def usable_gpus(free_gpus: int, reserve_gpus: int, *, partition: Partition | str) -> int:
+    """The burst reserve: the free GPUs work of ``partition`` may take — all of them for burst
+    work, those beyond the reserve for any other partition. The one rule of the executors'
+    placement (:func:`check_burst_reserve`), the agent's scale-in and the pre-scaling simulation
+    (:mod:`gpusched.capacity.standby_rules`). Any unit, as long as both counts are in it."""
+    if Partition(partition) is Partition.BURST:
+        return max(0, free_gpus)
+    return max(0, free_gpus - max(0, reserve_gpus))
+
+
+def check_burst_reserve(
+    partition: Partition, need_milli: int, free_milli: int, reserve_gpus: int
+) -> QuotaVerdict:
+    """Whether work of ``partition`` may take ``need_milli`` of the ``free_milli`` in service
+    while ``reserve_gpus`` are kept for burst work (:func:`usable_gpus`, in milli-GPU)."""
+    usable = usable_gpus(free_milli, reserve_gpus * MILLI, partition=partition)
+    if reserve_gpus <= 0 or need_milli <= usable:
+        return _OK
+    return QuotaVerdict(False, (
+        f"the burst reserve keeps {reserve_gpus} GPU(s) free for burst work (the last forecast plan); "
+        f"{Partition(partition).value!r} work may take {usable / MILLI:g} of the {free_milli / MILLI:g} "
+        f"free GPU(s) and this task needs {need_milli / MILLI:g}"))
 
 
 def check_budget(state: QuotaState, tenant: str, cost: int, *, committed: int = 0) -> QuotaVerdict:

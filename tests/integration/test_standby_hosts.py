@@ -3,7 +3,8 @@
 A standby host (declared, or released by the scale-in) shows as a standby node, is never judged
 lost, is not woken by a late heartbeat, and is live again when its agent registers. Several agents
 running the reactive rule over one ledger make one scaler call per decision, and none while the
-host switched on is still booting; the release is one call too.
+host switched on is still booting; the release is one call too. The burst reserve the executors
+keep is the last forecast plan's while it holds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ from pathlib import Path
 import pytest
 from _ledger_support import BACKENDS, database_url, lose_silent_hosts
 
-from gpusched.capacity.scaling import CommandScaler, react_to_waiting, release_idle, switched_on
+from gpusched.capacity.scaling import (
+    CommandScaler,
+    ScalingPlan,
+    ScalingResult,
+    burst_reserve,
+    react_to_waiting,
+    record_plan,
+    release_idle,
+    switched_on,
+)
 from gpusched.errors import ScalingError
 from gpusched.hardware.detect import detect_backend
 from gpusched.hardware.host_slice import HostSlice
@@ -158,3 +168,16 @@ def test_a_failed_scaler_call_lets_a_later_decision_ask_again(ledger: Ledger, fl
     assert [e.subject for e in ledger.events(kinds=["scale_out_failed"])] == ["host-h100"]
     with pytest.raises(ScalingError):  # asked again (and failing again)
         react_to_waiting(ledger, threshold_s=300, scaler=failing, now=now + 5)
+
+
+def test_the_executors_burst_reserve_is_the_last_forecast_plans_while_it_holds(ledger: Ledger) -> None:
+    """What the executors' cycle puts in its quota state (gpu_inputs.read_cycle_request): the
+    reserve of the last recorded forecast plan, until one hour past its provisioning delay."""
+    assert burst_reserve(ledger, 1000.0) == 0  # no plan: no reserve
+    plan = ScalingPlan(created_at=1000.0, provisioning_delay_s=900, active_gpus=8, target_gpus=8,
+                       activate=(), surplus_gpus=0, burst_reserve_gpus=3, steps=(), model="ets",
+                       reason="test")
+    record_plan(ledger, plan, ScalingResult("command", True, (), 3, "ok"))
+    assert burst_reserve(ledger, 1000.0) == 3
+    assert burst_reserve(ledger, 1000.0 + 900 + 3599) == 3
+    assert burst_reserve(ledger, 1000.0 + 900 + 3600) == 0  # the DAG stopped: no reserve left behind

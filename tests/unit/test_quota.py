@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpusched.capacity import standby_rules
 from gpusched.errors import ConfigurationError
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.node_builder import make_node
@@ -17,6 +18,7 @@ from gpusched.quota.policy import (
     check_partition,
     normalised_rate,
     partition_capacity,
+    usable_gpus,
 )
 from gpusched.request import GPURequest, Partition
 
@@ -169,5 +171,30 @@ def test_budgets_may_be_fractions_of_an_hour_and_a_wrong_one_is_named() -> None:
     assert policy.budget("vision") == 36 * 1000  # 36 A100-seconds, not truncated to nothing
     assert (policy.budget("nlp"), policy.budget("other")) == (9000 * 1000, 1800 * 1000)
     assert (hours(36 * 1000), hours(1800 * 1000), hours(45_000 * 1000)) == ("0.01", "0.5", "12.5")
-    with pytest.raises(ConfigurationError, match=r"quota budgets\.vision: 'lots' is not a number of GPU-hours"):
+    wrong = r"quota budgets\.vision: 'lots' is not a number of GPU-hours"
+    with pytest.raises(ConfigurationError, match=wrong):
         QuotaPolicy.from_dict({"budgets": {"vision": "lots"}})
+
+
+def test_the_burst_reserve_keeps_gpus_free_for_burst_work_in_the_executors_placement() -> None:
+    """Before: a forecast plan's burst reserve was read only by the pre-scaling simulation and the
+    agent's scale-in; the executors' placement let training work take the reserved GPUs."""
+    snap = _fleet()
+    training = [_task(f"train{i}", "training") for i in range(10)]
+    plan = place(PlacementRequest(pending=training, snapshot=snap, policy=GPUSCHED, now=0.0,
+                                  quota=QuotaState(QuotaPolicy())))
+    assert len(plan.assignments) == 10  # no reserve: training borrows every idle GPU
+    quota = QuotaState(QuotaPolicy(), burst_reserve_gpus=2)
+    plan = place(PlacementRequest(pending=training, snapshot=snap, policy=GPUSCHED, now=0.0, quota=quota))
+    assert len(plan.assignments) == 8  # 10 GPUs less the 2 kept for burst work
+    assert {r.permanent for r in plan.rejections} == {False}
+    assert all("burst reserve keeps 2 GPU(s)" in r.reason for r in plan.rejections), plan.rejections
+    # Burst work may take every free GPU, the reserved ones included.
+    burst = [_task(f"burst{i}", "burst") for i in range(10)]
+    plan = place(PlacementRequest(pending=burst, snapshot=snap, policy=GPUSCHED, now=0.0, quota=quota))
+    assert len(plan.assignments) == 10
+    assert standby_rules.usable_gpus is usable_gpus  # the standby rules' rule: one definition
+    # Without a quota file nothing is enforced, the reserve neither.
+    plan = place(PlacementRequest(pending=training, snapshot=snap, policy=GPUSCHED, now=0.0,
+                                  quota=QuotaState.unlimited()))
+    assert len(plan.assignments) == 10
