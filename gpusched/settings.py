@@ -191,7 +191,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("GPUSCHED_SCALE_IN_AFTER_S", "agent", "Seconds a standby node the scaler switched on stays "
            "idle before the agent sends it back to standby (default 1800; off = never)."),
     EnvVar("GPUSCHED_DYNAMIC_MIG", "agent", "Dynamic MIG provider: off (default), local (the simulated "
-           "fleet) or nvml (GPUs already in MIG mode); re-partitions idle GPUs for waiting hard requests."),
+           "fleet), nvml (GPUs already in MIG mode) or amdsmi (AMD compute partition modes); "
+           "re-partitions idle GPUs for waiting hard requests."),
     EnvVar("GPUSCHED_PROVISIONING_DELAY_S", "capacity_forecast DAG", "Seconds a new node needs "
            "to come up (default 900)."),
     EnvVar("GPUSCHED_DEMAND_SOURCE", "capacity_forecast DAG", "Demand history: trace:<path> or synthetic."),

@@ -225,7 +225,7 @@ class TelemetryAgent:
         held = {share.uuid for a in self.ledger.active() for share in a.shares}
         steps = [
             s
-            for s in plan_repartition(snapshot, waiting)
+            for s in plan_repartition(snapshot, waiting, getattr(self.mig_provider, "partitioning", "mig"))
             # Every agent plans alike from the one ledger; each carries out its own host's steps.
             if (self._own_nodes is None or s.node in self._own_nodes)
             and now - self._mig_failed.get(s.gpu, float("-inf")) >= self.MIG_RETRY_S

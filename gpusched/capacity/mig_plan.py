@@ -21,17 +21,25 @@ __all__ = ["best_layout", "plan_repartition"]
 
 
 def best_layout(model: AcceleratorModel, request: GPURequest, memory_bytes: int) -> tuple[str, ...]:
-    """As many instances of the smallest profile that holds ``request`` as fit; () if none holds it."""
+    """As many instances of the smallest profile that holds ``request`` as fit; () if none holds it.
+
+    An AMD compute partition mode splits the whole card evenly: its layout is the mode's
+    ``max_count`` partitions (CPX: 8), and a mode that does not split the card (SPX) is no slice.
+    """
+    mig = "mig" in model.partitioning
     fitting = [
         p
         for p in model.slice_profiles
         if p.memory_bytes >= request.memory_per_gpu
         and p.compute_milli >= request.milli_per_gpu
-        and (request.profile is None or p.name == request.profile)
+        and (request.profile is None or p.name.casefold() == request.profile.casefold())
+        and (mig or p.max_count > 1)
     ]
     if not fitting:
         return ()
     smallest: SliceProfile = min(fitting, key=lambda p: (p.compute_milli, p.memory_bytes))
+    if not mig:
+        return (smallest.name,) * smallest.max_count
     layout: tuple[str, ...] = ()
     for count in range(smallest.max_count, 0, -1):
         candidate = (smallest.name,) * count
@@ -41,8 +49,12 @@ def best_layout(model: AcceleratorModel, request: GPURequest, memory_bytes: int)
     return layout
 
 
-def plan_repartition(snapshot: FleetSnapshot, waiting: Sequence[GPURequest]) -> tuple[MigStep, ...]:
-    """The re-partitioning steps that let waiting hard requests run (one GPU per step)."""
+def plan_repartition(
+    snapshot: FleetSnapshot, waiting: Sequence[GPURequest], partitioning: str = "mig"
+) -> tuple[MigStep, ...]:
+    """The re-partitioning steps that let waiting hard requests run (one GPU per step), on GPUs
+    whose model has ``partitioning`` (``mig``; ``compute-partition`` for AMD compute partition
+    modes): what the provider at hand can carry out."""
     catalog = default_catalog()
     taken: set[str] = set()
     free_slices = [d for d in snapshot.devices() if d.parent is not None and _idle(snapshot, d)]
@@ -54,7 +66,7 @@ def plan_repartition(snapshot: FleetSnapshot, waiting: Sequence[GPURequest]) -> 
         if holder is not None:
             taken.add(holder.uuid)  # a free slice serves it already; the placement engine will use it
             continue
-        for gpu in _idle_gpus(snapshot, request, taken):
+        for gpu in _idle_gpus(snapshot, request, taken, partitioning):
             model = catalog.find(gpu.model)
             if model is None:
                 continue
@@ -95,7 +107,9 @@ def _slice_holds(device: Device, request: GPURequest) -> bool:
     )
 
 
-def _idle_gpus(snapshot: FleetSnapshot, request: GPURequest, taken: set[str]) -> list[Device]:
+def _idle_gpus(
+    snapshot: FleetSnapshot, request: GPURequest, taken: set[str], partitioning: str = "mig"
+) -> list[Device]:
     catalog = default_catalog()
     out = []
     for node in snapshot.nodes:
@@ -107,7 +121,7 @@ def _idle_gpus(snapshot: FleetSnapshot, request: GPURequest, taken: set[str]) ->
                 gpu.parent is not None
                 or gpu.uuid in taken
                 or model is None
-                or "mig" not in model.partitioning
+                or partitioning not in model.partitioning
                 or gpu.cordoned
                 or gpu.health is not Health.HEALTHY
                 or (request.vendors and gpu.vendor not in request.vendors)

@@ -16,6 +16,10 @@ Like the scaler providers (:mod:`gpusched.capacity.scaling`), a provider has a `
   active allocations) is never touched. Turning MIG mode on needs a GPU reset, which gpusched
   never does: such a step is skipped and says so.
 
+* ``amdsmi`` — :class:`AmdPartitionProvider`: sets the compute partition mode of an idle AMD card
+  (``amdsmi_set_gpu_compute_partition``; the planner gives it only AMD steps, a step's layout being
+  one mode's partitions, e.g. 8 × CPX); never a card one of whose partitions a task holds.
+
 A step that fails is reported in :attr:`MigResult.failed` with a line naming the GPU and the fix;
 the other steps still run. ``apply`` raises :class:`HardwareError` only when it cannot start at all.
 """
@@ -32,12 +36,14 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gpusched.errors import ConfigurationError, HardwareError
+from gpusched.hardware.amd import import_amdsmi
 from gpusched.hardware.nvidia_mig import gpu_instance_profiles
 from gpusched.model import MigStep
 from gpusched.paths import state_dir
 
 __all__ = [
     "DYNAMIC_MIG_KINDS",
+    "AmdPartitionProvider",
     "LocalMigProvider",
     "MigProvider",
     "MigResult",
@@ -47,7 +53,7 @@ __all__ = [
     "mig_uuids",
 ]
 
-DYNAMIC_MIG_KINDS = ("off", "local", "nvml")
+DYNAMIC_MIG_KINDS = ("off", "local", "nvml", "amdsmi")
 """Values of ``GPUSCHED_DYNAMIC_MIG``."""
 
 
@@ -64,9 +70,11 @@ class MigResult:
 
 @runtime_checkable
 class MigProvider(Protocol):
-    """Carries out re-partitioning steps."""
+    """Carries out re-partitioning steps (of GPUs whose model has ``partitioning``: ``mig``, or
+    ``compute-partition`` for AMD; the agent plans only those)."""
 
     name: str
+    partitioning: str
 
     def apply(self, steps: Sequence[MigStep], held: Collection[str] = ()) -> MigResult:
         """Re-partition the steps' GPUs, never one with an instance among ``held`` (MIG UUIDs tasks
@@ -78,6 +86,7 @@ class LocalMigProvider:
     """Re-partitions GPUs of the simulated fleet (a JSON file every process reads)."""
 
     name = "local"
+    partitioning = "mig"
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or state_dir() / "mig_layouts.json"
@@ -112,6 +121,7 @@ class NvmlMigProvider:
     the step's instances created."""
 
     name = "nvml"
+    partitioning = "mig"
 
     def __init__(self, nvml: Any = None) -> None:
         if nvml is None:
@@ -249,6 +259,63 @@ def _ci_constant(nvml: Any, slices: int) -> int:
     return int(getattr(nvml, f"NVML_COMPUTE_INSTANCE_PROFILE_{slices}_SLICE"))
 
 
+class AmdPartitionProvider:
+    """Sets the compute partition mode of idle AMD cards with AMD SMI."""
+
+    name = "amdsmi"
+    partitioning = "compute-partition"
+
+    def __init__(self, smi: Any = None) -> None:
+        self._smi = smi if smi is not None else import_amdsmi()
+
+    def apply(self, steps: Sequence[MigStep], held: Collection[str] = ()) -> MigResult:
+        """Set each step's card to the step's mode (an empty layout: SPX, the card whole)."""
+        smi = self._smi
+        applied: list[str] = []
+        failed: list[str] = []
+        detail: list[str] = []
+        try:
+            smi.amdsmi_init()
+        except smi.AmdSmiException as exc:
+            raise HardwareError(f"AMD SMI cannot start ({exc}); compute partitioning needs the amdgpu "
+                                "driver") from exc
+        try:
+            by_uuid = {str(smi.amdsmi_get_gpu_device_uuid(h)): h for h in smi.amdsmi_get_processor_handles()}
+            for step in steps:
+                modes = {name.upper() for name in step.layout} or {"SPX"}
+                if len(modes) != 1:
+                    failed.append(step.gpu)
+                    detail.append(f"{step.gpu}: {list(step.layout)} is no compute partition mode (one "
+                                  "mode splits a card evenly)")
+                    continue
+                (mode,) = modes
+                if step.gpu in held:
+                    detail.append(f"{step.gpu}: skipped: held by a task; a card in use is not re-partitioned")
+                    continue
+                handle = by_uuid.get(step.gpu)
+                try:
+                    if handle is None:
+                        raise HardwareError(f"AMD SMI lists no GPU {step.gpu}")
+                    current = str(smi.amdsmi_get_gpu_compute_partition(handle)).upper()
+                    if current != mode:
+                        smi.amdsmi_set_gpu_compute_partition(handle, smi.AmdSmiComputePartitionType[mode])
+                except (smi.AmdSmiException, HardwareError, KeyError) as exc:
+                    failed.append(step.gpu)
+                    detail.append(
+                        f"{step.gpu} on {step.node}: setting compute partition {mode} failed ({exc}); "
+                        "check the card with amd-smi partition, set it when no process uses it "
+                        f"(amd-smi set --gpu <gpu> --compute-partition {mode}) or set "
+                        "GPUSCHED_DYNAMIC_MIG=off"
+                    )
+                    continue
+                applied.append(step.gpu)
+                detail.append(f"{step.gpu}: compute partition {current} → {mode}")
+        finally:
+            with contextlib.suppress(smi.AmdSmiException):
+                smi.amdsmi_shut_down()
+        return MigResult(self.name, tuple(applied), tuple(detail), tuple(failed))
+
+
 def mig_provider_from_spec(spec: str | None = None) -> MigProvider | None:
     """The provider ``GPUSCHED_DYNAMIC_MIG`` names (None for ``off``, the default)."""
     kind = (spec if spec is not None else os.environ.get("GPUSCHED_DYNAMIC_MIG", "off")).strip().lower()
@@ -258,6 +325,8 @@ def mig_provider_from_spec(spec: str | None = None) -> MigProvider | None:
         return LocalMigProvider()
     if kind == "nvml":
         return NvmlMigProvider()
+    if kind == "amdsmi":
+        return AmdPartitionProvider()
     raise ConfigurationError(
         f"unknown GPUSCHED_DYNAMIC_MIG {kind!r}; use one of {', '.join(DYNAMIC_MIG_KINDS)}"
     )

@@ -153,10 +153,15 @@ def repartition_candidates(index: FleetIndex, request: GPURequest) -> tuple[np.n
     want = (request.profile or "").casefold()
     profiles = []
     for m, info in enumerate(index.model_info):
+        if info is None or not kind_m[m]:
+            profiles.append("")
+            continue
+        mig = "mig" in info.partitioning
         fitting = [
-            p for p in (info.slice_profiles if info is not None and kind_m[m] else ())
+            p for p in info.slice_profiles
             if p.memory_bytes >= request.memory_per_gpu and p.compute_milli >= request.milli_per_gpu
             and (not want or p.name.casefold() == want)
+            and (mig or p.max_count > 1)  # SPX does not split an AMD card
         ]
         profiles.append(min(fitting, key=lambda p: (p.compute_milli, p.memory_bytes)).name if fitting else "")
     has_profile = np.array([bool(p) for p in profiles], dtype=bool)

@@ -104,8 +104,9 @@ def repartition_wait(idx: FleetIndex, req: GPURequest, state: FreeState, static:
         how = f"nvidia-smi mig -i <gpu> -cgi {profile} -C"
     else:  # MIG mode needs a GPU reset, which gpusched never does
         how = f"nvidia-smi -i <gpu> -mig 1 while it is idle, then nvidia-smi mig -i <gpu> -cgi {profile} -C"
-    if not mig:  # the agent's dynamic MIG does not change AMD compute partitions
-        by = f"an operator makes a {profile} partition ({how})"
+    if not mig:
+        by = (f"the host's agent sets compute partition {profile} (GPUSCHED_DYNAMIC_MIG=amdsmi), or an "
+              f"operator ({how})")
     else:
         agent = "GPUSCHED_DYNAMIC_MIG" if dev.mig_enabled else (
             "GPUSCHED_DYNAMIC_MIG; with real GPUs only once MIG mode is on")

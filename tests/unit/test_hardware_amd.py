@@ -106,6 +106,13 @@ def fake_functions(smi: Any, box: AmdBox) -> dict[str, Callable[..., Any]]:
             raise fail(smi.amdsmi_wrapper.AMDSMI_STATUS_NOT_SUPPORTED)  # MI300X: no edge sensor
         return gpu(handle).hotspot
 
+    def set_compute_partition(handle: object, mode: Any) -> None:
+        assert isinstance(mode, smi.AmdSmiComputePartitionType), mode  # the real one insists too
+        card = gpu(handle)
+        if card.activity:  # a process runs on the card: the driver refuses
+            raise fail(smi.amdsmi_wrapper.AMDSMI_STATUS_BUSY)
+        card.compute_partition = mode.name
+
     return {
         "amdsmi_init": init,
         "amdsmi_shut_down": lambda: None,
@@ -130,6 +137,7 @@ def fake_functions(smi: Any, box: AmdBox) -> dict[str, Callable[..., Any]]:
         },
         # Both return the mode as a string ("SPX" … "CPX", "NPS1" / "NPS4"), as the real ones do.
         "amdsmi_get_gpu_compute_partition": lambda h: gpu(h).compute_partition,
+        "amdsmi_set_gpu_compute_partition": set_compute_partition,
         "amdsmi_get_gpu_memory_partition": lambda h: gpu(h).memory_partition,
         "amdsmi_get_gpu_total_ecc_count": lambda h: {"correctable_count": 5,
                                                      "uncorrectable_count": gpu(h).uncorrectable,
@@ -296,3 +304,68 @@ def test_hard_fraction_lands_on_a_cpx_partition(install: Callable[[AmdBox], Modu
     assert snapshot.device(s.uuid).parent is None and s.milli == 100
     env = devices_env([h], snapshot)
     assert env["HIP_VISIBLE_DEVICES"] == str(h.index) and env["GPUSCHED_ISOLATION"] == "hard"
+
+
+# ---- dynamic partitioning: the amdsmi provider ---------------------------------------------------
+
+
+def test_every_amdsmi_name_the_partition_provider_uses_exists_and_is_faked(
+    real_amdsmi: ModuleType,
+) -> None:
+    provider_source = SOURCE.with_name("mig_provider.py").read_text()
+    used = set(re.findall(r"smi\.((?:amdsmi|AmdSmi)\w+)", provider_source))
+    assert {"amdsmi_set_gpu_compute_partition", "AmdSmiComputePartitionType"} <= used
+    assert [name for name in used if not hasattr(real_amdsmi, name)] == []
+    functions = {name for name in used if name.startswith("amdsmi_")}
+    assert functions <= set(fake_functions(real_amdsmi, mi300x_pair()))
+
+
+def test_a_waiting_cpx_request_re_partitions_an_idle_spx_card(
+    install: Callable[[AmdBox], ModuleType],
+) -> None:
+    from gpusched.capacity.mig_plan import plan_repartition
+    from gpusched.hardware.mig_provider import AmdPartitionProvider
+    from gpusched.model import FleetSnapshot
+    from gpusched.placement import PendingTask, Policy, place
+    from gpusched.request import GPURequest
+
+    box = mi300x_pair()
+    box.gpus[0].activity = 0
+    smi = install(box)
+    with pytest.raises(TypeError):  # an autospec of the real function: the mode is required
+        smi.amdsmi_set_gpu_compute_partition(object())
+    backend = AmdBackend(host=HOST)
+    snapshot = FleetSnapshot(tuple(backend.discover()))
+    request = GPURequest.build(gpus=0.1, memory="16GiB", profile="CPX")
+    plan = place(no_quota([PendingTask("t", request, 0.0)], snapshot, Policy(), now=0.0))
+    (rejection,) = plan.rejections
+    assert not rejection.permanent
+    card = box.gpus[0].uuid
+    assert rejection.reason.startswith(f"waiting for a compute re-partition of {card} (MI300X on mi-1)")
+    assert "GPUSCHED_DYNAMIC_MIG=amdsmi" in rejection.reason
+    assert "--compute-partition CPX" in rejection.reason
+    assert plan_repartition(snapshot, [request]) == ()  # the MIG planner leaves AMD cards alone
+    (step,) = plan_repartition(snapshot, [request], "compute-partition")
+    assert step.gpu == box.gpus[0].uuid and step.layout == ("CPX",) * 8
+    result = AmdPartitionProvider(smi).apply([step])
+    assert result.applied == (step.gpu,) and result.failed == ()
+    assert result.detail == (f"{step.gpu}: compute partition SPX → CPX",)
+    backend.discover()
+    assert backend.partition_modes["mi-1/0000:0c:00"][0] == "CPX"
+
+
+def test_the_partition_provider_reports_a_busy_card_and_never_touches_a_held_one(
+    install: Callable[[AmdBox], ModuleType],
+) -> None:
+    from gpusched.hardware.mig_provider import AmdPartitionProvider
+    from gpusched.model import MigStep
+
+    box = mi300x_pair()  # card 0 runs a process (activity 37): the driver says busy
+    smi = install(box)
+    busy, idle = (MigStep(g.uuid, "mi-1", "MI300X", ("CPX",) * 8, "test") for g in box.gpus)
+    result = AmdPartitionProvider(smi).apply([busy, idle], held={idle.gpu})
+    assert result.applied == () and result.failed == (busy.gpu,)
+    assert "AMDSMI_STATUS_BUSY" in result.detail[0]
+    assert "amd-smi set --gpu <gpu> --compute-partition CPX" in result.detail[0]
+    assert "held by a task" in result.detail[1]
+    assert [g.compute_partition for g in box.gpus] == ["SPX", "SPX"]
