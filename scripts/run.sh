@@ -117,9 +117,13 @@ echo "gpusched: AIRFLOW_HOME=$AIRFLOW_HOME"
 echo "gpusched: executor gpusched.airflow.executor.GPUExecutor, DAGs from $DAGS_FOLDER"
 if [[ "$BACKEND" == simulated* ]]; then
     echo "gpusched: no GPU found on this host -> using the $BACKEND"
+    # On the simulated fleet the agent re-lays out idle MIG GPUs for hard-isolated tasks that no
+    # existing slice holds (on real GPUs that stays the operator's choice: GPUSCHED_DYNAMIC_MIG=nvml).
+    export GPUSCHED_DYNAMIC_MIG="${GPUSCHED_DYNAMIC_MIG:-local}"
 else
     echo "gpusched: hardware backend: $BACKEND"
 fi
+echo "gpusched: dynamic MIG / partitions (GPUSCHED_DYNAMIC_MIG): ${GPUSCHED_DYNAMIC_MIG:-off}"
 if [[ -f "$QUOTA_FILE" ]]; then
     echo "gpusched: quotas (tenant budgets, partition shares) from $QUOTA_FILE"
 else
