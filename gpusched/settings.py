@@ -193,8 +193,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("GPUSCHED_DYNAMIC_MIG", "agent", "Dynamic MIG provider: off (default), local (the simulated "
            "fleet), nvml (GPUs already in MIG mode) or amdsmi (AMD compute partition modes); "
            "re-partitions idle GPUs for waiting hard requests."),
-    EnvVar("GPUSCHED_PROVISIONING_DELAY_S", "capacity_forecast DAG", "Seconds a new node needs "
-           "to come up (default 900)."),
+    EnvVar("GPUSCHED_PROVISIONING_DELAY_S", "capacity_forecast DAG, agent", "Seconds a new node needs "
+           "to come up (default 900); the agent asks again for a node switched on that is not up "
+           "after twice that."),
     EnvVar("GPUSCHED_DEMAND_SOURCE", "capacity_forecast DAG", "Demand history: trace:<path> or synthetic."),
     EnvVar("GPUSCHED_FORECAST_CAPACITY", "capacity_forecast DAG", "Override of the fleet capacity."),
     EnvVar("GPUSCHED_FORECAST_FILE", "API", "Where the forecast JSON is written and read."),

@@ -62,6 +62,7 @@ __all__ = [
     "activate_in_snapshot",
     "burst_reserve",
     "plan_prescale",
+    "provisioning_timeout",
     "react_to_waiting",
     "record_plan",
     "release_idle",
@@ -90,6 +91,10 @@ _FAULT_SCALE_OUT = "scale_out_request"
 _SWITCH_KINDS = (REACTIVE_SCALE_OUT, PRESCALE_PLAN, _FAULT_SCALE_OUT, SCALE_IN, SCALE_OUT_FAILED,
                  SCALE_IN_FAILED)
 
+PROVISIONING_DELAY_ENV = "GPUSCHED_PROVISIONING_DELAY_S"
+"""Seconds a switched-on node needs to come up (default 900); one that has not come up in twice
+that is asked for again by the reactive scale-out."""
+DEFAULT_PROVISIONING_DELAY_S = 900.0
 SCALE_IN_AFTER_ENV = "GPUSCHED_SCALE_IN_AFTER_S"
 """Seconds a switched-on standby node stays idle before the agent sends it back (``off``: never)."""
 DEFAULT_SCALE_IN_AFTER_S = 1800.0
@@ -271,8 +276,23 @@ def scaler_from_spec(spec: str | None = None) -> Scaler:
     )
 
 
+def provisioning_timeout(value: str | None = None) -> float:
+    """How long a node switched on may take to come up before the reactive scale-out asks for it
+    again: twice ``value`` or ``$GPUSCHED_PROVISIONING_DELAY_S`` (default 900 s)."""
+    text = (value if value is not None else os.environ.get(PROVISIONING_DELAY_ENV, "")).strip()
+    try:
+        delay = float(text) if text else DEFAULT_PROVISIONING_DELAY_S
+    except ValueError:
+        delay = -1.0
+    if not 0.0 <= delay < float("inf"):
+        raise ConfigurationError(f"{PROVISIONING_DELAY_ENV}={text!r} is not a number of seconds ≥ 0; "
+                                 "e.g. 900")
+    return 2.0 * delay
+
+
 def react_to_waiting(
-    ledger: Any, *, threshold_s: float, scaler: Scaler | None = None, now: float | None = None
+    ledger: Any, *, threshold_s: float, scaler: Scaler | None = None, now: float | None = None,
+    provision_timeout_s: float | None = None,
 ) -> ReactiveScaleOut:
     """Switch on the standby nodes that tasks waiting longer than ``threshold_s`` need.
 
@@ -286,7 +306,9 @@ def react_to_waiting(
     count as capacity on its way, and each node is claimed in the ledger before the call
     (:meth:`~gpusched.ledger.Ledger.claim_event`: of agents deciding at once, one records the
     ``scale_out_reactive`` event and calls; the others find it and call nothing). A failed call
-    records ``scale_out_failed``, so a later cycle may ask again.
+    records ``scale_out_failed``, so a later cycle may ask again; so does a node switched on that
+    is still standby after ``provision_timeout_s`` (default :func:`provisioning_timeout`: the
+    host never came up), claimed the same way so that it is asked for once more, not once per agent.
     """
     at = time.time() if now is None else now
     waiting = [WaitingTask(q.key, q.request, q.since, getattr(q, "gang", None)) for q in ledger.queue()]
@@ -294,7 +316,17 @@ def react_to_waiting(
         return ReactiveScaleOut((), ())
     scaler = scaler or scaler_from_spec()
     snapshot = ledger.snapshot(at)
-    coming = list(switched_on(ledger, scaler))  # those still standby are on their way
+    on = switched_on(ledger, scaler)
+    timeout = provisioning_timeout() if provision_timeout_s is None else provision_timeout_s
+    standby = {n.name for n in snapshot.nodes if n.standby}
+    for name, since in list(on.items()):
+        if name in standby and at - since >= timeout:  # its host never came up: ask again
+            on.pop(name)
+            ledger.claim_event(SCALE_OUT_FAILED, name, among=(REACTIVE_SCALE_OUT,), since=since, now=at,
+                               reason=f"switched on {at - since:.0f} s ago and still not up "
+                                      f"(more than {timeout:.0f} s, twice {PROVISIONING_DELAY_ENV})",
+                               provider=scaler.name)
+    coming = list(on)  # those still standby are on their way
     decision = standby_for_waiting(waiting, snapshot, now=at, threshold_s=threshold_s, coming=coming)
     if not decision.activate:
         return decision

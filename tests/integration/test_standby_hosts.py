@@ -181,3 +181,23 @@ def test_the_executors_burst_reserve_is_the_last_forecast_plans_while_it_holds(l
     assert burst_reserve(ledger, 1000.0) == 3
     assert burst_reserve(ledger, 1000.0 + 900 + 3599) == 3
     assert burst_reserve(ledger, 1000.0 + 900 + 3600) == 0  # the DAG stopped: no reserve left behind
+
+
+def test_a_host_that_never_came_up_is_asked_for_once_more_after_twice_the_provisioning_delay(
+        ledger: Ledger, fleet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a node switched on whose host never registered counted as coming for ever, and the
+    task waited for it for ever."""
+    monkeypatch.setenv("GPUSCHED_PROVISIONING_DELAY_S", "60")
+    scaler, out = _scaler(tmp_path)
+    now = time.time()
+    ledger.register_host("host-a", _slice(fleet, "host-a").discover(), stale_after_s=10, now=now)
+    ledger.standby_host("host-h100", _slice(fleet, "host-h100").discover(), reason="declared", now=now)
+    ledger.record_queue(KEY, WANT, "waiting", now - 400)
+    assert react_to_waiting(ledger, threshold_s=300, scaler=scaler, now=now).activate == ("host-h100",)
+    assert react_to_waiting(ledger, threshold_s=300, scaler=scaler, now=now + 119).activate == ()
+    # 120 s (twice the delay) and still standby: asked again, once, however many agents look.
+    assert react_to_waiting(ledger, threshold_s=300, scaler=scaler, now=now + 120).activate == ("host-h100",)
+    assert react_to_waiting(ledger, threshold_s=300, scaler=scaler, now=now + 121).activate == ()
+    assert [c["activate"] for c in _calls(out)] == [["host-h100"], ["host-h100"]]
+    failed = ledger.events(kinds=["scale_out_failed"], subject="host-h100")
+    assert len(failed) == 1 and "still not up" in failed[0].detail["reason"]

@@ -226,3 +226,11 @@ def test_scale_in_goes_through_every_provider(hook_url: str, tmp_path: Path) -> 
     assert scale_in_after("") == 1800.0 and scale_in_after("off") is None and scale_in_after("60") == 60.0
     with pytest.raises(ConfigurationError, match="GPUSCHED_SCALE_IN_AFTER_S"):
         scale_in_after("soon")
+
+
+def test_a_switched_on_node_may_take_twice_the_provisioning_delay_to_come_up() -> None:
+    from gpusched.capacity.scaling import provisioning_timeout
+
+    assert provisioning_timeout("") == 1800.0 and provisioning_timeout("60") == 120.0
+    with pytest.raises(ConfigurationError, match="GPUSCHED_PROVISIONING_DELAY_S"):
+        provisioning_timeout("soon")
