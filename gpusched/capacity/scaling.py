@@ -483,20 +483,32 @@ def release_idle(
                                     applied=True)]
     if not chosen:
         return ScaleIn((), ())
-    names = tuple(name for name, _ in chosen)
     # The GPU hosts of these nodes go to standby before they are powered off: nothing new is
     # placed there, and their agents' silence is no lost host (scheduler.hosts judges live ones).
+    # A host that took a task since the decision stays in service (its nodes: not released).
     node_hosts = ledger.node_hosts()
-    hosts = sorted({node_hosts[n][0] for n in names if n in node_hosts})
-    for host in hosts:
-        ledger.standby_host(host, reason=f"released by the scale-in ({scaler.name} scaler)", now=at)
+    host_of = {name: node_hosts[name][0] for name, _ in chosen if name in node_hosts}
+    hosts: list[str] = []
+    kept: set[str] = set()
+    for host in sorted(set(host_of.values())):
+        if ledger.standby_host(host, reason=f"released by the scale-in ({scaler.name} scaler)", now=at):
+            hosts.append(host)
+            continue
+        for name in (n for n, h in host_of.items() if h == host):
+            kept.add(name)
+            ledger.record_event(SCALE_IN_FAILED, name, now=at, provider=scaler.name,
+                                reason=f"GPU host {host} took a task since the scale-in decided; kept on")
+    chosen = [(name, reason) for name, reason in chosen if name not in kept]
+    if not chosen:
+        return ScaleIn((), ())
+    names = tuple(name for name, _ in chosen)
     try:
         result = scaler.release(names, reason="; ".join(r for _, r in chosen), now=at)
     except Exception as exc:
         for name in names:
             ledger.record_event(SCALE_IN_FAILED, name, now=at, reason=str(exc), provider=scaler.name)
-        for host in hosts:  # still powered: back in service (its agent's heartbeat keeps it live)
-            ledger.set_host_state(host, "live", None, expected="standby", now=at)
+        for host in hosts:  # still powered: back in service
+            ledger.resume_host(host, f"the release failed: {exc}", now=at)
         raise
     ledger.record_event(SCALER_CALL, "release", now=at, nodes=list(names), provider=result.provider,
                         applied=result.applied, detail=result.detail)

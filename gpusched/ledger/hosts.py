@@ -17,7 +17,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,7 +26,8 @@ from gpusched.errors import HostConflictError, LedgerError
 from gpusched.gang import is_loopback
 from gpusched.ledger.engine import read_tx, write_tx
 from gpusched.ledger.events import write_event
-from gpusched.ledger.schema import HOSTS, NODES
+from gpusched.ledger.inventory import bump_revision
+from gpusched.ledger.schema import ALLOCATIONS, DEVICES, HOSTS, NODES, SHARES
 from gpusched.model import HOST_SOURCE_PREFIX, Node
 
 __all__ = [
@@ -234,27 +235,61 @@ class LedgerHosts:
         """Mark GPU host ``name`` standby: powered off on purpose, its nodes offered to the standby
         scale-out, its silence no loss. With ``nodes`` (what its agent discovered: ``gpusched agent
         --host-name NAME --standby``) the host is declared, registered when new; without, a
-        registered host goes back to standby (the scale-in released it). Returns the host, or None
-        when ``name`` is not registered and no ``nodes`` are given."""
+        registered host goes back to standby (the scale-in released it) — unless an active
+        allocation holds one of its devices. Its nodes' rows are marked standby too, so an
+        allocation's capacity re-check refuses them: the check and the change take the devices'
+        row locks (PostgreSQL; SQLite: ``BEGIN IMMEDIATE``), so a task placed there at the same
+        moment either keeps the host in service or is refused. Returns the host, or None when
+        ``name`` is not registered and no ``nodes`` are given, or it is busy."""
         at = time.time() if now is None else now
+        source = HOST_SOURCE_PREFIX + name
+        if nodes:
+            self.sync_inventory([replace(n, standby=True) for n in nodes], source=source, now=at)
         with write_tx(self.engine) as conn:
             row = conn.execute(sa.select(HOSTS).where(HOSTS.c.name == name)).first()
             if row is None and not nodes:
                 return None
+            mine = sa.select(NODES.c.name).where(NODES.c.source == source)
+            devices = sa.select(DEVICES.c.uuid).where(DEVICES.c.node.in_(mine)).order_by(DEVICES.c.uuid)
+            if conn.dialect.name == "postgresql":  # the order allocate() locks devices in
+                conn.execute(devices.with_for_update(of=DEVICES)).all()
+            busy = conn.execute(sa.select(SHARES.c.node).join(ALLOCATIONS, SHARES.c.allocation_id
+                                                               == ALLOCATIONS.c.id)
+                                .where(ALLOCATIONS.c.released_at.is_(None), SHARES.c.node.in_(mine))
+                                .limit(1)).first()
+            if busy is not None and not nodes:
+                return None
             values: dict[str, Any] = {"state": HostState.STANDBY, "reason": reason}
             if nodes:
-                fingerprint, devices = devices_fingerprint(nodes)
-                values.update(fingerprint=fingerprint, devices=devices)
+                fingerprint, listed = devices_fingerprint(nodes)
+                values.update(fingerprint=fingerprint, devices=listed)
             if row is None:
                 conn.execute(sa.insert(HOSTS).values(name=name, address="", registered_at=at,
                                                      last_heartbeat=at, **values))
             else:
                 conn.execute(sa.update(HOSTS).where(HOSTS.c.name == name).values(**values))
+            if conn.execute(sa.update(NODES).where(NODES.c.source == source, NODES.c.standby.is_(False))
+                            .values(standby=True)).rowcount:
+                bump_revision(conn)
             if row is None or row.state != HostState.STANDBY:
                 write_event(conn, at, "host", name, state=HostState.STANDBY, reason=reason)
-        if nodes:
-            self.sync_inventory(nodes, source=HOST_SOURCE_PREFIX + name, now=at)
         return self.host(name)
+
+    def resume_host(self, name: str, reason: str, *, now: float | None = None) -> bool:
+        """Put a ``standby`` host whose release did not happen (its scaler call failed) back in
+        service: ``live``, its nodes no longer standby. False when it is not standby."""
+        at = time.time() if now is None else now
+        with write_tx(self.engine) as conn:
+            standby = sa.and_(HOSTS.c.name == name, HOSTS.c.state == HostState.STANDBY)
+            back = sa.update(HOSTS).where(standby).values(state=HostState.LIVE, reason=None)
+            done = conn.execute(back).rowcount
+            if not done:
+                return False
+            conn.execute(sa.update(NODES).where(NODES.c.source == HOST_SOURCE_PREFIX + name)
+                         .values(standby=False))
+            bump_revision(conn)
+            write_event(conn, at, "host", name, state=HostState.LIVE, reason=reason)
+        return True
 
     def host(self, name: str) -> HostRecord | None:
         """The host registered as ``name``, or None."""

@@ -29,7 +29,7 @@ from gpusched.capacity.scaling import (
     release_idle,
     switched_on,
 )
-from gpusched.errors import ScalingError
+from gpusched.errors import AllocationConflictError, ScalingError
 from gpusched.hardware.detect import detect_backend
 from gpusched.hardware.host_slice import HostSlice
 from gpusched.ledger import Ledger
@@ -201,3 +201,49 @@ def test_a_host_that_never_came_up_is_asked_for_once_more_after_twice_the_provis
     assert [c["activate"] for c in _calls(out)] == [["host-h100"], ["host-h100"]]
     failed = ledger.events(kinds=["scale_out_failed"], subject="host-h100")
     assert len(failed) == 1 and "still not up" in failed[0].detail["reason"]
+
+
+def test_a_host_that_took_a_task_is_not_released_and_a_released_one_takes_none(
+        ledger: Ledger, fleet: Path, tmp_path: Path) -> None:
+    """The scale-in decides from a read; a task placed there between that read and the release
+    keeps the host on, and once the host is standby an allocation there is refused."""
+    scaler, _ = _scaler(tmp_path)
+    now = time.time()
+    ledger.register_host("host-a", _slice(fleet, "host-a").discover(), stale_after_s=10, now=now)
+    ledger.standby_host("host-h100", _slice(fleet, "host-h100").discover(), reason="declared", now=now)
+    ledger.record_queue(KEY, WANT, "waiting", now - 400)
+    react_to_waiting(ledger, threshold_s=300, scaler=scaler, now=now)
+    ledger.register_host("host-h100", _slice(fleet, "host-h100").discover(), stale_after_s=10, now=now + 5)
+    ledger.clear_queue(KEY)
+    devices = ledger.snapshot(now + 6).node("host-h100").devices
+    shares = [DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes) for d in devices]
+    ledger.allocate(KEY, WANT, shares, holder="test", now=now + 6, lease_s=10**6)
+    assert ledger.standby_host("host-h100", reason="released", now=now + 7) is None  # busy: kept on
+    host = ledger.host("host-h100")
+    assert host is not None and host.state == "live"
+    ledger.release(KEY, reason="success", now=now + 8)
+    assert release_idle(ledger, cool_down_s=30, scaler=scaler, now=now + 60).release == ("host-h100",)
+    with pytest.raises(AllocationConflictError, match="standby"):
+        ledger.allocate("late", WANT, shares, holder="test", now=now + 61)
+
+
+def test_a_failed_release_keeps_the_host_in_service(ledger: Ledger, fleet: Path, tmp_path: Path) -> None:
+    scaler, _ = _scaler(tmp_path)
+    failing = CommandScaler([sys.executable, "-c", "import sys; sys.exit(3)"])
+    now = time.time()
+    ledger.register_host("host-a", _slice(fleet, "host-a").discover(), stale_after_s=10, now=now)
+    ledger.standby_host("host-h100", _slice(fleet, "host-h100").discover(), reason="declared", now=now)
+    ledger.record_queue(KEY, WANT, "waiting", now - 400)
+    react_to_waiting(ledger, threshold_s=300, scaler=scaler, now=now)
+    ledger.register_host("host-h100", _slice(fleet, "host-h100").discover(), stale_after_s=10, now=now + 5)
+    ledger.clear_queue(KEY)
+    with pytest.raises(ScalingError):
+        release_idle(ledger, cool_down_s=30, scaler=failing, now=now + 60)
+    host = ledger.host("host-h100")
+    assert host is not None and host.state == "live"
+    assert not ledger.snapshot(now + 61).node("host-h100").standby
+    devices = ledger.snapshot(now + 61).node("host-h100").devices
+    shares = [DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes) for d in devices]
+    ledger.allocate("after", WANT, shares, holder="test", now=now + 61)
+    # Still switched on (idle again from the failure): released after another cool-down.
+    assert list(switched_on(ledger, scaler)) == ["host-h100"]
