@@ -65,7 +65,7 @@ unconfirmed or without an agent; strict FIFO; a request this fleet can never hol
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Upper bounds (seconds) of the decision-latency histogram's buckets (``+Inf`` added)."""
 
-HOST_STATES = ("live", "lost", "unconfirmed")
+HOST_STATES = ("live", "lost", "unconfirmed", "standby")
 
 
 def reason_kind(hold: Hold) -> str:

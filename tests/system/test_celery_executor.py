@@ -90,7 +90,7 @@ def test_lost_host_quarantines_allocations_and_fails_its_tasks(executor: Any) ->
     assert "GPU host(s) host-a lost: waiting for them to come back" in entry.reason
     # The scheduler's metrics (the core both executors share): one host lost, the task waiting for it.
     metrics = executor.gpu.metrics
-    assert (metrics.hosts_lost, metrics.hosts) == (1, {"live": 1, "lost": 1, "unconfirmed": 0})
+    assert (metrics.hosts_lost, metrics.hosts) == (1, {"live": 1, "lost": 1, "unconfirmed": 0, "standby": 0})
     assert [kind for kind, _ in metrics.waiting.values()] == ["host_unavailable"]
     assert metrics.decisions >= 2 and metrics.holds["host_unavailable"] == 1
 
