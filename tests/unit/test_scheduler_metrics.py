@@ -135,7 +135,8 @@ def test_preemptions_moves_and_lost_hosts_are_counted_once() -> None:
     assert _values(families["gpusched_scheduler_preemptions"], "_total") == {"": 1}
     assert _values(families["gpusched_scheduler_migrations"], "_total") == {"": 2}
     assert _values(families["gpusched_scheduler_hosts_lost"], "_total") == {"": 1}
-    assert _values(families["gpusched_scheduler_gpu_hosts"]) == {"live": 1, "lost": 1, "unconfirmed": 0, "standby": 0}
+    hosts = {"live": 1, "lost": 1, "unconfirmed": 0, "standby": 0}
+    assert _values(families["gpusched_scheduler_gpu_hosts"]) == hosts
 
 
 class _Ledger:
