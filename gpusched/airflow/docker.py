@@ -176,13 +176,25 @@ class GPUDockerOperator(DockerOperator):
         try:
             return super().execute(context)
         except APIError as exc:
-            if self.gpu_spec is None or not self.gpu_spec.gpu_device_ids or NO_NVIDIA_DRIVER not in str(exc):
+            problem = self.engine_problem(exc)
+            if problem is None:
                 raise
-            raise ConfigurationError(
-                f"task {self.task_id!r}: the Docker engine at {self.docker_url} cannot give containers "
-                f"NVIDIA GPUs ({NO_NVIDIA_DRIVER}): install the NVIDIA Container Toolkit on that "
-                "host and restart dockerd"
-            ) from exc
+            raise ConfigurationError(problem) from exc
+
+    def engine_problem(self, exc: APIError) -> str | None:
+        """The one line that says what the engine refused and the fix, for the refusals a user can
+        fix (no NVIDIA runtime, an image it cannot pull); None for any other error."""
+        text = str(exc)
+        if self.gpu_spec is not None and self.gpu_spec.gpu_device_ids and NO_NVIDIA_DRIVER in text:
+            return (f"task {self.task_id!r}: the Docker engine at {self.docker_url} cannot give containers "
+                    f"NVIDIA GPUs ({NO_NVIDIA_DRIVER}): install the NVIDIA Container Toolkit on that "
+                    "host and restart dockerd")
+        if "/images/create" in text:  # the provider pulls an image the engine does not have
+            why = (exc.explanation or text).splitlines()[0] if isinstance(exc.explanation, str) else text
+            return (f"task {self.task_id!r}: the Docker engine at {self.docker_url} cannot pull image "
+                    f"{self.image!r} ({why[:200]}): pull or build it on that host (`docker pull "
+                    f"{self.image}`), or give the task an image the engine has")
+        return None
 
     def _run_image_with_mounts(self, target_mounts: Any, add_tmp_variable: bool) -> Any:
         # DockerOperator builds the host config itself and has no `devices` argument: add ours

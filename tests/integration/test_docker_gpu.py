@@ -215,6 +215,22 @@ def test_no_engine_is_one_line_naming_the_problem_and_the_fix(tmp_path: Path) ->
                        "(e.g. `sudo systemctl start docker`) or point DOCKER_HOST / docker_url at one")
 
 
+def test_an_image_the_engine_cannot_pull_is_one_line_naming_it_and_the_fix(image: str) -> None:
+    from gpusched.airflow.docker import GPUDockerOperator
+    from gpusched.errors import ConfigurationError
+
+    absent = "gpusched-test/never-built:absent"  # no registry here has it (and none is reachable)
+    op = GPUDockerOperator(task_id="nopull", image=absent, command=["true"],
+                           allocation=_allocation(Vendor.NVIDIA, [0], "k-pull"), mount_tmp_dir=False)
+    with pytest.raises(ConfigurationError) as raised:
+        op.execute(context={})
+    message = str(raised.value)
+    assert message.startswith(f"task 'nopull': the Docker engine at {op.docker_url} cannot pull image "
+                              f"'{absent}' ("), message
+    assert message.endswith(f"pull or build it on that host (`docker pull {absent}`), or give the task "
+                            "an image the engine has") and "\n" not in message, message
+
+
 def test_missing_allocation_is_a_clear_error(image: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpusched.airflow.docker import GPUDockerOperator
     from gpusched.errors import ConfigurationError
