@@ -214,9 +214,12 @@ def decide(request: CycleRequest) -> CycleReply:
             work = by_key[assignment.key]
             moved = note if greedy_shares.get(assignment.key) != assignment.shares else ""
             _launch_or_hold(work, assignment.shares, snapshot, use_uuids, False, launches, holds, note=moved)
+        # A standby node "would make it fit" judged on the fleet after this cycle's starts, as the
+        # next cycle sees it (so the reason, and the task's log line, do not change between them).
+        after = snapshot.with_usage(s for a in assignments for s in a.shares)
         for rejection in plan.rejections:
-            reason = rejection.reason if rejection.permanent else standby_note(
-                rejection.reason, by_key[rejection.key].request, snapshot)
+            reason = rejection.reason if rejection.permanent or rejection.by_quota else standby_note(
+                rejection.reason, by_key[rejection.key].request, after)
             holds.append(Hold(rejection.key, reason, rejection.permanent))
         if len(assignments) < len(plan.assignments):
             kept = {a.key for a in assignments}
