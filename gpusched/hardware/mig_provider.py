@@ -37,7 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from gpusched.errors import ConfigurationError, HardwareError
 from gpusched.hardware.amd import import_amdsmi
-from gpusched.hardware.nvidia_mig import gpu_instance_profiles
+from gpusched.hardware.nvidia_mig import gpu_instance_profiles, mig_devices
 from gpusched.model import MigStep
 from gpusched.paths import state_dir
 
@@ -238,13 +238,7 @@ def _compute_instances(nvml: Any, gi: Any) -> list[Any]:
 def mig_uuids(nvml: Any, handle: Any) -> dict[int, str]:
     """GPU-instance id → the ``MIG-…`` UUID of its MIG device, for every populated slot."""
     out: dict[int, str] = {}
-    for slot in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
-        try:
-            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-        except nvml.NVMLError as exc:
-            if exc.value in (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_ERROR_INVALID_ARGUMENT):
-                continue
-            raise
+    for mig in mig_devices(nvml, handle):
         uuid = nvml.nvmlDeviceGetUUID(mig)
         gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
         out[gi_id] = uuid.decode() if isinstance(uuid, bytes) else str(uuid)

@@ -18,13 +18,14 @@ of the GPU's largest GPU-instance profile, or GPU slices / 7 when SM counts are 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 from gpusched.catalog import AcceleratorModel
 from gpusched.model import MILLI, Device
 from gpusched.slices import mig_instance
 
-__all__ = ["MIG_GPU_SLICES", "gpu_instance_profiles", "mig_instances"]
+__all__ = ["MIG_GPU_SLICES", "gpu_instance_profiles", "mig_devices", "mig_instances"]
 
 MIG_GPU_SLICES = 7
 """GPU slices of a whole A100/H100/H200 (a ``7g`` instance is the whole GPU)."""
@@ -59,25 +60,31 @@ def gpu_instance_profiles(nvml: Any, handle: Any) -> dict[int, Any]:
     return found
 
 
-def mig_instances(nvml: Any, handle: Any, parent: Device, model: AcceleratorModel | None) -> list[Device]:
-    """The MIG instances of the MIG-enabled GPU ``handle`` (``parent``), as slice devices.
-
-    NVML failures other than an empty slot propagate (the caller translates them); an empty slot
-    (``NVML_ERROR_NOT_FOUND`` / ``INVALID_ARGUMENT``) is skipped.
-    """
-    slots = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
-    profiles = gpu_instance_profiles(nvml, handle)
-    # nvmlDeviceGetAttributes answers for MIG devices only: the GPU's SMs in MIG mode are those
-    # of its largest GPU-instance profile (7g holds every SM MIG can use).
-    gpu_sms = max((int(info.multiprocessorCount) for info in profiles.values()), default=0)
-    out: list[Device] = []
-    for slot in range(slots):
+def mig_devices(nvml: Any, handle: Any) -> Iterator[Any]:
+    """The NVML handles of the MIG devices in the populated slots of GPU ``handle``; an empty slot
+    (``NVML_ERROR_NOT_FOUND`` / ``INVALID_ARGUMENT``) is skipped, other NVML failures propagate."""
+    for slot in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
         try:
             mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
         except nvml.NVMLError as exc:
             if exc.value in (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_ERROR_INVALID_ARGUMENT):
                 continue
             raise
+        yield mig
+
+
+def mig_instances(nvml: Any, handle: Any, parent: Device, model: AcceleratorModel | None) -> list[Device]:
+    """The MIG instances of the MIG-enabled GPU ``handle`` (``parent``), as slice devices.
+
+    NVML failures other than an empty slot propagate (the caller translates them); an empty slot
+    (``NVML_ERROR_NOT_FOUND`` / ``INVALID_ARGUMENT``) is skipped.
+    """
+    profiles = gpu_instance_profiles(nvml, handle)
+    # nvmlDeviceGetAttributes answers for MIG devices only: the GPU's SMs in MIG mode are those
+    # of its largest GPU-instance profile (7g holds every SM MIG can use).
+    gpu_sms = max((int(info.multiprocessorCount) for info in profiles.values()), default=0)
+    out: list[Device] = []
+    for mig in mig_devices(nvml, handle):
         attrs = nvml.nvmlDeviceGetAttributes(mig)
         memory = int(nvml.nvmlDeviceGetMemoryInfo(mig).total)
         gpu_slices = int(attrs.gpuInstanceSliceCount)
