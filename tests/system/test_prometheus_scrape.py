@@ -77,6 +77,28 @@ def _query_until(base: str, expr: str, deadline_s: float = 60.0) -> list[dict[st
         time.sleep(0.5)
 
 
+def _start_prometheus(prometheus: str, job_name: str, target: str, tmp_path: Path,
+                      processes: list[subprocess.Popen[bytes]]) -> tuple[str, Path]:
+    """Start Prometheus on the shipped configuration and rules, with only job ``job_name``,
+    scraping ``target`` every second; once it is ready, its base URL and its log."""
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = "1s"
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == job_name]
+    job["static_configs"][0]["targets"] = [target]
+    config["scrape_configs"] = [job]
+    config["rule_files"] = [str(DEPLOY / name) for name in config["rule_files"]]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    base, prom_log = f"127.0.0.1:{free_port()}", tmp_path / "prometheus.log"
+    with prom_log.open("wb") as out:
+        processes.append(subprocess.Popen(
+            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address={base}"],
+            stdout=out, stderr=subprocess.STDOUT,
+        ))
+    _wait_http(f"http://{base}/-/ready", 60, processes[-1], prom_log)
+    return f"http://{base}", prom_log
+
+
 @pytest.fixture
 def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
@@ -116,7 +138,7 @@ def test_prometheus_scrapes_dcgm_and_gpusched_metrics_from_the_agent(
         ledger.record_queue("dag/train/run/0", GPURequest.build(count=64, partition="training"),
                             "no node has 64 free GPUs", now=waiting_since)
 
-    agent_port, prom_port = free_port(), free_port()
+    agent_port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "GPUSCHED_BACKEND": "simulated"}
     agent_log = tmp_path / "agent.log"
     with agent_log.open("wb") as out:
@@ -126,22 +148,8 @@ def test_prometheus_scrapes_dcgm_and_gpusched_metrics_from_the_agent(
         ))
     _wait_http(f"http://127.0.0.1:{agent_port}/metrics", 60, processes[0], agent_log)
 
-    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
-    config["global"]["scrape_interval"] = "1s"
-    config["global"]["evaluation_interval"] = "1s"
-    config["scrape_configs"] = [j for j in config["scrape_configs"] if j["job_name"] == "gpusched-agent"]
-    config["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{agent_port}"]
-    config["rule_files"] = [str(DEPLOY / name) for name in config["rule_files"]]
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    prom_log = tmp_path / "prometheus.log"
-    with prom_log.open("wb") as out:
-        processes.append(subprocess.Popen(
-            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-            stdout=out, stderr=subprocess.STDOUT,
-        ))
-    base = f"http://127.0.0.1:{prom_port}"
-    _wait_http(f"{base}/-/ready", 60, processes[1], prom_log)
+    base, prom_log = _start_prometheus(prometheus, "gpusched-agent", f"127.0.0.1:{agent_port}", tmp_path,
+                                       processes)
 
     with urllib.request.urlopen(f"http://127.0.0.1:{agent_port}/metrics", timeout=5) as response:
         served = {family.name: family for family in text_string_to_metric_families(response.read().decode())}
@@ -211,7 +219,7 @@ def test_prometheus_scrapes_the_schedulers_decisions_while_the_gpu_executor_runs
     dags.mkdir()
     release = tmp_path / "release"
     (dags / "metrics_scrape.py").write_text(SCHEDULER_DAG.replace("{release!r}", repr(str(release))))
-    metrics_port, prom_port = free_port(), free_port()
+    metrics_port = free_port()
     env = {"AIRFLOW__GPUSCHED__METRICS_PORT": str(metrics_port),
            "GPUSCHED_AGENT": "0",  # no standby scale-out: the second task waits for the first
            "GPUSCHED_QUOTA_FILE": str(home / "no-quota.yaml")}  # no quota: it waits for devices only
@@ -225,22 +233,8 @@ def test_prometheus_scrapes_the_schedulers_decisions_while_the_gpu_executor_runs
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
             assert "gpusched_scheduler_decision_seconds" in response.read().decode()
 
-        config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
-        config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = "1s"
-        (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "gpusched-scheduler"]
-        job["static_configs"][0]["targets"] = [f"127.0.0.1:{metrics_port}"]
-        config["scrape_configs"] = [job]
-        config["rule_files"] = [str(DEPLOY / name) for name in config["rule_files"]]
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        prom_log = tmp_path / "prometheus.log"
-        with prom_log.open("wb") as out:
-            processes.append(subprocess.Popen(
-                [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-                stdout=out, stderr=subprocess.STDOUT,
-            ))
-        base = f"http://127.0.0.1:{prom_port}"
-        _wait_http(f"{base}/-/ready", 60, processes[0], prom_log)
+        base, prom_log = _start_prometheus(prometheus, "gpusched-scheduler", f"127.0.0.1:{metrics_port}",
+                                           tmp_path, processes)
 
         run_id = trigger(airflow, "metrics_scrape")
         ledger = Ledger(f"sqlite:///{home / 'gpusched' / 'ledger.db'}")
