@@ -216,10 +216,11 @@ def decide(request: CycleRequest) -> CycleReply:
             _launch_or_hold(work, assignment.shares, snapshot, use_uuids, False, launches, holds, note=moved)
         # A standby node "would make it fit" judged on the fleet after this cycle's starts, as the
         # next cycle sees it (so the reason, and the task's log line, do not change between them).
-        after = snapshot.with_usage(s for a in assignments for s in a.shares)
+        noted = {r.key for r in plan.rejections if not (r.permanent or r.by_quota)}
+        after = snapshot.with_usage(s for a in assignments for s in a.shares) if noted else snapshot
         for rejection in plan.rejections:
-            reason = rejection.reason if rejection.permanent or rejection.by_quota else standby_note(
-                rejection.reason, by_key[rejection.key].request, after)
+            reason = standby_note(rejection.reason, by_key[rejection.key].request, after) \
+                if rejection.key in noted else rejection.reason
             holds.append(Hold(rejection.key, reason, rejection.permanent))
         if len(assignments) < len(plan.assignments):
             kept = {a.key for a in assignments}
