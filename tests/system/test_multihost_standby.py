@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from _airflow_support import wait_on_cluster
+from _ledger_support import assert_whole_devices_never_shared
 
 from gpusched.deploy.multihost_cluster import LocalCluster
 from gpusched.ledger import Ledger
@@ -203,3 +204,5 @@ def test_a_task_waiting_for_a_standby_host_switches_it_on_runs_there_and_the_idl
         assert [c["payload"]["action"] for c in _calls(cluster)] == ["activate", "release"]
         assert not (Path(cluster.logs) / "power.log").read_text().count("Error"), cluster.tail()
         assert ledger.active() == []
+        # The ledger's whole history: no device had two holders at any instant.
+        assert_whole_devices_never_shared(ledger.history(0, time.time() + 1))
