@@ -3,7 +3,7 @@
 Events are arrivals, completions and scheduling passes. A scheduling pass is one cycle of
 :func:`gpusched.scheduler.cycle.decide` — the function both executors call — with one
 ``CycleRequest``: the waiting jobs, the current :class:`~gpusched.model.FleetSnapshot`, the
-running jobs and the quota state the executor would have (``sim/quota.py``); every launch starts
+running jobs and the quota state the executor would have (``scheduler.quota``); every launch starts
 at once and finishes after the job's run time *on the model it got* (the slowest device's model
 for a multi-device job). Without ``preemption`` a started job keeps its devices until it ends;
 with it, the executor's victim selection may stop lower-priority jobs, or the migration rule move
@@ -40,7 +40,7 @@ from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy
 from gpusched.scheduler.durations import less_saved, request_left
 from gpusched.scheduler.preemption import Preemptions, after_launches
-from gpusched.scheduler.quota import quota_at
+from gpusched.scheduler.quota import BoundedBatch, quota_at
 from gpusched.scheduler.service import service_indices, service_ranked
 from gpusched.scheduler.store import InMemoryStore
 from gpusched.sim import quota as sim_quota
@@ -171,7 +171,7 @@ def simulate(
     service = OnlineService(duration_history, names=names) if preempt.mode == "service" else None
     pass_policy = service.policy(policy) if service is not None else policy
     store = InMemoryStore(fleet)  # the allocations, as the executors' ledger holds them
-    window = sim_quota.QuotaWindow(quota, fleet)
+    window = BoundedBatch(quota, fleet)
     kept = SteadyWorkload(workload_drift)
     preemptions = Preemptions(preempt.rules())  # victims' notice, grace, held room, first pick
     in_gangs = frozenset(j.key for j in ordered if j.gang is not None)  # never victims (as in the executors)
