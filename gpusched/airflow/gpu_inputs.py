@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpusched.airflow.authoring import request_from_executor_config
 from gpusched.capacity.scaling import burst_reserve
@@ -31,12 +31,20 @@ from gpusched.scheduler.keys import ti_key_of
 from gpusched.scheduler.quota import cycle_quota
 
 if TYPE_CHECKING:
+    from airflow.executors.workloads import ExecuteTask
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
     from gpusched.airflow.gpu_migration import Migrator
     from gpusched.airflow.gpu_preemption import Preemptor
+    from gpusched.durations.predictor import Prediction
+    from gpusched.model import DeviceShare
+    from gpusched.placement import Policy
     from gpusched.placement.warm import WarmPlacement
     from gpusched.placement.workload import SteadyWorkload
+    from gpusched.records import Allocation
     from gpusched.scheduler.attained import AttainedService
     from gpusched.scheduler.durations import DurationHistory
+    from gpusched.scheduler.ledger_store import LedgerStore
 
 __all__ = ["InputsCore", "pending_work", "read_cycle_request"]
 
@@ -48,24 +56,24 @@ class InputsCore(Protocol):
     attained: AttainedService
     preemption: Preemptor  # its mode
     migration: Migrator  # moved tries own their held devices
-    predicted: dict[str, Any]
-    gangs: dict[str, set[Any]]
+    predicted: dict[str, Prediction]
+    gangs: dict[str, set[TaskInstanceKey]]
     use_uuids: bool
     replan_budget_ms: float
     replan_weights: tuple[float, float, float]
     warm: WarmPlacement  # the engine kept between cycles
     steady: SteadyWorkload  # the request mix kept between cycles
-    submitted: dict[Any, float]
-    seen: set[Any]
+    submitted: dict[TaskInstanceKey, float]
+    seen: set[TaskInstanceKey]
     cycle_requests: dict[str, GPURequest]
 
     @property
-    def ledger(self) -> Any: ...
+    def ledger(self) -> LedgerStore: ...
 
     @property
-    def policy(self) -> Any: ...
+    def policy(self) -> Policy: ...
 
-    def reject(self, workload: Any, key: str, reason: str) -> None: ...
+    def reject(self, workload: ExecuteTask, key: str, reason: str) -> None: ...
 
     @property
     def dispatcher(self) -> SlotView: ...
@@ -76,12 +84,12 @@ class InputsCore(Protocol):
 class SlotView(Protocol):
     """What the cycle's inputs ask the executor's dispatcher."""
 
-    def full_nodes(self, active: Sequence[Any]) -> dict[str, str]: ...
+    def full_nodes(self, active: Sequence[Allocation]) -> dict[str, str]: ...
 
 
 def pending_work(
-    core: InputsCore, workloads: Sequence[Any], now: float
-) -> tuple[list[PendingWork], dict[str, Any]]:
+    core: InputsCore, workloads: Sequence[ExecuteTask], now: float
+) -> tuple[list[PendingWork], dict[str, ExecuteTask]]:
     """The cycle's pending work for ``workloads`` and the workload of each ledger key.
 
     Workloads the fault chain refuses, or whose request is invalid, are failed here
@@ -90,7 +98,7 @@ def pending_work(
     """
     ledger = core.ledger
     pending: list[PendingWork] = []
-    by_key: dict[str, Any] = {}
+    by_key: dict[str, ExecuteTask] = {}
     # The fault chain may have replaced a task's request (more memory, another model) or
     # refused its retry (code errors fail the same way on any GPU): both live in the ledger.
     overrides = load_overrides(ledger)
@@ -113,7 +121,7 @@ def pending_work(
         assert author is not None
         core.cycle_requests[key] = author
         request = overrides.pinned(ti.dag_id, ti.task_id, ti.run_id, ti.try_number) or author
-        shares: tuple[Any, ...] = ()
+        shares: tuple[DeviceShare, ...] = ()
         if workload.key not in core.seen or core.migration.holds(key):
             # Only a workload queued again (restart) or a moved task's next try owns an allocation.
             core.seen.add(workload.key)

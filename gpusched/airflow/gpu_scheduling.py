@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpusched import settings
 from gpusched.airflow import gpu_faults, gpu_inputs, gpu_over_budget
@@ -58,6 +58,14 @@ from gpusched.scheduler.keys import ti_key_of
 from gpusched.scheduler.ledger_store import LedgerStore
 from gpusched.scheduler.quota import over_budget_action
 
+if TYPE_CHECKING:
+    from airflow.executors.base_executor import BaseExecutor
+    from airflow.executors.workloads import ExecuteTask
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    from gpusched.durations.predictor import Prediction
+    from gpusched.records import Allocation
+
 __all__ = ["Dispatcher", "GPUScheduling"]
 
 _NOT_FINISHED = frozenset({"running", "queued", "scheduled", "restarting", "deferred"})
@@ -70,7 +78,7 @@ class Dispatcher(Protocol):
         """Why ``launch`` cannot be dispatched by this executor now (it is held), or None."""
         ...
 
-    def dispatch(self, workload: Any, launch: Launch) -> None:
+    def dispatch(self, workload: ExecuteTask, launch: Launch) -> None:
         """Send ``workload`` (fresh token) to run on ``launch.shares`` with ``launch.env``.
 
         Raises:
@@ -83,7 +91,7 @@ class Dispatcher(Protocol):
         """Whether the workers can be reached now (asked while dispatch is paused)."""
         ...
 
-    def full_nodes(self, active: Sequence[Any]) -> dict[str, str]:
+    def full_nodes(self, active: Sequence[Allocation]) -> dict[str, str]:
         """Nodes whose workers have no free slot now (node -> why), given the cycle's ``active``
         allocations; they take no new task this cycle."""
         ...
@@ -101,7 +109,7 @@ class GPUScheduling:
     dispatch_probe_s = 5.0
     """While dispatch is paused, how often the dispatcher is asked whether its workers answer."""
 
-    def __init__(self, executor: Any, dispatcher: Dispatcher, *, holder: str,
+    def __init__(self, executor: BaseExecutor, dispatcher: Dispatcher, *, holder: str,
                  clock: Callable[[], float] = time.time) -> None:
         self.executor = executor
         self.clock = clock  # every "now" of the GPU core (a test or a replay passes its own)
@@ -120,7 +128,7 @@ class GPUScheduling:
         self.reconcile_s = settings.get_float("reconcile_seconds", conf)
         self.durations = DurationHistory.from_settings(conf)  # run times learnt from history
         self.attained = AttainedService()  # GPU-time of earlier tries (preemption = service)
-        self.predicted: dict[str, Any] = {}  # ledger key -> this cycle's Prediction
+        self.predicted: dict[str, Prediction] = {}  # ledger key -> this cycle's prediction
         self.slot_notes: list[str] = []  # this cycle: hosts whose worker slots are all busy
         # The placement engine kept between cycles, and the request mix it scores by (kept until
         # it drifts past [gpusched] workload_drift, so the engine need not be rebuilt every cycle).
@@ -134,18 +142,18 @@ class GPUScheduling:
         self.dispatch_down: str | None = None
         self._dispatch_down_since = self._dispatch_probe_at = 0.0
         # Places a dispatched try that never started again (GPUCeleryExecutor's dispatch watch).
-        self.unstarted_hook: Callable[[Any, str], bool] | None = None
+        self.unstarted_hook: Callable[[TaskInstanceKey, str], bool] | None = None
         self.process: Any = None  # this executor as a HolderProcess (set by start_process)
         self._ledger: LedgerStore | None = None
         self._policy: Policy | None = None
         # Airflow key -> ledger key of dispatched GPU work (the executors' ``running`` is not enough).
-        self.gpu_running: dict[Any, str] = {}
-        self.submitted: dict[Any, float] = {}  # Airflow key -> when its GPU workload started to wait
-        self.seen: set[Any] = set()  # Airflow keys of waiting workloads already offered to a cycle
+        self.gpu_running: dict[TaskInstanceKey, str] = {}
+        self.submitted: dict[TaskInstanceKey, float] = {}  # Airflow key -> when its workload began to wait
+        self.seen: set[TaskInstanceKey] = set()  # Airflow keys of waiting workloads offered to a cycle
         self.cycle_requests: dict[str, GPURequest] = {}  # ledger key -> its author's request, this cycle
         self._queue_reason: dict[str, str] = {}
         self._last_renew = self._last_host_check = self._last_gang_check = self._last_reconcile = 0.0
-        self.gangs: dict[str, set[Any]] = {}  # launched multi-node gangs: gang id -> Airflow keys
+        self.gangs: dict[str, set[TaskInstanceKey]] = {}  # launched multi-node gangs: gang id -> Airflow keys
         self.preemption = Preemptor(self)  # [gpusched] preemption: stops lower-priority work
         self.migration = Migrator(self, lease_s=self.lease_s)  # preemption = migrate: between GPU types
         self.metrics = SchedulerMetrics(clock)  # the scheduler's /metrics ([gpusched] metrics_port)
@@ -191,7 +199,7 @@ class GPUScheduling:
         return reconcile_holder(self.ledger, self.holder, dispatched=set(self.gpu_running.values()),
                                 waiting=waiting, lease_s=self.lease_s, log=self.log)
 
-    def end(self, queued: Sequence[Any], *, release_running: bool = True) -> None:
+    def end(self, queued: Sequence[ExecuteTask], *, release_running: bool = True) -> None:
         """Forget the waiting records of ``queued`` workloads and, with ``release_running``,
         release what is still held (without it the allocations stay, leases running, for the
         executor that adopts the tasks; :meth:`reconcile` releases those that are gone)."""
@@ -201,7 +209,7 @@ class GPUScheduling:
             if is_gpu_task(workload):
                 self._safe(lambda w=workload: self.ledger.clear_queue(ti_key_of(w.ti)))
 
-    def queued(self, workload: Any) -> None:
+    def queued(self, workload: ExecuteTask) -> None:
         """Remember when a GPU workload started to wait."""
         if is_gpu_task(workload):
             self.submitted.setdefault(workload.key, self.clock())
@@ -221,7 +229,7 @@ class GPUScheduling:
             self._safe(lambda: self.ledger.release(ledger_key, reason="revoked: stuck in queued",
                                                   now=self.clock()))
 
-    def finished(self, key: Any, state: Any) -> None:
+    def finished(self, key: TaskInstanceKey, state: Any) -> None:
         """The executor learnt ``state`` for ``key``: release its devices once the process ended."""
         if key in self.gpu_running and str(state) not in _NOT_FINISHED:
             # The executor's state only says the process ended; the reason names the task's own
@@ -234,7 +242,7 @@ class GPUScheduling:
 
     # ---- one cycle ---------------------------------------------------------------------------
 
-    def schedule(self, workloads: Sequence[Any]) -> None:
+    def schedule(self, workloads: Sequence[ExecuteTask]) -> None:
         """Place ``workloads`` (GPU ones); launch what fits, hold the rest. Never raises."""
         if not workloads or not self._guard.usable() or not self._dispatch_usable():
             return
@@ -251,7 +259,7 @@ class GPUScheduling:
         """Every input of one cycle, read from the ledger now (:func:`.gpu_inputs.read_cycle_request`)."""
         return gpu_inputs.read_cycle_request(self, pending, now)
 
-    def _schedule(self, workloads: Sequence[Any]) -> None:
+    def _schedule(self, workloads: Sequence[ExecuteTask]) -> None:
         now, started = self.clock(), time.perf_counter()
         self.migration.claim(now)  # a moved task's target, freed by another mover, before anyone else
         pending, by_key = gpu_inputs.pending_work(self, workloads, now)
@@ -302,7 +310,7 @@ class GPUScheduling:
         except Exception:
             self.log.exception("gpusched: %s failed this cycle; it stays queued", key)
 
-    def _launch(self, workload: Any, launch: Launch, now: float) -> None:
+    def _launch(self, workload: ExecuteTask, launch: Launch, now: float) -> None:
         refusal = self.dispatcher.refuse(launch)
         if refusal:
             if launch.reused:
@@ -353,7 +361,7 @@ class GPUScheduling:
         )
 
     def _unsent(
-        self, workload: Any, launch: Launch, submitted: float | None, reason: str, now: float
+        self, workload: ExecuteTask, launch: Launch, submitted: float | None, reason: str, now: float
     ) -> None:
         """Undo a launch whose workload was not sent: it waits again, as if never placed."""
         self.gpu_running.pop(workload.key, None)
@@ -367,7 +375,7 @@ class GPUScheduling:
         if not launch.reused:  # devices held before this launch (a move's target) stay held
             self._safe(lambda: self.ledger.release(launch.key, reason=reason, now=now))
 
-    def requeue(self, workload: Any, reason: str) -> None:
+    def requeue(self, workload: ExecuteTask, reason: str) -> None:
         """Put a dispatched ``workload`` that never started back to wait for devices (same try).
 
         Its devices are released with ``reason``; the next cycle places it again. The caller
@@ -377,12 +385,12 @@ class GPUScheduling:
         self.executor.queued_tasks[workload.key] = workload
         self.queued(workload)
 
-    def requeue_unstarted(self, key: Any, reason: str) -> bool:
+    def requeue_unstarted(self, key: TaskInstanceKey, reason: str) -> bool:
         """Place try ``key`` again (True) when it was dispatched and surely never started
         (:attr:`unstarted_hook`, set by an executor that can tell; False without one)."""
         return self.unstarted_hook is not None and self.unstarted_hook(key, reason)
 
-    def hold(self, workload: Any, hold: Hold, now: float) -> None:
+    def hold(self, workload: ExecuteTask, hold: Hold, now: float) -> None:
         """Keep ``workload`` waiting with ``hold.reason`` (or fail it when it can never fit)."""
         if hold.permanent:
             lost = sorted(h.name for h in self.ledger.hosts() if h.state not in ("live", "standby"))
@@ -411,7 +419,7 @@ class GPUScheduling:
         self.log.info("gpusched: %s waits: %s", hold.key, hold.reason)
         append_task_log(workload.key, f"gpusched: waiting for GPUs: {hold.reason}", level="info")
 
-    def reject(self, workload: Any, key: str, reason: str) -> None:
+    def reject(self, workload: ExecuteTask, key: str, reason: str) -> None:
         """Fail ``workload`` now with ``reason`` (one line: in the try's log, the task's event log
         and the ledger's ``unschedulable`` events, which the fleet page lists), for good: a try
         that can never fit, was refused by the fault chain or has an invalid request fails the
@@ -474,11 +482,11 @@ class GPUScheduling:
         self.metrics.hosts_judged(before, self.ledger.hosts() if before else ())
         return lost
 
-    def stop_broken_gangs(self) -> list[Any]:
+    def stop_broken_gangs(self) -> list[TaskInstanceKey]:
         """Stop the live members of every launched gang one of whose members failed (or was lost)."""
         return gpu_faults.stop_broken_gangs(self)
 
-    def release(self, key: Any, reason: str, *, succeeded: bool = False) -> None:
+    def release(self, key: TaskInstanceKey, reason: str, *, succeeded: bool = False) -> None:
         """Release the devices of Airflow key ``key`` (idempotent with the task-side listener);
         ``succeeded``: its task did (what learned durations learn from)."""
         ledger_key = self.gpu_running.pop(key, None)
