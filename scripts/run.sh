@@ -202,6 +202,24 @@ if [[ -z "$PGDATA_DIR" && "$("$VENV/bin/python" -m gpusched.airflow.metadb)" == 
     fi
 fi
 
+# Airflow writes airflow.cfg on its first command with a 24-character [api_auth] jwt_secret, under
+# the 64 bytes PyJWT wants of an HS512 key: every process then warns "The HMAC key is 24 bytes
+# long". On the first start (no airflow.cfg yet) write it here as Airflow would, with a longer key
+# (64 random bytes); a key already in use is the user's and stays.
+if [[ -z "${AIRFLOW__API_AUTH__JWT_SECRET:-}" ]]; then
+    "$VENV/bin/python" - <<'PY'
+import base64, pathlib, re, secrets
+
+from airflow import configuration
+
+cfg = pathlib.Path(configuration.AIRFLOW_CONFIG)
+if not cfg.exists():
+    configuration.write_default_airflow_configuration_if_needed()
+    key = base64.b64encode(secrets.token_bytes(64)).decode()
+    cfg.write_text(re.sub(r"(?m)^(jwt_secret\s*=).*$", lambda m: f"{m.group(1)} {key}", cfg.read_text(), count=1))
+PY
+fi
+
 # Job control gives Airflow its own process group. SIGINT is what stops standalone cleanly, but
 # it arrives ignored when this script runs as a background job of a non-interactive shell (and
 # ignored signals survive exec), so restore its default before exec'ing Airflow.

@@ -10,6 +10,8 @@ on run.sh's defaults: no quota file of their own, no log-server ports chosen for
   instance is on loopback.
 - A DAG file added while Airflow runs appears within run.sh's 30 s refresh interval (Airflow's
   default: 300 s).
+- No "HMAC key is 24 bytes long" warning from every process: the first start writes airflow.cfg
+  with a JWT secret of 64 random bytes (Airflow's own is 16).
 - The example quota file is in force: the 70/20/10 partitions and the example tenants' weekly
   budgets are enforced, and an example DAG still runs.
 """
@@ -223,3 +225,14 @@ def test_the_scheduler_serves_its_metrics_on_the_port_it_prints(ready: Airflow) 
 
     text = wait_for("the scheduler's /metrics", metrics, 120, ready)
     assert "gpusched_scheduler_decision_seconds" in text, text[:2000]
+
+
+def test_the_jwt_secret_is_long_enough_for_hs512(ready: Airflow) -> None:
+    """Before: Airflow's generated 16-byte secret (24 characters) made PyJWT warn in every process."""
+    import base64
+
+    cfg = (ready.home / "airflow.cfg").read_text()
+    secret = re.search(r"(?m)^jwt_secret\s*=\s*(\S+)\s*$", cfg)
+    assert secret is not None, "no [api_auth] jwt_secret in airflow.cfg"
+    assert len(base64.b64decode(secret.group(1))) == 64
+    assert "HMAC key" not in ready.output.read_text(errors="replace"), ready.tail()
