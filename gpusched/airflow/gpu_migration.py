@@ -69,13 +69,14 @@ if TYPE_CHECKING:  # typing only: the ledger loads its SQL tables, Airflow's exe
     from airflow.executors.base_executor import BaseExecutor, ExecutorConf
     from airflow.models.taskinstancekey import TaskInstanceKey
 
+    from gpusched.placement import Policy
     from gpusched.scheduler.ledger_store import LedgerStore
 
 MIGRATION_REQUEUE_WAIT_S = 180.0
 """How long after a moved try ended its next try may take to start on the held devices."""
 
 
-def throughput_table(conf: Any) -> dict[str, dict[str, float]]:
+def throughput_table(conf: ExecutorConf | None) -> dict[str, dict[str, float]]:
     """``[gpusched] throughput_file`` read (empty setting: no table)."""
     path = settings.get_str("throughput_file", conf).strip()
     if not path:
@@ -109,7 +110,7 @@ class Moving:
 
     old_key: str
     next_key: str
-    airflow_key: Any
+    airflow_key: TaskInstanceKey
     move: Move
     request: GPURequest  # pinned to the target model (steers a placement if the hold is lost)
     author: GPURequest  # what the ledger records, so the task may move again later
@@ -161,12 +162,12 @@ class Migrator:
 
     # ---- every heartbeat ---------------------------------------------------------------------
 
-    def tick(self, policy: Any, now: float) -> list[Moving]:
+    def tick(self, policy: Policy, now: float) -> list[Moving]:
         """Claim freed targets and finish or give up moves; run the rule when its interval is over."""
         self.claim(now)
         return self.consider(policy, now)
 
-    def consider(self, policy: Any, now: float | None = None) -> list[Moving]:
+    def consider(self, policy: Policy, now: float | None = None) -> list[Moving]:
         """Run the rule if ``migration_interval_seconds`` have passed; start the moves it proves."""
         now = self.core.clock() if now is None else now
         self.restore(now)
@@ -199,7 +200,7 @@ class Migrator:
         return [m for m in started if m is not None]
 
     def _start(
-        self, move: Move, request: GPURequest, airflow_key: Any, leaving: set[str], now: float
+        self, move: Move, request: GPURequest, airflow_key: TaskInstanceKey, leaving: set[str], now: float
     ) -> Moving | None:
         parts = parse_ti_key(move.key)
         if parts is None:

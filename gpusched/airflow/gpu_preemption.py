@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpusched import settings
 from gpusched.airflow.executor_compat import save_task_event
@@ -234,7 +234,7 @@ class Preemptor:
         return self.preemptions.release_reason(ledger_key)
 
 
-def requeue(airflow_key: Any, reason: str) -> str:
+def requeue(airflow_key: TaskInstanceKey, reason: str) -> str:
     """Clear try ``airflow_key`` so that Airflow stops it and runs it again without using a retry.
 
     A running instance becomes ``restarting`` (Airflow's supervisor then terminates the task and
