@@ -26,7 +26,9 @@ siblings stand in); a few steps later the requests pinned to that model find non
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -42,6 +44,9 @@ __all__ = ["ShapeDeltas", "level_choice", "lookahead_best"]
 _NEAR = 1e-9  # look-ahead values closer than this are equal: the earlier candidate stays
 _MAX_ROWS = 100_000  # rows kept by node state before the cache starts over
 _BATCH_FROM = 32  # changed nodes from which one vectorised pass beats row-by-row recomputation
+_DISTINCT_FROM = 256  # nodes in one pass from which equal node states are computed once
+_MAX_SPAN = 1 << 16  # free milli values spanning more than this: no sharing of equal states
+_BITS = 62  # an exact per-node key must stay below 2**_BITS
 
 
 class ShapeDeltas:
@@ -98,7 +103,97 @@ class ShapeDeltas:
         """``D[nodes, :]`` in one pass (:meth:`row` is this for one node, kept by node state). A
         node's row does not depend on the other nodes asked with it, but the scorer's matrix
         product may add in another order for another batch shape, so rows of one pass equal
-        the rows one at a time to the last bits of a sum; every decision compares to 1e-9."""
+        the rows one at a time to the last bits of a sum; every decision compares to 1e-9.
+        In a large batch, nodes of equal state (:meth:`_distinct`) share one computation."""
+        if len(nodes) >= _DISTINCT_FROM:
+            first, inverse = self._distinct(stats, state, nodes)
+            if len(first) < len(nodes):
+                return self._rows_of(stats, state, nodes[first])[inverse]
+        return self._rows_of(stats, state, nodes)
+
+    def _distinct(
+        self, stats: FragStats, state: FreeState, nodes: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(first, inverse)``: positions in ``nodes`` of one node per distinct state (ascending),
+        and for each node the entry of ``first`` with its state. A node's row depends on its
+        device count, the multiset of its devices' free milli (in service), its distinct positive
+        free values in device order (the first option of a level wins), its host CPU/RAM and
+        which shapes' models it has: nodes equal in all of these have equal rows. Each is
+        encoded exactly as an integer per node; where one would not fit in 62 bits, every node
+        stands for itself (no sharing)."""
+        everything = np.arange(len(nodes))
+        starts = self.index.node_start[nodes]
+        sizes = self.index.node_start[nodes + 1] - starts
+        owner, devices = _node_devices(starts, sizes)
+        free = np.where(stats.in_service[devices], state.free_milli[devices], 0)
+        if not len(free):
+            return everything, everything
+        low = int(free.min())
+        span = int(free.max()) - low + 1
+        width = int(sizes.max())
+        if span > _MAX_SPAN:
+            return everything, everything
+        present = np.bincount(free - low, minlength=span) > 0
+        values = int(present.sum())
+        # The multiset as the counts of each value (digits in base width + 1), else as the node's
+        # sorted values (digits in base ``values``); the distinct positive values in device order
+        # as digits in base values + 1 (a value's digit is its code + 1, placed by its rank).
+        if values * math.log2(width + 1) < _BITS:
+            digits, base = "counts", (width + 1) ** values
+        elif width * math.log2(values) < _BITS:
+            digits, base = "sorted", values**width
+        else:
+            return everything, everything
+        ranks = min(width, values)
+        if ranks * math.log2(values + 1) >= _BITS:
+            return everything, everything
+        code = (np.cumsum(present) - 1)[free - low]
+        offsets = np.cumsum(sizes) - sizes
+        position = np.arange(len(code)) - np.repeat(offsets, sizes)
+        if digits == "counts":
+            multiset = _node_sums(((width + 1) ** np.arange(values, dtype=np.int64))[code], offsets, sizes)
+        else:
+            ordered = np.sort(owner * values + code) - owner * values
+            multiset = _node_sums(ordered * (values ** np.arange(width, dtype=np.int64))[position], offsets,
+                                  sizes)
+        pair = owner * values + code
+        first_of = np.full(len(nodes) * values, len(pair))
+        np.minimum.at(first_of, pair, np.arange(len(pair)))
+        new = (first_of[pair] == np.arange(len(pair))) & (free > 0)
+        before = np.cumsum(new) - new
+        rank = np.minimum(before - np.repeat(before[offsets[sizes > 0]], sizes[sizes > 0]), ranks - 1)
+        digit = ((values + 1) ** np.arange(ranks, dtype=np.int64))[rank] * (code + 1)
+        order = _node_sums(np.where(new, digit, 0), offsets, sizes)
+        columns = [(sizes, width + 1), (multiset, base), (order, (values + 1) ** ranks),
+                   (state.host_cpu[nodes], 0), (state.host_mem[nodes], 0)]
+        if stats.model_ok is not None:
+            if stats.model_ok.shape[1] >= _BITS:
+                return everything, everything
+            bits = 1 << np.arange(stats.model_ok.shape[1], dtype=np.int64)
+            columns.append((stats.model_ok[nodes] @ bits, 0))
+        # One integer per node from the columns that vary, each a digit below its bound (0: the
+        # column's distinct values numbered first); renumbered when the next would overflow.
+        key, bound = np.zeros(len(nodes), dtype=np.int64), 1
+        for column, limit in columns:
+            if column.min() == column.max():
+                continue
+            if not limit:
+                distinct, column = np.unique(column, return_inverse=True)
+                limit = len(distinct)
+            if bound * limit >= 2**_BITS:
+                distinct, key = np.unique(key, return_inverse=True)
+                bound = len(distinct)
+            if bound * limit >= 2**_BITS:
+                distinct, column = np.unique(column, return_inverse=True)
+                limit = len(distinct)
+            key, bound = key * limit + column.reshape(-1), bound * limit
+        _, first, group = np.unique(key, return_index=True, return_inverse=True)
+        ascending = np.argsort(first)
+        place = np.empty_like(ascending)
+        place[ascending] = np.arange(len(ascending))
+        return first[ascending], place[group.reshape(-1)]
+
+    def _rows_of(self, stats: FragStats, state: FreeState, nodes: np.ndarray) -> np.ndarray:
         w, idx = self.workload, self.index
         out = np.full((len(nodes), len(w.s_p)), np.inf)
         ok = self.gpu[None, :] & (state.host_cpu[nodes][:, None] >= w.s_cpu[None, :])
@@ -113,25 +208,28 @@ class ShapeDeltas:
             out[row, shape] = delta
         # Fractions: a node's options are its distinct positive free values, each on its first
         # device; per (node, shape) the first option (device order) of the best integer level.
-        starts, ends = idx.node_start[nodes], idx.node_start[nodes + 1]
-        devices = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends, strict=True)])
-        owner = np.repeat(np.arange(len(nodes)), ends - starts)
-        free = np.where(stats.in_service[devices], state.free_milli[devices], 0).astype(np.float64)
-        keep = free > 0
-        devices, owner, free = devices[keep], owner[keep], free[keep]
+        starts = idx.node_start[nodes]
+        owner, devices = _node_devices(starts, idx.node_start[nodes + 1] - starts)
+        milli = np.where(stats.in_service[devices], state.free_milli[devices], 0)
+        keep = milli > 0
+        devices, owner, milli = devices[keep], owner[keep], milli[keep]
         if not len(devices):
             return out
-        _, first = np.unique(np.stack([owner, free]), axis=1, return_index=True)
-        devices, owner, free = devices[first], owner[first], free[first]
+        # First device of each (node, free value), in (node, free value) order.
+        _, first = np.unique(owner * (int(milli.max()) + 1) + milli, return_index=True)
+        devices, owner, free = devices[first], owner[first], milli[first].astype(np.float64)
         fits = ok[owner] & self.fraction[None, :] & (free[:, None] >= w.s_milli[None, :])
         option, shape = np.nonzero(fits)
         if len(option):
             delta = stats.delta_fraction(devices[option], w.s_milli[shape], free[option], w.s_cpu[shape],
                                          w.s_mem[shape])
-            level = integer_score(self.weight * delta / MILLI, self.levels)
-            pick = np.lexsort((devices[option], -level, shape, owner[option]))
-            pair = owner[option][pick] * len(w.s_p) + shape[pick]
-            head = pick[np.r_[True, pair[1:] != pair[:-1]]]
+            level = integer_score(self.weight * delta / MILLI, self.levels).astype(np.int64)
+            # Per (node, shape) the least of (levels below the top, device): a unique key each.
+            pair = owner[option] * len(w.s_p) + shape
+            rank = (self.levels - level) * idx.n_devices + devices[option]
+            least = np.full(len(nodes) * len(w.s_p), np.iinfo(np.int64).max)
+            np.minimum.at(least, pair, rank)
+            head = rank == least[pair]
             out[owner[option][head], shape[head]] = delta[head]
         return out
 
@@ -174,20 +272,20 @@ class ShapeDeltas:
         columns = np.arange(deltas.shape[1])
         first = deltas.argmin(axis=0)
         best = deltas[first, columns]
-        # The runner-up only matters for the shapes whose best node is one of the candidates.
+        # The runner-up only matters for the shapes whose best node is one of the candidates:
+        # the column's second smallest value (its best once the best node's entry is left out).
         nodes = [int(self.index.dev_node[devices[0]]) for devices, _ in options]
         second = best.copy()
-        for n in nodes:
-            mine = np.flatnonzero(first == n)
-            if len(mine):
-                column = deltas[:, mine].copy()
-                column[n] = np.inf
-                second[mine] = column.min(axis=0)
+        mine = np.flatnonzero(np.isin(first, nodes))
+        if len(mine):
+            second[mine] = (
+                np.partition(deltas[:, mine], 1, axis=0)[1] if len(deltas) > 1 else np.inf
+            )
         gpu = self.gpu
         p = self.workload.s_p[gpu]
+        afters = self._rows_after(stats, state, options, nodes, cpu_milli, host_memory_bytes)
         chosen, chosen_value = 0, np.inf
-        for i, ((devices, milli), n) in enumerate(zip(options, nodes, strict=True)):
-            after = self._row_after(stats, state, n, devices, milli, cpu_milli, host_memory_bytes)
+        for i, (after, n) in enumerate(zip(afters, nodes, strict=True)):
             others = np.where(first == n, second, best)
             value = float(
                 (self._cost(np.minimum(others, after)) - self._cost(np.minimum(others, deltas[n])))[gpu] @ p
@@ -196,28 +294,46 @@ class ShapeDeltas:
                 chosen, chosen_value = i, value
         return chosen
 
-    def _row_after(
-        self, stats: FragStats, state: FreeState, n: int, devices: Sequence[int], milli: int, cpu: int,
-        mem: int,
-    ) -> np.ndarray:
-        free = self._free(stats, state, n)
-        free[np.asarray(devices) - int(self.index.node_start[n])] -= milli
-        key = self._key(stats, n, free, float(state.host_cpu[n] - cpu), float(state.host_mem[n] - mem))
-        hit = self._rows.get(key)
-        if hit is not None:  # seen before: no need to change the state to compute it
-            return hit
-        saved = state.free_milli[list(devices)].copy()
-        state.free_milli[list(devices)] -= milli
-        state.host_cpu[n] -= cpu
-        state.host_mem[n] -= mem
-        stats.refresh(state, (n,))
+    def _rows_after(
+        self, stats: FragStats, state: FreeState, options: Sequence[tuple[Sequence[int], int]],
+        nodes: list[int], cpu: int, mem: int,
+    ) -> list[np.ndarray]:
+        """``D[n, :]`` of each option's node ``n`` once the option is taken (``cpu``/``mem`` of host
+        CPU/RAM with it), through the cache by node state; the options not cached are taken all
+        at once (their nodes are distinct), computed in one pass (:meth:`rows_of`) and given back."""
+        rows: list[np.ndarray | None] = []
+        for (devices, milli), n in zip(options, nodes, strict=True):
+            free = self._free(stats, state, n)
+            free[np.asarray(devices) - int(self.index.node_start[n])] -= milli
+            key = self._key(stats, n, free, float(state.host_cpu[n] - cpu), float(state.host_mem[n] - mem))
+            rows.append(self._rows.get(key))
+        missing = [i for i, row in enumerate(rows) if row is None]
+        if not missing:
+            return cast("list[np.ndarray]", rows)
+        taken = [(list(options[i][0]), options[i][1], nodes[i]) for i in missing]
+        saved = [state.free_milli[devices].copy() for devices, _, _ in taken]
+        for devices, take, n in taken:
+            state.free_milli[devices] -= take
+            state.host_cpu[n] -= cpu
+            state.host_mem[n] -= mem
+        changed = [n for _, _, n in taken]
+        stats.refresh(state, changed)
         try:
-            return self.row(stats, state, n)
+            computed = self.rows_of(stats, state, np.array(changed))
+            for i, n, row in zip(missing, changed, computed, strict=True):
+                key = self._key(stats, n, self._free(stats, state, n), float(state.host_cpu[n]),
+                                float(state.host_mem[n]))
+                if len(self._rows) >= _MAX_ROWS:
+                    self._rows.clear()
+                row.setflags(write=False)
+                rows[i] = self._rows[key] = row
         finally:
-            state.free_milli[list(devices)] = saved
-            state.host_cpu[n] += cpu
-            state.host_mem[n] += mem
-            stats.refresh(state, (n,))
+            for (devices, _, n), before in zip(taken, saved, strict=True):
+                state.free_milli[devices] = before
+                state.host_cpu[n] += cpu
+                state.host_mem[n] += mem
+            stats.refresh(state, changed)
+        return cast("list[np.ndarray]", rows)
 
     def _cost(self, x: np.ndarray) -> np.ndarray:
         return np.where(np.isfinite(x), x, self.demand)
@@ -269,6 +385,23 @@ def lookahead_best(
         return int(top[0])
     options = [(take(int(i)), milli) for i in top]
     return int(top[ahead.pick(stats, state, options, task.cpu_milli, task.host_memory_bytes)])
+
+
+def _node_devices(starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(owner, devices)``: the device positions of nodes whose devices start at ``starts``
+    (``sizes`` of them), node after node, and each one's entry in ``starts``."""
+    owner = np.repeat(np.arange(len(starts)), sizes)
+    return owner, np.arange(len(owner)) + np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
+
+
+def _node_sums(values: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per node, the exact (integer) sum of its entries of ``values`` (node after node: ``sizes``
+    entries from ``offsets``); 0 for a node without any."""
+    out = np.zeros(len(sizes), dtype=np.int64)
+    some = sizes > 0
+    if some.any():
+        out[some] = np.add.reduceat(values.astype(np.int64), offsets[some])
+    return out
 
 
 def _first_per_node(candidates: np.ndarray, node_of: np.ndarray) -> np.ndarray:
