@@ -130,6 +130,14 @@ class DeviceUsage:
     used_memory_bytes: int = 0
 
 
+def _copied(usage: Mapping[str, DeviceUsage]) -> dict[str, DeviceUsage]:
+    """A new dict of ``usage``; a snapshot's own (a mapping proxy) is copied by its dict's
+    ``copy()``, in C, where ``dict(proxy)`` would go key by key (milliseconds at 80,000 GPUs)."""
+    if isinstance(usage, (dict, MappingProxyType)):
+        return usage.copy()
+    return dict(usage)
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceShare:
     """A piece of one device handed to one task: whole (``milli == 1000``) or a fraction."""
@@ -200,7 +208,7 @@ class FleetSnapshot:
     _nodes: Mapping[str, Node] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "usage", MappingProxyType(dict(self.usage)))
+        object.__setattr__(self, "usage", MappingProxyType(_copied(self.usage)))
         object.__setattr__(self, "_nodes", MappingProxyType({n.name: n for n in self.nodes}))
         object.__setattr__(
             self, "_devices", MappingProxyType({d.uuid: d for n in self.nodes for d in n.devices})
@@ -215,6 +223,29 @@ class FleetSnapshot:
         object.__setattr__(clone, "taken_at", self.taken_at)
         object.__setattr__(clone, "_nodes", self._nodes)
         object.__setattr__(clone, "_devices", self._devices)
+        return clone
+
+    def retaken(
+        self, taken_at: float, usage: Mapping[str, DeviceUsage] | None = None,
+        changed: Mapping[str, DeviceUsage | None] | None = None,
+    ) -> FleetSnapshot:
+        """The same nodes taken at ``taken_at``, with ``usage`` (None: this snapshot's) in which
+        each device of ``changed`` has its new usage (None: nothing used). Holds what
+        ``FleetSnapshot(self.nodes, that usage, self.source, taken_at)`` holds, but the node and
+        device indexes are shared, not rebuilt: O(1) with neither argument (the usage mapping is
+        shared too), else one copy of the usage plus O(len(changed))."""
+        clone = self._with_usage_dict({})
+        object.__setattr__(clone, "taken_at", taken_at)
+        if usage is None and not changed:
+            object.__setattr__(clone, "usage", self.usage)
+            return clone
+        copied = _copied(self.usage if usage is None else usage)
+        for uuid, used in (changed or {}).items():
+            if used is None:
+                copied.pop(uuid, None)
+            else:
+                copied[uuid] = used
+        object.__setattr__(clone, "usage", MappingProxyType(copied))
         return clone
 
     def devices(self) -> Iterator[Device]:
@@ -252,7 +283,7 @@ class FleetSnapshot:
 
     def with_usage(self, shares: Iterable[DeviceShare], *, release: bool = False) -> FleetSnapshot:
         """A new snapshot with ``shares`` added to (or, with ``release``, removed from) usage."""
-        usage = dict(self.usage)
+        usage = _copied(self.usage)
         sign = -1 if release else 1
         for share in shares:
             old = usage.get(share.uuid, _EMPTY_USAGE)

@@ -6,12 +6,15 @@ serialised by SQLite's write lock; on PostgreSQL :meth:`LedgerAllocations.alloca
 rows it touches with ``SELECT … FOR UPDATE``. Either way the capacity re-check and the insert of
 the allocation see the same state, which is why two schedulers can never hand out the same
 milli-GPU or byte twice (see ``docs/ledger.md``).
+
+Every write transaction of allocation rows ends by stamping them with the next change number
+(:func:`stamp_changes`), which a long-lived reader follows (:mod:`gpusched.ledger.active_view`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -22,7 +25,7 @@ from gpusched.ledger import capacity
 from gpusched.ledger.capacity import demand_series
 from gpusched.ledger.engine import read_tx, write_tx
 from gpusched.ledger.events import write_event
-from gpusched.ledger.schema import ALLOCATIONS, SHARES
+from gpusched.ledger.schema import ALLOCATION_CHANGE, ALLOCATIONS, SHARES
 from gpusched.model import DeviceShare
 from gpusched.records import (
     Allocation,
@@ -34,7 +37,7 @@ from gpusched.records import (
 from gpusched.request import GPURequest
 
 __all__ = ["FENCE_HOLDER_PREFIX", "QUARANTINE_EVENT", "UNQUARANTINE_EVENT", "LedgerAllocations",
-           "active_allocations", "fence_holder"]
+           "active_allocations", "fence_holder", "last_change", "stamp_changes", "to_allocations"]
 
 FENCE_HOLDER_PREFIX = "fence@"
 """Holder of a quarantined allocation: ``fence@<GPU host>``, the host whose agent must confirm."""
@@ -76,6 +79,43 @@ _SHARES_OF = (
     .where(SHARES.c.allocation_id.in_(sa.bindparam("ids", expanding=True)))
     .order_by(SHARES.c.device_uuid)
 )
+_STAMPED_ROWS = ALLOCATIONS.c.id.in_(sa.bindparam("ids", expanding=True))
+_EARLIER = ALLOCATIONS.alias("earlier")
+_STAMP_SQLITE = sa.update(ALLOCATIONS).where(_STAMPED_ROWS).values(
+    change=sa.select(sa.func.coalesce(sa.func.max(_EARLIER.c.change), 0) + 1).scalar_subquery()
+)
+_NEXT_CHANGE = (
+    sa.update(ALLOCATION_CHANGE).where(ALLOCATION_CHANGE.c.id == 1)
+    .values(change=ALLOCATION_CHANGE.c.change + 1).returning(ALLOCATION_CHANGE.c.change)
+    .cte("next_change")
+)
+_STAMP_POSTGRESQL = sa.update(ALLOCATIONS).where(_STAMPED_ROWS).values(
+    change=sa.select(_NEXT_CHANGE.c.change).scalar_subquery()
+).add_cte(_NEXT_CHANGE)
+_LAST_CHANGE = sa.select(sa.func.max(ALLOCATIONS.c.change))
+
+
+def stamp_changes(conn: sa.Connection, ids: Collection[int]) -> None:
+    """Give the allocation rows ``ids``, just written in ``conn``'s write transaction, the next
+    change number; call it last, after every other write of allocation rows in the transaction.
+
+    Numbers are handed out in the order the writers commit: on SQLite the writer holds the one
+    write lock (``BEGIN IMMEDIATE``) until it commits and takes the highest number plus one; on
+    PostgreSQL it increments the counter row, whose lock it then holds until it commits, so a
+    second writer waits and reads the first one's number. Hence a reader whose snapshot shows
+    number N also shows every write numbered below N. Being last, the counter is the last lock
+    the transaction takes: a writer holding it never waits for another writer's lock (which
+    might wait for the counter), so the writers cannot deadlock on it.
+    """
+    if ids:
+        statement = _STAMP_POSTGRESQL if conn.dialect.name == "postgresql" else _STAMP_SQLITE
+        conn.execute(statement, {"ids": sorted(ids)})
+
+
+def last_change(conn: sa.Connection) -> int:
+    """The highest change number of the allocation rows ``conn`` sees (0 when none was stamped)."""
+    return int(conn.execute(_LAST_CHANGE).scalar() or 0)
+
 
 def _locked(conn: sa.Connection, query: sa.Select[Any]) -> sa.Select[Any]:
     # PostgreSQL: lock the allocation rows a release is about to end. Under READ COMMITTED a
@@ -89,32 +129,25 @@ def _locked(conn: sa.Connection, query: sa.Select[Any]) -> sa.Select[Any]:
 def _share_key(shares: Sequence[DeviceShare]) -> list[tuple[str, int, int]]:
     return sorted((s.uuid, s.milli, s.memory_bytes) for s in shares)
 
-def active_allocations(
-    conn: sa.Connection, holder: str | None = None, known: KnownParts | None = None
-) -> list[Allocation]:
-    """Every active allocation (optionally only ``holder``'s), oldest first, read on ``conn``.
-
-    ``known`` (allocation id -> its key, request and shares, kept by the caller between
-    reads): the shares of the allocations it holds are not read again, nor their requests parsed
-    (neither ever changes once written, and allocation rows are never deleted, so an id with the
-    same key names the same ones); it is updated to hold exactly the active allocations'.
-    """
+def active_allocations(conn: sa.Connection, holder: str | None = None) -> list[Allocation]:
+    """Every active allocation (optionally only ``holder``'s), oldest first, read on ``conn``."""
     query = sa.select(ALLOCATIONS).where(ALLOCATIONS.c.released_at.is_(None))
     if holder is not None:
         query = query.where(ALLOCATIONS.c.holder == holder)
-    return _to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all(), known)
+    return to_allocations(conn, conn.execute(query.order_by(ALLOCATIONS.c.id)).all())
 
 
-KnownParts = dict[int, tuple[str, GPURequest, tuple[DeviceShare, ...]]]
-"""Allocation id -> its parts that never change (key, request, shares), as
-:func:`active_allocations` keeps them for a caller."""
-
-
-def _to_allocations(
-    conn: sa.Connection, rows: Sequence[Any], known: KnownParts | None = None
+def to_allocations(
+    conn: sa.Connection, rows: Sequence[Any], known: Mapping[int, Allocation] | None = None
 ) -> list[Allocation]:
+    """The allocations of allocation ``rows`` (read on ``conn``), in their order.
+
+    ``known`` (row id -> an allocation built from that row earlier): its request and shares are
+    reused instead of read again when the key is the same (neither ever changes once written,
+    and allocation rows are never deleted, so an id with the same key names the same ones).
+    """
     cached = known if known is not None else {}
-    fresh = [r for r in rows if cached.get(r.id, ("",))[0] != r.key]
+    fresh = [r for r in rows if r.id not in cached or cached[r.id].key != r.key]
     shares: dict[int, list[DeviceShare]] = {r.id: [] for r in fresh}
     ids = list(shares)
     for chunk in range(0, len(ids), 500):
@@ -122,16 +155,14 @@ def _to_allocations(
             shares[s.allocation_id].append(
                 DeviceShare(s.device_uuid, s.node, s.idx, s.milli, s.memory_bytes)
             )
-    held = {
-        r.id: (r.key, request_from_json(r.request), tuple(shares[r.id])) if r.id in shares else cached[r.id]
+    parts = {
+        r.id: (request_from_json(r.request), tuple(shares[r.id])) if r.id in shares
+        else (cached[r.id].request, cached[r.id].shares)
         for r in rows
     }
-    if known is not None:
-        known.clear()
-        known.update(held)
     return [
         Allocation(
-            r.key, held[r.id][1], held[r.id][2], r.holder, r.created_at,
+            r.key, parts[r.id][0], parts[r.id][1], r.holder, r.created_at,
             r.lease_expires_at, r.released_at, r.release_reason, r.status,
             processes_from_json(r.processes), r.queued_at,
         )
@@ -187,6 +218,7 @@ class LedgerAllocations:
                 ])
                 write_event(conn, at, "allocate", key, holder=holder, devices=[s.uuid for s in ordered],
                        milli=sum(s.milli for s in ordered))
+                stamp_changes(conn, [allocation_id])
         except sa.exc.IntegrityError:
             # PostgreSQL only: another transaction committed the same key meanwhile (the partial
             # unique index refused ours). Decide as if we had come second.
@@ -226,23 +258,27 @@ class LedgerAllocations:
             row = self._active_row(conn, key, lock=True)
             if row is None:
                 return None
-            return self._release_row(conn, row, reason, status, at)
+            released = self._release_row(conn, row, reason, status, at)
+            stamp_changes(conn, [row.id])
+            return released
 
     def renew(self, key: str, lease_s: int = 600, *, now: float | None = None) -> None:
         """Extend the lease of ``key`` to ``now + lease_s`` (UnknownAllocationError if not active)."""
         at = _now(now)
         with write_tx(self.engine) as conn:
-            result = conn.execute(
+            renewed = conn.execute(
                 sa.update(ALLOCATIONS)
                 .where(ALLOCATIONS.c.key == key, ALLOCATIONS.c.released_at.is_(None),
                        ALLOCATIONS.c.status == AllocationStatus.ACTIVE)
                 .values(lease_expires_at=at + lease_s)
-            )
-            if result.rowcount == 0:
+                .returning(ALLOCATIONS.c.id)
+            ).scalars().all()
+            if not renewed:
                 raise UnknownAllocationError(
                     f"task {key!r} holds no active allocation to renew (released or expired); "
                     "stop the task or allocate again"
                 )
+            stamp_changes(conn, renewed)
 
     def attach_process(self, key: str, process: HolderProcess) -> bool:
         """Record ``process`` as holding the active allocation of ``key``; False if none is active.
@@ -261,6 +297,7 @@ class LedgerAllocations:
                 sa.update(ALLOCATIONS).where(ALLOCATIONS.c.id == row.id)
                 .values(processes=[*kept, process.to_dict()])
             )
+            stamp_changes(conn, [row.id])
             return True
 
     def get(self, key: str) -> Allocation | None:
@@ -314,7 +351,10 @@ class LedgerAllocations:
                 ALLOCATIONS.c.status == AllocationStatus.ACTIVE,
             )
             rows = conn.execute(_locked(conn, due.order_by(ALLOCATIONS.c.id))).all()
-            return [self._release_row(conn, r, "lease expired", AllocationStatus.EXPIRED, at) for r in rows]
+            expired = [self._release_row(conn, r, "lease expired", AllocationStatus.EXPIRED, at)
+                       for r in rows]
+            stamp_changes(conn, [r.id for r in rows])
+            return expired
 
     def reconcile(
         self, live_keys: Collection[str], *, holder: str, now: float | None = None
@@ -326,11 +366,14 @@ class LedgerAllocations:
             held = sa.select(ALLOCATIONS).where(
                 ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.holder == holder
             )
-            rows = conn.execute(_locked(conn, held.order_by(ALLOCATIONS.c.id))).all()
-            return [
+            ended = [r for r in conn.execute(_locked(conn, held.order_by(ALLOCATIONS.c.id))).all()
+                     if r.key not in live]
+            released = [
                 self._release_row(conn, r, "reconciled: task no longer live", AllocationStatus.RELEASED, at)
-                for r in rows if r.key not in live
+                for r in ended
             ]
+            stamp_changes(conn, [r.id for r in ended])
+            return released
 
     def quarantine(self, key: str, *, host: str, reason: str, now: float | None = None) -> Allocation | None:
         """Put ``key``'s active allocation in quarantine: its devices stay held, under holder
@@ -350,6 +393,7 @@ class LedgerAllocations:
             allocation = self._to_allocation(conn, row)
             write_event(conn, at, QUARANTINE_EVENT, key, holder=row.holder, host=host, reason=reason,
                         devices=list(allocation.devices))
+            stamp_changes(conn, [row.id])
             return replace(allocation, holder=fence_holder(host), status=AllocationStatus.QUARANTINED,
                            release_reason=reason)
 
@@ -376,6 +420,7 @@ class LedgerAllocations:
                                                "new_status": AllocationStatus.RELEASED})
                 write_event(conn, at, UNQUARANTINE_EVENT, key, holder=row.holder, reason=reason,
                             devices=list(self._to_allocation(conn, row).devices))
+            stamp_changes(conn, [r.id for r in rows])
             return len(rows)
 
     def _active_row(self, conn: sa.Connection, key: str, *, lock: bool = False) -> Any:
@@ -390,10 +435,10 @@ class LedgerAllocations:
         return replace(allocation, released_at=at, release_reason=reason, status=status)
 
     def _to_allocation(self, conn: sa.Connection, row: Any) -> Allocation:
-        return _to_allocations(conn, [row])[0]
+        return to_allocations(conn, [row])[0]
 
     def _to_allocations(self, conn: sa.Connection, rows: Sequence[Any]) -> list[Allocation]:
-        return _to_allocations(conn, rows)
+        return to_allocations(conn, rows)
 
     def demand_history(self, start: float, end: float, step_s: int = 3600) -> list[tuple[float, int]]:
         """Average milli-GPU allocated in each step of ``[start, end)``, from allocation history.

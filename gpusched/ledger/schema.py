@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 __all__ = [
     "ALLOCATIONS",
+    "ALLOCATION_CHANGE",
     "CHECKPOINTS",
     "DEVICES",
     "EVENTS",
@@ -113,6 +114,11 @@ ALLOCATIONS = sa.Table(
     # When the try was first queued (the executor's first sighting; migration 0010): a requeued
     # task instance ages from its first try's queue time (gpusched.scheduler.attained).
     sa.Column("queued_at", sa.Double, nullable=True),
+    # The change number of the row's last write (migration 0013): every transaction that inserts
+    # or updates allocation rows gives them the next number, in the order the writers commit, so
+    # a reader that saw every change up to N reads only ``change > N`` next (the change feed of
+    # gpusched.ledger.active_view). Rows written before the migration hold 0.
+    sa.Column("change", sa.BigInteger, nullable=False, server_default="0", index=True),
     # At most one active allocation per key: the database itself refuses a second one. A
     # quarantined row (status ``quarantined``, migration 0012) is unreleased but not active: the
     # same try may be placed again while its devices wait for the agent's confirmation.
@@ -123,6 +129,17 @@ ALLOCATIONS = sa.Table(
         sqlite_where=sa.text("released_at IS NULL AND status = 'active'"),
         postgresql_where=sa.text("released_at IS NULL AND status = 'active'"),
     ),
+)
+
+ALLOCATION_CHANGE = sa.Table(
+    "gpusched_allocation_change",
+    METADATA,
+    # One row (id 1): the last change number handed out on PostgreSQL (migration 0013). A writer
+    # takes the next one by updating this row, which holds the row's lock until it commits, so
+    # the numbers commit in order. SQLite's writers hold its single write lock instead and take
+    # the highest ``change`` of the allocations plus one; there this row stays at 0.
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("change", sa.BigInteger, nullable=False),
 )
 
 SHARES = sa.Table(

@@ -12,8 +12,9 @@ is one database transaction (see ``docs/ledger.md``).
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
 
@@ -21,7 +22,8 @@ import sqlalchemy as sa
 
 from gpusched.errors import LedgerError
 from gpusched.ledger import capacity, inventory
-from gpusched.ledger.allocations import KnownParts, LedgerAllocations, active_allocations
+from gpusched.ledger.active_view import ActiveView
+from gpusched.ledger.allocations import LedgerAllocations
 from gpusched.ledger.checkpoints import LedgerCheckpoints
 from gpusched.ledger.demand import LedgerDemand
 from gpusched.ledger.engine import default_url, make_engine, read_tx, write_tx
@@ -54,6 +56,13 @@ def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
 
 
+def _shown(usage: Mapping[str, DeviceUsage], known: frozenset[str]) -> Mapping[str, DeviceUsage]:
+    """``usage`` of the devices in ``known`` only (``usage`` itself when it names no other)."""
+    if usage.keys() <= known:
+        return usage
+    return {u: v for u, v in usage.items() if u in known}
+
+
 class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, LedgerOverrides, LedgerHosts,
              LedgerCheckpoints, LedgerMoves, LedgerDemand):
     """Allocations, leases, inventory, health, cordons, queue, samples, events and overrides in one database.
@@ -76,7 +85,11 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
         # (revision, lost nodes, the nodes shown, their devices' uuids)
         self._fleet_view: (tuple[int, frozenset[tuple[str, str]], tuple[Node, ...], frozenset[str]]
                            | None) = None
-        self._active_parts: KnownParts = {}  # the fixed parts of the active allocations last read
+        # The unreleased allocations and their usage as of the last cycle_view, followed from the
+        # change feed, and the snapshot it returned (with the nodes and usage version it shows).
+        self._active_view = ActiveView()
+        self._cycle_snapshot: tuple[tuple[Node, ...], int, FleetSnapshot] | None = None
+        self._cycle_turn = threading.Lock()  # cycle_view's kept state is updated by one caller at a time
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -125,23 +138,42 @@ class Ledger(LedgerAllocations, LedgerQueue, LedgerSamples, LedgerEvents, Ledger
         """What one scheduling cycle reads: :meth:`snapshot` and :meth:`active`, in ONE transaction.
 
         Both come from the same database state, so a task released between two reads can never
-        show as running on devices the snapshot already reports free (or the reverse).
+        show as running on devices the snapshot already reports free (or the reverse). Equal to
+        what a new ``Ledger`` reads, but a long-lived one reads only the allocation rows changed
+        since its last call (:class:`~gpusched.ledger.active_view.ActiveView`) and reuses the
+        nodes and indexes of its last snapshot while the inventory stays the same.
         """
-        with read_tx(self.engine) as conn:
-            active = active_allocations(conn, known=self._active_parts)
-            # The usage is the sum of the active allocations' shares: computed from the rows
-            # just read instead of a second pass over the shares table.
-            return self._snapshot(conn, now, capacity.usage_of(active)), active
+        with self._cycle_turn, read_tx(self.engine) as conn:
+            active = self._active_view.read(conn)
+            return self._snapshot_of_view(conn, _now(now)), active
 
-    def _snapshot(
-        self, conn: sa.Connection, now: float | None, usage: dict[str, DeviceUsage] | None = None
-    ) -> FleetSnapshot:
+    def _snapshot_of_view(self, conn: sa.Connection, at: float) -> FleetSnapshot:
+        """The fleet with the usage of ``self._active_view``. While the nodes shown stay the
+        same, built from the last one returned: with its very usage mapping when the usage did
+        not change, with its usage updated on the devices the last read changed when that read
+        followed the one it was built from; O(fleet) only when the nodes or sources changed."""
         nodes, known, sources = self._load_fleet(conn)
-        if usage is None:
-            usage = capacity.active_usage(conn)
+        source = "+".join(sources) or "empty"
+        view = self._active_view
+        version = view.usage_version
+        kept = self._cycle_snapshot
+        if kept is None or kept[0] is not nodes or kept[2].source != source:
+            snapshot = FleetSnapshot(nodes, _shown(view.usage, known), source=source, taken_at=at)
+        elif kept[1] == version:
+            snapshot = kept[2].retaken(at)
+        elif kept[1] == version - 1 and view.usage_changed_on is not None:
+            changed = {uuid: view.usage.get(uuid) for uuid in view.usage_changed_on & known}
+            snapshot = kept[2].retaken(at, changed=changed)
+        else:
+            snapshot = kept[2].retaken(at, _shown(view.usage, known))
+        self._cycle_snapshot = (nodes, version, snapshot)
+        return snapshot
+
+    def _snapshot(self, conn: sa.Connection, now: float | None) -> FleetSnapshot:
+        nodes, known, sources = self._load_fleet(conn)
         return FleetSnapshot(
             nodes,
-            {u: v for u, v in usage.items() if u in known},
+            _shown(capacity.active_usage(conn), known),
             source="+".join(sources) or "empty",
             taken_at=_now(now),
         )
