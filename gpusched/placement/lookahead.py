@@ -122,9 +122,7 @@ class ShapeDeltas:
         encoded exactly as an integer per node; where one would not fit in 62 bits, every node
         stands for itself (no sharing)."""
         everything = np.arange(len(nodes))
-        starts = self.index.node_start[nodes]
-        sizes = self.index.node_start[nodes + 1] - starts
-        owner, devices = _node_devices(starts, sizes)
+        owner, devices, sizes, offsets = _node_devices(self.index, nodes)
         free = np.where(stats.in_service[devices], state.free_milli[devices], 0)
         if not len(free):
             return everything, everything
@@ -148,24 +146,28 @@ class ShapeDeltas:
         if ranks * math.log2(values + 1) >= _BITS:
             return everything, everything
         code = (np.cumsum(present) - 1)[free - low]
-        offsets = np.cumsum(sizes) - sizes
-        position = np.arange(len(code)) - np.repeat(offsets, sizes)
         if digits == "counts":
-            multiset = _node_sums(((width + 1) ** np.arange(values, dtype=np.int64))[code], offsets, sizes)
+            multiset = ((width + 1) ** np.arange(values, dtype=np.int64))[code]
         else:
-            ordered = np.sort(owner * values + code) - owner * values
-            multiset = _node_sums(ordered * (values ** np.arange(width, dtype=np.int64))[position], offsets,
-                                  sizes)
+            position = np.arange(len(code)) - np.repeat(offsets, sizes)
+            multiset = (np.sort(owner * values + code) - owner * values) * (
+                values ** np.arange(width, dtype=np.int64)
+            )[position]
         pair = owner * values + code
         first_of = np.full(len(nodes) * values, len(pair))
         np.minimum.at(first_of, pair, np.arange(len(pair)))
         new = (first_of[pair] == np.arange(len(pair))) & (free > 0)
         before = np.cumsum(new) - new
-        rank = np.minimum(before - np.repeat(before[offsets[sizes > 0]], sizes[sizes > 0]), ranks - 1)
-        digit = ((values + 1) ** np.arange(ranks, dtype=np.int64))[rank] * (code + 1)
-        order = _node_sums(np.where(new, digit, 0), offsets, sizes)
-        columns = [(sizes, width + 1), (multiset, base), (order, (values + 1) ** ranks),
-                   (state.host_cpu[nodes], 0), (state.host_mem[nodes], 0)]
+        # (a node without devices starts past the end: it owns no entry, any start will do)
+        rank = np.minimum(before - before[np.minimum(offsets, len(before) - 1)][owner], ranks - 1)
+        order = np.where(new, ((values + 1) ** np.arange(ranks, dtype=np.int64))[rank] * (code + 1), 0)
+        limit = (values + 1) ** ranks
+        if base * limit < 2**_BITS:  # both in one sum
+            columns = [(_node_sums(multiset * limit + order, offsets, sizes), base * limit)]
+        else:
+            columns = [(_node_sums(multiset, offsets, sizes), base),
+                       (_node_sums(order, offsets, sizes), limit)]
+        columns += [(sizes, width + 1), (state.host_cpu[nodes], 0), (state.host_mem[nodes], 0)]
         if stats.model_ok is not None:
             if stats.model_ok.shape[1] >= _BITS:
                 return everything, everything
@@ -208,8 +210,7 @@ class ShapeDeltas:
             out[row, shape] = delta
         # Fractions: a node's options are its distinct positive free values, each on its first
         # device; per (node, shape) the first option (device order) of the best integer level.
-        starts = idx.node_start[nodes]
-        owner, devices = _node_devices(starts, idx.node_start[nodes + 1] - starts)
+        owner, devices, _, _ = _node_devices(idx, nodes)
         milli = np.where(stats.in_service[devices], state.free_milli[devices], 0)
         keep = milli > 0
         devices, owner, milli = devices[keep], owner[keep], milli[keep]
@@ -387,11 +388,17 @@ def lookahead_best(
     return int(top[ahead.pick(stats, state, options, task.cpu_milli, task.host_memory_bytes)])
 
 
-def _node_devices(starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(owner, devices)``: the device positions of nodes whose devices start at ``starts``
-    (``sizes`` of them), node after node, and each one's entry in ``starts``."""
-    owner = np.repeat(np.arange(len(starts)), sizes)
-    return owner, np.arange(len(owner)) + np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
+def _node_devices(
+    index: FleetIndex, nodes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(owner, devices, sizes, offsets)``: the device positions of ``nodes``, node after node,
+    each one's entry in ``nodes``; per node its device count and its first entry in ``devices``."""
+    if len(nodes) == len(index.nodes) and (nodes == np.arange(len(nodes))).all():
+        return index.dev_node, np.arange(index.n_devices), index.node_size, index.node_start[:-1]
+    sizes = index.node_size[nodes]
+    offsets = np.cumsum(sizes) - sizes
+    owner = np.repeat(np.arange(len(nodes)), sizes)
+    return owner, np.arange(len(owner)) + np.repeat(index.node_start[nodes] - offsets, sizes), sizes, offsets
 
 
 def _node_sums(values: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -400,7 +407,7 @@ def _node_sums(values: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np
     out = np.zeros(len(sizes), dtype=np.int64)
     some = sizes > 0
     if some.any():
-        out[some] = np.add.reduceat(values.astype(np.int64), offsets[some])
+        out[some] = np.add.reduceat(values.astype(np.int64, copy=False), offsets[some])
     return out
 
 

@@ -30,6 +30,8 @@ from gpusched.placement.workload import Workload
 
 __all__ = ["FragStats", "cached_stats"]
 
+_LOOP_UPTO = 2  # nodes refreshed one by one; more in one vectorised pass
+
 class FragStats:
     """Per-node aggregates of free milli-GPU over in-service devices, for fragmentation deltas.
 
@@ -97,10 +99,15 @@ class FragStats:
         return clone
 
     def refresh(self, state: FreeState, nodes: Iterable[int]) -> None:
-        """Recompute the aggregates of the given node positions after their usage changed."""
+        """Recompute the aggregates of the given node positions after their usage changed (the
+        values a node's own computation gives, whatever the other nodes refreshed with it)."""
+        changed = sorted(set(nodes))
+        if len(changed) > _LOOP_UPTO:
+            self._refresh_many(state, np.array(changed, dtype=np.int64))
+            return
         idx = self.index
         w = self.workload
-        for n in set(nodes):
+        for n in changed:
             lo, hi = int(idx.node_start[n]), int(idx.node_start[n + 1])
             f = np.where(self.in_service[lo:hi], state.free_milli[lo:hi], 0).astype(np.float64)
             self.total[n] = f.sum()
@@ -114,6 +121,43 @@ class FragStats:
             if len(w.frac_milli):
                 self.frac_frag[n] = np.where(f[None, :] < w.frac_milli[:, None], f[None, :], 0.0).sum(axis=1)
                 self.cum[n] = np.cumsum(self.frac_frag[n] * w.frac_p)
+            at = np.array([n])
+            self.expected[n] = self._expected(
+                at, self.total[at], self.nfull[at], self.max1[at], self.frag[at]
+            )[0]
+
+    def _refresh_many(self, state: FreeState, nodes: np.ndarray) -> None:
+        """:meth:`refresh` of many nodes (ascending, distinct) in one pass: the sums are of whole
+        milli values (exact in any order), the expectation elementwise, or node by node where
+        the workload's form sums shapes with a matrix product (whose last bits depend on the
+        batch)."""
+        idx, w = self.index, self.workload
+        sizes = idx.node_size[nodes]
+        owner = np.repeat(np.arange(len(nodes)), sizes)
+        devs = np.arange(len(owner)) + np.repeat(idx.node_start[nodes] - (np.cumsum(sizes) - sizes), sizes)
+        f = np.where(self.in_service[devs], state.free_milli[devs], 0).astype(np.float64)
+        k = len(nodes)
+        self.total[nodes] = np.bincount(owner, weights=f, minlength=k)
+        self.nfull[nodes] = np.bincount(owner, weights=(f >= MILLI).astype(np.float64), minlength=k)
+        ends = np.cumsum(sizes)
+        top = f[np.lexsort((f, owner))] if len(f) else np.zeros(1)
+        self.max1[nodes] = np.where(sizes >= 1, top[np.maximum(ends - 1, 0)], 0.0)
+        self.max2[nodes] = np.where(sizes >= 2, top[np.maximum(ends - 2, 0)], 0.0)
+        part = f < MILLI
+        maxpart = np.full(k, -np.inf)
+        np.maximum.at(maxpart, owner[part], f[part])
+        self.maxpart[nodes] = np.where(np.isneginf(maxpart), 0.0, maxpart)
+        self.frag[nodes] = np.bincount(owner[part], weights=f[part], minlength=k)
+        if len(w.frac_milli):
+            for j, m in enumerate(w.frac_milli):
+                self.frac_frag[nodes, j] = np.bincount(owner, weights=np.where(f < m, f, 0.0), minlength=k)
+            self.cum[nodes] = np.cumsum(self.frac_frag[nodes] * w.frac_p, axis=1)
+        if not w.host_aware:
+            self.expected[nodes] = self._expected(
+                nodes, self.total[nodes], self.nfull[nodes], self.max1[nodes], self.frag[nodes]
+            )
+            return
+        for n in nodes:
             at = np.array([n])
             self.expected[n] = self._expected(
                 at, self.total[at], self.nfull[at], self.max1[at], self.frag[at]
