@@ -47,6 +47,7 @@ _BATCH_FROM = 32  # changed nodes from which one vectorised pass beats row-by-ro
 _DISTINCT_FROM = 256  # nodes in one pass from which equal node states are computed once
 _MAX_SPAN = 1 << 16  # free milli values spanning more than this: no sharing of equal states
 _BITS = 62  # an exact per-node key must stay below 2**_BITS
+_ALL: dict[int, np.ndarray] = {}  # arange(n) (read-only) for a pass over all n devices
 
 
 class ShapeDeltas:
@@ -123,7 +124,7 @@ class ShapeDeltas:
         stands for itself (no sharing)."""
         everything = np.arange(len(nodes))
         owner, devices, sizes, offsets = _node_devices(self.index, nodes)
-        free = np.where(stats.in_service[devices], state.free_milli[devices], 0)
+        free = _free_of(stats, state, devices)
         if not len(free):
             return everything, everything
         low = int(free.min())
@@ -131,7 +132,8 @@ class ShapeDeltas:
         width = int(sizes.max())
         if span > _MAX_SPAN:
             return everything, everything
-        present = np.bincount(free - low, minlength=span) > 0
+        shifted = free - low
+        present = np.bincount(shifted, minlength=span) > 0
         values = int(present.sum())
         # The multiset as the counts of each value (digits in base width + 1), else as the node's
         # sorted values (digits in base ``values``); the distinct positive values in device order
@@ -145,28 +147,29 @@ class ShapeDeltas:
         ranks = min(width, values)
         if ranks * math.log2(values + 1) >= _BITS:
             return everything, everything
-        code = (np.cumsum(present) - 1)[free - low]
+        code = (np.cumsum(present) - 1)[shifted]
         if digits == "counts":
-            multiset = ((width + 1) ** np.arange(values, dtype=np.int64))[code]
+            multiset = _node_sums(((width + 1) ** np.arange(values, dtype=np.int64))[code], offsets, sizes)
         else:
             position = np.arange(len(code)) - np.repeat(offsets, sizes)
-            multiset = (np.sort(owner * values + code) - owner * values) * (
+            multiset = _node_sums((np.sort(owner * values + code) - owner * values) * (
                 values ** np.arange(width, dtype=np.int64)
-            )[position]
+            )[position], offsets, sizes)
+        # Each node's first device of each value (in device order), the positive ones ranked.
         pair = owner * values + code
         first_of = np.full(len(nodes) * values, len(pair))
         np.minimum.at(first_of, pair, np.arange(len(pair)))
-        new = (first_of[pair] == np.arange(len(pair))) & (free > 0)
-        before = np.cumsum(new) - new
-        # (a node without devices starts past the end: it owns no entry, any start will do)
-        rank = np.minimum(before - before[np.minimum(offsets, len(before) - 1)][owner], ranks - 1)
-        order = np.where(new, ((values + 1) ** np.arange(ranks, dtype=np.int64))[rank] * (code + 1), 0)
+        new = np.flatnonzero(first_of[pair] == np.arange(len(pair)))
+        new = new[free[new] > 0]
+        holder = owner[new]
+        rank = np.arange(len(new)) - np.searchsorted(holder, holder)
+        order = np.zeros(len(nodes), dtype=np.int64)
+        np.add.at(order, holder, ((values + 1) ** np.arange(ranks, dtype=np.int64))[rank] * (code[new] + 1))
         limit = (values + 1) ** ranks
-        if base * limit < 2**_BITS:  # both in one sum
-            columns = [(_node_sums(multiset * limit + order, offsets, sizes), base * limit)]
+        if base * limit < 2**_BITS:  # both in one column
+            columns = [(multiset * limit + order, base * limit)]
         else:
-            columns = [(_node_sums(multiset, offsets, sizes), base),
-                       (_node_sums(order, offsets, sizes), limit)]
+            columns = [(multiset, base), (order, limit)]
         columns += [(sizes, width + 1), (state.host_cpu[nodes], 0), (state.host_mem[nodes], 0)]
         if stats.model_ok is not None:
             if stats.model_ok.shape[1] >= _BITS:
@@ -211,7 +214,7 @@ class ShapeDeltas:
         # Fractions: a node's options are its distinct positive free values, each on its first
         # device; per (node, shape) the first option (device order) of the best integer level.
         owner, devices, _, _ = _node_devices(idx, nodes)
-        milli = np.where(stats.in_service[devices], state.free_milli[devices], 0)
+        milli = _free_of(stats, state, devices)
         keep = milli > 0
         devices, owner, milli = devices[keep], owner[keep], milli[keep]
         if not len(devices):
@@ -394,11 +397,22 @@ def _node_devices(
     """``(owner, devices, sizes, offsets)``: the device positions of ``nodes``, node after node,
     each one's entry in ``nodes``; per node its device count and its first entry in ``devices``."""
     if len(nodes) == len(index.nodes) and (nodes == np.arange(len(nodes))).all():
-        return index.dev_node, np.arange(index.n_devices), index.node_size, index.node_start[:-1]
+        devices = _ALL.get(index.n_devices)
+        if devices is None:
+            devices = _ALL[index.n_devices] = np.arange(index.n_devices)
+            devices.flags.writeable = False
+        return index.dev_node, devices, index.node_size, index.node_start[:-1]
     sizes = index.node_size[nodes]
     offsets = np.cumsum(sizes) - sizes
     owner = np.repeat(np.arange(len(nodes)), sizes)
     return owner, np.arange(len(owner)) + np.repeat(index.node_start[nodes] - offsets, sizes), sizes, offsets
+
+
+def _free_of(stats: FragStats, state: FreeState, devices: np.ndarray) -> np.ndarray:
+    """Free milli of ``devices`` (from :func:`_node_devices`), 0 for those out of service."""
+    if len(devices) == len(state.free_milli) and devices is _ALL.get(len(devices)):
+        return np.where(stats.in_service, state.free_milli, 0)
+    return np.where(stats.in_service[devices], state.free_milli[devices], 0)
 
 
 def _node_sums(values: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:

@@ -72,13 +72,18 @@ class FragStats:
         self.max1: np.ndarray = np.zeros(n)
         self.max2: np.ndarray = np.zeros(n)
         self.maxpart: np.ndarray = np.zeros(n)
-        if index.n_devices:
-            order = np.lexsort((f, node))
-            sorted_f = f[order]
-            end = index.node_start[1:]
-            self.max1 = np.where(index.node_size >= 1, sorted_f[np.maximum(end - 1, 0)], 0.0)
-            self.max2 = np.where(index.node_size >= 2, sorted_f[np.maximum(end - 2, 0)], 0.0)
-            np.maximum.at(self.maxpart, node, np.where(f < MILLI, f, 0.0))
+        some = index.node_size > 0
+        if some.any():
+            starts = index.node_start[:-1][some]
+            self.max1[some] = np.maximum.reduceat(f, starts)
+            # The second largest free share: the largest again if two devices have it, else the
+            # largest below it.
+            top = self.max1[node]
+            twice = np.bincount(node, weights=(f == top).astype(np.float64), minlength=n) >= 2
+            below = np.zeros(n)
+            below[some] = np.maximum.reduceat(np.where(f < top, f, -np.inf), starts)
+            self.max2 = np.where(index.node_size >= 2, np.where(twice, self.max1, below), 0.0)
+            self.maxpart[some] = np.maximum(np.maximum.reduceat(np.where(f < MILLI, f, 0.0), starts), 0.0)
         self.frac_frag: np.ndarray = np.zeros((n, len(workload.frac_milli)))
         for j, m in enumerate(workload.frac_milli):
             self.frac_frag[:, j] = np.bincount(node, weights=np.where(f < m, f, 0.0), minlength=n)
@@ -293,16 +298,25 @@ class FragStats:
 
 def _model_ok(index: FleetIndex, in_service: np.ndarray, workload: Workload) -> np.ndarray | None:
     """``[node, shape]``: the shape may run on some in-service device of the node (None = no
-    shape names models, every shape may run everywhere)."""
+    shape names models, every shape may run everywhere). Static per inventory and shapes' models:
+    kept on the index (read-only)."""
     if not any(workload.s_models):
         return None
+    key = ("model_ok", workload.s_models)
+    hit: np.ndarray | None = index.masks.get(key)
+    if hit is not None:
+        return hit
     allowed = np.array(
         [[not m or name in m for m in workload.s_models] for name in index.model_names], dtype=bool
     ).reshape(len(index.model_names), len(workload.s_models))
-    dev_ok = allowed[index.dev_model] & in_service[:, None]
-    counts = np.zeros((len(index.nodes), len(workload.s_models)))
-    np.add.at(counts, index.dev_node, dev_ok)
-    return counts > 0
+    models = len(index.model_names)
+    # In-service devices per (node, model), then per shape the nodes with one of its models.
+    per_model = np.bincount(index.dev_node * models + index.dev_model, weights=in_service.astype(np.float64),
+                            minlength=len(index.nodes) * models).reshape(len(index.nodes), models)
+    out = (per_model > 0).astype(np.float64) @ allowed.astype(np.float64) > 0
+    out.flags.writeable = False
+    index.masks[key] = out
+    return out
 
 
 _STATS = LruCache()
