@@ -26,7 +26,7 @@ from gpusched.errors import GPURequestError
 from gpusched.faults.failures import load_overrides
 from gpusched.gang import gang_member
 from gpusched.request import GPURequest
-from gpusched.scheduler.cycle import CycleRequest, PendingWork, cycle_policy, running_tasks
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, RunningTasks, cycle_policy
 from gpusched.scheduler.keys import ti_key_of
 from gpusched.scheduler.quota import cycle_quota
 
@@ -63,6 +63,7 @@ class InputsCore(Protocol):
     replan_weights: tuple[float, float, float]
     warm: WarmPlacement  # the engine kept between cycles
     steady: SteadyWorkload  # the request mix kept between cycles
+    kept_running: RunningTasks  # the ledger's allocations as running tasks, each converted once
     submitted: dict[TaskInstanceKey, float]
     seen: set[TaskInstanceKey]
     cycle_requests: dict[str, GPURequest]
@@ -151,7 +152,7 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
         snapshot = snapshot.with_nodes([replace(n, cordoned=True) for n in snapshot.nodes
                                         if n.name in full and not n.cordoned])
     core.slot_notes = sorted(set(full.values()))
-    work, busy, core.predicted = core.durations.apply(ledger, now, pending, running_tasks(active))
+    work, busy, core.predicted = core.durations.apply(ledger, now, pending, core.kept_running(active))
     attained = {}
     if core.preemption.mode == "service":
         attained = core.attained.earlier_tries(ledger, [w.key for w in work] + [r.key for r in busy], now)

@@ -52,7 +52,7 @@ from gpusched.placement.warm import WarmPlacement
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.request import GPURequest
 from gpusched.scheduler.attained import AttainedService
-from gpusched.scheduler.cycle import CycleRequest, Hold, Launch, PendingWork
+from gpusched.scheduler.cycle import CycleRequest, Hold, Launch, PendingWork, RunningTasks
 from gpusched.scheduler.durations import DurationHistory
 from gpusched.scheduler.keys import ti_key_of
 from gpusched.scheduler.ledger_store import LedgerStore
@@ -134,6 +134,7 @@ class GPUScheduling:
         # it drifts past [gpusched] workload_drift, so the engine need not be rebuilt every cycle).
         self.warm = WarmPlacement()
         self.steady = SteadyWorkload(settings.get_float("workload_drift", conf))
+        self.kept_running = RunningTasks()  # the ledger keeps unchanged allocations: convert each once
         # Running work over its tenant's hard budget: finish|stop, acted on once per allocation.
         self.over_budget, self.over_budget_seen = over_budget_action(conf), set[str]()
         self._guard = LedgerGuard(self.ledger_wait_s, lambda: self.log)

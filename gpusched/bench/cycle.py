@@ -14,7 +14,9 @@ moves every cycle; the inventory does not). Two ways, timed in the same run on t
   the inventory again (a new ``Ledger`` each cycle, so its nodes and the placement index are
   rebuilt) and a new placement engine per cycle scoring by the cycle's own estimate of the mix;
 - ``warm``: the executor now — one ``Ledger`` (nodes reloaded only when the inventory's revision
-  moves), one :class:`~gpusched.placement.warm.WarmPlacement` and a
+  moves; only the allocation rows changed since the last cycle read), its allocations converted
+  to running tasks once each (:class:`~gpusched.scheduler.cycle.RunningTasks`), one
+  :class:`~gpusched.placement.warm.WarmPlacement` and a
   :class:`~gpusched.placement.workload.SteadyWorkload` (``[gpusched] workload_drift`` 0.1).
 
 Reports, per size and way, wall and CPU p50/p99 of the read, the decision and the whole cycle
@@ -30,7 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,7 @@ from gpusched.placement.warm import WarmPlacement
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
-from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide, running_tasks
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, RunningTasks, decide, running_tasks
 from gpusched.sim.metrics import percentile
 from gpusched.testing import synthetic_fleet, synthetic_requests
 
@@ -85,7 +87,7 @@ def _one_size(
     rows: dict[str, dict[str, list[float]]] = {}
     first: dict[str, dict[str, float]] = {}
     with Ledger(url) as kept:
-        warm, steady = WarmPlacement(), SteadyWorkload(0.1)
+        warm, steady, kept_running = WarmPlacement(), SteadyWorkload(0.1), RunningTasks()
         for way in ("fresh", "warm"):
             times: dict[str, list[float]] = {k: [] for k in ("read", "decide", "cycle", "read_cpu",
                                                               "decide_cpu", "cycle_cpu")}
@@ -93,9 +95,9 @@ def _one_size(
                 waiting = stream[(c * pending) % (len(stream) - pending):][:pending]
                 if way == "fresh":
                     with Ledger(url) as reader:
-                        _timed_cycle(reader, waiting, policy, None, None, times)
+                        _timed_cycle(reader, waiting, policy, None, None, running_tasks, times)
                 else:
-                    _timed_cycle(kept, waiting, policy, warm, steady, times)
+                    _timed_cycle(kept, waiting, policy, warm, steady, kept_running, times)
                 _churn(kept, running, inventory, rng)
             if way == "warm":  # its first cycle loads the inventory and builds the engine
                 first[way] = {k: v.pop(0) for k, v in times.items()}
@@ -117,11 +119,12 @@ def _one_size(
 
 
 def _timed_cycle(
-    ledger: Any, waiting: Sequence[Any], policy: Any, warm: Any, steady: Any, times: dict[str, list[float]]
+    ledger: Any, waiting: Sequence[Any], policy: Any, warm: Any, steady: Any,
+    running: Callable[[Sequence[Any]], list[Any]], times: dict[str, list[float]],
 ) -> None:
     wall, cpu = time.perf_counter(), time.process_time()
     snapshot, active = ledger.cycle_view()
-    busy = running_tasks(active)
+    busy = running(active)
     read_wall, read_cpu = time.perf_counter(), time.process_time()
     now = time.time()
     work = tuple(PendingWork(f"w{i}-{now}", t.request, now) for i, t in enumerate(waiting))

@@ -39,8 +39,8 @@ from gpusched.request import GPURequest
 from gpusched.scheduler.gangs import membership, place_gang, standby_note
 
 __all__ = [
-    "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "PlacementEngine", "cycle_policy",
-    "decide", "running_tasks",
+    "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "PlacementEngine", "RunningTasks",
+    "cycle_policy", "decide", "running_tasks",
 ]
 
 
@@ -310,23 +310,47 @@ def running_tasks(allocations: Iterable[object]) -> list[RunningTask]:
     Quarantined allocations are left out: their devices stay held (the snapshot's usage counts
     them), but no task of this scheduler runs there to preempt, move or wait for.
     """
-    result = []
-    for alloc in allocations:
-        if getattr(alloc, "status", None) == AllocationStatus.QUARANTINED:
-            continue
-        request: GPURequest = alloc.request  # type: ignore[attr-defined]
-        started = float(alloc.created_at)  # type: ignore[attr-defined]
-        duration = request.expected_duration_s
-        result.append(
-            RunningTask(
-                key=alloc.key,  # type: ignore[attr-defined]
-                request=request,
-                shares=tuple(alloc.shares),  # type: ignore[attr-defined]
-                started_at=started,
-                expected_end=started + duration if duration else None,
-            )
-        )
-    return result
+    return [task for task in map(_running_task, allocations) if task is not None]
+
+
+class RunningTasks:
+    """:func:`running_tasks` for a caller that converts the same allocations cycle after cycle
+    (a long-lived ``Ledger``'s ``cycle_view`` returns the same objects for rows that did not
+    change): each allocation object is converted once, for as long as it is passed every call.
+    Calling it returns what :func:`running_tasks` returns (the tasks may be shared between calls).
+    """
+
+    def __init__(self) -> None:
+        # id -> (the allocation, its task): the allocation is held, so its id is not reused.
+        self._kept: dict[int, tuple[object, RunningTask | None]] = {}
+
+    def __call__(self, allocations: Iterable[object]) -> list[RunningTask]:
+        kept: dict[int, tuple[object, RunningTask | None]] = {}
+        result = []
+        for alloc in allocations:
+            pair = self._kept.get(id(alloc))
+            if pair is None or pair[0] is not alloc:
+                pair = (alloc, _running_task(alloc))
+            kept[id(alloc)] = pair
+            if pair[1] is not None:
+                result.append(pair[1])
+        self._kept = kept
+        return result
+
+
+def _running_task(alloc: object) -> RunningTask | None:
+    if getattr(alloc, "status", None) == AllocationStatus.QUARANTINED:
+        return None
+    request: GPURequest = alloc.request  # type: ignore[attr-defined]
+    started = float(alloc.created_at)  # type: ignore[attr-defined]
+    duration = request.expected_duration_s
+    return RunningTask(
+        key=alloc.key,  # type: ignore[attr-defined]
+        request=request,
+        shares=tuple(alloc.shares),  # type: ignore[attr-defined]
+        started_at=started,
+        expected_end=started + duration if duration else None,
+    )
 
 
 def _launch_or_hold(

@@ -27,7 +27,7 @@ from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 from gpusched.scheduler.attained import AttainedService
-from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide
+from gpusched.scheduler.cycle import CycleRequest, PendingWork, RunningTasks, decide
 from gpusched.scheduler.durations import DurationHistory
 from gpusched.scheduler.keys import parse_ti_key, ti_key
 
@@ -116,7 +116,7 @@ class _CycleCore(_Core):
         self.preemption = Preemptor(self)
         self.predicted: dict[str, Any] = {}
         self.use_uuids, self.replan_budget_ms, self.replan_weights = False, 0.0, (1.0, 1.0, 0.1)
-        self.warm, self.steady = WarmPlacement(), SteadyWorkload(0.1)
+        self.warm, self.steady, self.kept_running = WarmPlacement(), SteadyWorkload(0.1), RunningTasks()
         self.dispatcher = _OneHost()  # the local executor's: no worker slots to count
         self.slot_notes: list[str] = []
 

@@ -30,6 +30,7 @@ from gpusched.ledger.schema import ALLOCATIONS
 from gpusched.model import Device, DeviceUsage, FleetSnapshot, Health
 from gpusched.records import HolderProcess
 from gpusched.request import GPURequest
+from gpusched.scheduler.cycle import RunningTasks, running_tasks
 
 _SHAPES = [(1, 1000, None), (1, 500, 20 * GIB), (1, 250, 8 * GIB), (2, 1000, None)]
 
@@ -228,3 +229,20 @@ def test_retaken_holds_what_a_new_snapshot_holds() -> None:
                                    devices[3].uuid: DeviceUsage(250, 0)}
     assert dict(replaced.usage) == used  # the snapshot it came from is unchanged
     assert changed.device(devices[3].uuid) is replaced.device(devices[3].uuid)
+
+
+def test_running_tasks_are_converted_once_per_allocation_the_reader_keeps(ledger: Ledger) -> None:
+    devices = [d for n in ledger.snapshot().nodes for d in n.devices]
+    kept_running = RunningTasks()
+    hour = GPURequest.build(gpus=1, expected_duration="1h")
+    for i, device in enumerate(devices[:4]):
+        ledger.allocate(f"t{i}", hour, [share(device)], holder="t")
+    ledger.quarantine("t3", host="h1", reason="host lost")
+    first = kept_running(ledger.cycle_view()[1])
+    assert first == running_tasks(ledger.cycle_view()[1]) and [t.key for t in first] == ["t0", "t1", "t2"]
+    ledger.release("t0", reason="done")
+    ledger.renew("t2", lease_s=9999)
+    ledger.allocate("t4", GPURequest.build(gpus=1), [share(devices[4])], holder="t")
+    second = kept_running(ledger.cycle_view()[1])
+    assert second == running_tasks(ledger.cycle_view()[1]) and [t.key for t in second] == ["t1", "t2", "t4"]
+    assert second[0] is first[1]  # t1's row did not change: its task is the one converted before
