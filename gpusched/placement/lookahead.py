@@ -35,7 +35,7 @@ import numpy as np
 from gpusched.model import MILLI
 from gpusched.placement.index import FleetIndex, FreeState
 from gpusched.placement.score import FragStats
-from gpusched.placement.ties import integer_score, levels_best
+from gpusched.placement.ties import integer_score, levels_best, near_top
 from gpusched.placement.types import PendingTask
 from gpusched.placement.workload import Workload
 
@@ -69,7 +69,8 @@ class ShapeDeltas:
         self.whole = self.gpu & (workload.s_milli >= MILLI)
         self.fraction = self.gpu & (workload.s_milli < MILLI)
         self.demand = np.where(self.gpu, workload.s_count * workload.s_milli, 0.0)
-        self.deltas = np.full((len(index.nodes), shapes), np.inf)
+        # Column by column in memory: a decision reads each shape's best node (argmin per column).
+        self.deltas = np.full((len(index.nodes), shapes), np.inf, order="F")
         self.stamp = np.full(len(index.nodes), -1, dtype=np.int64)
         # Rows by node state (free milli per device, host CPU/RAM, models allowed): equal nodes,
         # the empty ones above all, share one computation.
@@ -280,7 +281,7 @@ class ShapeDeltas:
         # the column's second smallest value (its best once the best node's entry is left out).
         nodes = [int(self.index.dev_node[devices[0]]) for devices, _ in options]
         second = best.copy()
-        mine = np.flatnonzero(np.isin(first, nodes))
+        mine = np.flatnonzero((first[:, None] == np.array(nodes)[None, :]).any(axis=1))
         if len(mine):
             second[mine] = (
                 np.partition(deltas[:, mine], 1, axis=0)[1] if len(deltas) > 1 else np.inf
@@ -366,15 +367,18 @@ def lookahead_best(
     False). Candidates on scarce models
     (:meth:`ShapeDeltas.scarce_models`) are dropped unless all are scarce; the first
     ``lookahead_ties`` of the rest are compared, and a single one is taken as it is."""
-    q = integer_score(score, ahead.levels)
-    top = _first_per_node(np.flatnonzero(q == q.max()), node_of)
-    if len(top) == 1 and ahead.widen and may_widen:
+    widen = ahead.widen if may_widen else 0
+    positions, q = near_top(score, ahead.levels, widen)  # the candidates of the levels looked at
+    top = _first_per_node(positions[q == q.max()], node_of)
+    if len(top) == 1 and widen:
         # One node alone at the top: FGD's measure prefers it by a level or two, a difference
         # the next request's placement may undo; compare it with those levels' nodes too.
-        near = np.flatnonzero(q >= q[top[0]] - ahead.widen)
+        kept = q >= q.max() - widen
+        near, q_near = positions[kept], q[kept]
         if others is not None:  # locality, speed and energy are never traded for fragmentation
-            near = near[np.abs(others[near] - others[top[0]]) <= _NEAR]
-        top = _first_per_node(near[np.argsort(-q[near], kind="stable")], node_of)
+            same = np.abs(others[near] - others[top[0]]) <= _NEAR
+            near, q_near = near[same], q_near[same]
+        top = _first_per_node(near[np.argsort(-q_near, kind="stable")], node_of)
     scarce_models = ahead.scarce_models(stats, state)
     if len(top) > 1 and scarce_models.any():
         # Candidates on a model whose free capacity the pinned demand needs are dropped while

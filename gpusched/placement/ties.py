@@ -7,9 +7,13 @@ node, as the FGD simulator's scheduler gives equal scores to the lowest node nam
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-__all__ = ["integer_score", "levels_best", "tie_break", "top_level"]
+__all__ = ["integer_score", "levels_best", "near_top", "tie_break", "top_level"]
+
+_MARGIN = 1e-6  # score units: far above the rounding of integer_score's sigmoid near a level's edge
 
 
 def integer_score(score: np.ndarray, levels: int) -> np.ndarray:
@@ -21,10 +25,28 @@ def integer_score(score: np.ndarray, levels: int) -> np.ndarray:
     return np.floor(levels / (1.0 + np.exp(np.clip(np.round(score, 9), -50.0, 50.0))))
 
 
+def near_top(score: np.ndarray, levels: int, below: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(positions, their integer scores)`` of every candidate whose integer score is within
+    ``below`` levels of the highest (positions in order), possibly with some lower ones: the
+    integer score falls as the score rises, so only the scores up to the lowest wanted level's
+    upper edge (plus a margin) are converted."""
+    if not len(score):
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    top = float(integer_score(np.array([score.min()]), levels)[0])
+    lowest = top - below
+    if lowest <= 0:  # the bottom level holds every score above some point: all candidates
+        return np.arange(len(score)), integer_score(score, levels)
+    # Level ≥ lowest ⟺ levels / (1 + e^x) ≥ lowest ⟺ x ≤ ln(levels / lowest − 1); the top level
+    # itself needs 1 + e^x to round to 1 (x below −36.7).
+    edge = math.log(levels / lowest - 1.0) if lowest < levels else -30.0
+    positions = np.flatnonzero(score <= edge + _MARGIN)
+    return positions, integer_score(score[positions], levels)
+
+
 def top_level(score: np.ndarray, levels: int) -> np.ndarray:
     """Positions (in order) of the candidates with the highest integer score."""
-    q = integer_score(score, levels)
-    return np.flatnonzero(q == q.max())
+    positions, q = near_top(score, levels)
+    return positions[q == q.max()]
 
 
 def levels_best(score: np.ndarray, levels: int, left: np.ndarray | None = None) -> int:

@@ -6,8 +6,9 @@ engine kept between decisions (``Placer``) and by ``WarmPlacement``, hashed to o
 A changed digest means some decision changed: devices, shares, rejection reasons or the score
 (to 9 significant digits). Record new digests only for an intended change of decisions.
 
-The look-ahead computes the rows of equal node states once in a large batch; the last test holds
-those rows to the ones computed node by node.
+The look-ahead computes the rows of equal node states once in a large batch (held to the rows
+computed node by node), and converts to integer scores only the candidates near the top level
+(held to converting all of them).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 
 from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, PlacementPlan, PlacementRequest, Placer, Policy, place
+from gpusched.placement.ties import integer_score, near_top
 from gpusched.placement.warm import WarmPlacement
 from gpusched.placement.workload import workload_for
 from gpusched.quota.policy import QuotaState
@@ -146,3 +148,22 @@ def test_a_large_batch_shares_rows_between_equal_nodes_only(fractions: tuple[int
     one_by_one = np.array([ahead.rows_of(stats, state, np.array([n]))[0] for n in nodes])
     np.testing.assert_allclose(batch, one_by_one, rtol=0, atol=1e-9)
     assert (np.isinf(batch) == np.isinf(one_by_one)).all()
+
+
+@pytest.mark.parametrize("levels", [1, 2, 10, 50, 1000])
+def test_near_top_converts_every_candidate_of_the_levels_asked(levels: int) -> None:
+    rng = np.random.default_rng(levels)
+    edges = np.log(levels / np.arange(1, levels) - 1.0) if levels > 1 else np.zeros(1)
+    for trial in range(200):
+        size = int(rng.integers(1, 300))
+        if trial % 3 == 0:  # on and around the levels' edges
+            score = rng.choice(edges, size) + rng.choice([-1e-12, 0.0, 1e-12, 4e-10, 6e-10], size)
+        elif trial % 3 == 1:
+            score = rng.choice([-40.0, -36.7, -36.0, 0.0, 3.9, 50.0, 60.0], size) + rng.normal(0, 1e-9, size)
+        else:
+            score = rng.normal(0, 4, size)
+        q = integer_score(score, levels)
+        for below in (0, 1, 2):
+            positions, near = near_top(score, levels, below)
+            assert np.array_equal(near, q[positions])
+            assert np.array_equal(positions[near >= q.max() - below], np.flatnonzero(q >= q.max() - below))
