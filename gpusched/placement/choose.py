@@ -30,7 +30,7 @@ from gpusched.placement.policy import Chooser, Policy
 from gpusched.placement.reasons import busy_reason, gang_reason, host_reason, never_fits, repartition_wait
 from gpusched.placement.score import FragStats
 from gpusched.placement.speeds import timed
-from gpusched.placement.ties import levels_best, tie_break
+from gpusched.placement.ties import levels_best, near_top, tie_break
 from gpusched.placement.topology import NodeCounts, node_counts, pick_in_node, pick_nodes
 from gpusched.placement.types import PendingTask, Rejection
 from gpusched.request import GPURequest, Interconnect
@@ -221,7 +221,10 @@ def _fraction_cached(
     if not policy.score_levels:
         best = int(np.argmin(np.where(fits, s, np.inf)))
         return Choice([best], milli, [memory], float(s[best]))
-    cand = np.flatnonzero(fits)
+    # Only the candidates within the levels the choice looks at matter (in order): found
+    # without gathering every fitting device first.
+    cand, _ = near_top(np.where(fits, s, np.inf), policy.score_levels, policy.lookahead_widen)
+    cand = cand[fits[cand]]  # (unfit devices come back only when every level is looked at)
     at = level_choice(placer.lookahead, stats, state, task, s[cand], idx.dev_node[cand],
                       lambda i: [int(cand[i])], milli, levels=policy.score_levels, packing=False,
                       others=others[cand])
