@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -68,6 +69,21 @@ def place(request: PlacementRequest) -> PlacementPlan:
     return placer.place(request)
 
 
+class _LazyRng:
+    """``np.random.default_rng(seed)``, made when one of its methods is first asked for."""
+
+    __slots__ = ("_rng", "_seed")
+
+    def __init__(self, seed: int) -> None:
+        self._seed = seed
+        self._rng: np.random.Generator | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._rng is None:
+            self._rng = np.random.default_rng(self._seed)
+        return getattr(self._rng, name)
+
+
 def running_host(index: FleetIndex, running: Iterable[RunningTask]) -> Iterator[tuple[int, int, int]]:
     """(node position, host CPU milli, host RAM bytes) each running task holds: on the node of its
     first share, for the tasks that declare host CPU/RAM and run on this inventory."""
@@ -114,6 +130,9 @@ class Placer:
         self._pristine = True  # state still equals the snapshot's usage (stats may come from cache)
         self._lookahead: ShapeDeltas | None = None
         self._speed_cache: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
+        # Whether the working state's reservation starts (res_start) may hold any: they are all
+        # inf between calls, set by _reserve during one.
+        self._reserved = False
         # Per-node results kept between decisions; None = recompute everything per decision
         # (the reference path the incremental one is tested against).
         self.incremental: Incremental | None = Incremental(self.index) if incremental else None
@@ -253,7 +272,8 @@ class Placer:
         saved = None if commit else (self.state, self._stats, self._host_stats, self._pristine)
         if not commit:
             self.state, self._stats, self._host_stats = self.state.copy(), None, None
-        rng = np.random.default_rng(request.seed)
+        # Most decisions draw nothing: the generator is made on first use.
+        rng = cast(np.random.Generator, _LazyRng(request.seed))
         # An unlimited state (no quota configured) applies neither budgets nor partitions.
         ctx = QuotaGate(self.snapshot, quota, running, pending, now) if quota.enforced else None
         ordered = (
@@ -273,7 +293,8 @@ class Placer:
         rejections: list[Rejection] = []
         reservations: list[Reservation] = []
         res_start = self.state.res_start
-        res_start[:] = np.inf
+        if self._reserved:  # (a call that raised may have left its reservations)
+            res_start[:] = np.inf
         seen: set[str] = set()
         for task in ordered:
             if task.key in seen:
@@ -302,7 +323,9 @@ class Placer:
                     continue
             self.apply(shares, cpu_milli=task.cpu_milli, host_memory_bytes=task.host_memory_bytes)
             assignments.append(Assignment(task.key, shares, float(outcome.score)))
-        res_start[:] = np.inf
+        if self._reserved:
+            res_start[:] = np.inf
+            self._reserved = False
         if saved is not None:
             self.state, self._stats, self._host_stats, self._pristine = saved
         return PlacementPlan(tuple(assignments), tuple(rejections), tuple(reservations))
@@ -382,6 +405,7 @@ class Placer:
         p, choice = found
         start = max(now, float(ending[p - 1].expected_end or now))
         self.state.res_start[choice.devices] = np.minimum(self.state.res_start[choice.devices], start)
+        self._reserved = True
         return Reservation(task.key, self._shares(choice), start)
 
     # ---- speed / energy ----------------------------------------------------------------------
