@@ -288,13 +288,15 @@ class ShapeDeltas:
             )
         gpu = self.gpu
         p = self.workload.s_p[gpu]
-        afters = self._rows_after(stats, state, options, nodes, cpu_milli, host_memory_bytes)
+        afters = np.array(self._rows_after(stats, state, options, nodes, cpu_milli, host_memory_bytes))
+        # Per option (a row each), the other nodes' best for every shape and the change its
+        # placement makes to the next request's cost; each row's sum is one dot product as before.
+        at = np.array(nodes)
+        others = np.where(first[None, :] == at[:, None], second[None, :], best[None, :])
+        change = (self._cost(np.minimum(others, afters)) - self._cost(np.minimum(others, deltas[at])))[:, gpu]
         chosen, chosen_value = 0, np.inf
-        for i, (after, n) in enumerate(zip(afters, nodes, strict=True)):
-            others = np.where(first == n, second, best)
-            value = float(
-                (self._cost(np.minimum(others, after)) - self._cost(np.minimum(others, deltas[n])))[gpu] @ p
-            )
+        for i in range(len(options)):
+            value = float(change[i] @ p)
             if value < chosen_value - _NEAR:
                 chosen, chosen_value = i, value
         return chosen
