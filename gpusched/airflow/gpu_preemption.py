@@ -1,8 +1,9 @@
 """Preemption in the GPU executors: stop lower-priority work so a waiting task gets its devices.
 
 One implementation for both executors (it lives beside :class:`GPUScheduling`, the shared core).
-``[gpusched] preemption`` (off | priority | partitions | service), ``preemption_grace_seconds`` and
-``preemption_min_runtime_seconds`` (:mod:`gpusched.settings`) drive it.
+``[gpusched] preemption`` (off | priority | partitions | service), ``preemption_grace_seconds``,
+``preemption_min_runtime_seconds``, ``preemption_max_unsaved_seconds`` and
+``preemption_min_rerun_seconds`` (:mod:`gpusched.settings`) drive it.
 
 With ``service`` (Tiresias-style, :mod:`gpusched.durations.service`), :meth:`Preemptor.rank`
 orders every cycle's queue by each task's Gittins index (from the run-time distribution of its
@@ -36,12 +37,14 @@ from the notice (:meth:`Preemptor.restore`), and its beneficiary keeps waiting f
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from gpusched import settings
 from gpusched.airflow.executor_compat import save_task_event
 from gpusched.airflow.task_log import append_task_log
+from gpusched.errors import ConfigurationError
 from gpusched.model import DeviceShare
 from gpusched.placement.migration import MIGRATE
 from gpusched.placement.preemption import check_mode
@@ -86,6 +89,14 @@ class PreemptionCore(Protocol):
     def ledger(self) -> LedgerStore: ...
 
 
+def _seconds(name: str, conf: object, hint: str) -> float:
+    """``[gpusched] name`` as seconds >= 0, or a one-line ConfigurationError."""
+    value = settings.get_float(name, conf)
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigurationError(f"[gpusched] {name} = {value!r} must be a number >= 0 ({hint})")
+    return value
+
+
 class Preemptor:
     """The executors' face of :class:`~gpusched.scheduler.preemption.Preemptions`: reads what
     only the executor knows (checkpoints, tries preempted before, tasks it does not own) from
@@ -98,9 +109,13 @@ class Preemptor:
         self.mode = check_mode(settings.get_str("preemption", core.conf), extra=(MIGRATE,))
         self.grace_s = settings.get_float("preemption_grace_seconds", core.conf)
         self.min_runtime_s = settings.get_float("preemption_min_runtime_seconds", core.conf)
+        max_unsaved_s = _seconds("preemption_max_unsaved_seconds", core.conf, "0: no limit; e.g. 600")
+        min_rerun_s = _seconds("preemption_min_rerun_seconds", core.conf,
+                               "0: the checkpoint alone; e.g. 7200")
         margin = core.durations.service.model.margin if self.mode == "service" else 2.0
         self.preemptions = Preemptions(PreemptionRules("off" if self.mode == MIGRATE else self.mode,
-                                                       self.grace_s, self.min_runtime_s, margin))
+                                                       self.grace_s, self.min_runtime_s, margin,
+                                                       max_unsaved_s, min_rerun_s))
         self._seen: set[str] = set()  # running ledger keys already checked for a notice (restore)
 
     @property

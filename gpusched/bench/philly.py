@@ -19,6 +19,7 @@ from typing import Any
 
 from gpusched.durations import DurationModel, FinishedRun
 from gpusched.errors import ConfigurationError, TraceError
+from gpusched.model import MILLI
 from gpusched.placement import Policy
 from gpusched.sim.engine import SimJob, simulate, with_expected_durations
 from gpusched.sim.fleets import uniform_fleet
@@ -121,6 +122,8 @@ def run_philly(
     summary["wait_mean_s"] = _wait_mean(result, plain)
     prediction = summary.pop("durations", None)
     preempted = summary.pop("preemption", None)
+    if preempted is not None:
+        preempted = {**preempted, **_lost_share(preempted, plain)}
     summary.update(
         wall_s=round(time.perf_counter() - wall, 1),
         cpu_s=round(time.process_time() - cpu, 1),
@@ -200,6 +203,16 @@ def _wait_mean(result: Any, jobs: list[SimJob]) -> float:
     run = {j.key: j.duration_s for j in jobs}
     waits = [r.end_s - r.arrival_s - run[r.key] for r in result.records if math.isfinite(r.end_s)]
     return round(sum(waits) / len(waits), 3) if waits else math.nan
+
+
+def _lost_share(report: dict[str, Any], jobs: list[SimJob]) -> dict[str, float]:
+    """``submitted_gpu_hours`` (run time × GPUs of every job of the window, its whole run) and
+    ``lost_gpu_pct_of_submitted``: the work preemption threw away (``lost_gpu_hours``, since each
+    victim's last checkpoint) as a percentage of it."""
+    submitted = sum(j.duration_s * j.request.count * j.request.milli_per_gpu / MILLI for j in jobs) / 3600
+    lost = float(report.get("lost_gpu_hours", 0.0))
+    return {"submitted_gpu_hours": round(submitted, 1),
+            "lost_gpu_pct_of_submitted": round(100 * lost / submitted, 3) if submitted > 0 else math.nan}
 
 
 def _ratio(value: float, base: float) -> float:

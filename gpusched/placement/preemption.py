@@ -24,6 +24,16 @@ task cannot be stopped again and again with nothing saved. A restarted task has 
 service (a low index) and has lost little since its restart, so without this rule it is the
 first victim again at the next arrival, and a queue can ping-pong without progress.
 
+A victim **by index** (mode ``service``, same priority: stopping it is a bet on the queue's
+mean wait, not an order) must also pay for itself: with ``max_unsaved_s`` > 0 it is not a task
+that has run longer than that since its last checkpoint (else since its start), so a victim is
+chosen soon after it saved and what a preemption throws away stays under that much run time per
+GPU (a task that never checkpoints is such a victim only in its first ``max_unsaved_s``); and
+a restarted task is not one before it has run ``min_rerun_s`` since its restart: a preempted
+job, wide ones above all, waits long to resume (a low index, and room that smaller work keeps
+taking), so stopping it again soon after it got back costs more waiting than its beneficiary
+gains. Victims of lower priority or on borrowed partition capacity are not held back by either.
+
 Choice: candidates are ordered by the work they would lose — GPU-seconds since their last
 checkpoint (``checkpoints``; else since they started) — then by lower priority and later start.
 The shortest prefix of that order after which the waiting work fits is found (bisection), then
@@ -94,7 +104,9 @@ class PreemptionRequest:
     ``service``): key → Gittins index of the waiting and running tasks (a running task without
     one is not a victim by index), ``index_margin``: the factor the waiting index must exceed a
     victim's by; ``restarted``: keys of running tasks that were preempted before (not victims
-    until their checkpoint in ``checkpoints`` is later than their current start).
+    until their checkpoint in ``checkpoints`` is later than their current start, nor before
+    they have run ``min_rerun_s`` since it, as victims by index); ``max_unsaved_s``: > 0, tasks
+    with more run time than this since their last checkpoint are not victims by index (0: no limit).
     """
 
     waiting: tuple[PendingTask, ...]
@@ -110,6 +122,8 @@ class PreemptionRequest:
     indices: Mapping[str, float] = field(default_factory=dict)
     index_margin: float = 2.0
     restarted: frozenset[str] = frozenset()
+    max_unsaved_s: float = 0.0
+    min_rerun_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,14 +321,15 @@ def _candidates(request: PreemptionRequest, mode: str) -> list[Victim]:
             continue
         if task.request.priority < priority:
             reason = f"priority {task.request.priority} < {priority}"
-        elif mode == "service" and task.request.priority == priority and (why := _lower_index(request, task)):
+        elif (mode == "service" and task.request.priority == priority and not _held_back(request, task)
+              and (why := _lower_index(request, task))):
             reason = why
         elif task.request.partition in reclaim:
             reason = (f"partition {task.request.partition.value!r} runs on capacity borrowed beyond its "
                       f"share; {request.waiting[0].request.partition.value!r} reclaims it")
         else:
             continue
-        since = max(task.started_at, request.checkpoints.get(task.key, task.started_at))
+        since = _saved_at(request, task)
         gpus = physical_milli(task.shares, request.snapshot) / MILLI
         lost = max(0.0, request.now - since) * gpus
         order = (lost, task.request.priority, -task.started_at, task.key)
@@ -324,6 +339,27 @@ def _candidates(request: PreemptionRequest, mode: str) -> list[Victim]:
     if reclaim:  # take back at most what each partition borrowed (priority victims are not capped)
         victims = _cap_borrowed(victims, request, reclaim, priority)
     return victims
+
+
+def _saved_at(request: PreemptionRequest, task: RunningTask) -> float:
+    """When ``task``'s current run last saved its work: its last checkpoint, else its start."""
+    return max(task.started_at, request.checkpoints.get(task.key, task.started_at))
+
+
+def _unsaved_too_long(request: PreemptionRequest, task: RunningTask) -> bool:
+    """True when ``task`` has run longer than ``max_unsaved_s`` since it last saved its work."""
+    limit = request.max_unsaved_s
+    return limit > 0 and request.now - _saved_at(request, task) > limit
+
+
+def _rerun_too_short(request: PreemptionRequest, task: RunningTask) -> bool:
+    """True when ``task`` was preempted before and has run less than ``min_rerun_s`` since."""
+    return task.key in request.restarted and request.now - task.started_at < request.min_rerun_s
+
+
+def _held_back(request: PreemptionRequest, task: RunningTask) -> bool:
+    """True when ``task`` may not be a victim by index: too much unsaved work, or too soon rerun."""
+    return _unsaved_too_long(request, task) or _rerun_too_short(request, task)
 
 
 def _unsaved_restart(request: PreemptionRequest, task: RunningTask) -> bool:
@@ -402,5 +438,12 @@ def _nobody(request: PreemptionRequest, mode: str) -> str:
     what += " or of a lower expected-service index" if mode == "service" else ""
     why = [f"{young} ran for less than the {request.min_runtime_s:.0f} s minimum"] if young else []
     why += [f"{unsaved} preempted before and not checkpointed since restarting"] if unsaved else []
+    if mode == "service":
+        stale = sum(1 for t in request.running if _unsaved_too_long(request, t))
+        rerun = sum(1 for t in request.running if _rerun_too_short(request, t))
+        if stale:
+            why.append(f"{stale} ran more than {request.max_unsaved_s:.0f} s since their last checkpoint")
+        if rerun:
+            why.append(f"{rerun} restarted after a preemption less than {request.min_rerun_s:.0f} s ago")
     tail = f" ({'; '.join(why)})" if why else ""
     return f"no running task {what} than {priority} may be preempted{tail}"

@@ -63,17 +63,22 @@ MAX_SELECTIONS_PER_CYCLE = 4
 @dataclass(frozen=True, slots=True)
 class PreemptionRules:
     """``[gpusched] preemption`` (``mode``), ``preemption_grace_seconds`` (``grace_s``),
-    ``preemption_min_runtime_seconds`` (``min_runtime_s``); ``margin``: mode ``service``, the
-    factor a waiting task's index must exceed a victim's by."""
+    ``preemption_min_runtime_seconds`` (``min_runtime_s``), ``preemption_max_unsaved_seconds``
+    (``max_unsaved_s``: no victim with more run time than this since its last checkpoint; 0: no
+    limit), ``preemption_min_rerun_seconds`` (``min_rerun_s``: a task preempted before is no victim
+    again before it has run this long since its restart); ``margin``: mode ``service``, the factor
+    a waiting task's index must exceed a victim's by."""
 
     mode: str = "off"
     grace_s: float = 30.0
     min_runtime_s: float = 300.0
     margin: float = 2.0
+    max_unsaved_s: float = 0.0
+    min_rerun_s: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", check_mode(self.mode))
-        for name in ("grace_s", "min_runtime_s"):
+        for name in ("grace_s", "min_runtime_s", "max_unsaved_s", "min_rerun_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"preemption {name} = {value!r} must be a number >= 0")
@@ -245,6 +250,7 @@ class Preemptions:
             request.running, request.policy, request.now, request.quota, mode=self.rules.mode,
             min_runtime_s=self.rules.min_runtime_s, checkpoints=facts.checkpoints, protected=protected,
             indices=facts.indices, index_margin=self.rules.margin, restarted=facts.restarted,
+            max_unsaved_s=self.rules.max_unsaved_s, min_rerun_s=self.rules.min_rerun_s,
         )
 
     def _begin(self, plan: PreemptionPlan, group: tuple[PendingWork, ...], now: float) -> Started:

@@ -62,6 +62,12 @@ class SimPreemption:
     ran: dict[str, float] = field(default_factory=dict)  # key -> seconds of work in its earlier runs
     served_s: dict[str, float] = field(default_factory=dict)  # key -> run time of its stopped runs
     margin: float = 2.0  # service mode: a waiting index must exceed a victim's by this factor
+    # ``[gpusched] preemption_max_unsaved_seconds``: no victim with more run since its checkpoint
+    max_unsaved_s: float = field(
+        default_factory=lambda: float(settings.default("preemption_max_unsaved_seconds")))
+    # ``[gpusched] preemption_min_rerun_seconds``: a restarted job is no victim before this much run
+    min_rerun_s: float = field(
+        default_factory=lambda: float(settings.default("preemption_min_rerun_seconds")))
 
     def __post_init__(self) -> None:
         mode = str(self.mode).strip().lower()
@@ -74,6 +80,9 @@ class SimPreemption:
             raise ValueError(f"migration horizon {self.horizon_s!r} s must be a number > 0")
         if not math.isfinite(self.grace_s) or self.grace_s < 0:
             raise ValueError(f"preemption grace {self.grace_s!r} s must be a number >= 0")
+        for what, value in (("max unsaved run", self.max_unsaved_s), ("min rerun", self.min_rerun_s)):
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"preemption {what} {value!r} s must be a number >= 0")
 
     @property
     def enabled(self) -> bool:
@@ -102,7 +111,8 @@ class SimPreemption:
     def rules(self) -> PreemptionRules:
         """The scheduler's preemption rules for this replay (mode ``migrate``: none)."""
         mode = "off" if self.migrates else self.mode
-        return PreemptionRules(mode, self.grace_s, self.min_runtime_s, self.margin)
+        return PreemptionRules(mode, self.grace_s, self.min_runtime_s, self.margin, self.max_unsaved_s,
+                               self.min_rerun_s)
 
     def facts(self, running: Mapping[str, RunningTask], now: float, protected: Collection[str] = (),
               indices: Mapping[str, float] | None = None) -> PreemptionFacts:
@@ -174,6 +184,6 @@ class SimPreemption:
         if self.mode == "service":
             out.update(margin=self.margin)
         if not self.migrates:
-            out.update(grace_s=self.grace_s)
+            out.update(grace_s=self.grace_s, max_unsaved_s=self.max_unsaved_s, min_rerun_s=self.min_rerun_s)
         return {**out, "preemptions": self.count, "jobs_preempted": len(self.times),
                 "lost_gpu_hours": round(self.lost_gpu_s / 3600, 3)}

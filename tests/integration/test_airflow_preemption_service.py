@@ -29,7 +29,7 @@ from gpusched.request import GPURequest
 from gpusched.scheduler.attained import AttainedService
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, RunningTasks, decide
 from gpusched.scheduler.durations import DurationHistory
-from gpusched.scheduler.keys import parse_ti_key, ti_key
+from gpusched.scheduler.keys import parse_ti_key, task_of, ti_key
 
 NOW = 5_000_000.0
 ONE = GPURequest.build(gpus=1)
@@ -86,8 +86,12 @@ def test_a_task_that_outlived_its_kind_is_preempted_by_a_fresh_one(ledger: Ledge
     cycle, reply, preemptor = _cycle(core, 7200.0, "long", "train")
     assert cycle.policy.queue_order.value == "ranked"
     assert [w.key.split("/")[2] for w in sorted(cycle.pending, key=lambda w: w.rank)] == ["train", "long"]
-    after = preemptor.consider(cycle, reply)
+    # It has not checkpointed in its two hours (preemption_max_unsaved_seconds, 600 by default):
+    # stopping it would throw them away, so it is no victim by index until it saves its work.
     victim = ti_key("d", "train", "manual__now", 1, -1)
+    assert preemptor.consider(cycle, reply) == reply and preemptor.evictions == {}
+    ledger.report_checkpoint(victim, task_of(victim), step=7, now=NOW - 100.0)
+    after = preemptor.consider(cycle, reply)
     assert list(preemptor.evictions) == [victim]
     assert preemptor.evictions[victim].beneficiary == ti_key("d", "train", "manual__w", 1, -1)
     (event,) = ledger.events(10, kinds=["preempted"])
@@ -149,6 +153,7 @@ def test_a_requeued_try_keeps_the_service_its_earlier_tries_attained(ledger: Led
     _preempted_earlier(ledger, "manual__p", 7200.0)
     running = ti_key("d", "train", "manual__now", 1, -1)
     ledger.allocate(running, ONE, [DEVICE], holder="sched", now=NOW - 7200.0)
+    ledger.report_checkpoint(running, task_of(running), step=7, now=NOW - 100.0)  # little work to lose
     core.gpu_running[TaskInstanceKey("d", "train", "manual__now", 1, -1)] = running
     # Try 2 of manual__p has had two hours already: it is no fresher than the running task and
     # does not take its device (a fresh try 2 would, and the two would thrash).
@@ -168,8 +173,6 @@ def test_a_requeued_try_keeps_the_service_its_earlier_tries_attained(ledger: Led
 
 def test_a_try_requeued_by_preemption_is_not_stopped_again_before_it_checkpoints(ledger: Ledger) -> None:
     from airflow.models.taskinstancekey import TaskInstanceKey
-
-    from gpusched.scheduler.keys import task_of
 
     core = _CycleCore(ledger)
     first = ti_key("d", "train", "manual__p", 1, -1)

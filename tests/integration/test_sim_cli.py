@@ -150,6 +150,9 @@ def test_bench_gavel_and_philly_json(tiny: dict[str, Path], tmp_path: Path) -> N
     assert pre["preemption"] == "on" and pre["preemption_mode"] == "service"
     assert pre["preemption_report"]["mode"] == "service"
     assert pre["preemption_report"]["preemptions"] == 0 and pre["jobs_finished"] == 3
+    # 600 s × 1 GPU + 600 s × 8 + 60 s × 2 = 5,520 GPU-s; nothing lost
+    assert pre["preemption_report"]["submitted_gpu_hours"] == 1.5
+    assert pre["preemption_report"]["lost_gpu_pct_of_submitted"] == 0.0
 
 
 def test_bench_latency_and_simulate_json(tiny: dict[str, Path]) -> None:

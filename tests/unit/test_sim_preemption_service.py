@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from gpusched.durations import FinishedRun
 from gpusched.model import FleetSnapshot
 from gpusched.node_builder import SIM_LAYOUT, make_node
@@ -20,8 +22,10 @@ ONE = GPURequest.build(gpus=1, tenant="vc")
 HISTORY = [FinishedRun("", "vc", 1000, "any", d) for d in [60.0] * 27 + [36_000.0] * 3]
 
 
-def _run(jobs: list[SimJob], mode: str) -> SimResult:
-    preemption = SimPreemption(mode, checkpoint_s=1800.0, min_runtime_s=300.0) if mode != "off" else None
+def _run(jobs: list[SimJob], mode: str, max_unsaved_s: float = 0.0) -> SimResult:
+    """The replay; ``max_unsaved_s`` 0 by default: these tests are about the index alone."""
+    preemption = (SimPreemption(mode, checkpoint_s=1800.0, min_runtime_s=300.0, max_unsaved_s=max_unsaved_s)
+                  if mode != "off" else None)
     return simulate(jobs, FLEET, Policy.named("gpusched"), preemption=preemption, duration_history=HISTORY)
 
 
@@ -42,6 +46,22 @@ def test_short_jobs_preempt_jobs_that_outlived_their_group_and_the_victims_resum
     assert (result.preemption["mode"], result.preemption["preemptions"]) == ("service", 4)
     assert result.preemption["service"]["warm_up_runs"] == 30
     assert all(0 <= p.used_milli <= result.capacity_milli for p in result.timeline)
+
+
+def test_with_a_limit_on_unsaved_work_the_victims_are_stopped_just_after_their_checkpoint() -> None:
+    # As above, but no victim by index may lose more than 600 s of run: the long jobs (started at
+    # 0 s, checkpoints every 1800 s) have run 1000 s unsaved when the shorts arrive, so the shorts
+    # wait. The replay passes on events (an executor: every heartbeat): the next is an arrival at
+    # 1850 s, 50 s after the long jobs' checkpoint; each is told then and stops 30 s later,
+    # losing 80 s instead of 1030 s.
+    longs = [SimJob(f"long{i}", ONE, 0.0, 36_000.0) for i in range(4)]
+    shorts = [SimJob(f"short{i}", ONE, 1000.0, 60.0) for i in range(4)]
+    result = _run([*longs, *shorts, SimJob("later", ONE, 1850.0, 60.0)], "service", max_unsaved_s=600.0)
+    records = {r.key: r for r in result.records}
+    assert all(records[f"short{i}"].start_s == 1880.0 for i in range(4))
+    assert all(records[f"long{i}"].preemptions == 1 for i in range(4))
+    assert result.preemption is not None
+    assert result.preemption["lost_gpu_hours"] == pytest.approx(4 * 80 / 3600, abs=1e-3)
 
 
 def test_preempted_jobs_keep_their_attained_service_and_do_not_thrash() -> None:
