@@ -99,10 +99,10 @@ OPTIONS: tuple[Option, ...] = (
            "start) is not preempted, so a preemption throws away at most this much run time per GPU; "
            "a task that never checkpoints is preemptible only in its first this-many seconds. "
            "0: no limit.", "900"),
-    Option("preemption_min_rerun_seconds", "float", "0",
+    Option("preemption_min_rerun_seconds", "float", "7200",
            "A try requeued by a preemption is not preempted again before it has run this long since "
            "its restart (besides reporting a checkpoint): a stopped wide task waits long to get its "
-           "devices back. 0: the checkpoint alone.", "7200"),
+           "devices back. 0: the checkpoint alone.", "3600"),
     Option("throughput_file", "string", "",
            "JSON table of each job type's speed per GPU model (job type -> model -> steps/s, or "
            "Gavel's simulation_throughputs.json). A task names its row with gpu(job_type=...); "

@@ -40,7 +40,7 @@ def test_a_critical_job_preempts_and_the_victim_resumes_from_its_checkpoint() ->
     low = records["low"]
     assert (low.start_s, low.end_s, low.preemptions) == (0.0, 10_630.0 + 30_600.0, 1)
     assert result.preemption == {"mode": "priority", "checkpoint_s": 1800.0, "min_runtime_s": 300.0,
-                                 "grace_s": 30.0, "max_unsaved_s": 600.0, "min_rerun_s": 0.0,
+                                 "grace_s": 30.0, "max_unsaved_s": 600.0, "min_rerun_s": 7200.0,
                                  "preemptions": 1, "jobs_preempted": 1,
                                  "lost_gpu_hours": pytest.approx(1630 * 4 / 3600, abs=1e-3)}
 
