@@ -16,7 +16,9 @@ loses all its GPUs. The lowest ``LA`` wins, ties to the earliest; the integer sc
 never overridden. Only the candidate's node changes, so one row per candidate is computed, and
 :class:`ShapeDeltas` keeps ``D`` for every node between decisions, recomputing only the nodes
 whose state stamp changed. Uses the knowledge FGD itself uses (the workload's shapes), no future
-requests.
+requests. A new engine's first fill computes one row per distinct node state (the empty nodes of
+a model, and every other repeated state, share it); the candidates' rows once taken are computed
+in one pass.
 
 Scarce models first: when some shapes are pinned to models, a tied candidate on a model whose
 share of the pinned GPU demand is at least its share of the free GPU capacity is dropped while
@@ -106,7 +108,8 @@ class ShapeDeltas:
         node's row does not depend on the other nodes asked with it, but the scorer's matrix
         product may add in another order for another batch shape, so rows of one pass equal
         the rows one at a time to the last bits of a sum; every decision compares to 1e-9.
-        In a large batch, nodes of equal state (:meth:`_distinct`) share one computation."""
+        ``nodes`` are distinct; in a large batch, nodes of equal state (:meth:`_distinct`) share
+        one computation."""
         if len(nodes) >= _DISTINCT_FROM:
             first, inverse = self._distinct(stats, state, nodes)
             if len(first) < len(nodes):
