@@ -518,7 +518,7 @@ class _Scored(Selector):
             others += policy.degraded_penalty * np.maximum(0, k - n_healthy)
         s = others
         if use_stats and policy.fragmentation:
-            delta = placer.stats.delta_whole(nodes, k, task.cpu_milli, task.host_memory_bytes)
+            delta = _whole_delta(placer, task, state, nodes, k)
             s = policy.fragmentation * delta / MILLI + others
         if policy.score_levels:
             best = level_choice(placer.lookahead if use_stats else None,
@@ -543,6 +543,20 @@ class _Scored(Selector):
             return int(ok[levels_best(policy.fragmentation * delta / MILLI, policy.score_levels, left)])
         # Among equal fragmentation, the node with the least free GPU capacity, then CPU.
         return int(ok[np.lexsort((st.host_cpu[ok], stats.total[ok], delta))[0]])
+
+
+def _whole_delta(
+    placer: PlacerView, task: PendingTask, state: FreeState, nodes: np.ndarray, k: int
+) -> np.ndarray:
+    """The fragmentation increase of taking ``k`` whole devices (and the task's host CPU/RAM) on
+    each of ``nodes``: from the engine's per-node cache where it keeps one (the same values)."""
+    stats, cpu, mem = placer.stats, task.cpu_milli, task.host_memory_bytes
+    inc = placer.incremental
+    if inc is not None and not stats.workload.host_aware:
+        entry = inc.whole_scores((k, cpu, mem), state, lambda at: stats.delta_whole(at, k, cpu, mem))
+        if entry is not None:
+            return entry.delta[nodes]
+    return stats.delta_whole(nodes, k, cpu, mem)
 
 
 _ANY_GPU = GPURequest()

@@ -16,6 +16,8 @@ compares them on seeded synthetic fleets and request streams).
   computes from the full mask).
 - :class:`WholeFits`: a whole-device task's fitting devices, one node's slice on demand and the
   full masks only when needed (a degraded device to weigh, a rejection to word).
+- :class:`WholeScores`: per whole-device request signature (devices, host CPU, host RAM), each
+  node's fragmentation increase (the ``score`` chooser's whole-device path).
 - :class:`FractionScores`: per fractional request signature, each candidate device's
   fragmentation term (the ``score`` chooser's fractional path), ``+inf`` for devices that cannot
   take the fraction; the per-model speed and energy terms are added at decision time because
@@ -36,7 +38,10 @@ from gpusched.placement.index import FleetIndex, FreeState
 from gpusched.placement.topology import NodeCounts, node_counts
 from gpusched.placement.types import PendingTask
 
-__all__ = ["FractionScores", "Incremental", "WholeCounts", "WholeFits", "node_device_positions", "whole_fits"]
+__all__ = [
+    "FractionScores", "Incremental", "WholeCounts", "WholeFits", "WholeScores", "node_device_positions",
+    "whole_fits",
+]
 
 _MAX_ENTRIES = 32  # per kind; a fractional entry holds two arrays over the fleet's devices
 # Past this share of dirty nodes a full recomputation is cheaper than the per-node one.
@@ -218,6 +223,27 @@ class FractionScores(_Entry):
         self.term[full] = term[len(part) :][np.cumsum(is_first) - 1]
 
 
+class WholeScores(_Entry):
+    """Fragmentation increase of taking ``k`` fully free devices (and the task's host CPU/RAM) on
+    each node, for one (k, host CPU, host RAM): :meth:`FragStats.delta_whole
+    <gpusched.placement.score.FragStats.delta_whole>` per node, whose elementwise operations give
+    a node the same value whatever other nodes are computed with it (kept only for workloads
+    without the shape-by-shape form, which sums with a matrix product)."""
+
+    def __init__(self, index: FleetIndex) -> None:
+        super().__init__(index)
+        self.delta = np.zeros(len(index.nodes))
+
+    def refresh(self, state: FreeState, delta_of: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Bring the values up to date with ``state``; ``delta_of(nodes)`` gives them in ``state``."""
+        dirty = self.dirty(state)
+        if len(dirty) > _FULL_REFRESH_SHARE * len(self.stamp):
+            self.delta[:] = delta_of(np.arange(len(self.stamp)))
+        elif len(dirty):
+            self.delta[dirty] = delta_of(dirty)
+        self.stamp[dirty] = state.node_stamp[dirty]
+
+
 def _facts(index: FleetIndex) -> tuple[bool, np.ndarray, list[np.ndarray]]:
     """Static facts of an inventory the caches need (cached on the index): whether any device is
     DEGRADED; the devices of nodes whose fully free devices may score differently (several
@@ -245,6 +271,7 @@ class Incremental:
         self.fill_on_first_use = fill_on_first_use
         self._whole: OrderedDict[Any, Any] = OrderedDict()
         self._fraction: OrderedDict[Any, Any] = OrderedDict()
+        self._whole_scores: OrderedDict[Any, Any] = OrderedDict()
         self._degraded: dict[int, tuple[Eligibility, bool]] = {}
         self._seen: set[Any] = set()
         facts: tuple[bool, np.ndarray, list[np.ndarray]] | None = index.masks.get("incremental")
@@ -296,6 +323,27 @@ class Incremental:
             entry = WholeCounts(self.index, elig)
             self._put(self._whole, key, entry)
         return entry.counts(state)
+
+    def whole_scores(
+        self,
+        signature: tuple[int, int, int],
+        state: FreeState,
+        delta_of: Callable[[np.ndarray], np.ndarray],
+    ) -> WholeScores | None:
+        """The whole-device fragmentation increases for ``signature`` = (devices, host CPU, host
+        RAM), brought up to date with ``state`` (see :meth:`WholeScores.refresh`); None the first
+        time they are asked for and ``fill_on_first_use`` is off."""
+        entry: WholeScores | None = self._get(self._whole_scores, signature)
+        if entry is None:
+            if not self.fill_on_first_use and ("whole", signature) not in self._seen:
+                if len(self._seen) >= 64 * _MAX_ENTRIES:
+                    self._seen.clear()
+                self._seen.add(("whole", signature))
+                return None
+            entry = WholeScores(self.index)
+            self._put(self._whole_scores, signature, entry)
+        entry.refresh(state, delta_of)
+        return entry
 
     def fraction_scores(
         self,
