@@ -12,10 +12,11 @@ from typing import Any
 
 from gpusched.bench.gavel_rounds import RESET_S, RoundJob, gavel_fifo_replay
 from gpusched.bench.gavel_stream import gavel_stream
+from gpusched.durations import DurationModel
 from gpusched.errors import ConfigurationError, TraceError
 from gpusched.placement import Policy
 from gpusched.placement.migration import DEFAULT_RESTART_S, MIGRATE
-from gpusched.sim.engine import simulate
+from gpusched.sim.engine import simulate, with_expected_durations
 from gpusched.sim.fleets import gavel_fleet
 from gpusched.sim.jobs import trace_jobs
 from gpusched.sim.metrics import summarize
@@ -23,10 +24,16 @@ from gpusched.sim.preempt import SimPreemption
 from gpusched.sim.traces import GAVEL_MODELS, TraceJob, load_gavel_jobs, load_gavel_throughputs
 from gpusched.throughputs import load_throughputs
 
-__all__ = ["FIFO_ABLATIONS", "GAVEL_FIFO", "gavel_policy", "run_gavel"]
+__all__ = ["DURATIONS", "FIFO_ABLATIONS", "GAVEL_FIFO", "PREEMPTION", "gavel_policy", "run_gavel"]
 
 GAVEL_FIFO = "gavel-fifo"
 """Calibration replay of Gavel's own FIFO baseline (:mod:`gpusched.bench.gavel_rounds`), not a policy."""
+
+DURATIONS = ("none", "predicted", "oracle")
+"""What the scheduler is told of run times (``--durations``), as ``bench philly``."""
+
+PREEMPTION = ("off", "service", MIGRATE)
+"""``--preemption``: non-preemptive, the executors' mode ``service``, or migration between types."""
 
 FIFO_ABLATIONS = ("none", "no-oversubscription", "update-every-round", "both")
 """Which of the replay's mechanics to switch off, to show what each contributes."""
@@ -58,24 +65,35 @@ def run_gavel(
     horizon: str = "round",
     fifo_ablation: str = "none",
     policy_parts: str = "",
+    durations: str = "none",
 ) -> dict[str, Any]:
     """Gavel's continuous-single experiment on ``per_type`` GPUs of each type.
 
-    Returns the metrics with JCT averaged over job ids ``measure[0]`` … ``measure[1] - 1``, and
-    ``cpu_s`` (process CPU time of the replay). ``replan_ms`` > 0 re-plans every pass with the
-    genetic optimiser (see :func:`~gpusched.sim.engine.simulate`). ``preemption="migrate"`` runs
-    the migration rule (:mod:`gpusched.placement.migration`) after every pass with restart cost
-    ``restart_s`` and one round as its horizon (``horizon="age"``: at least each job's attained run
-    time); otherwise the replay is non-preemptive.
+    Returns the metrics with JCT averaged over job ids ``measure[0]`` … ``measure[1] - 1``,
+    ``jct_bound_h`` (the mean JCT if each of them ran alone on its fastest type from its arrival:
+    a floor for every policy) and ``cpu_s`` (process CPU time of the replay). ``replan_ms`` > 0
+    re-plans every pass with the genetic optimiser (see :func:`~gpusched.sim.engine.simulate`).
+    ``preemption="migrate"`` runs the migration rule (:mod:`gpusched.placement.migration`) after
+    every pass with restart cost ``restart_s`` and one round as its horizon (``horizon="age"``: at
+    least each job's attained run time); ``preemption="service"`` runs the executors' mode
+    ``service`` (queue and victims by the Gittins index of attained service, its run-time
+    distributions learnt from the jobs finished so far by job type;
+    :class:`~gpusched.sim.preempt.SimPreemption`); ``"off"``: non-preemptive.
+    ``durations`` (one of :data:`DURATIONS`) is what the scheduler knows of run times: nothing,
+    the executors' predictor learning online from the jobs finished so far by job type, or the
+    true ones (oracle).
     ``policy_name="gavel-fifo"`` replays Gavel's own FIFO baseline instead
     (:mod:`gpusched.bench.gavel_rounds`; ``fifo_ablation`` switches off one of its mechanics:
     one of :data:`FIFO_ABLATIONS`). ``stream=(rate, seed)`` replays Gavel's generator for that
     seed (15,000 jobs, :mod:`gpusched.bench.gavel_stream`, run times from ``throughputs``)
     instead of ``jobs_csv``.
     """
-    if preemption not in ("off", MIGRATE):
-        raise ConfigurationError(f"gavel preemption {preemption!r} is not off or {MIGRATE}; "
-                                 "trace jobs share one priority, so only migration applies")
+    if preemption not in PREEMPTION:
+        raise ConfigurationError(f"gavel preemption {preemption!r} is not one of {', '.join(PREEMPTION)}; "
+                                 "trace jobs share one priority, so mode priority never applies")
+    if durations not in DURATIONS:
+        raise ConfigurationError(f"durations {durations!r} is not one of {', '.join(DURATIONS)}; "
+                                 "e.g. --durations predicted")
     if stream is not None:
         if throughputs is None:
             raise ConfigurationError("a generated Gavel stream needs the throughput table; "
@@ -89,6 +107,7 @@ def run_gavel(
             jobs_csv, f"has no job ids {measure[0]}–{measure[1] - 1} to measure",
             "pick a --measure range of job ids inside the trace",
         )
+    bound = _jct_bound_h(trace, keys)
     if policy_name == GAVEL_FIFO:
         if throughputs is None:
             raise ConfigurationError("gavel-fifo needs the throughput table; pass --throughputs")
@@ -99,12 +118,17 @@ def run_gavel(
                               0 if stream is None else stream[1], progress, fifo_ablation)
         name = jobs_csv.name if stream is None else f"gavel stream rate {stream[0]} seed {stream[1]}"
         summary.update(trace=name, measured_jobs=f"{measure[0]}-{measure[1] - 1}", round_s=round_s or 360.0,
-                       gpus_per_type=per_type)
+                       gpus_per_type=per_type, jct_bound_h=bound)
         return summary
-    jobs = trace_jobs(trace)
+    plain = trace_jobs(trace)
+    jobs = with_expected_durations(plain) if durations == "oracle" else plain
     fleet = gavel_fleet(per_type=per_type, gpus_per_server=gpus_per_server)
-    moves = None if preemption == "off" else SimPreemption(
-        MIGRATE, restart_s=restart_s, horizon_s=round_s or 360.0, min_runtime_s=0.0, by_age=horizon == "age")
+    moves = None
+    if preemption == MIGRATE:
+        moves = SimPreemption(MIGRATE, restart_s=restart_s, horizon_s=round_s or 360.0, min_runtime_s=0.0,
+                              by_age=horizon == "age")
+    elif preemption == "service":
+        moves = SimPreemption("service")
     cpu = time.process_time()
     result = simulate(
         jobs,
@@ -117,9 +141,11 @@ def run_gavel(
         replan_budget_ms=replan_ms,
         progress=progress,
         preemption=moves,
+        predict_durations=DurationModel() if durations == "predicted" else None,
     )
     cpu = time.process_time() - cpu
     summary = summarize(result, measure=keys)
+    prediction = summary.pop("durations", None)
     by_model: dict[str, int] = {}
     for rec in result.records:
         if rec.key in keys:
@@ -132,9 +158,19 @@ def run_gavel(
         gpus_per_type=per_type,
         measured_by_model=by_model,
         replan_ms=replan_ms,
+        durations=durations,
+        prediction=prediction,
+        jct_bound_h=bound,
         cpu_s=round(cpu, 1),
     )
     return summary
+
+
+def _jct_bound_h(trace: list[TraceJob], keys: set[str]) -> float:
+    """Mean JCT, in hours, if every measured job ran alone on its fastest GPU type at arrival: no
+    schedule of whole GPUs does better."""
+    fastest = [min(j.durations.values(), default=j.duration_s) for j in trace if j.key in keys]
+    return round(sum(fastest) / len(fastest) / 3600.0, 4)
 
 
 def _gavel_fifo(trace: list[TraceJob], keys: set[str], throughputs: Path, per_type: int, round_s: float,

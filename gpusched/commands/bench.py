@@ -90,10 +90,16 @@ def register(subparsers: Any) -> None:
                          "1,920 s) to see what it contributes (default none)")
     gv.add_argument("--per-type", type=int_range(1, 1000), default=36,
                     help="GPUs of each type, a multiple of --gpus-per-server (default 36, Gavel's)")
-    gv.add_argument("--preemption", choices=("off", "migrate"), default="off",
+    gv.add_argument("--preemption", choices=("off", "service", "migrate"), default="off",
                     help="migrate: at each round a running job may be checkpointed and restarted on "
                          "another GPU type when that gains more than the restart cost "
-                         "(gpusched.placement.migration); default off (non-preemptive)")
+                         "(gpusched.placement.migration); service: the executors' mode service (queue "
+                         "and victims by the Gittins index of attained service); default off "
+                         "(non-preemptive)")
+    gv.add_argument("--durations", choices=("none", "predicted", "oracle"), default="none",
+                    help="what the scheduler knows of run times: none (default), predicted (learnt "
+                         "online from the jobs finished so far, by job type, as the executor does) "
+                         "or oracle (the true ones)")
     gv.add_argument("--restart-seconds", type=finite_float(0.0), default=60.0, dest="restart_s",
                     help="with --preemption migrate: seconds one move costs (checkpoint + restore; "
                          "default 60; Gavel's simulator charges 0)")
@@ -262,6 +268,7 @@ def _gavel(args: argparse.Namespace) -> int:
         restart_s=args.restart_s,
         horizon=args.horizon,
         fifo_ablation=args.fifo_ablation,
+        durations=args.durations,
         stream=None if args.stream_seed is None else (args.rate, args.stream_seed),
     )
     result["rate_jobs_per_h"] = args.rate

@@ -111,6 +111,14 @@ def test_bench_gavel_and_philly_json(tiny: dict[str, Path], tmp_path: Path) -> N
                  "--preemption", "migrate", "--restart-seconds", "30")
     assert moved["jobs_finished"] == 6 and moved["gpus_per_type"] == 1 and moved["cpu_s"] >= 0
     assert moved["preemption"]["mode"] == "migrate" and moved["preemption"]["restart_s"] == 30.0
+    # every job alone on its fastest type (V100 here) from its arrival: the floor of any policy
+    assert moved["jct_bound_h"] == round(sum(3600 + i for i in range(6)) / 6 / 3600, 4)
+    assert moved["jct_mean_h"] >= moved["jct_bound_h"]
+    ranked = _cli("bench", "gavel", "--jobs", tiny["gavel"], "--throughputs", tiny["throughputs"],
+                  "--measure", "0-5", "--policy", "gpusched", "--per-type", "1", "--gpus-per-server", "1",
+                  "--preemption", "service", "--durations", "predicted")
+    assert ranked["jobs_finished"] == 6 and ranked["durations"] == "predicted"
+    assert ranked["preemption"]["mode"] == "service" and ranked["prediction"]["learned_runs"] >= 1
     philly = _cli(
         "bench",
         "philly",
