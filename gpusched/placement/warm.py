@@ -3,7 +3,7 @@
 :func:`~gpusched.placement.place` builds a new :class:`~gpusched.placement.Placer` for every
 call, and a new engine pays for what it has not seen yet: the per-node aggregates of the
 fragmentation measure and, under the ``gpusched`` preset, the look-ahead's best placement of
-every expected shape on every node (a decision of about 3 ms of CPU at 1,000 nodes, 15 ms at
+every expected shape on every node (a decision of about 3 ms of CPU at 1,000 nodes, 12 ms at
 10,000; ``docs/benchmarks.md``, "Decision latency"). A scheduler that decides every few seconds on a new
 snapshot of the same fleet (the Airflow executors' cycles) keeps one engine instead:
 ``WarmPlacement.place(request)`` rebases the engine it kept on the request's snapshot —
