@@ -32,6 +32,7 @@ __all__ = ["FragStats", "cached_stats"]
 
 _LOOP_UPTO = 2  # nodes refreshed one by one; more in one vectorised pass
 
+
 class FragStats:
     """Per-node aggregates of free milli-GPU over in-service devices, for fragmentation deltas.
 
