@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import fields
+from operator import attrgetter
 from typing import Any, cast
 
 import numpy as np
@@ -46,6 +48,9 @@ from gpusched.quota.policy import physical_milli
 from gpusched.request import GPURequest
 
 __all__ = ["Placer", "place", "running_host"]
+
+_ALIKE = attrgetter(*(f.name for f in fields(GPURequest) if f.name != "expected_duration_s"))
+"""A request's fields but its duration: what decides whether it fits (without reservations)."""
 
 
 def place(request: PlacementRequest) -> PlacementPlan:
@@ -296,17 +301,31 @@ class Placer:
         if self._reserved:  # (a call that raised may have left its reservations)
             res_start[:] = np.inf
         seen: set[str] = set()
+        # A task like one already refused in this call (same request but for its duration, same
+        # host needs and job type) is refused the same way: the state only loses room within a
+        # call, and without a reservation the duration plays no part in fitting. Kept until a
+        # reservation is made. A queue of thousands of alike tasks on a full fleet otherwise
+        # costs a full device search per task per call.
+        refused: dict[tuple[object, ...], Rejection] | None = {}
         for task in ordered:
             if task.key in seen:
                 continue
             seen.add(task.key)
             req = task.request
             end = now + req.expected_duration_s if req.expected_duration_s > 0 else math.inf
-            outcome = self._find(task, self.state, end, rng, use_stats=True)
+            alike = (_ALIKE(req), task.cpu_milli, task.host_memory_bytes, task.job_type)
+            known = refused.get(alike) if refused is not None else None
+            if known is not None:
+                outcome: Choice | Rejection = Rejection(task.key, known.reason, known.permanent)
+            else:
+                outcome = self._find(task, self.state, end, rng, use_stats=True)
+                if refused is not None and isinstance(outcome, Rejection):
+                    refused[alike] = outcome
             if isinstance(outcome, Rejection):
                 if not outcome.permanent and self._may_reserve(req, running):
                     reservation = self._reserve(task, running, now, rng)
                     if reservation is not None:
+                        refused = None
                         reservations.append(reservation)
                         outcome = Rejection(
                             task.key, outcome.reason + reserved_note(reservation, now), False
