@@ -32,6 +32,7 @@ from gpusched.placement import (
 )
 from gpusched.placement.admission import QuotaGate
 from gpusched.placement.genetic import optimise_with_report
+from gpusched.placement.patience import hold_for_faster
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaState, physical_milli
 from gpusched.records import AllocationStatus
@@ -170,7 +171,9 @@ def decide(request: CycleRequest) -> CycleReply:
     """Decide one cycle: place what waits on what is free and build each launch's environment.
 
     Workloads that already own an allocation are launched on it first, then complete multi-node
-    gangs; the rest go to :func:`gpusched.placement.place` (or the request's warm ``engine``,
+    gangs; the rest — a typed job that would finish sooner by waiting for a busy faster GPU type
+    limited to those types (:func:`gpusched.placement.patience.hold_for_faster`) — go to
+    :func:`gpusched.placement.place` (or the request's warm ``engine``,
     which plans the same) in one ``PlacementRequest`` built from
     this request (the snapshot after the gangs, whose usage already counts every active
     allocation; policy, clock, running tasks, quota, seed). With ``replan_budget_ms > 0`` and at
@@ -197,6 +200,8 @@ def decide(request: CycleRequest) -> CycleReply:
     snapshot = _place_gangs(request, gangs, snapshot, launches, holds)
     replanned = improved = False
     if to_place:
+        # A typed job that would finish sooner on a busy fast type than on a free slow one waits.
+        to_place = list(hold_for_faster(to_place, snapshot, request.running, request.policy, request.now))
         placement = PlacementRequest(
             pending=to_place, snapshot=snapshot, policy=request.policy, now=request.now,
             quota=request.quota, running=request.running, seed=request.seed,

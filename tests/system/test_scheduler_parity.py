@@ -75,7 +75,7 @@ class Job:
 
     @property
     def request(self) -> GPURequest:
-        return GPURequest.build(**self.fields, expected_duration=f"{int(self.run_s)}s")
+        return GPURequest.build(**{"expected_duration": f"{int(self.run_s)}s", **self.fields})
 
     def member(self) -> GangMember | None:
         if self.gang is None:
@@ -422,11 +422,13 @@ THROUGHPUTS = {"cnn": {V100: 3.0, K80: 1.0}}
 RUNS = {V100: 1.0, K80: 3.0}  # run time on each model, per second of V100 time
 INTERVAL_S, RESTART_S = 360.0, 60.0
 MIGRATING = (
-    Job("short", 0, 3600, {"gpus": 1, "job_type": "cnn"}),
+    Job("short", 0, 3600, {"gpus": 1, "job_type": "cnn", "expected_duration": "30000s"}),
     Job("long", 10, 10000, {"gpus": 1, "job_type": "cnn"}),
 )
-"""The first job takes the V100, the second the K80; when the V100 is free the migration rule
-moves the second there (its gain pays back the restart within the interval)."""
+"""The first job takes the V100, the second the K80 (the first is expected to hold the V100 for
+30,000 s, so waiting for it would end later than running on the K80); the first ends early, and
+when the V100 is free the migration rule moves the second there (its gain pays back the restart
+within the interval)."""
 
 
 def _simulated_migration(policy: Any, fleet: Any) -> list[tuple[Any, ...]]:
