@@ -252,9 +252,13 @@ def _gavel_label(policy: str, runs: list[dict[str, Any]]) -> str:
     if policy == "gavel-fifo":
         return "gavel-fifo (ours: replay of Gavel's FIFO mechanics, calibration only)"
     moves: list[dict[str, Any]] = [r["preemption"] for r in runs if isinstance(r.get("preemption"), dict)]
+    known = next((r["durations"] for r in runs if r.get("durations") in ("predicted", "oracle")), None)
+    told = f", durations {known}" if known else ""
     if moves and moves[0].get("mode") == "migrate":
-        return f"{policy} (ours, migrates between types, restart {moves[0].get('restart_s', 0):.0f} s)"
-    return f"{policy} (ours, non-preemptive)"
+        return f"{policy} (ours, migrates between types, restart {moves[0].get('restart_s', 0):.0f} s{told})"
+    if moves and moves[0].get("mode") == "service":
+        return f"{policy} (ours, preempts by Gittins index of attained service{told})"
+    return f"{policy} (ours, non-preemptive{told})"
 
 
 def _gavel_checks(folder: Path) -> str:

@@ -52,6 +52,8 @@ def test_openb_and_gavel_reports(tmp_path: Path) -> None:
     text = gavel_report(gv, tmp_path / "g.tsv")
     (gv / "rate2.0__gpusched-migrate.json").write_text(json.dumps(
         {"jct_mean_h": 15.2, "preemption": {"mode": "migrate", "restart_s": 60.0}}))
+    (gv / "rate2.0__gpusched-predicted-service.json").write_text(json.dumps(
+        {"jct_mean_h": 15.3, "durations": "predicted", "preemption": {"mode": "service"}}))
     checks = gv / "checks"
     checks.mkdir()
     for policy, jct in (("first-fit", 20.0), ("gpusched-migrate", 15.0)):
@@ -60,8 +62,10 @@ def test_openb_and_gavel_reports(tmp_path: Path) -> None:
     (tmp_path / "g.tsv").write_text(GAVEL)
     text = gavel_report(gv, tmp_path / "g.tsv")
     # the later sections overwrite neither fifo nor LAS
-    assert "| 2.0 | 18.32 | 15.45 | 16.95 | 17.80 | 15.20 |" in text
+    assert "| 2.0 | 18.32 | 15.45 | 16.95 | 17.80 | 15.20 | 15.30 |" in text
     assert "gpusched-migrate (ours, migrates between types, restart 60 s)" in text
+    assert "gpusched-predicted-service (ours, preempts by Gittins index of attained service, " \
+        "durations predicted)" in text
     row = "| seed1_rate4.0 | gavel stream rate 4.0 seed 1 | 36 / 4 | 20.00 | 15.00 (0.75×) | 60 / 60 |"
     assert row in text
 
