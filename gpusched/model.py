@@ -206,8 +206,11 @@ class FleetSnapshot:
     taken_at: float = 0.0
     _devices: Mapping[str, Device] = field(init=False, repr=False, compare=False)
     _nodes: Mapping[str, Node] = field(init=False, repr=False, compare=False)
+    _usage_from: tuple[Mapping[str, DeviceUsage], frozenset[str]] | None = field(
+        init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_usage_from", None)
         object.__setattr__(self, "usage", MappingProxyType(_copied(self.usage)))
         object.__setattr__(self, "_nodes", MappingProxyType({n.name: n for n in self.nodes}))
         object.__setattr__(
@@ -223,7 +226,16 @@ class FleetSnapshot:
         object.__setattr__(clone, "taken_at", self.taken_at)
         object.__setattr__(clone, "_nodes", self._nodes)
         object.__setattr__(clone, "_devices", self._devices)
+        object.__setattr__(clone, "_usage_from", None)
         return clone
+
+    @property
+    def usage_from(self) -> tuple[Mapping[str, DeviceUsage], frozenset[str]] | None:
+        """``(earlier, changed)`` when this snapshot's :attr:`usage` is the ``earlier`` usage
+        mapping (another snapshot's, of the same nodes) with only the devices in ``changed``
+        different (:meth:`retaken` with ``changed``); None otherwise. Lets a reader that derived
+        something per device from ``earlier`` update it on ``changed`` alone."""
+        return self._usage_from
 
     def retaken(
         self, taken_at: float, usage: Mapping[str, DeviceUsage] | None = None,
@@ -246,6 +258,8 @@ class FleetSnapshot:
             else:
                 copied[uuid] = used
         object.__setattr__(clone, "usage", MappingProxyType(copied))
+        if usage is None:
+            object.__setattr__(clone, "_usage_from", (self.usage, frozenset(changed or ())))
         return clone
 
     def devices(self) -> Iterator[Device]:
