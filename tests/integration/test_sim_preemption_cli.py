@@ -27,8 +27,8 @@ def test_simulate_preemption_option(tmp_path: Path) -> None:
     data = json.loads(proc.stdout)
     # Trace jobs all have the same (normal) priority: nobody may preempt anybody.
     assert data["preemption"] == {"mode": "priority", "checkpoint_s": 600.0, "min_runtime_s": 60.0,
-                                  "grace_s": 30.0, "preemptions": 0, "jobs_preempted": 0,
-                                  "lost_gpu_hours": 0.0}
+                                  "grace_s": 30.0, "max_unsaved_s": 600.0, "min_rerun_s": 7200.0,
+                                  "preemptions": 0, "jobs_preempted": 0, "lost_gpu_hours": 0.0}
     assert data["jobs_finished"] == 6
     plain = json.loads(_simulate(trace).stdout)
     assert "preemption" not in plain and plain["jobs_finished"] == 6
