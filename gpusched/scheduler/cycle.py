@@ -201,7 +201,9 @@ def decide(request: CycleRequest) -> CycleReply:
     replanned = improved = False
     if to_place:
         # A typed job that would finish sooner on a busy fast type than on a free slow one waits.
-        to_place = list(hold_for_faster(to_place, snapshot, request.running, request.policy, request.now))
+        offered, to_place = to_place, list(hold_for_faster(to_place, snapshot, request.running,
+                                                            request.policy, request.now))
+        faster = {t.key for t, o in zip(to_place, offered, strict=True) if t.request is not o.request}
         placement = PlacementRequest(
             pending=to_place, snapshot=snapshot, policy=request.policy, now=request.now,
             quota=request.quota, running=request.running, seed=request.seed,
@@ -226,6 +228,9 @@ def decide(request: CycleRequest) -> CycleReply:
         for rejection in plan.rejections:
             reason = standby_note(rejection.reason, by_key[rejection.key].request, after) \
                 if rejection.key in noted else rejection.reason
+            if rejection.key in faster:  # its request was narrowed to the faster types above
+                reason += ("; held for a faster GPU type: expected to finish sooner there than on a "
+                           "free slower one")
             holds.append(Hold(rejection.key, reason, rejection.permanent))
         if len(assignments) < len(plan.assignments):
             kept = {a.key for a in assignments}

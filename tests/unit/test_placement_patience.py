@@ -92,3 +92,15 @@ def test_a_task_past_its_expected_end_is_expected_to_run_as_long_again() -> None
     stale = _busy_v100(0, -1.0, started=NOW - 100 * HOUR)
     (free,) = hold_for_faster([_job("a", "cnn", 10)], fleet.with_usage(stale.shares), [stale], POLICY, NOW)
     assert free.request.models == frozenset()
+
+
+def test_a_held_job_says_it_waits_for_a_faster_type() -> None:
+    running = [_busy_v100(0, HOUR)]
+    fleet = _fleet(1, 1).with_usage(running[0].shares)
+    job = _job("a", "cnn", 10)
+    reply = decide(CycleRequest(
+        pending=(PendingWork(job.key, job.request, job.submitted_at, job_type=job.job_type),),
+        snapshot=fleet, policy=POLICY, now=NOW, quota=QuotaState.unlimited(), running=tuple(running)))
+    (hold,) = reply.holds
+    assert V100 in hold.reason and "held for a faster GPU type" in hold.reason, hold.reason
+    assert not hold.permanent
