@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,7 +203,10 @@ def record_finished_runs(
     at = end - sum(run_seconds) - len(run_seconds)
     for n, run_s in enumerate(run_seconds):
         key = ti_key(dag_id, task_id, f"scheduled__history{n}", 1)
-        ledger.allocate(key, request, [device], holder="history", now=at)
+        # A lease that outlasts the write: the past run's lease must not run out before it is
+        # released here, or a live agent's lease check releases it now (overlapping later runs).
+        lease_s = int(time.time() - at) + 3600
+        ledger.allocate(key, request, [device], holder="history", lease_s=lease_s, now=at)
         ledger.release(key, reason="task succeeded", now=at + run_s, succeeded=True)
         at += run_s + 1
 
