@@ -90,6 +90,17 @@ class FleetIndex:
         """Number of devices."""
         return len(self.devices)
 
+    @property
+    def in_service(self) -> np.ndarray:
+        """bool [D], read-only: the devices that may take work — not unhealthy, not cordoned (the
+        device or its node), not on a standby node. Built once per index."""
+        hit: np.ndarray | None = self.masks.get("in_service")
+        if hit is None:
+            hit = (self.dev_health < 2) & ~self.dev_cordoned & ~self.dev_standby
+            hit.flags.writeable = False
+            self.masks["in_service"] = hit
+        return hit
+
     def node_devices(self, n: int) -> range:
         """Device positions of node position ``n``."""
         return range(int(self.node_start[n]), int(self.node_start[n + 1]))

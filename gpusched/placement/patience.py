@@ -24,7 +24,11 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import replace
 
-from gpusched.model import MILLI, FleetSnapshot, Health
+import numpy as np
+
+from gpusched.model import MILLI, FleetSnapshot
+from gpusched.placement.filter import slice_info
+from gpusched.placement.index import fleet_index, usage_arrays
 from gpusched.placement.policy import Policy
 from gpusched.placement.types import PendingTask, RunningTask
 
@@ -57,24 +61,24 @@ def hold_for_faster(
     """
     if not policy.throughput or not pending:
         return tuple(pending)
-    slots: dict[str, list[float]] = {}
-    for device in snapshot.devices():
-        if (not device.takes_work or device.is_slice or device.cordoned
-                or device.health is Health.UNHEALTHY):
-            continue
-        if snapshot.free_milli(device.uuid) >= MILLI:
-            slots.setdefault(device.model, []).append(now)
-    ends: dict[str, float] = {}
+    # Slots on the devices placement could give a whole-device job: in service (not unhealthy,
+    # cordoned or on a standby node, FleetIndex.in_service), neither a slice nor a MIG parent.
+    index = fleet_index(snapshot)
+    info = slice_info(index)
+    whole = index.in_service & ~info.is_slice & ~info.mig_parent
+    used, _ = usage_arrays(index, snapshot)
+    free = np.bincount(index.dev_model[whole & (used <= 0)], minlength=len(index.model_names))
+    slots: dict[str, list[float]] = {index.model_names[m]: [now] * int(free[m]) for m in np.flatnonzero(free)}
+    ends: dict[int, float] = {}
     for busy in running:
         for share in busy.shares:
-            if not snapshot.has_device(share.uuid):
-                continue
-            end = _expected_free(busy, now)
-            ends[share.uuid] = max(ends.get(share.uuid, end), end)
-    for uuid, end in ends.items():
-        device = snapshot.device(uuid)
-        if device.takes_work and not device.is_slice and end != float("inf"):
-            slots.setdefault(device.model, []).append(end)
+            pos = index.pos.get(share.uuid)
+            if pos is not None and whole[pos]:
+                end = _expected_free(busy, now)
+                ends[pos] = max(ends.get(pos, end), end)
+    for pos, end in ends.items():
+        if end != float("inf"):
+            slots.setdefault(index.model_names[index.dev_model[pos]], []).append(end)
     for times in slots.values():
         heapq.heapify(times)
     if len(slots) < 2:

@@ -78,7 +78,7 @@ def repartition_wait(idx: FleetIndex, req: GPURequest, state: FreeState, static:
     if not mask.any():
         return None
     info = flt.slice_info(idx)
-    in_service = mask & (idx.dev_health < 2) & ~idx.dev_cordoned & ~idx.dev_standby
+    in_service = mask & idx.in_service
     idle = np.zeros(idx.n_devices, dtype=bool)
     for d in np.flatnonzero(in_service):
         slices = info.parent_pos == d

@@ -63,7 +63,7 @@ class FragStats:
         self.index = index
         self.state = state
         self.workload = workload
-        self.in_service = (index.dev_health < 2) & ~index.dev_cordoned & ~index.dev_standby
+        self.in_service = index.in_service
         n = len(index.nodes)
         node = index.dev_node
         f = np.where(self.in_service, state.free_milli, 0).astype(np.float64)

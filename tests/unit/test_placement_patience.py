@@ -4,6 +4,8 @@ then leaves the slow device free; without a throughput table nothing changes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.node_builder import SIM_LAYOUT, make_node
 from gpusched.placement import PendingTask, Policy, RunningTask
@@ -104,3 +106,18 @@ def test_a_held_job_says_it_waits_for_a_faster_type() -> None:
     (hold,) = reply.holds
     assert V100 in hold.reason and "held for a faster GPU type" in hold.reason, hold.reason
     assert not hold.permanent
+
+
+def test_only_devices_placement_could_give_are_slots() -> None:
+    # The V100's node is cordoned (e.g. its worker's slots are full): its free device is no slot,
+    # nor is a busy one there. Counted as one, the first job would take it in the schedule and the
+    # second be held for a V100 that no job can get.
+    fleet = _fleet(1, 2)
+    cordoned = fleet.with_nodes([replace(fleet.nodes[0], cordoned=True)])
+    jobs = [_job("a", "cnn", 10, at=NOW - 600), _job("b", "cnn", 10, at=NOW - 60)]
+    assert hold_for_faster(jobs, cordoned, [], POLICY, NOW) == tuple(jobs)
+    busy = _busy_v100(0, HOUR)
+    assert hold_for_faster(jobs[:1], cordoned.with_usage(busy.shares), [busy], POLICY, NOW) == tuple(jobs[:1])
+    # in service, the same V100 holds the first job back (the control)
+    (held,) = hold_for_faster(jobs[:1], fleet.with_usage(busy.shares), [busy], POLICY, NOW)
+    assert held.request.models == frozenset({V100})
