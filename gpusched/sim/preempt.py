@@ -80,9 +80,7 @@ class SimPreemption:
             raise ValueError(f"migration horizon {self.horizon_s!r} s must be a number > 0")
         if not math.isfinite(self.grace_s) or self.grace_s < 0:
             raise ValueError(f"preemption grace {self.grace_s!r} s must be a number >= 0")
-        for what, value in (("max unsaved run", self.max_unsaved_s), ("min rerun", self.min_rerun_s)):
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"preemption {what} {value!r} s must be a number >= 0")
+        self.rules()  # the scheduler's own check of the limits it shares with the executors
 
     @property
     def enabled(self) -> bool:
