@@ -206,17 +206,16 @@ fi
 # the 64 bytes PyJWT wants of an HS512 key: every process then warns "The HMAC key is 24 bytes
 # long". On the first start (no airflow.cfg yet) write it here as Airflow would, with a longer key
 # (64 random bytes); a key already in use is the user's and stays.
-if [[ -z "${AIRFLOW__API_AUTH__JWT_SECRET:-}" ]]; then
+if [[ -z "${AIRFLOW__API_AUTH__JWT_SECRET:-}" && ! -e "${AIRFLOW_CONFIG:-$AIRFLOW_HOME/airflow.cfg}" ]]; then
     "$VENV/bin/python" - <<'PY'
 import base64, pathlib, re, secrets
 
 from airflow import configuration
 
 cfg = pathlib.Path(configuration.AIRFLOW_CONFIG)
-if not cfg.exists():
-    configuration.write_default_airflow_configuration_if_needed()
-    key = base64.b64encode(secrets.token_bytes(64)).decode()
-    cfg.write_text(re.sub(r"(?m)^(jwt_secret\s*=).*$", lambda m: f"{m.group(1)} {key}", cfg.read_text(), count=1))
+configuration.write_default_airflow_configuration_if_needed()
+key = base64.b64encode(secrets.token_bytes(64)).decode()
+cfg.write_text(re.sub(r"(?m)^(jwt_secret\s*=).*$", lambda m: f"{m.group(1)} {key}", cfg.read_text(), count=1))
 PY
 fi
 
