@@ -49,7 +49,7 @@ from gpusched.airflow.gpu_scheduling import GPUScheduling
 from gpusched.errors import ConfigurationError, DispatchUnavailableError
 from gpusched.ledger.hosts import LAUNCH_EVENT, HostState, host_queue
 from gpusched.scheduler.cycle import Launch
-from gpusched.scheduler.hosts import slot_full_reason, worker_slot_use
+from gpusched.scheduler.hosts import prefetch_room, slot_full_reason, worker_slot_use
 from gpusched.scheduler.keys import ti_key_of
 
 __all__ = ["GPUCeleryExecutor"]
@@ -173,26 +173,37 @@ class _CeleryDispatcher:
         self.executor = executor
         self._hosts: dict[str, tuple[str, str]] = {}
         self._slot_use: dict[str, tuple[int, int]] = {}  # host -> (busy, slots), this cycle
+        self._node_host: dict[str, str] = {}  # node -> host, this cycle
+        self._room: dict[str, int] = {}  # host -> tasks it may hold beyond its slots, this cycle
+        self.prefetch = settings.get_int("worker_prefetch", executor.conf)
+        self.prefetch_s = settings.get_float("worker_prefetch_seconds", executor.conf)
 
     def full_nodes(self, active: Sequence[Any]) -> dict[str, str]:
         """Nodes of live hosts whose Celery worker slots are all taken (node -> why), from the
         hosts' reported slots and the cycle's ``active`` allocations; :meth:`refuse` then counts
         this cycle's launches on top."""
         hosts = self.executor.ledger.hosts()
+        self._room = {}
         if not any(h.worker_slots for h in hosts):
             self._slot_use = {}
             return {}
         node_host = {node: host for node, (host, _) in self.executor.ledger.node_hosts().items()}
+        self._node_host = node_host
         use = self._slot_use = worker_slot_use(hosts, node_host, active)
         return {node: slot_full_reason(host, *use[host]) for node, host in node_host.items()
                 if host in use and use[host][0] >= use[host][1]}
+
+    def prefetch_nodes(self, running: Sequence[Any], now: float) -> frozenset[str]:
+        self._room = prefetch_room(self._slot_use, self._node_host, running, now,
+                                   prefetch=self.prefetch, within_s=self.prefetch_s)
+        return frozenset(node for node, host in self._node_host.items() if host in self._room)
 
     def _host_of(self, node: str) -> tuple[str, str] | None:
         if node not in self._hosts:
             self._hosts = self.executor.ledger.node_hosts()
         return self._hosts.get(node)
 
-    def refuse(self, launch: Launch) -> str | None:
+    def refuse(self, launch: Launch, *, prefetch: bool = False) -> str | None:
         nodes = sorted({s.node for s in launch.shares})
         if len(nodes) > 1:
             return (f"placed across {len(nodes)} nodes ({', '.join(nodes)}); a task runs on one host: "
@@ -209,7 +220,8 @@ class _CeleryDispatcher:
             busy, slots = use
             # A gang's members were placed together on hosts with free slots at the cycle's start;
             # refusing one now would break the gang, so they are only counted.
-            if busy >= slots and not launch.env.get("GPUSCHED_GANG"):
+            room = self._room.get(found[0], 0) if prefetch else 0
+            if busy >= slots + room and not launch.env.get("GPUSCHED_GANG"):
                 return slot_full_reason(found[0], busy, slots)
             self._slot_use[found[0]] = (busy + 1, slots)
         return None

@@ -137,7 +137,7 @@ class _LocalDispatcher:
     def __init__(self, executor: GPUExecutor) -> None:
         self.executor = executor
 
-    def refuse(self, launch: Launch) -> str | None:
+    def refuse(self, launch: Launch, *, prefetch: bool = False) -> str | None:
         return None
 
     def available(self) -> bool:
@@ -145,6 +145,9 @@ class _LocalDispatcher:
 
     def full_nodes(self, active: Sequence[Any]) -> dict[str, str]:
         return {}  # LocalExecutor's parallelism is Airflow's own slot limit
+
+    def prefetch_nodes(self, running: Sequence[Any], now: float) -> frozenset[str]:
+        return frozenset()
 
     def dispatch(self, workload: Any, launch: Launch) -> None:
         local_put(self.executor, workload, launch.env)

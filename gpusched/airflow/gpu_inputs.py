@@ -11,7 +11,8 @@ request mix it scores by (the executor's :class:`~gpusched.placement.workload.St
 unless the policy names its shapes), the quota (with the last forecast plan's burst reserve,
 ``capacity.scaling.burst_reserve``) and, with
 ``preemption = service``, the GPU-time the earlier tries of each task instance attained
-(:mod:`gpusched.scheduler.attained`).
+(:mod:`gpusched.scheduler.attained`). :func:`prefetch_request` is the same cycle's second look
+for the work left waiting only because every worker slot was busy.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from gpusched.capacity.scaling import burst_reserve
 from gpusched.errors import GPURequestError
 from gpusched.faults.failures import load_overrides
 from gpusched.gang import gang_member
+from gpusched.placement.types import RunningTask
 from gpusched.request import GPURequest
-from gpusched.scheduler.cycle import CycleRequest, PendingWork, RunningTasks, cycle_policy
+from gpusched.scheduler.cycle import CycleRequest, Launch, PendingWork, RunningTasks, cycle_policy
 from gpusched.scheduler.keys import ti_key_of
 from gpusched.scheduler.quota import cycle_quota
 
@@ -37,16 +39,17 @@ if TYPE_CHECKING:
     from gpusched.airflow.gpu_migration import Migrator
     from gpusched.airflow.gpu_preemption import Preemptor
     from gpusched.durations.predictor import Prediction
-    from gpusched.model import DeviceShare
+    from gpusched.model import DeviceShare, FleetSnapshot
     from gpusched.placement import Policy
     from gpusched.placement.warm import WarmPlacement
     from gpusched.placement.workload import SteadyWorkload
+    from gpusched.quota.policy import QuotaState
     from gpusched.records import Allocation
     from gpusched.scheduler.attained import AttainedService
     from gpusched.scheduler.durations import DurationHistory
     from gpusched.scheduler.ledger_store import LedgerStore
 
-__all__ = ["InputsCore", "pending_work", "read_cycle_request"]
+__all__ = ["InputsCore", "pending_work", "prefetch_request", "read_cycle_request"]
 
 
 class InputsCore(Protocol):
@@ -80,12 +83,15 @@ class InputsCore(Protocol):
     def dispatcher(self) -> SlotView: ...
 
     slot_notes: list[str]  # why some hosts take nothing this cycle (their worker slots)
+    slot_cordoned: frozenset[str]  # nodes this cycle leaves out for their hosts' busy slots
 
 
 class SlotView(Protocol):
     """What the cycle's inputs ask the executor's dispatcher."""
 
     def full_nodes(self, active: Sequence[Allocation]) -> dict[str, str]: ...
+
+    def prefetch_nodes(self, running: Sequence[RunningTask], now: float) -> frozenset[str]: ...
 
 
 def pending_work(
@@ -148,23 +154,59 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
                for w in pending]
     snapshot, active = ledger.cycle_view(now)  # one read transaction: both agree
     full = core.dispatcher.full_nodes(active)
+    core.slot_cordoned = frozenset()
     if full:  # hosts whose workers have no free slot take nothing new this cycle
-        snapshot = snapshot.with_nodes([replace(n, cordoned=True) for n in snapshot.nodes
-                                        if n.name in full and not n.cordoned])
+        slotted = [replace(n, cordoned=True) for n in snapshot.nodes if n.name in full and not n.cordoned]
+        snapshot = snapshot.with_nodes(slotted)
+        core.slot_cordoned = frozenset(n.name for n in slotted)
     core.slot_notes = sorted(set(full.values()))
     work, busy, core.predicted = core.durations.apply(ledger, now, pending, core.kept_running(active))
     attained = {}
     if core.preemption.mode == "service":
         attained = core.attained.earlier_tries(ledger, [w.key for w in work] + [r.key for r in busy], now)
     policy = cycle_policy(core.policy, core.steady, [w.request for w in work] + [r.request for r in busy])
-    quota = cycle_quota(ledger, snapshot, now)
-    if quota.enforced:  # the last forecast plan's burst reserve, kept by the quota gate
-        reserve = burst_reserve(ledger, now)
-        quota = replace(quota, burst_reserve_gpus=reserve) if reserve else quota
     return CycleRequest(
         work, snapshot, policy, busy, now,
-        quota, use_uuids=core.use_uuids,
+        _quota(core, snapshot, now), use_uuids=core.use_uuids,
         replan_budget_ms=core.replan_budget_ms, replan_weights=core.replan_weights,
         addresses=ledger.node_addresses() if any(w.gang for w in work) else {},
         attained_gpu_s=attained, engine=core.warm,
     )
+
+
+def prefetch_request(
+    core: InputsCore, cycle: CycleRequest, held: Sequence[PendingWork], launched: Sequence[Launch],
+) -> CycleRequest | None:
+    """The second look of ``cycle`` for ``held``: the work it left waiting that takes no gang and
+    owns no devices, offered only the nodes of hosts whose workers may hold a task beyond their
+    busy slots (``core.dispatcher.prefetch_nodes``). ``launched`` (this cycle's launches so far)
+    count as used devices and as running tasks, and the quota is read again after them, so the
+    second look sees what the next cycle would. None when no host has such room or nothing
+    qualifies. A fresh engine places it (the kept one stays on the cycle's fleet); no re-planning."""
+    held = [w for w in held if w.gang is None and not w.existing]
+    if not held or not core.slot_cordoned:
+        return None
+    room = core.dispatcher.prefetch_nodes(cycle.running, cycle.now) & core.slot_cordoned
+    if not room:
+        return None
+    now = cycle.now
+    fresh = [launch for launch in launched if not launch.reused]
+    snapshot = cycle.snapshot.with_usage([s for launch in fresh for s in launch.shares]).with_nodes(
+        [replace(n, cordoned=n.name not in room) for n in cycle.snapshot.nodes
+         if n.name in room or not n.cordoned])
+    started = tuple(
+        RunningTask(key=launch.key, request=launch.request, shares=launch.shares, started_at=now,
+                    expected_end=now + launch.request.expected_duration_s
+                    if launch.request.expected_duration_s else None)
+        for launch in fresh)
+    return replace(cycle, pending=tuple(held), snapshot=snapshot, running=cycle.running + started,
+                   quota=_quota(core, snapshot, now), engine=None, replan_budget_ms=0.0)
+
+
+def _quota(core: InputsCore, snapshot: FleetSnapshot, now: float) -> QuotaState:
+    """The cycle's quota on ``snapshot`` (with the last forecast plan's burst reserve)."""
+    quota = cycle_quota(core.ledger, snapshot, now)
+    if quota.enforced:  # the last forecast plan's burst reserve, kept by the quota gate
+        reserve = burst_reserve(core.ledger, now)
+        quota = replace(quota, burst_reserve_gpus=reserve) if reserve else quota
+    return quota

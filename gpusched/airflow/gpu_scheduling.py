@@ -52,7 +52,7 @@ from gpusched.placement.warm import WarmPlacement
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.request import GPURequest
 from gpusched.scheduler.attained import AttainedService
-from gpusched.scheduler.cycle import CycleRequest, Hold, Launch, PendingWork, RunningTasks
+from gpusched.scheduler.cycle import CycleReply, CycleRequest, Hold, Launch, PendingWork, RunningTasks, decide
 from gpusched.scheduler.durations import DurationHistory
 from gpusched.scheduler.keys import ti_key_of
 from gpusched.scheduler.ledger_store import LedgerStore
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from airflow.models.taskinstancekey import TaskInstanceKey
 
     from gpusched.durations.predictor import Prediction
+    from gpusched.placement.types import RunningTask
     from gpusched.records import Allocation
 
 __all__ = ["Dispatcher", "GPUScheduling"]
@@ -74,8 +75,9 @@ _NOT_FINISHED = frozenset({"running", "queued", "scheduled", "restarting", "defe
 class Dispatcher(Protocol):
     """How one executor starts a task on its devices (the only part that differs per executor)."""
 
-    def refuse(self, launch: Launch) -> str | None:
-        """Why ``launch`` cannot be dispatched by this executor now (it is held), or None."""
+    def refuse(self, launch: Launch, *, prefetch: bool = False) -> str | None:
+        """Why ``launch`` cannot be dispatched by this executor now (it is held), or None;
+        ``prefetch``: it may use the room :meth:`prefetch_nodes` gave beyond a host's slots."""
         ...
 
     def dispatch(self, workload: ExecuteTask, launch: Launch) -> None:
@@ -94,6 +96,11 @@ class Dispatcher(Protocol):
     def full_nodes(self, active: Sequence[Allocation]) -> dict[str, str]:
         """Nodes whose workers have no free slot now (node -> why), given the cycle's ``active``
         allocations; they take no new task this cycle."""
+        ...
+
+    def prefetch_nodes(self, running: Sequence[RunningTask], now: float) -> frozenset[str]:
+        """Nodes of hosts without a free slot whose workers may still be sent a task to wait for
+        one (:func:`gpusched.scheduler.hosts.prefetch_room`), after this cycle's launches so far."""
         ...
 
 
@@ -130,6 +137,7 @@ class GPUScheduling:
         self.attained = AttainedService()  # GPU-time of earlier tries (preemption = service)
         self.predicted: dict[str, Prediction] = {}  # ledger key -> this cycle's prediction
         self.slot_notes: list[str] = []  # this cycle: hosts whose worker slots are all busy
+        self.slot_cordoned: frozenset[str] = frozenset()  # this cycle: their nodes, left out
         # The placement engine kept between cycles, and the request mix it scores by (kept until
         # it drifts past [gpusched] workload_drift, so the engine need not be rebuilt every cycle).
         self.warm = WarmPlacement()
@@ -274,11 +282,36 @@ class GPUScheduling:
         self.metrics.decided(time.perf_counter() - started, reply)
         # One task's failure never costs the others their turn; only an unreachable or locked
         # ledger ends the cycle (every write would wait out its bound in turn).
+        launched: list[Launch] = []
+
+        def launch_one(workload: ExecuteTask, launch: Launch) -> None:
+            if self._launch(workload, launch, now):
+                launched.append(launch)
+
         for launch in reply.launches:
-            self._isolated(launch.key, lambda w=by_key[launch.key], x=launch: self._launch(w, x, now))
+            self._isolated(launch.key, lambda w=by_key[launch.key], x=launch: launch_one(w, x))
         for hold in reply.holds:
             self._isolated(hold.key, lambda w=by_key[hold.key], x=hold: self.hold(w, x, now))
+        if self.slot_cordoned:
+            self._prefetch(cycle, reply, launched, by_key, now)
         self.metrics.cycle_done()
+
+    def _prefetch(self, cycle: CycleRequest, reply: CycleReply, launched: list[Launch],
+                  by_key: dict[str, ExecuteTask], now: float) -> None:
+        """Send what this cycle left waiting, only for want of a free worker slot, to hosts whose
+        workers may hold it until a slot frees (:func:`.gpu_inputs.prefetch_request`); what still
+        does not fit keeps the reason the cycle gave it."""
+        sent = {launch.key for launch in launched}
+        waiting = ({h.key for h in reply.holds if not h.permanent}
+                   | {x.key for x in reply.launches if x.key not in sent and not x.reused})
+        waiting -= set(self.preemption.nominated)  # the room being made for them stays theirs
+        held = [w for w in cycle.pending if w.key in waiting]
+        second = gpu_inputs.prefetch_request(self, cycle, held, launched) if held else None
+        if second is None:
+            return
+        for launch in decide(second).launches:
+            self._isolated(launch.key, lambda w=by_key[launch.key], x=launch:
+                           self._launch(w, x, now, prefetch=True))
 
     def _pause_dispatch(self, exc: DispatchUnavailableError) -> None:
         now = time.monotonic()
@@ -311,13 +344,16 @@ class GPUScheduling:
         except Exception:
             self.log.exception("gpusched: %s failed this cycle; it stays queued", key)
 
-    def _launch(self, workload: ExecuteTask, launch: Launch, now: float) -> None:
-        refusal = self.dispatcher.refuse(launch)
+    def _launch(self, workload: ExecuteTask, launch: Launch, now: float, *, prefetch: bool = False) -> bool:
+        """Allocate and dispatch ``launch`` (True), or hold ``workload`` with why not (False).
+        ``prefetch``: a second look's launch; refused, it keeps the cycle's reason and no hold."""
+        refusal = self.dispatcher.refuse(launch, prefetch=prefetch)
         if refusal:
             if launch.reused:
                 self._safe(lambda: self.ledger.release(launch.key, reason=refusal, now=now))
-            self.hold(workload, Hold(launch.key, refusal), now)
-            return
+            if not prefetch:
+                self.hold(workload, Hold(launch.key, refusal), now)
+            return False
         if not launch.reused:
             try:
                 self.ledger.allocate(  # the author's request (the prediction is re-made each cycle)
@@ -327,7 +363,7 @@ class GPUScheduling:
                 )
             except AllocationConflictError as exc:
                 self.hold(workload, Hold(launch.key, f"devices taken meanwhile, retrying: {exc}"), now)
-                return
+                return False
         self._queue_reason.pop(launch.key, None)
         self.ledger.clear_queue(launch.key)
         from airflow.executors.workloads import ExecuteTask
@@ -360,6 +396,7 @@ class GPUScheduling:
             extra=json.dumps({"devices": devices, "env": launch.env.get("CUDA_VISIBLE_DEVICES")}),
             ti_key=workload.key,
         )
+        return True
 
     def _unsent(
         self, workload: ExecuteTask, launch: Launch, submitted: float | None, reason: str, now: float

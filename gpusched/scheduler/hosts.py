@@ -17,7 +17,10 @@ A lost host comes back when its agent heartbeats with its worker running
 until the agent confirms it stopped.
 
 A live host's Celery worker slots are capacity too (:func:`worker_slot_use`): a host whose slots
-are all taken gets no new task while another host has a free slot and a device that fits.
+are all taken gets no new task while another host has a free slot and a device that fits. Like a
+Celery worker's prefetch, such a host's worker may still be sent a few tasks that no host with a
+free slot can take, to wait in its queue for a slot that a running try is expected to free soon
+(:func:`prefetch_room`): the next one starts the moment a slot frees, not a scheduler cycle later.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from gpusched.ledger.hosts import HostRecord, HostState, WorkerState, host_queue
 from gpusched.records import AllocationStatus
 from gpusched.scheduler.keys import KEY_PREFIX
 
-__all__ = ["HostVerdict", "judge_hosts", "quarantine_reason", "record_verdicts", "slot_full_reason",
-           "worker_slot_use"]
+__all__ = ["HostVerdict", "judge_hosts", "prefetch_room", "quarantine_reason", "record_verdicts",
+           "slot_full_reason", "worker_slot_use"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,32 @@ def worker_slot_use(
         if host in busy:
             busy[host] += 1
     return {name: (busy[name], int(total)) for name, total in slots.items()}
+
+
+def prefetch_room(
+    use: Mapping[str, tuple[int, int]], node_host: Mapping[str, str], running: Iterable[Any],
+    now: float, *, prefetch: int, within_s: float,
+) -> dict[str, int]:
+    """Host -> how many tasks beyond its slots its worker may hold now, for each host of ``use``
+    (:func:`worker_slot_use`, host -> (busy, slots)) whose slots are all taken.
+
+    A host gets ``prefetch`` at most, and no more than the number of its running tries expected
+    to end by ``now + within_s`` (``running``: :class:`~gpusched.placement.types.RunningTask`; a
+    try without an expected end never counts), so a task sent there waits for a slot about as long
+    as the soonest predicted end, never behind tries whose ends nobody knows. Hosts with a free
+    slot, or without room, are left out.
+    """
+    if prefetch <= 0:
+        return {}
+    full = {host for host, (busy, slots) in use.items() if busy >= slots}
+    ending: dict[str, int] = dict.fromkeys(full, 0)
+    for task in running:
+        if task.expected_end is None or task.expected_end > now + within_s or not task.shares:
+            continue
+        host = node_host.get(task.shares[0].node)
+        if host in ending:
+            ending[host] += 1
+    return {host: min(prefetch, n) for host, n in ending.items() if n}
 
 
 def slot_full_reason(host: str, busy: int, slots: int) -> str:

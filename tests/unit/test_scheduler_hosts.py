@@ -95,3 +95,28 @@ def test_worker_slots_count_a_hosts_active_tries_one_each() -> None:
     assert slot_full_reason("host-a", 2, 2).startswith(
         "GPU host host-a: every Celery worker slot is busy (2 of 2)")
 
+
+
+def test_prefetch_room_only_on_full_hosts_with_a_try_ending_soon() -> None:
+    from gpusched.model import DeviceShare
+    from gpusched.placement.types import RunningTask
+    from gpusched.request import GPURequest
+    from gpusched.scheduler.hosts import prefetch_room
+
+    def running(node: str, end: float | None) -> RunningTask:
+        share = DeviceShare(f"{node}-0", node, 0, 250, 0)
+        return RunningTask(f"k-{node}-{end}", GPURequest(count=1), (share,), 0.0, end)
+
+    node_host = {"a1": "host-a", "b1": "host-b", "c1": "host-c", "d1": "host-d"}
+    use = {"host-a": (2, 2), "host-b": (2, 2), "host-c": (1, 2), "host-d": (3, 2)}
+    tries = [running("a1", 110.0), running("a1", 120.0),  # host-a: two end within 30 s
+             running("b1", 500.0), running("b1", None),  # host-b: none ends soon, one never known
+             running("c1", 101.0),  # host-c has a free slot: no prefetch needed
+             running("d1", 105.0)]  # host-d already holds one beyond its slots
+    def room(prefetch: int, within_s: float) -> dict[str, int]:
+        return prefetch_room(use, node_host, tries, 100.0, prefetch=prefetch, within_s=within_s)
+
+    assert room(1, 30.0) == {"host-a": 1, "host-d": 1}
+    assert room(4, 30.0) == {"host-a": 2, "host-d": 1}
+    assert room(0, 30.0) == {}
+    assert room(1, 5.0) == {"host-d": 1}

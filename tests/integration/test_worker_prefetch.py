@@ -1,0 +1,80 @@
+"""The executor cycle's second look (``gpu_inputs.prefetch_request``): work left waiting only
+for want of a free Celery worker slot is offered the hosts whose workers may hold it until a
+running try ends (``[gpusched] worker_prefetch``), and nothing else; the shares this cycle's
+launches took are not offered twice; gang members and tries owning devices never go."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from gpusched.airflow.gpu_inputs import prefetch_request
+from gpusched.model import DeviceShare, FleetSnapshot
+from gpusched.node_builder import make_node
+from gpusched.placement import Policy, RunningTask
+from gpusched.quota.policy import QuotaState
+from gpusched.request import GPURequest
+from gpusched.scheduler.cycle import CycleRequest, Launch, PendingWork, decide
+
+NOW = 1_000.0
+QUARTER = GPURequest.build(gpus=0.25, memory="8GiB")
+
+
+class _Dispatcher:
+    def __init__(self, room: frozenset[str]) -> None:
+        self.room = room
+        self.asked: list[tuple[int, float]] = []
+
+    def prefetch_nodes(self, running: Any, now: float) -> frozenset[str]:
+        self.asked.append((len(running), now))
+        return self.room
+
+
+class _Core:
+    def __init__(self, room: frozenset[str], cordoned: frozenset[str]) -> None:
+        self.dispatcher, self.slot_cordoned, self.ledger = _Dispatcher(room), cordoned, None
+
+
+def _cycle(pending: list[PendingWork]) -> CycleRequest:
+    nodes = [make_node("a1", "A100-SXM-80GB", 1), make_node("b1", "A100-SXM-80GB", 1),
+             make_node("c1", "A100-SXM-80GB", 1)]
+    # a1 and b1: hosts whose slots are all busy (the first look left them out); c1 cordoned by
+    # an operator.
+    snapshot = FleetSnapshot(tuple(replace(n, cordoned=True) for n in nodes))
+    running = (RunningTask("airflow/d/r/run/1/-1", QUARTER, (DeviceShare("a1-gpu0", "a1", 0, 250, 0),),
+                           NOW - 5, NOW + 5),)
+    snapshot = snapshot.with_usage(running[0].shares)
+    return CycleRequest(tuple(pending), snapshot, Policy.named("gpusched"), running, NOW,
+                        QuotaState.unlimited())
+
+
+def test_held_work_goes_only_to_hosts_with_room_and_not_onto_taken_shares() -> None:
+    waiting = [PendingWork(f"airflow/d/w{i}/run/1/-1", QUARTER, NOW - 10 + i) for i in range(4)]
+    cycle = _cycle(waiting)
+    core = _Core(room=frozenset({"a1"}), cordoned=frozenset({"a1", "b1"}))
+    taken = Launch("airflow/d/first/run/1/-1", QUARTER, (DeviceShare("a1-gpu0", "a1", 0, 500, 0),), {})
+    second = prefetch_request(core, cycle, waiting, [taken])  # type: ignore[arg-type]
+    assert second is not None and core.dispatcher.asked == [(1, NOW)]
+    assert [n.name for n in second.snapshot.nodes if not n.cordoned] == ["a1"]  # not b1, never c1
+    assert [r.key for r in second.running] == ["airflow/d/r/run/1/-1", taken.key]
+    assert second.engine is None and second.replan_budget_ms == 0.0
+    reply = decide(second)
+    # a1 has 1000 milli: 250 running, 500 taken by this cycle's launch: one more quarter fits.
+    assert [launch.key for launch in reply.launches] == [waiting[0].key]
+    assert {s.node for launch in reply.launches for s in launch.shares} == {"a1"}
+
+
+def test_no_second_look_without_room_or_for_gangs_and_owned_devices() -> None:
+    from gpusched.gang import GangMember
+
+    owned = PendingWork("airflow/d/own/run/1/-1", QUARTER, NOW, (DeviceShare("b1-gpu0", "b1", 0, 250, 0),))
+    member = PendingWork("airflow/d/g0/run/1/-1", QUARTER, NOW, (),
+                         GangMember(gang="g", size=2, rank=0))
+    plain = PendingWork("airflow/d/p/run/1/-1", QUARTER, NOW)
+    cycle = _cycle([owned, member, plain])
+    assert prefetch_request(_Core(frozenset(), frozenset({"a1", "b1"})), cycle, [plain], []) is None  # type: ignore[arg-type]
+    assert prefetch_request(_Core(frozenset({"a1"}), frozenset()), cycle, [plain], []) is None  # type: ignore[arg-type]
+    core = _Core(frozenset({"a1"}), frozenset({"a1", "b1"}))
+    assert prefetch_request(core, cycle, [owned, member], []) is None  # type: ignore[arg-type]
+    second = prefetch_request(core, cycle, [owned, member, plain], [])  # type: ignore[arg-type]
+    assert second is not None and [w.key for w in second.pending] == [plain.key]
