@@ -37,7 +37,6 @@ from the notice (:meth:`Preemptor.restore`), and its beneficiary keeps waiting f
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -89,14 +88,6 @@ class PreemptionCore(Protocol):
     def ledger(self) -> LedgerStore: ...
 
 
-def _seconds(name: str, conf: object, hint: str) -> float:
-    """``[gpusched] name`` as seconds >= 0, or a one-line ConfigurationError."""
-    value = settings.get_float(name, conf)
-    if not (math.isfinite(value) and value >= 0):
-        raise ConfigurationError(f"[gpusched] {name} = {value!r} must be a number >= 0 ({hint})")
-    return value
-
-
 class Preemptor:
     """The executors' face of :class:`~gpusched.scheduler.preemption.Preemptions`: reads what
     only the executor knows (checkpoints, tries preempted before, tasks it does not own) from
@@ -109,13 +100,15 @@ class Preemptor:
         self.mode = check_mode(settings.get_str("preemption", core.conf), extra=(MIGRATE,))
         self.grace_s = settings.get_float("preemption_grace_seconds", core.conf)
         self.min_runtime_s = settings.get_float("preemption_min_runtime_seconds", core.conf)
-        max_unsaved_s = _seconds("preemption_max_unsaved_seconds", core.conf, "0: no limit; e.g. 600")
-        min_rerun_s = _seconds("preemption_min_rerun_seconds", core.conf,
-                               "0: the checkpoint alone; e.g. 7200")
         margin = core.durations.service.model.margin if self.mode == "service" else 2.0
-        self.preemptions = Preemptions(PreemptionRules("off" if self.mode == MIGRATE else self.mode,
-                                                       self.grace_s, self.min_runtime_s, margin,
-                                                       max_unsaved_s, min_rerun_s))
+        try:
+            rules = PreemptionRules("off" if self.mode == MIGRATE else self.mode, self.grace_s,
+                                    self.min_runtime_s, margin,
+                                    settings.get_float("preemption_max_unsaved_seconds", core.conf),
+                                    settings.get_float("preemption_min_rerun_seconds", core.conf))
+        except ValueError as exc:  # a limit out of range, named by its setting
+            raise ConfigurationError(str(exc)) from None
+        self.preemptions = Preemptions(rules)
         self._seen: set[str] = set()  # running ledger keys already checked for a notice (restore)
 
     @property

@@ -60,6 +60,14 @@ MAX_SELECTIONS_PER_CYCLE = 4
 """Victim selections per cycle (most urgent held work first), bounding the cycle's cost."""
 
 
+_LIMITS = {  # field -> the [gpusched] setting it comes from, and what it means
+    "grace_s": ("preemption_grace_seconds", "how long a victim may take to stop; e.g. 30"),
+    "min_runtime_s": ("preemption_min_runtime_seconds", "no victim younger than this; e.g. 300"),
+    "max_unsaved_s": ("preemption_max_unsaved_seconds", "0: no limit; e.g. 600"),
+    "min_rerun_s": ("preemption_min_rerun_seconds", "0: the checkpoint alone; e.g. 7200"),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class PreemptionRules:
     """``[gpusched] preemption`` (``mode``), ``preemption_grace_seconds`` (``grace_s``),
@@ -67,7 +75,8 @@ class PreemptionRules:
     (``max_unsaved_s``: no victim with more run time than this since its last checkpoint; 0: no
     limit), ``preemption_min_rerun_seconds`` (``min_rerun_s``: a task preempted before is no victim
     again before it has run this long since its restart); ``margin``: mode ``service``, the factor
-    a waiting task's index must exceed a victim's by."""
+    a waiting task's index must exceed a victim's by. A negative or non-finite limit raises
+    ValueError naming its setting."""
 
     mode: str = "off"
     grace_s: float = 30.0
@@ -78,10 +87,10 @@ class PreemptionRules:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", check_mode(self.mode))
-        for name in ("grace_s", "min_runtime_s", "max_unsaved_s", "min_rerun_s"):
+        for name, (setting, hint) in _LIMITS.items():
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
-                raise ValueError(f"preemption {name} = {value!r} must be a number >= 0")
+                raise ValueError(f"[gpusched] {setting} = {value!r} must be seconds >= 0 ({hint})")
 
     @property
     def enabled(self) -> bool:

@@ -82,7 +82,24 @@ def test_a_restarted_task_is_no_victim_before_its_minimum_rerun_even_after_a_che
     assert "1 restarted after a preemption less than 7200 s ago" in alone.reason
 
 
-@pytest.mark.parametrize("name", ["max_unsaved_s", "min_rerun_s"])
-def test_the_rules_refuse_a_negative_limit(name: str) -> None:
-    with pytest.raises(ValueError, match=name):
+@pytest.mark.parametrize(("name", "setting"), [
+    ("grace_s", "preemption_grace_seconds"), ("min_runtime_s", "preemption_min_runtime_seconds"),
+    ("max_unsaved_s", "preemption_max_unsaved_seconds"), ("min_rerun_s", "preemption_min_rerun_seconds")])
+def test_the_rules_refuse_a_negative_limit_naming_its_setting(name: str, setting: str) -> None:
+    with pytest.raises(ValueError, match=rf"^\[gpusched\] {setting} = -1.0 must be seconds >= 0 \("):
         PreemptionRules("priority", **{name: -1.0})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=setting):
+        PreemptionRules("priority", **{name: float("nan")})  # type: ignore[arg-type]
+
+
+def test_the_executor_names_the_setting_of_a_negative_limit() -> None:
+    from _core_support import GpuschedConf, StubCore
+
+    from gpusched.airflow.gpu_preemption import Preemptor
+    from gpusched.errors import ConfigurationError
+
+    for setting in ("preemption_grace_seconds", "preemption_min_rerun_seconds"):
+        core = StubCore(None, {"preemption": "priority", setting: "-5"})  # type: ignore[arg-type]
+        assert isinstance(core.conf, GpuschedConf)
+        with pytest.raises(ConfigurationError, match=rf"^\[gpusched\] {setting} = -5.0 must be seconds >= 0"):
+            Preemptor(core)
