@@ -7,6 +7,7 @@ they were derived from) so anyone can rebuild them with ``gpusched bench openb-l
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from gpusched.sim.openb_lists import (
     spec_distribution,
 )
 
-__all__ = ["CPU_ANCHORS", "SPEC_SOURCES", "build_lists", "built_recipes"]
+__all__ = ["CPU_ANCHORS", "SPEC_SOURCES", "build_lists", "built_recipes", "lists_report"]
 
 CPU_ANCHORS = (50, 100, 200)
 """The family's ``cpuNNN`` lists whose measured CPU ratios place a new NNN (with default's)."""
@@ -107,3 +108,60 @@ def build_lists(traces: Path, out: Path, *, only: Sequence[str] = ()) -> dict[st
         "spec_distribution": {k: dict(v) for k, v in specs.items()},
         "lists": lists,
     }
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def lists_report(folder: Path, *, policies: Sequence[str] = ("fgd", "gpusched", "best-fit")) -> str:
+    """Markdown of the openb benchmark on the built lists: ``folder`` holds ``lists.json`` and the
+    ``openb_pod_list_<name>__<policy>.json`` results of ``gpusched bench openb``.
+
+    Per list: each policy's median unallocated GPU %, Δ = gpusched − fgd, the median GPU-only bound,
+    the distance-to-bound ratio (gpusched − bound) / (fgd − bound), the one-sided Mann–Whitney U
+    p-value of gpusched < fgd over the seeds and the seeds on which gpusched is lower (same seed,
+    same arrivals).
+    """
+    from scipy.stats import mannwhitneyu  # local: scipy only for the report
+
+    manifest = json.loads((folder / "lists.json").read_text(encoding="utf-8"))
+    head = ["list", *policies, "Δ gpusched − fgd", "bound", "(gps − bound)/(fgd − bound)",
+            "MWU p (gpusched < fgd)", "seeds gpusched < fgd", "seeds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for item in manifest["lists"]:
+        stem = Path(item["file"]).stem
+        runs = {}
+        for policy in policies:
+            path = folder / f"{stem}__{policy}.json"
+            if path.is_file():
+                runs[policy] = json.loads(path.read_text(encoding="utf-8"))
+        if "gpusched" not in runs or "fgd" not in runs:
+            continue
+        gps, fgd = runs["gpusched"], runs["fgd"]
+        bound = _median(gps["unallocated_gpu_pct_bound"])
+        delta = gps["unallocated_gpu_pct_median"] - fgd["unallocated_gpu_pct_median"]
+        gap = fgd["unallocated_gpu_pct_median"] - bound
+        ratio = (gps["unallocated_gpu_pct_median"] - bound) / gap if gap > 0 else float("nan")
+        p = mannwhitneyu(gps["unallocated_gpu_pct"], fgd["unallocated_gpu_pct"], alternative="less").pvalue
+        by_seed = dict(zip(fgd["seeds"], fgd["unallocated_gpu_pct"], strict=True))
+        lower = sum(1 for s, v in zip(gps["seeds"], gps["unallocated_gpu_pct"], strict=True)
+                    if s in by_seed and v < by_seed[s])
+        cells = [item["recipe"]["name"]]
+        cells += [f"{runs[p_]['unallocated_gpu_pct_median']:.2f}" if p_ in runs else "—" for p_ in policies]
+        cells += [f"{delta:+.2f}", f"{bound:.2f}", f"{ratio:.2f}", f"{p:.2g}", f"{lower}/{len(gps['seeds'])}",
+                  str(len(gps["seeds"]))]
+        lines.append("| " + " | ".join(cells) + " |")
+    recipe_head = ["list", "recipe", "seed", "tasks", "CPU ratio", "sharing", "pinned", "multi-GPU"]
+    recipes = ["| " + " | ".join(recipe_head) + " |", "|" + "---|" * len(recipe_head)]
+    for item in [{"recipe": {"name": "default (base)", "seed": "—"}, "achieved": manifest["base"]},
+                 *manifest["lists"]]:
+        r, a = item["recipe"], item["achieved"]
+        knobs = ", ".join(f"{k} {r[k]}" for k in ("cpu_ratio", "gpushare", "gpuspec", "multigpu")
+                          if r.get(k) is not None) or "—"
+        cells = [r["name"], knobs, str(r["seed"]), *(str(a[k]) for k in ("tasks", "cpu_ratio", "gpushare",
+                                                                           "gpuspec", "multigpu"))]
+        recipes.append("| " + " | ".join(cells) + " |")
+    return "\n".join(["\n".join(recipes), "", "\n".join(lines)]) + "\n"

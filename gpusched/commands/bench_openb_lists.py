@@ -2,6 +2,7 @@
 
     gpusched bench openb-lists --out DIR [--traces DIR] [--manifest results/openb/built/lists.json]
                                [--only cpu150,gpushare90] [--json]
+    gpusched bench openb-lists --tables results/openb/built   # markdown tables of the results there
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ def register_bench(bench_subparsers: Any) -> None:
     parser = bench_subparsers.add_parser(
         "openb-lists", help="build openb pod lists that re-weight default as the family does (held-out lists)"
     )
-    parser.add_argument("--out", type=Path, required=True, help="folder for the built CSV lists")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the built CSV lists")
+    parser.add_argument("--tables", type=Path, default=None, metavar="FOLDER",
+                        help="instead of building: print markdown tables of the `gpusched bench openb` "
+                             "results in FOLDER (beside its lists.json)")
     parser.add_argument("--traces", type=Path, default=default_trace_dir(),
                         help="trace folder holding openb/ (default $GPUSCHED_TRACES or ../shared/traces)")
     parser.add_argument("--manifest", type=Path, default=Path("results/openb/built/lists.json"),
@@ -36,8 +40,14 @@ def register_bench(bench_subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from gpusched.bench.openb_lists import build_lists
+    from gpusched.bench.openb_lists import build_lists, lists_report
+    from gpusched.errors import ConfigurationError
 
+    if args.tables is not None:
+        print(lists_report(args.tables), end="")
+        return 0
+    if args.out is None:
+        raise ConfigurationError("give --out DIR for the built lists, or --tables FOLDER for result tables")
     manifest = build_lists(args.traces, args.out, only=args.only)
     text = json.dumps(manifest, indent=2)
     args.manifest.parent.mkdir(parents=True, exist_ok=True)

@@ -238,3 +238,22 @@ def test_the_committed_manifest_matches_a_rebuild_from_the_traces(tmp_path: Path
     text = (_TRACES / "openb" / "openb_pod_list_default.csv").read_text(encoding="utf-8")
     columns, default = parse_csv(text)
     assert render_csv(columns, build(default, Recipe("default"))) == text
+
+
+def test_the_tables_read_the_results_beside_the_manifest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    traces = _synthetic_traces(tmp_path / "traces")
+    folder = tmp_path / "built"
+    folder.mkdir()
+    (folder / "lists.json").write_text(json.dumps(build_lists(traces, tmp_path / "o")), encoding="utf-8")
+    for policy, values in (("gpusched", [4.0, 4.1, 4.2]), ("fgd", [5.0, 5.1, 5.2])):
+        (folder / f"openb_pod_list_cpu150__{policy}.json").write_text(json.dumps({
+            "seeds": [0, 1, 2], "unallocated_gpu_pct": values, "unallocated_gpu_pct_median": values[1],
+            "unallocated_gpu_pct_bound": [3.0, 3.1, 3.2],
+        }), encoding="utf-8")
+    assert main(["bench", "openb-lists", "--tables", str(folder)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| cpu150 | 5.10"))
+    # fgd, gpusched, best-fit, Δ, bound, distance ratio (4.1 - 3.1) / (5.1 - 3.1), p, seeds lower
+    assert row.split(" | ")[1:8] == ["5.10", "4.10", "—", "-1.00", "3.10", "0.50", "0.05"]
+    assert "3/3" in row
