@@ -10,6 +10,7 @@ markdown. matplotlib (the ``lab`` extra) is imported inside the plotting helpers
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,14 @@ from gpusched.bench.calibration import read_published_seeds, report_sections
 from gpusched.bench.headroom import bound_medians, headroom_section
 from gpusched.extras import pyplot
 
-__all__ = ["gavel_report", "latency_report", "openb_report", "philly_report", "read_published_openb"]
+__all__ = [
+    "bound_distance_section",
+    "gavel_report",
+    "latency_report",
+    "openb_report",
+    "philly_report",
+    "read_published_openb",
+]
 
 _OPENB_COLUMNS = ("random", "best-fit", "gpusched", "fgd", "fgd-full", "fgd-lookahead", "fgd-memory")
 _BEAT_FGD_BY = 0.1  # issue 13's bar: strictly below the published FGD by at least this
@@ -176,8 +184,71 @@ def openb_report(folder: Path, published_tsv: Path) -> str:
             more = _load(unseen)
             sections = report_sections(more, per_seed, scope) + headroom_section(more, by_seed, scope)
             text += "\n" + "\n".join(sections)
+    text += "\n" + "\n".join(bound_distance_section(folder))
     (folder / "report.md").write_text("# openb packing\n\n" + text, encoding="utf-8")
     return text
+
+
+def _bound_medians(data: dict[str, Any], key: str) -> float | None:
+    values = data.get(key)
+    return statistics.median(values) if values else None
+
+
+def bound_distance_section(folder: Path) -> list[str]:
+    """Markdown lines: per pod list (``folder``'s runs, then ``unseen/`` and ``built/``) the two
+    packing bounds (median of seeds: GPU capacity only, and host CPU and memory counted too, from
+    ``folder/bounds/<list>.json`` of ``gpusched bench openb-bound``; the GPU-only one from the runs
+    where there is no such file), the fgd and gpusched medians, and the distance-to-bound ratio
+    ``(gpusched − bound) / (fgd − bound)`` for each bound (1 = no closer than fgd, 0 = at the
+    bound)."""
+    bounds = _load(folder / "bounds")
+    scopes = [("", folder), ("`unseen/`", folder / "unseen"), ("`built/`", folder / "built")]
+    rows = []
+    for scope, where in scopes:
+        runs = _load(where) if where.is_dir() else {}
+        gpu_only = bound_medians(runs)
+        by_list: dict[str, dict[str, float]] = {}
+        for stem, data in runs.items():
+            value = data.get("unallocated_gpu_pct_median")
+            if "__" in stem and value is not None:
+                workload, policy = stem.split("__", 1)
+                by_list.setdefault(workload, {})[policy] = float(value)
+        for workload in sorted(by_list):
+            mine = by_list[workload]
+            if "fgd" not in mine and "gpusched" not in mine:
+                continue
+            own = bounds.get(workload, {})
+            gpu = _bound_medians(own, "unallocated_gpu_pct_bound")
+            gpu = gpu_only.get(workload) if gpu is None else gpu
+            host = _bound_medians(own, "unallocated_gpu_pct_bound_host")
+            fgd, ours = mine.get("fgd"), mine.get("gpusched")
+
+            def ratio(bound: float | None, fgd: float | None = fgd, ours: float | None = ours) -> str:
+                if bound is None or fgd is None or ours is None or fgd - bound <= 0:
+                    return "—"
+                return f"{(ours - bound) / (fgd - bound):.2f}"
+
+            name = workload.replace("openb_pod_list_", "") + (f" ({scope})" if scope else "")
+            cells = [name, _fmt(gpu), _fmt(host), _fmt(fgd), _fmt(ours), ratio(gpu), ratio(host)]
+            rows.append("| " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return [
+        "## Distance to the bound",
+        "",
+        "Bound = the lowest unallocated GPU % a placement of the same arrivals can read (median of "
+        "seeds): GPU-only counts GPU capacity per model alone (every placement); CPU/mem also counts "
+        "each node's CPU and each node group's memory, with every arrived CPU-only task held "
+        "(`gpusched bench openb-bound`, `results/openb/bounds/`; — where not computed). Ratio = "
+        "(gpusched − bound) / (fgd − bound), medians of seeds: 1 = as far from the bound as our fgd "
+        "preset, 0 = at it.",
+        "",
+        "| pod list | bound GPU-only | bound CPU/mem | fgd (ours) | gpusched "
+        "| ratio GPU-only | ratio CPU/mem |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def gavel_report(folder: Path, published_tsv: Path) -> str:

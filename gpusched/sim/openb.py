@@ -27,7 +27,11 @@ Procedure (Weng et al., ATC '23; ``shared/traces/README.md``):
    the arrival that brings the arrived request to 100 %).
 5. Beside it, ``OpenbRun.unallocated_bound_pct``: the lowest value any placement of the same
    arrivals could read (:mod:`gpusched.sim.packing_bound`: GPU capacity only, so a lower bound
-   for every policy; it depends on the seed's arrivals, not on the policy).
+   for every policy; it depends on the seed's arrivals, not on the policy). The arrivals it
+   covers are :func:`reading_span`'s; :func:`openb_bounds` gives it without running a policy,
+   with the bound that counts host CPU and memory too (``unallocated_host_bound_pct``, for the
+   placements that hold every arrived CPU-only task; ``OpenbRun.cpu_tasks_failed`` counts the
+   CPU-only tasks a run failed among those arrivals).
 
 Every GPU task is one cycle of the executors' scheduler (:func:`gpusched.scheduler.cycle.decide`,
 no quota) on a placement engine kept alive across arrivals (:class:`gpusched.placement.Placer`,
@@ -56,14 +60,16 @@ from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import CycleRequest, PendingWork, decide
 from gpusched.sim.fleets import MIB, openb_fleet
-from gpusched.sim.packing_bound import gpus_by_model, unallocated_bound_pct
+from gpusched.sim.packing_bound import gpus_by_model, unallocated_bound_pct, unallocated_host_bound_pct
 from gpusched.sim.traces import OpenbNode, OpenbPod
 
 __all__ = [
     "OpenbRun",
     "node_order",
+    "openb_bounds",
     "openb_policy",
     "pod_request",
+    "reading_span",
     "run_openb",
     "run_openb_seeds",
     "tune_workload",
@@ -89,6 +95,9 @@ class OpenbRun:
     # The lowest unallocated GPU % any placement could read on the same arrivals
     # (:mod:`gpusched.sim.packing_bound`).
     unallocated_bound_pct: float = 0.0
+    # CPU-only tasks that found no node among the arrivals the reading covers (the host bound,
+    # :func:`openb_bounds`, covers the runs where this is 0).
+    cpu_tasks_failed: int = 0
 
 
 def tune_workload(
@@ -231,7 +240,7 @@ def run_openb(
     unlimited = QuotaState.unlimited()  # FGD's experiment has no quotas
     arrived = allocated = failed = count = 0
     crossing: tuple[int, int, int, int] | None = None  # allocated, arrived, count, failed
-    last = {"window": -1, "wide": -1, "crossing": -1}  # the last arrival each reading covers
+    host_failed: list[int] = []  # the arrivals of the CPU-only tasks that found no node
     window: list[float] = []
     wide: list[float] = []
     bar = None
@@ -255,6 +264,7 @@ def run_openb(
             node = placer.choose_host_node(cpu, mem, seed=step_seed)
             if node is None:
                 failed += 1
+                host_failed.append(i)
             else:
                 placer.take_host(node, cpu, mem)
         else:
@@ -269,24 +279,20 @@ def run_openb(
         arrived_pct = 100.0 * arrived / capacity
         if crossing is None and arrived >= stop_at * capacity:
             crossing = (allocated, arrived, count, failed)
-            last["crossing"] = i
         alloc_pct = round(100.0 * allocated / capacity, 2)
         off = round(arrived_pct) - round(100 * stop_at)  # FGD's analysis rounds the arrived ratio
         if off == 0:
             window.append(alloc_pct)
-            last["window"] = i
         if abs(off) <= 1:
             wide.append(alloc_pct)
-            last["wide"] = i
         if off > 1:
             break
     if bar is not None:
         bar.close()
     if crossing is None:
         crossing = (allocated, arrived, count, failed)
-        last["crossing"] = count - 1
     measured = window or wide or [round(100.0 * crossing[0] / capacity, 2)]
-    covered = last["window"] if window else last["wide"] if wide else last["crossing"]
+    span = reading_span(tasks, capacity, stop_at)
     return OpenbRun(
         seed=seed,
         unallocated_gpu_pct=round(100.0 - statistics.fmean(measured), 4),
@@ -299,8 +305,60 @@ def run_openb(
         at_crossing=round(100.0 * (1 - crossing[0] / capacity), 4),
         window_arrivals=len(window),
         # Every reading of the measure holds at most what the arrivals up to its last one allow.
-        unallocated_bound_pct=unallocated_bound_pct(tasks[: covered + 1], gpus_by_model(nodes)),
+        unallocated_bound_pct=unallocated_bound_pct(tasks[:span], gpus_by_model(nodes)),
+        cpu_tasks_failed=sum(i < span for i in host_failed),
     )
+
+
+def reading_span(tasks: Sequence[OpenbPod], capacity_milli: int, stop_at: float = 1.0) -> int:
+    """How many leading arrivals the measure of :func:`run_openb` covers: up to the last one
+    whose arrived ratio rounds to ``stop_at`` (else to within 1 point of it, else up to the one
+    that reaches it, else all). It depends on the arrivals only, not on the placements."""
+    arrived = 0
+    window = wide = crossing = -1
+    for i, pod in enumerate(tasks):
+        arrived += pod.total_gpu_milli
+        if crossing < 0 and arrived >= stop_at * capacity_milli:
+            crossing = i
+        off = round(100.0 * arrived / capacity_milli) - round(100 * stop_at)
+        if off == 0:
+            window = i
+        if abs(off) <= 1:
+            wide = i
+        if off > 1:
+            break
+    if crossing < 0:
+        crossing = len(tasks) - 1
+    return 1 + (window if window >= 0 else wide if wide >= 0 else crossing)
+
+
+def openb_bounds(
+    pods: Sequence[OpenbPod],
+    nodes: Sequence[OpenbNode],
+    seed: int,
+    *,
+    factor: float = 1.3,
+    stop_at: float = 1.0,
+    host: bool = True,
+) -> dict[str, Any]:
+    """Both bounds of one seed without running a policy: the same arrivals as
+    :func:`run_openb` (:func:`tune_workload` with the seed's generator, :func:`reading_span`).
+    ``unallocated_bound_pct`` counts GPU capacity only (every placement);
+    ``unallocated_host_bound_pct`` host CPU and memory too (every placement that holds every
+    arrived CPU-only task, :func:`gpusched.sim.packing_bound.host_packing_bound`)."""
+    capacity = openb_fleet(nodes).total_devices() * MILLI
+    tasks = tune_workload(pods, capacity, random.Random(seed), factor)
+    span = reading_span(tasks, capacity, stop_at)
+    arrived = tasks[:span]
+    out: dict[str, Any] = {
+        "seed": seed,
+        "arrivals": span,
+        "cpu_tasks": sum(not p.num_gpu for p in arrived),
+        "unallocated_bound_pct": unallocated_bound_pct(arrived, gpus_by_model(nodes)),
+    }
+    if host:  # ``host=False``: the GPU-only bound alone (the host bound's LP costs seconds)
+        out["unallocated_host_bound_pct"] = unallocated_host_bound_pct(arrived, nodes)
+    return out
 
 
 def run_openb_seeds(
@@ -325,6 +383,8 @@ def run_openb_seeds(
         "unallocated_gpu_pct_bound": [r.unallocated_bound_pct for r in runs],
         "measure": "mean allocation over arrivals at 99.5-100.5 % of capacity (FGD's analysis)",
         "tasks_failed": [r.tasks_failed for r in runs],
+        # CPU-only tasks that found no node among the arrivals the bounds cover
+        "cpu_tasks_failed": [r.cpu_tasks_failed for r in runs],
         "tasks_arrived": [r.tasks_arrived for r in runs],
         "capacity_milli": runs[0].capacity_milli if runs else 0,
     }
