@@ -155,15 +155,16 @@ OPTIONS: tuple[Option, ...] = (
            "restarted without persistence) or its host is lost while the message still waits, the "
            "message is revoked, the devices released and the task placed again without spending a "
            "retry. 0 turns the check off.", "60"),
-    Option("worker_prefetch", "integer", "1",
-           "Several GPU hosts (GPUCeleryExecutor): GPU tasks a host whose Celery worker slots are all "
-           "busy may still be sent, beyond its slots, when no host with a free slot can take them and "
-           "a running try there is expected to end within worker_prefetch_seconds: the task waits in "
-           "the host's queue holding its devices and starts as soon as a slot frees, as a plain "
-           "Celery worker's prefetched task does. 0 sends nothing to a host without a free slot.", "0"),
+    Option("worker_prefetch_multiplier", "integer", "1",
+           "Several GPU hosts (GPUCeleryExecutor): a host whose Celery worker slots are all busy may "
+           "still be sent up to this many GPU tasks per slot that no host with a free slot can take, "
+           "one for each of its running tries predicted to end within worker_prefetch_seconds: the "
+           "task waits in the host's queue holding its devices and starts as soon as a slot frees, "
+           "as the messages a plain Celery worker reserves ([celery] worker_prefetch_multiplier) do. "
+           "0 sends nothing to a host without a free slot.", "0"),
     Option("worker_prefetch_seconds", "float", "30",
            "Several GPU hosts (GPUCeleryExecutor): a host with busy slots takes prefetched tasks "
-           "(worker_prefetch) only while one of its running tries is predicted to end within this "
+           "(worker_prefetch_multiplier) only for its running tries predicted to end within this "
            "many seconds (run times learnt from history, duration_history_days); keep it well below "
            "[scheduler] task_queued_timeout.", "10"),
     Option("reconcile_seconds", "float", "5",

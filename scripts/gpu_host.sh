@@ -107,6 +107,8 @@ if [ "$errors" -gt 0 ]; then
 fi
 
 export GPUSCHED_HOST="$host" GPUSCHED_HOST_ADDRESS="$address"
+# Airflow's Celery configuration; the worker imports the ledger's driver once, not per GPU task.
+export AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS="${AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS:-gpusched.airflow.celery_config.CELERY_CONFIG}"
 # Background children of a script ignore SIGINT, so both are stopped with SIGTERM from here (the
 # Celery worker's warm shutdown: running tasks finish first).
 gpusched agent --host-name "$host" --address "$address" --host "$metrics_host" --port "$((10#$metrics_port))" &

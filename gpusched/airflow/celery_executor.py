@@ -175,7 +175,7 @@ class _CeleryDispatcher:
         self._slot_use: dict[str, tuple[int, int]] = {}  # host -> (busy, slots), this cycle
         self._node_host: dict[str, str] = {}  # node -> host, this cycle
         self._room: dict[str, int] = {}  # host -> tasks it may hold beyond its slots, this cycle
-        self.prefetch = settings.get_int("worker_prefetch", executor.conf)
+        self.prefetch = settings.get_int("worker_prefetch_multiplier", executor.conf)
         self.prefetch_s = settings.get_float("worker_prefetch_seconds", executor.conf)
 
     def full_nodes(self, active: Sequence[Any]) -> dict[str, str]:
@@ -195,7 +195,7 @@ class _CeleryDispatcher:
 
     def prefetch_nodes(self, running: Sequence[Any], now: float) -> frozenset[str]:
         self._room = prefetch_room(self._slot_use, self._node_host, running, now,
-                                   prefetch=self.prefetch, within_s=self.prefetch_s)
+                                   multiplier=self.prefetch, within_s=self.prefetch_s)
         return frozenset(node for node, host in self._node_host.items() if host in self._room)
 
     def _host_of(self, node: str) -> tuple[str, str] | None:

@@ -186,20 +186,20 @@ def prefetch_request(
     held = [w for w in held if w.gang is None and not w.existing]
     if not held or not core.slot_cordoned:
         return None
-    room = core.dispatcher.prefetch_nodes(cycle.running, cycle.now) & core.slot_cordoned
-    if not room:
-        return None
     now = cycle.now
     fresh = [launch for launch in launched if not launch.reused]
-    snapshot = cycle.snapshot.with_usage([s for launch in fresh for s in launch.shares]).with_nodes(
-        [replace(n, cordoned=n.name not in room) for n in cycle.snapshot.nodes
-         if n.name in room or not n.cordoned])
-    started = tuple(
+    running = cycle.running + tuple(
         RunningTask(key=launch.key, request=launch.request, shares=launch.shares, started_at=now,
                     expected_end=now + launch.request.expected_duration_s
                     if launch.request.expected_duration_s else None)
         for launch in fresh)
-    return replace(cycle, pending=tuple(held), snapshot=snapshot, running=cycle.running + started,
+    room = core.dispatcher.prefetch_nodes(running, now) & core.slot_cordoned
+    if not room:
+        return None
+    snapshot = cycle.snapshot.with_usage([s for launch in fresh for s in launch.shares]).with_nodes(
+        [replace(n, cordoned=n.name not in room) for n in cycle.snapshot.nodes
+         if n.name in room or not n.cordoned])
+    return replace(cycle, pending=tuple(held), snapshot=snapshot, running=running,
                    quota=_quota(core, snapshot, now), engine=None, replan_budget_ms=0.0)
 
 

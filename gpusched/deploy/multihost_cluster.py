@@ -232,6 +232,7 @@ class LocalCluster:
             "AIRFLOW__CORE__EXECUTOR": self._executor,
             "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_SIZE": "2",
             "AIRFLOW__CELERY__SYNC_PARALLELISM": "1",
+            "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "gpusched.airflow.celery_config.CELERY_CONFIG",
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",

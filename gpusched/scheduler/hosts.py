@@ -18,8 +18,8 @@ until the agent confirms it stopped.
 
 A live host's Celery worker slots are capacity too (:func:`worker_slot_use`): a host whose slots
 are all taken gets no new task while another host has a free slot and a device that fits. Like a
-Celery worker's prefetch, such a host's worker may still be sent a few tasks that no host with a
-free slot can take, to wait in its queue for a slot that a running try is expected to free soon
+Celery worker's prefetch, such a host's worker may still be sent tasks that no host with a free
+slot can take, to wait in its queue for a slot that a running try is expected to free soon
 (:func:`prefetch_room`): the next one starts the moment a slot frees, not a scheduler cycle later.
 """
 
@@ -125,18 +125,19 @@ def worker_slot_use(
 
 def prefetch_room(
     use: Mapping[str, tuple[int, int]], node_host: Mapping[str, str], running: Iterable[Any],
-    now: float, *, prefetch: int, within_s: float,
+    now: float, *, multiplier: int, within_s: float,
 ) -> dict[str, int]:
     """Host -> how many tasks beyond its slots its worker may hold now, for each host of ``use``
     (:func:`worker_slot_use`, host -> (busy, slots)) whose slots are all taken.
 
-    A host gets ``prefetch`` at most, and no more than the number of its running tries expected
-    to end by ``now + within_s`` (``running``: :class:`~gpusched.placement.types.RunningTask`; a
-    try without an expected end never counts), so a task sent there waits for a slot about as long
-    as the soonest predicted end, never behind tries whose ends nobody knows. Hosts with a free
-    slot, or without room, are left out.
+    A host gets ``multiplier`` × its slots at most (a Celery worker reserves
+    ``worker_prefetch_multiplier`` × concurrency messages), and no more than the number of its
+    running tries expected to end by ``now + within_s`` (``running``:
+    :class:`~gpusched.placement.types.RunningTask`; a try without an expected end never counts),
+    so each task sent there waits for a slot about as long as a predicted end, never behind tries
+    whose ends nobody knows. Hosts with a free slot, or without room, are left out.
     """
-    if prefetch <= 0:
+    if multiplier <= 0:
         return {}
     full = {host for host, (busy, slots) in use.items() if busy >= slots}
     ending: dict[str, int] = dict.fromkeys(full, 0)
@@ -146,7 +147,7 @@ def prefetch_room(
         host = node_host.get(task.shares[0].node)
         if host in ending:
             ending[host] += 1
-    return {host: min(prefetch, n) for host, n in ending.items() if n}
+    return {host: min(multiplier * use[host][1], n) for host, n in ending.items() if n}
 
 
 def slot_full_reason(host: str, busy: int, slots: int) -> str:

@@ -1,6 +1,6 @@
 """The executor cycle's second look (``gpu_inputs.prefetch_request``): work left waiting only
 for want of a free Celery worker slot is offered the hosts whose workers may hold it until a
-running try ends (``[gpusched] worker_prefetch``), and nothing else; the shares this cycle's
+running try ends (``[gpusched] worker_prefetch_multiplier``), and nothing else; the shares this cycle's
 launches took are not offered twice; gang members and tries owning devices never go."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_held_work_goes_only_to_hosts_with_room_and_not_onto_taken_shares() -> N
     core = _Core(room=frozenset({"a1"}), cordoned=frozenset({"a1", "b1"}))
     taken = Launch("airflow/d/first/run/1/-1", QUARTER, (DeviceShare("a1-gpu0", "a1", 0, 500, 0),), {})
     second = prefetch_request(core, cycle, waiting, [taken])  # type: ignore[arg-type]
-    assert second is not None and core.dispatcher.asked == [(1, NOW)]
+    assert second is not None and core.dispatcher.asked == [(2, NOW)]  # the cycle's launch too
     assert [n.name for n in second.snapshot.nodes if not n.cordoned] == ["a1"]  # not b1, never c1
     assert [r.key for r in second.running] == ["airflow/d/r/run/1/-1", taken.key]
     assert second.engine is None and second.replan_budget_ms == 0.0

@@ -113,10 +113,13 @@ def test_prefetch_room_only_on_full_hosts_with_a_try_ending_soon() -> None:
              running("b1", 500.0), running("b1", None),  # host-b: none ends soon, one never known
              running("c1", 101.0),  # host-c has a free slot: no prefetch needed
              running("d1", 105.0)]  # host-d already holds one beyond its slots
-    def room(prefetch: int, within_s: float) -> dict[str, int]:
-        return prefetch_room(use, node_host, tries, 100.0, prefetch=prefetch, within_s=within_s)
+    def room(multiplier: int, within_s: float) -> dict[str, int]:
+        return prefetch_room(use, node_host, tries, 100.0, multiplier=multiplier, within_s=within_s)
 
-    assert room(1, 30.0) == {"host-a": 1, "host-d": 1}
-    assert room(4, 30.0) == {"host-a": 2, "host-d": 1}
+    assert room(1, 30.0) == {"host-a": 2, "host-d": 1}  # one per try ending soon
     assert room(0, 30.0) == {}
     assert room(1, 5.0) == {"host-d": 1}
+    # At most multiplier × slots, however many tries end soon.
+    use["host-a"] = (1, 1)
+    assert room(1, 30.0) == {"host-a": 1, "host-d": 1}
+    assert room(2, 30.0) == {"host-a": 2, "host-d": 1}
