@@ -27,6 +27,7 @@ from gpusched.errors import GPURequestError
 from gpusched.faults.failures import load_overrides
 from gpusched.gang import gang_member
 from gpusched.placement.types import RunningTask
+from gpusched.quota.policy import partition_capacity
 from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import CycleRequest, Launch, PendingWork, RunningTasks, cycle_policy
 from gpusched.scheduler.keys import ti_key_of
@@ -155,6 +156,7 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
     snapshot, active = ledger.cycle_view(now)  # one read transaction: both agree
     full = core.dispatcher.full_nodes(active)
     core.slot_cordoned = frozenset()
+    whole = snapshot  # the partitions split the whole fleet, busy worker slots or not
     if full:  # hosts whose workers have no free slot take nothing new this cycle
         slotted = [replace(n, cordoned=True) for n in snapshot.nodes if n.name in full and not n.cordoned]
         snapshot = snapshot.with_nodes(slotted)
@@ -167,7 +169,7 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
     policy = cycle_policy(core.policy, core.steady, [w.request for w in work] + [r.request for r in busy])
     return CycleRequest(
         work, snapshot, policy, busy, now,
-        _quota(core, snapshot, now), use_uuids=core.use_uuids,
+        _quota(core, snapshot, now, whole if full else None), use_uuids=core.use_uuids,
         replan_budget_ms=core.replan_budget_ms, replan_weights=core.replan_weights,
         addresses=ledger.node_addresses() if any(w.gang for w in work) else {},
         attained_gpu_s=attained, engine=core.warm,
@@ -200,13 +202,19 @@ def prefetch_request(
         [replace(n, cordoned=n.name not in room) for n in cycle.snapshot.nodes
          if n.name in room or not n.cordoned])
     return replace(cycle, pending=tuple(held), snapshot=snapshot, running=running,
-                   quota=_quota(core, snapshot, now), engine=None, replan_budget_ms=0.0)
+                   quota=replace(_quota(core, snapshot, now), capacity_milli=cycle.quota.capacity_milli),
+                   engine=None, replan_budget_ms=0.0)
 
 
-def _quota(core: InputsCore, snapshot: FleetSnapshot, now: float) -> QuotaState:
-    """The cycle's quota on ``snapshot`` (with the last forecast plan's burst reserve)."""
+def _quota(core: InputsCore, snapshot: FleetSnapshot, now: float, whole: FleetSnapshot | None = None,
+           ) -> QuotaState:
+    """The cycle's quota on ``snapshot`` (with the last forecast plan's burst reserve); ``whole``:
+    the fleet before nodes were left out for busy worker slots, whose capacity the partitions
+    split (None: nothing was left out)."""
     quota = cycle_quota(core.ledger, snapshot, now)
     if quota.enforced:  # the last forecast plan's burst reserve, kept by the quota gate
         reserve = burst_reserve(core.ledger, now)
         quota = replace(quota, burst_reserve_gpus=reserve) if reserve else quota
+        if whole is not None:
+            quota = replace(quota, capacity_milli=partition_capacity(whole))
     return quota

@@ -103,6 +103,23 @@ def test_engine_enforces_70_20_10_without_borrowing() -> None:
     assert all("share" in r.reason for r in plan.rejections)
 
 
+def test_nodes_left_out_for_busy_worker_slots_keep_their_share_of_the_partitions() -> None:
+    from dataclasses import replace
+
+    # n0–n2 are on hosts whose Celery slots are all busy: left out of this cycle's snapshot, but
+    # still capacity the partitions split (10 GPUs: dev's share is 1, burst's 2).
+    snap = _fleet()
+    busy = snap.with_nodes([replace(n, cordoned=True) for n in snap.nodes[:3]])
+    pending = [_task(f"burst{i}", "burst") for i in range(3)]
+    without = QuotaState(QuotaPolicy(borrowing=False))
+    plan = place(PlacementRequest(pending=pending, snapshot=busy, policy=GPUSCHED, now=0.0, quota=without))
+    assert len(plan.assignments) == 0  # 20 % of the 4 GPUs left: not one whole GPU
+    whole = replace(without, capacity_milli=partition_capacity(snap))
+    plan = place(PlacementRequest(pending=pending, snapshot=busy, policy=GPUSCHED, now=0.0, quota=whole))
+    assert sorted(a.key for a in plan.assignments) == ["burst0", "burst1"]
+    assert {s.node for a in plan.assignments for s in a.shares} <= {"n3", "n4"}
+
+
 def test_engine_borrows_idle_capacity_for_a_busy_partition() -> None:
     snap = _fleet()
     quota = QuotaState(QuotaPolicy())
