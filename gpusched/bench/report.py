@@ -228,8 +228,14 @@ def bound_distance_section(folder: Path) -> list[str]:
                     return "—"
                 return f"{(ours - bound) / (fgd - bound):.2f}"
 
+            host_ratio = ratio(host)
+            if host is not None and gpu is not None and host > gpu and host_ratio != "—":
+                # binding, it covers only the runs that held every arrived CPU-only task
+                failed = [runs.get(f"{workload}__{policy}", {}).get("cpu_tasks_failed")
+                          for policy in ("fgd", "gpusched")]
+                host_ratio += " ?" if None in failed else " †" if any(any(f or ()) for f in failed) else ""
             name = workload.replace("openb_pod_list_", "") + (f" ({scope})" if scope else "")
-            cells = [name, _fmt(gpu), _fmt(host), _fmt(fgd), _fmt(ours), ratio(gpu), ratio(host)]
+            cells = [name, _fmt(gpu), _fmt(host), _fmt(fgd), _fmt(ours), ratio(gpu), host_ratio]
             rows.append("| " + " | ".join(cells) + " |")
     if not rows:
         return []
@@ -241,7 +247,9 @@ def bound_distance_section(folder: Path) -> list[str]:
         "each node's CPU and each node group's memory, with every arrived CPU-only task held "
         "(`gpusched bench openb-bound`, `results/openb/bounds/`; — where not computed). Ratio = "
         "(gpusched − bound) / (fgd − bound), medians of seeds: 1 = as far from the bound as our fgd "
-        "preset, 0 = at it.",
+        "preset, 0 = at it. Where the CPU/mem bound is above the GPU-only one it covers only runs "
+        "that held every arrived CPU-only task: † = the fgd or gpusched run failed some "
+        "(`cpu_tasks_failed`), ? = the runs predate that count.",
         "",
         "| pod list | bound GPU-only | bound CPU/mem | fgd (ours) | gpusched "
         "| ratio GPU-only | ratio CPU/mem |",

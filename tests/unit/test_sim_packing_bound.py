@@ -340,6 +340,10 @@ def test_the_report_gives_both_bounds_and_the_distance_ratios(tmp_path: Path) ->
     write(tmp_path / "bounds" / f"{w}.json",
           {"unallocated_gpu_pct_bound": [3.0, 3.0, 3.0], "unallocated_gpu_pct_bound_host": [3.5, 3.5, 3.6]})
     lines = bound_distance_section(tmp_path)
-    assert "| cpu200 | 3.00 | 3.50 | 5.00 | 4.00 | 0.50 | 0.33 |" in lines
+    assert "| cpu200 | 3.00 | 3.50 | 5.00 | 4.00 | 0.50 | 0.33 ? |" in lines  # runs without the count
     assert "| x (`built/`) | 2.00 | — | — | 4.00 | — | — |" in lines
     assert bound_distance_section(tmp_path / "none") == []
+    # A binding CPU/mem bound covers only the runs that held every CPU-only task.
+    write(tmp_path / f"{w}__gpusched.json", {"unallocated_gpu_pct_median": 4.0, "cpu_tasks_failed": [0, 2]})
+    write(tmp_path / f"{w}__fgd.json", {"unallocated_gpu_pct_median": 5.0, "cpu_tasks_failed": [0, 0]})
+    assert "| cpu200 | 3.00 | 3.50 | 5.00 | 4.00 | 0.50 | 0.33 † |" in bound_distance_section(tmp_path)
