@@ -26,8 +26,9 @@ from gpusched.capacity.scaling import burst_reserve
 from gpusched.errors import GPURequestError
 from gpusched.faults.failures import load_overrides
 from gpusched.gang import gang_member
+from gpusched.model import FleetSnapshot
 from gpusched.placement.types import RunningTask
-from gpusched.quota.policy import partition_capacity
+from gpusched.quota.policy import QuotaState, partition_capacity
 from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import CycleRequest, Launch, PendingWork, RunningTasks, cycle_policy
 from gpusched.scheduler.keys import ti_key_of
@@ -40,11 +41,10 @@ if TYPE_CHECKING:
     from gpusched.airflow.gpu_migration import Migrator
     from gpusched.airflow.gpu_preemption import Preemptor
     from gpusched.durations.predictor import Prediction
-    from gpusched.model import DeviceShare, FleetSnapshot
+    from gpusched.model import DeviceShare
     from gpusched.placement import Policy
     from gpusched.placement.warm import WarmPlacement
     from gpusched.placement.workload import SteadyWorkload
-    from gpusched.quota.policy import QuotaState
     from gpusched.records import Allocation
     from gpusched.scheduler.attained import AttainedService
     from gpusched.scheduler.durations import DurationHistory
@@ -178,13 +178,17 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
 
 def prefetch_request(
     core: InputsCore, cycle: CycleRequest, held: Sequence[PendingWork], launched: Sequence[Launch],
-) -> CycleRequest | None:
+) -> tuple[CycleRequest, CycleRequest] | None:
     """The second look of ``cycle`` for ``held``: the work it left waiting that takes no gang and
-    owns no devices, offered only the nodes of hosts whose workers may hold a task beyond their
-    busy slots (``core.dispatcher.prefetch_nodes``). ``launched`` (this cycle's launches so far)
-    count as used devices and as running tasks, and the quota is read again after them, so the
-    second look sees what the next cycle would. None when no host has such room or nothing
-    qualifies. A fresh engine places it (the kept one stays on the cycle's fleet); no re-planning."""
+    owns no devices, for the hosts whose workers may hold a task beyond their busy slots
+    (``core.dispatcher.prefetch_nodes``). ``launched`` (this cycle's launches so far) count as
+    used devices and as running tasks.
+
+    Returns two requests, or None when no host has such room or nothing qualifies: the placement
+    on those hosts' nodes alone (a fleet of a few nodes: a fresh engine, no quota, no
+    re-planning; cheap whatever the fleet's size), and the whole fleet's view for the quota gate
+    its launches then pass (:func:`~gpusched.scheduler.cycle.quota_admitted`; the quota read
+    again after the launches, the partitions splitting the whole fleet)."""
     held = [w for w in held if w.gang is None and not w.existing]
     if not held or not core.slot_cordoned:
         return None
@@ -198,12 +202,18 @@ def prefetch_request(
     room = core.dispatcher.prefetch_nodes(running, now) & core.slot_cordoned
     if not room:
         return None
-    snapshot = cycle.snapshot.with_usage([s for launch in fresh for s in launch.shares]).with_nodes(
-        [replace(n, cordoned=n.name not in room) for n in cycle.snapshot.nodes
-         if n.name in room or not n.cordoned])
-    return replace(cycle, pending=tuple(held), snapshot=snapshot, running=running,
-                   quota=replace(_quota(core, snapshot, now), capacity_milli=cycle.quota.capacity_milli),
-                   engine=None, replan_budget_ms=0.0)
+    nodes = tuple(replace(n, cordoned=False) for n in cycle.snapshot.nodes if n.name in room)
+    devices = {d.uuid for n in nodes for d in n.devices}
+    usage = {uuid: use for uuid, use in cycle.snapshot.usage.items() if uuid in devices}
+    small = FleetSnapshot(nodes, usage, cycle.snapshot.source, cycle.snapshot.taken_at).with_usage(
+        [s for launch in fresh for s in launch.shares if s.uuid in devices])
+    placement = replace(cycle, pending=tuple(held), snapshot=small, running=tuple(
+        r for r in running if r.shares and r.shares[0].node in room), quota=QuotaState.unlimited(),
+        engine=None, replan_budget_ms=0.0)
+    quota = cycle.quota
+    if quota.enforced:
+        quota = replace(_quota(core, cycle.snapshot, now), capacity_milli=quota.capacity_milli)
+    return placement, replace(cycle, pending=tuple(held), running=running, quota=quota)
 
 
 def _quota(core: InputsCore, snapshot: FleetSnapshot, now: float, whole: FleetSnapshot | None = None,

@@ -52,7 +52,16 @@ from gpusched.placement.warm import WarmPlacement
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.request import GPURequest
 from gpusched.scheduler.attained import AttainedService
-from gpusched.scheduler.cycle import CycleReply, CycleRequest, Hold, Launch, PendingWork, RunningTasks, decide
+from gpusched.scheduler.cycle import (
+    CycleReply,
+    CycleRequest,
+    Hold,
+    Launch,
+    PendingWork,
+    RunningTasks,
+    decide,
+    quota_admitted,
+)
 from gpusched.scheduler.durations import DurationHistory
 from gpusched.scheduler.keys import ti_key_of
 from gpusched.scheduler.ledger_store import LedgerStore
@@ -309,7 +318,8 @@ class GPUScheduling:
         second = gpu_inputs.prefetch_request(self, cycle, held, launched) if held else None
         if second is None:
             return
-        for launch in decide(second).launches:
+        placement, whole = second
+        for launch in quota_admitted(decide(placement).launches, whole):
             self._isolated(launch.key, lambda w=by_key[launch.key], x=launch:
                            self._launch(w, x, now, prefetch=True))
 

@@ -41,7 +41,7 @@ from gpusched.scheduler.gangs import membership, place_gang, standby_note
 
 __all__ = [
     "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "PlacementEngine", "RunningTasks",
-    "cycle_policy", "decide", "running_tasks",
+    "cycle_policy", "decide", "quota_admitted", "running_tasks",
 ]
 
 
@@ -312,6 +312,28 @@ def _gang_quota_refusal(
         if refusal is not None:
             return refusal
     return None
+
+
+def quota_admitted(launches: Sequence[Launch], request: CycleRequest) -> list[Launch]:
+    """Of ``launches`` (placed without the quota, in order), those the quota gate of ``request``
+    admits one after the other (its snapshot, running tasks, pending work and quota); all of them
+    when no quota is enforced. A launch on an already owned allocation is never refused."""
+    if not request.quota.enforced:
+        return list(launches)
+    waiting = [PendingTask(w.key, w.request, w.submitted_at) for w in request.pending]
+    gate = QuotaGate(request.snapshot, request.quota, request.running, waiting, request.now)
+    by_key = {w.key: w for w in request.pending}
+    admitted = []
+    for launch in launches:
+        work = by_key.get(launch.key)
+        if work is None or work.existing:
+            admitted.append(launch)
+            continue
+        task = PendingTask(work.key, work.request, work.submitted_at)
+        need = physical_milli(launch.shares, request.snapshot)
+        if gate.admit(task, launch.shares, need, request.now) is None:
+            admitted.append(launch)
+    return admitted
 
 
 def running_tasks(allocations: Iterable[object]) -> list[RunningTask]:

@@ -14,7 +14,7 @@ from gpusched.node_builder import make_node
 from gpusched.placement import Policy, RunningTask
 from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
-from gpusched.scheduler.cycle import CycleRequest, Launch, PendingWork, decide
+from gpusched.scheduler.cycle import CycleRequest, Launch, PendingWork, decide, quota_admitted
 
 NOW = 1_000.0
 QUARTER = GPURequest.build(gpus=0.25, memory="8GiB")
@@ -55,13 +55,36 @@ def test_held_work_goes_only_to_hosts_with_room_and_not_onto_taken_shares() -> N
     taken = Launch("airflow/d/first/run/1/-1", QUARTER, (DeviceShare("a1-gpu0", "a1", 0, 500, 0),), {})
     second = prefetch_request(core, cycle, waiting, [taken])  # type: ignore[arg-type]
     assert second is not None and core.dispatcher.asked == [(2, NOW)]  # the cycle's launch too
-    assert [n.name for n in second.snapshot.nodes if not n.cordoned] == ["a1"]  # not b1, never c1
-    assert [r.key for r in second.running] == ["airflow/d/r/run/1/-1", taken.key]
-    assert second.engine is None and second.replan_budget_ms == 0.0
-    reply = decide(second)
+    placement, whole = second
+    # The placement sees the room's nodes alone (not b1, never the operator's c1), and the
+    # quota's view the whole fleet.
+    assert [(n.name, n.cordoned) for n in placement.snapshot.nodes] == [("a1", False)]
+    assert whole.snapshot is cycle.snapshot
+    assert [r.key for r in placement.running] == [r.key for r in whole.running] == [
+        "airflow/d/r/run/1/-1", taken.key]
+    assert placement.engine is None and placement.replan_budget_ms == 0.0
+    reply = decide(placement)
     # a1 has 1000 milli: 250 running, 500 taken by this cycle's launch: one more quarter fits.
     assert [launch.key for launch in reply.launches] == [waiting[0].key]
     assert {s.node for launch in reply.launches for s in launch.shares} == {"a1"}
+    assert quota_admitted(reply.launches, whole) == list(reply.launches)  # no quota configured
+
+
+def test_the_quota_gate_judges_the_second_looks_launches_on_the_whole_fleet() -> None:
+    from gpusched.quota.policy import QuotaPolicy, partition_capacity
+    from gpusched.request import Partition
+
+    waiting = [PendingWork(f"airflow/d/w{i}/run/1/-1", GPURequest.build(gpus=0.25, memory="8GiB",
+                                                                       partition="dev"), NOW)
+               for i in range(2)]
+    cycle = _cycle(waiting)
+    # dev's share: 10 % of the 3 GPUs (300 milli); the running quarter is training work.
+    quota = QuotaState(QuotaPolicy(borrowing=False), capacity_milli=partition_capacity(
+        FleetSnapshot(tuple(replace(n, cordoned=False) for n in cycle.snapshot.nodes))))
+    assert quota.policy.share_milli(Partition.DEV, quota.capacity_milli or 0) == 300
+    launches = [Launch(w.key, w.request, (DeviceShare("a1-gpu0", "a1", 0, 250, 0),), {}) for w in waiting]
+    whole = replace(cycle, quota=quota)
+    assert [x.key for x in quota_admitted(launches, whole)] == [waiting[0].key]  # 250 fits, 500 not
 
 
 def test_no_second_look_without_room_or_for_gangs_and_owned_devices() -> None:
@@ -77,4 +100,4 @@ def test_no_second_look_without_room_or_for_gangs_and_owned_devices() -> None:
     core = _Core(frozenset({"a1"}), frozenset({"a1", "b1"}))
     assert prefetch_request(core, cycle, [owned, member], []) is None  # type: ignore[arg-type]
     second = prefetch_request(core, cycle, [owned, member, plain], [])  # type: ignore[arg-type]
-    assert second is not None and [w.key for w in second.pending] == [plain.key]
+    assert second is not None and [w.key for w in second[0].pending] == [plain.key]
