@@ -231,9 +231,14 @@ def bound_distance_section(folder: Path) -> list[str]:
             host_ratio = ratio(host)
             if host is not None and gpu is not None and host > gpu and host_ratio != "—":
                 # binding, it covers only the runs that held every arrived CPU-only task
-                failed = [runs.get(f"{workload}__{policy}", {}).get("cpu_tasks_failed")
+                checks = _load(folder / "bounds" / "checks").get(workload, {}).get("cpu_tasks_failed", {})
+                failed = [runs.get(f"{workload}__{policy}", {}).get("cpu_tasks_failed", checks.get(policy))
                           for policy in ("fgd", "gpusched")]
                 host_ratio += " ?" if None in failed else " †" if any(any(f or ()) for f in failed) else ""
+                checked = min(len(f or ()) for f in failed)
+                seeds = len(own.get("unallocated_gpu_pct_bound_host") or ())
+                if None not in failed and checked < seeds:
+                    host_ratio += f" ({checked}/{seeds} seeds checked)"
             name = workload.replace("openb_pod_list_", "") + (f" ({scope})" if scope else "")
             cells = [name, _fmt(gpu), _fmt(host), _fmt(fgd), _fmt(ours), ratio(gpu), host_ratio]
             rows.append("| " + " | ".join(cells) + " |")
@@ -249,7 +254,8 @@ def bound_distance_section(folder: Path) -> list[str]:
         "(gpusched − bound) / (fgd − bound), medians of seeds: 1 = as far from the bound as our fgd "
         "preset, 0 = at it. Where the CPU/mem bound is above the GPU-only one it covers only runs "
         "that held every arrived CPU-only task: † = the fgd or gpusched run failed some "
-        "(`cpu_tasks_failed`), ? = the runs predate that count.",
+        "(`cpu_tasks_failed` of the runs, else of `bounds/checks/`, `openb-bound --check`), ? = "
+        "not counted.",
         "",
         "| pod list | bound GPU-only | bound CPU/mem | fgd (ours) | gpusched "
         "| ratio GPU-only | ratio CPU/mem |",

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpusched.commands.args import finite_float, int_range
+from gpusched.commands.args import comma_list, finite_float, int_range, policy_name
 from gpusched.commands.bench import emit
-from gpusched.sim.openb import openb_bounds
+from gpusched.sim.openb import openb_bounds, run_openb
 from gpusched.sim.traces import default_trace_dir, load_openb_nodes, load_openb_pods
 
 __all__ = ["register_bench"]
@@ -41,6 +41,10 @@ def register_bench(bench_subparsers: Any) -> None:
     parser.add_argument("--factor", type=finite_float(0.0, 100.0, strict_min=True), default=1.3,
                         help="workload tuning factor (default 1.3, as bench openb)")
     parser.add_argument("--no-host", action="store_true", help="the GPU-only bound only (fast)")
+    parser.add_argument("--check", type=comma_list, default=[], metavar="POLICY,...",
+                        help="also run these policies (bench openb's run) and record per seed the "
+                             "CPU-only tasks each failed among the bounds' arrivals "
+                             "(cpu_tasks_failed; the CPU/mem bound covers the runs where it is 0)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("--quiet", action="store_true", help="no per-seed lines on stderr")
@@ -54,11 +58,15 @@ def _median(values: list[float]) -> float | None:
 def _main(args: argparse.Namespace) -> int:
     pods, nodes = load_openb_pods(args.pods), load_openb_nodes(args.nodes)
     seeds = list(range(args.seed_offset, args.seed_offset + args.seeds))
+    checks = sorted(policy_name(p) for p in args.check)
     rows = []
     for seed in seeds:
         start = time.process_time()
         row = openb_bounds(pods, nodes, seed, factor=args.factor, host=not args.no_host)
         row["cpu_seconds"] = round(time.process_time() - start, 2)
+        for policy in checks:
+            run = run_openb(pods, nodes, policy, seed, factor=args.factor)
+            row.setdefault("failed", {})[policy] = run.cpu_tasks_failed
         rows.append(row)
         if not args.quiet:
             print(f"{args.pods.stem} seed {seed}: bound {row['unallocated_bound_pct']} %, "
@@ -81,6 +89,8 @@ def _main(args: argparse.Namespace) -> int:
         "bound_host": "also host CPU per node and memory per node group: any such placement that "
                       "holds every arrived CPU-only task (gpusched.sim.packing_bound)",
     }
+    if checks:  # per policy and seed: CPU-only tasks failed among the bounds' arrivals
+        result["cpu_tasks_failed"] = {p: [r["failed"][p] for r in rows] for p in checks}
     return emit(args, result, f"{args.pods.stem}: bound {result['unallocated_gpu_pct_bound_median']} %, "
                               f"host {result['unallocated_gpu_pct_bound_host_median']} % "
                               f"(median of {len(seeds)} seeds)")

@@ -42,9 +42,9 @@ bounds the LP from above (weak duality: with the node price ``max(0, P_g)`` ever
 holds), ``P_g`` the best node content of group ``g`` under the values ``size − y − mem·β_g`` per
 item and ``−λ_j − mem_j·β_g`` per CPU-only task: a knapsack over (milli, CPU) for one GPU, then
 the node's GPUs and CPU-only tasks combined over its CPU. The master LP lets each CPU-only kind
-fall short at a penalty so that it is always feasible; where a shortfall remains at the end, no
-placement holds every CPU-only task and the GPU-only bound is returned. The value is never above
-the GPU-only bound of the same arrivals.
+fall short at a penalty so that it is always feasible; where a shortfall remains at the end (the
+CPU-only tasks may not all fit) the GPU-only bound is returned. The value is never above the
+GPU-only bound of the same arrivals (the smaller of the two is returned).
 """
 
 from __future__ import annotations

@@ -321,6 +321,13 @@ def test_bench_openb_bound_writes_both_bounds_per_seed(tmp_path: Path) -> None:
     assert data["seeds"] == [0, 1] and len(data["unallocated_gpu_pct_bound"]) == 2
     host, gpu = data["unallocated_gpu_pct_bound_host"], data["unallocated_gpu_pct_bound"]
     assert all(h >= g for h, g in zip(host, gpu, strict=True))
+    assert "cpu_tasks_failed" not in data
+    code = main(["bench", "openb-bound", "--pods", str(tmp_path / "pods.csv"), "--nodes",
+                 str(tmp_path / "nodes.csv"), "--seeds", "1", "--no-host", "--check", "gpusched,best-fit",
+                 "--quiet", "--out", str(out)])
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert code == 0 and data["unallocated_gpu_pct_bound_host"] is None
+    assert sorted(data["cpu_tasks_failed"]) == ["best-fit", "gpusched"]
 
 
 def test_the_report_gives_both_bounds_and_the_distance_ratios(tmp_path: Path) -> None:
@@ -347,3 +354,8 @@ def test_the_report_gives_both_bounds_and_the_distance_ratios(tmp_path: Path) ->
     write(tmp_path / f"{w}__gpusched.json", {"unallocated_gpu_pct_median": 4.0, "cpu_tasks_failed": [0, 2]})
     write(tmp_path / f"{w}__fgd.json", {"unallocated_gpu_pct_median": 5.0, "cpu_tasks_failed": [0, 0]})
     assert "| cpu200 | 3.00 | 3.50 | 5.00 | 4.00 | 0.50 | 0.33 † |" in bound_distance_section(tmp_path)
+    # runs without the count: openb-bound --check's count, where there is one
+    write(tmp_path / f"{w}__gpusched.json", {"unallocated_gpu_pct_median": 4.0})
+    write(tmp_path / "bounds" / "checks" / f"{w}.json", {"cpu_tasks_failed": {"gpusched": [0, 0]}})
+    row = "| cpu200 | 3.00 | 3.50 | 5.00 | 4.00 | 0.50 | 0.33 (2/3 seeds checked) |"
+    assert row in bound_distance_section(tmp_path)
