@@ -237,7 +237,7 @@ def bound_distance_section(folder: Path) -> list[str]:
                 host_ratio += " ?" if None in failed else " †" if any(any(f or ()) for f in failed) else ""
                 checked = min(len(f or ()) for f in failed)
                 seeds = len(own.get("unallocated_gpu_pct_bound_host") or ())
-                if None not in failed and checked < seeds:
+                if None not in failed and not host_ratio.endswith("†") and checked < seeds:
                     host_ratio += f" ({checked}/{seeds} seeds checked)"
             name = workload.replace("openb_pod_list_", "") + (f" ({scope})" if scope else "")
             cells = [name, _fmt(gpu), _fmt(host), _fmt(fgd), _fmt(ours), ratio(gpu), host_ratio]
