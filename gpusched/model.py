@@ -198,12 +198,19 @@ class FleetSnapshot:
     """The fleet at one instant: nodes with topology plus what is taken on each device.
 
     Immutable: :meth:`with_usage` returns a new snapshot. Indexes are built once per snapshot.
+
+    ``closed``: names of nodes that take no new work in this view although the inventory has
+    them in service (a GPU host whose worker slots are all busy this cycle): placement treats
+    them exactly as cordoned nodes, the partitions still count their capacity
+    (:func:`~gpusched.quota.policy.partition_capacity`). Not part of the inventory, so the
+    placement indexes and a warm engine survive a change of it (:meth:`with_closed`).
     """
 
     nodes: tuple[Node, ...]
     usage: Mapping[str, DeviceUsage] = field(default_factory=dict)
     source: str = "unknown"
     taken_at: float = 0.0
+    closed: frozenset[str] = frozenset()
     _devices: Mapping[str, Device] = field(init=False, repr=False, compare=False)
     _nodes: Mapping[str, Node] = field(init=False, repr=False, compare=False)
     _usage_from: tuple[Mapping[str, DeviceUsage], frozenset[str]] | None = field(
@@ -224,6 +231,7 @@ class FleetSnapshot:
         object.__setattr__(clone, "usage", MappingProxyType(usage))
         object.__setattr__(clone, "source", self.source)
         object.__setattr__(clone, "taken_at", self.taken_at)
+        object.__setattr__(clone, "closed", self.closed)
         object.__setattr__(clone, "_nodes", self._nodes)
         object.__setattr__(clone, "_devices", self._devices)
         object.__setattr__(clone, "_usage_from", None)
@@ -275,6 +283,10 @@ class FleetSnapshot:
         """The node called ``name`` (KeyError if absent)."""
         return self._nodes[name]
 
+    def has_node(self, name: str) -> bool:
+        """Whether the fleet holds a node called ``name``."""
+        return name in self._nodes
+
     def has_device(self, uuid: str) -> bool:
         """Whether the fleet holds a device with ``uuid``."""
         return uuid in self._devices
@@ -311,7 +323,21 @@ class FleetSnapshot:
         """A new snapshot with the given nodes replacing those of the same name (or added)."""
         replaced = {n.name: n for n in nodes}
         kept = tuple(replaced.pop(n.name, n) for n in self.nodes)
-        return FleetSnapshot(kept + tuple(replaced.values()), self.usage, self.source, self.taken_at)
+        return FleetSnapshot(
+            kept + tuple(replaced.values()), self.usage, self.source, self.taken_at, self.closed)
+
+    def with_closed(self, names: Iterable[str]) -> FleetSnapshot:
+        """The same fleet and usage with :attr:`closed` = ``names`` (the nodes, usage mapping
+        and indexes shared: O(len(names)))."""
+        clone = self._with_usage_dict({})
+        object.__setattr__(clone, "usage", self.usage)
+        object.__setattr__(clone, "_usage_from", self._usage_from)
+        object.__setattr__(clone, "closed", frozenset(names))
+        return clone
+
+    def takes_no_work(self, node: Node) -> bool:
+        """Whether ``node`` (of this snapshot) is cordoned or :attr:`closed`."""
+        return node.cordoned or node.name in self.closed
 
     def with_device(self, device: Device) -> FleetSnapshot:
         """A new snapshot with one device replaced (for health or cordon changes)."""

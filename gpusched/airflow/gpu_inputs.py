@@ -28,7 +28,7 @@ from gpusched.faults.failures import load_overrides
 from gpusched.gang import gang_member
 from gpusched.model import FleetSnapshot
 from gpusched.placement.types import RunningTask
-from gpusched.quota.policy import QuotaState, partition_capacity
+from gpusched.quota.policy import QuotaState
 from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import CycleRequest, Launch, PendingWork, RunningTasks, cycle_policy
 from gpusched.scheduler.keys import ti_key_of
@@ -156,11 +156,12 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
     snapshot, active = ledger.cycle_view(now)  # one read transaction: both agree
     full = core.dispatcher.full_nodes(active)
     core.slot_cordoned = frozenset()
-    whole = snapshot  # the partitions split the whole fleet, busy worker slots or not
     if full:  # hosts whose workers have no free slot take nothing new this cycle
-        slotted = [replace(n, cordoned=True) for n in snapshot.nodes if n.name in full and not n.cordoned]
-        snapshot = snapshot.with_nodes(slotted)
-        core.slot_cordoned = frozenset(n.name for n in slotted)
+        # Closed, not cordoned: the inventory (and so the warm engine and its index) stays, the
+        # placement treats them as cordoned, the partitions still split the whole fleet.
+        core.slot_cordoned = frozenset(
+            name for name in full if snapshot.has_node(name) and not snapshot.node(name).cordoned)
+        snapshot = snapshot.with_closed(core.slot_cordoned)
     core.slot_notes = sorted(set(full.values()))
     work, busy, core.predicted = core.durations.apply(ledger, now, pending, core.kept_running(active))
     attained = {}
@@ -169,7 +170,7 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
     policy = cycle_policy(core.policy, core.steady, [w.request for w in work] + [r.request for r in busy])
     return CycleRequest(
         work, snapshot, policy, busy, now,
-        _quota(core, snapshot, now, whole if full else None), use_uuids=core.use_uuids,
+        _quota(core, snapshot, now), use_uuids=core.use_uuids,
         replan_budget_ms=core.replan_budget_ms, replan_weights=core.replan_weights,
         addresses=ledger.node_addresses() if any(w.gang for w in work) else {},
         attained_gpu_s=attained, engine=core.warm,
@@ -202,7 +203,7 @@ def prefetch_request(
     room = core.dispatcher.prefetch_nodes(running, now) & core.slot_cordoned
     if not room:
         return None
-    nodes = tuple(replace(n, cordoned=False) for n in cycle.snapshot.nodes if n.name in room)
+    nodes = tuple(n for n in cycle.snapshot.nodes if n.name in room)  # open here: not closed
     devices = {d.uuid for n in nodes for d in n.devices}
     usage = {uuid: use for uuid, use in cycle.snapshot.usage.items() if uuid in devices}
     small = FleetSnapshot(nodes, usage, cycle.snapshot.source, cycle.snapshot.taken_at).with_usage(
@@ -210,21 +211,16 @@ def prefetch_request(
     placement = replace(cycle, pending=tuple(held), snapshot=small, running=tuple(
         r for r in running if r.shares and r.shares[0].node in room), quota=QuotaState.unlimited(),
         engine=None, replan_budget_ms=0.0)
-    quota = cycle.quota
-    if quota.enforced:
-        quota = replace(_quota(core, cycle.snapshot, now), capacity_milli=quota.capacity_milli)
+    quota = _quota(core, cycle.snapshot, now) if cycle.quota.enforced else cycle.quota
     return placement, replace(cycle, pending=tuple(held), running=running, quota=quota)
 
 
-def _quota(core: InputsCore, snapshot: FleetSnapshot, now: float, whole: FleetSnapshot | None = None,
-           ) -> QuotaState:
-    """The cycle's quota on ``snapshot`` (with the last forecast plan's burst reserve); ``whole``:
-    the fleet before nodes were left out for busy worker slots, whose capacity the partitions
-    split (None: nothing was left out)."""
+def _quota(core: InputsCore, snapshot: FleetSnapshot, now: float) -> QuotaState:
+    """The cycle's quota on ``snapshot`` (with the last forecast plan's burst reserve). The
+    partitions split the whole fleet: nodes closed for busy worker slots keep their share
+    (:func:`~gpusched.quota.policy.partition_capacity` counts them)."""
     quota = cycle_quota(core.ledger, snapshot, now)
     if quota.enforced:  # the last forecast plan's burst reserve, kept by the quota gate
         reserve = burst_reserve(core.ledger, now)
         quota = replace(quota, burst_reserve_gpus=reserve) if reserve else quota
-        if whole is not None:
-            quota = replace(quota, capacity_milli=partition_capacity(whole))
     return quota

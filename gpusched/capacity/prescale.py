@@ -203,7 +203,7 @@ def standby_for_gang(
     standby node would not be enough.
     """
     fits_now = set(fitting_nodes(request, snapshot, empty=empty))
-    spare = [n.name for n in snapshot.nodes if n.standby and not n.cordoned]
+    spare = [n.name for n in snapshot.nodes if n.standby and not snapshot.takes_no_work(n)]
     with_spare = activate_in_snapshot(snapshot, spare)
     helpful = set(fitting_nodes(request, with_spare, empty=empty)) & set(spare)
     racks = dict.fromkeys(n.rack for n in snapshot.nodes) if same_rack else {"": None}
@@ -266,7 +266,7 @@ class SnapshotView:
 
     def switchable(self) -> tuple[str, ...]:
         """The uncordoned standby nodes, fleet order."""
-        return tuple(n.name for n in self.snapshot.nodes if n.standby and not n.cordoned)
+        return tuple(n.name for n in self.snapshot.nodes if n.standby and not self.snapshot.takes_no_work(n))
 
     def switch_on(self, names: Sequence[str]) -> SnapshotView:
         """The snapshot with those standby nodes active."""

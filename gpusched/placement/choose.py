@@ -64,6 +64,11 @@ class PlacerView(Protocol):
         ...
 
     @property
+    def closed(self) -> frozenset[str]:
+        """Nodes that take no new work this call (as if cordoned: the snapshot's ``closed``)."""
+        ...
+
+    @property
     def stats(self) -> FragStats:
         """Fragmentation statistics of the current free state."""
         ...
@@ -119,11 +124,12 @@ def choose(
     milli = flt.milli_need(req, policy.round_up_fractions)
     frac = milli < MILLI
     elig = flt.eligibility(
-        idx, req, fractional=frac, fractions_need_partitioning=policy.fractions_need_partitioning
+        idx, req, fractional=frac, fractions_need_partitioning=policy.fractions_need_partitioning,
+        closed=placer.closed,
     )
     reason = flt.static_reason(req, elig, fractional=frac) or never_fits(idx, req, elig, frac)
     if reason is not None:
-        wait = repartition_wait(idx, req, state, reason) if frac else None
+        wait = repartition_wait(idx, req, state, reason, placer.closed) if frac else None
         return Rejection(task.key, reason, True) if wait is None else Rejection(task.key, wait, False)
     inc = placer.incremental
     host = bool(task.cpu_milli or task.host_memory_bytes)

@@ -29,6 +29,7 @@ from gpusched.placement.choose import Choice, choose
 from gpusched.placement.host_only import choose_host_node
 from gpusched.placement.incremental import Incremental
 from gpusched.placement.index import FleetIndex, FreeState, fleet_index
+from gpusched.placement.index import in_service as service_mask
 from gpusched.placement.lookahead import ShapeDeltas
 from gpusched.placement.policy import Policy, QueueOrder
 from gpusched.placement.reasons import reserved_note
@@ -127,6 +128,10 @@ class Placer:
         self.policy = policy
         self.index: FleetIndex = fleet_index(snapshot, catalog)
         self.state = FreeState(self.index, snapshot)
+        # The snapshot's closed nodes take no new work (as if cordoned): a per-call state, not
+        # the inventory's, so a rebase onto another closed set keeps the engine (see rebase).
+        self.closed: frozenset[str] = snapshot.closed
+        self.in_service: np.ndarray = service_mask(self.index, snapshot.closed)
         self.workload = workload or Workload.of(policy.workload)
         self._stats: FragStats | None = None
         # CPU-only tasks' own expected workload (None: the same as ``workload``).
@@ -149,9 +154,10 @@ class Placer:
         """Fragmentation aggregates (built on first use)."""
         if self._stats is None:
             if self._pristine:
-                self._stats = cached_stats(self.index, self.snapshot.usage, self.state, self.workload)
+                self._stats = cached_stats(
+                    self.index, self.snapshot.usage, self.state, self.workload, self.in_service)
             else:
-                self._stats = FragStats(self.index, self.state, self.workload)
+                self._stats = FragStats(self.index, self.state, self.workload, self.in_service)
         return self._stats
 
     @property
@@ -161,7 +167,7 @@ class Placer:
         if self.host_workload is None:
             return self.stats
         if self._host_stats is None:
-            self._host_stats = FragStats(self.index, self.state, self.host_workload)
+            self._host_stats = FragStats(self.index, self.state, self.host_workload, self.in_service)
         return self._host_stats
 
     def _refresh(self, nodes: Iterable[int]) -> None:
@@ -215,9 +221,10 @@ class Placer:
         self._refresh((n,))
 
     def rebase(self, snapshot: FleetSnapshot, target: FreeState) -> None:
-        """Adopt ``snapshot`` (the same inventory as this engine's, other usage) whose free
-        capacity is ``target`` (a :class:`FreeState` of this engine's index): only the nodes whose
-        devices or host CPU/RAM differ from the working state change, and only their per-node
+        """Adopt ``snapshot`` (the same inventory as this engine's, other usage or closed nodes)
+        whose free capacity is ``target`` (a :class:`FreeState` of this engine's index): only the
+        nodes whose devices or host CPU/RAM differ from the working state, or that were closed or
+        opened (:attr:`~gpusched.model.FleetSnapshot.closed`), change, and only their per-node
         aggregates are recomputed.
 
         Raises:
@@ -232,10 +239,20 @@ class Placer:
         changed |= (state.host_cpu != target.host_cpu) | (state.host_mem != target.host_mem)
         for array in ("free_milli", "free_mem", "host_cpu", "host_mem"):
             getattr(state, array)[...] = getattr(target, array)
+        flipped: list[int] = []
+        if snapshot.closed != self.closed:
+            pos = idx.node_pos
+            flipped = sorted({pos[name] for name in snapshot.closed ^ self.closed if name in pos})
+            changed[flipped] = True
+            self.closed, self.in_service = snapshot.closed, service_mask(idx, snapshot.closed)
         nodes = np.flatnonzero(changed).tolist()
-        for n in nodes:
+        for n in nodes:  # a new stamp: every per-node cache recomputes them, closed ones too
             state.touch(n)
         self.snapshot, self._pristine = snapshot, False
+        if flipped:
+            for stats in (self._stats, self._host_stats):
+                if stats is not None:
+                    stats.set_in_service(self.in_service, state, flipped)
         self._refresh(nodes)
 
     def host_free(self, node: str) -> tuple[int, int]:

@@ -60,7 +60,7 @@ def feasible(
     policy: Policy | None = None,
     catalog: Catalog | None = None,
 ) -> bool:
-    """Whether ``request`` fits the healthy, uncordoned, active part of ``snapshot``.
+    """Whether ``request`` fits the healthy, uncordoned (and not closed), active part of ``snapshot``.
 
     With ``empty`` current usage is ignored (could it *ever* run here?); otherwise the devices
     must be free now. ``excluded`` device uuids count as gone (about to be cordoned). ``policy``
@@ -123,7 +123,8 @@ def _devices(
     milli = milli_need(request, policy.round_up_fractions)
     fractional = milli < MILLI
     elig = eligibility(
-        index, request, fractional=fractional, fractions_need_partitioning=policy.fractions_need_partitioning
+        index, request, fractional=fractional, fractions_need_partitioning=policy.fractions_need_partitioning,
+        closed=snapshot.closed,
     )
     devices = elig.usable
     if excluded:

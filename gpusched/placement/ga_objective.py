@@ -53,6 +53,7 @@ class Problem:
         defer_s: float,
     ) -> None:
         self.index = index
+        self.closed = snapshot.closed  # nodes that take no new work (as if cordoned)
         self.policy = policy
         self.now = now
         self.alpha, self.beta, self.gamma = weights
@@ -143,7 +144,8 @@ class Problem:
         milli = flt.milli_need(req, policy.round_up_fractions)
         frac = milli < MILLI
         elig = flt.eligibility(
-            idx, req, fractional=frac, fractions_need_partitioning=policy.fractions_need_partitioning
+            idx, req, fractional=frac, fractions_need_partitioning=policy.fractions_need_partitioning,
+            closed=self.closed,
         )
         if frac:
             # Per (eligibility, fraction, blocked devices): the fitting devices, their models and

@@ -316,12 +316,18 @@ class Incremental:
             entries.popitem(last=False)
 
     def whole_counts(self, elig: Eligibility, state: FreeState) -> NodeCounts:
-        """Per-node counts of ``elig``'s entirely free devices in ``state``."""
-        key = id(elig)
+        """Per-node counts of ``elig``'s entirely free devices in ``state``.
+
+        Kept per inventory eligibility (``elig.base`` when some nodes are closed): another
+        closed set changes ``usable`` only on the nodes closed or opened, which the engine's
+        rebase stamps anew, so the kept counts are recomputed there alone."""
+        own = elig.base or elig
+        key = id(own)
         entry: WholeCounts | None = self._get(self._whole, key)
-        if entry is None or entry.elig is not elig:
+        if entry is None or (entry.elig.base or entry.elig) is not own:
             entry = WholeCounts(self.index, elig)
             self._put(self._whole, key, entry)
+        entry.elig = elig
         return entry.counts(state)
 
     def whole_scores(

@@ -20,7 +20,9 @@ import numpy as np
 from gpusched.catalog import AcceleratorModel, Catalog, default_catalog
 from gpusched.model import MILLI, Device, DeviceShare, FleetSnapshot, Health, Node
 
-__all__ = ["FleetIndex", "FreeState", "LruCache", "fleet_index", "usage_arrays"]
+__all__ = [
+    "FleetIndex", "FreeState", "LruCache", "closed_devices", "fleet_index", "in_service", "usage_arrays",
+]
 
 _CACHE_SIZE = 8
 
@@ -174,6 +176,44 @@ def _build(nodes: tuple[Node, ...], catalog: Catalog) -> FleetIndex:
         racks=tuple(racks),
         node_labels=tuple(dict(n.labels) for n in nodes),
     )
+
+
+_CLOSED = LruCache()
+
+
+def _closed(index: FleetIndex, closed: frozenset[str]) -> tuple[np.ndarray | None, np.ndarray]:
+    """(devices on the ``closed`` nodes or None, in-service devices less those), cached per
+    (index, set object)."""
+    if not closed:
+        return None, index.in_service
+    hit: tuple[np.ndarray | None, np.ndarray] | None = _CLOSED.get(index, closed)
+    if hit is None:
+        nodes = [index.node_pos[name] for name in closed if name in index.node_pos]
+        mask: np.ndarray | None = None
+        service = index.in_service
+        if nodes:
+            node_mask = np.zeros(len(index.nodes), dtype=bool)
+            node_mask[nodes] = True
+            mask = node_mask[index.dev_node]
+            mask.flags.writeable = False
+            service = index.in_service & ~mask
+            service.flags.writeable = False
+        hit = (mask, service)
+        _CLOSED.put(hit, index, closed)
+    return hit
+
+
+def closed_devices(index: FleetIndex, closed: frozenset[str]) -> np.ndarray | None:
+    """bool [D], read-only: the devices of ``index`` on the nodes named in ``closed`` (a
+    snapshot's :attr:`~gpusched.model.FleetSnapshot.closed`: no new work, as if cordoned);
+    None when none of them is in the fleet."""
+    return _closed(index, closed)[0]
+
+
+def in_service(index: FleetIndex, closed: frozenset[str]) -> np.ndarray:
+    """bool [D], read-only: :attr:`FleetIndex.in_service` less the devices of the ``closed``
+    nodes (the index's own array when none is in the fleet)."""
+    return _closed(index, closed)[1]
 
 
 _USAGES = LruCache()

@@ -28,7 +28,7 @@ import numpy as np
 
 from gpusched.model import MILLI, FleetSnapshot
 from gpusched.placement.filter import slice_info
-from gpusched.placement.index import fleet_index, usage_arrays
+from gpusched.placement.index import fleet_index, in_service, usage_arrays
 from gpusched.placement.policy import Policy
 from gpusched.placement.types import PendingTask, RunningTask
 
@@ -62,10 +62,10 @@ def hold_for_faster(
     if not policy.throughput or not pending:
         return tuple(pending)
     # Slots on the devices placement could give a whole-device job: in service (not unhealthy,
-    # cordoned or on a standby node, FleetIndex.in_service), neither a slice nor a MIG parent.
+    # cordoned, closed or on a standby node: index.in_service), neither a slice nor a MIG parent.
     index = fleet_index(snapshot)
     info = slice_info(index)
-    whole = index.in_service & ~info.is_slice & ~info.mig_parent
+    whole = in_service(index, snapshot.closed) & ~info.is_slice & ~info.mig_parent
     used, _ = usage_arrays(index, snapshot)
     free = np.bincount(index.dev_model[whole & (used <= 0)], minlength=len(index.model_names))
     slots: dict[str, list[float]] = {index.model_names[m]: [now] * int(free[m]) for m in np.flatnonzero(free)}

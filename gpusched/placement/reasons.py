@@ -12,6 +12,7 @@ from gpusched.model import MILLI
 from gpusched.placement import filter as flt
 from gpusched.placement.feasible import shape_fits
 from gpusched.placement.index import FleetIndex, FreeState
+from gpusched.placement.index import in_service as service_mask
 from gpusched.placement.topology import NodeCounts, node_counts
 from gpusched.placement.types import PendingTask, Reservation
 from gpusched.request import GPURequest, Interconnect
@@ -67,18 +68,20 @@ def is_repartition_wait(reason: str) -> bool:
     return reason.startswith(_REPARTITION_WAITS)
 
 
-def repartition_wait(idx: FleetIndex, req: GPURequest, state: FreeState, static: str) -> str | None:
+def repartition_wait(
+    idx: FleetIndex, req: GPURequest, state: FreeState, static: str, closed: frozenset[str] = frozenset()
+) -> str | None:
     """Why a hard fraction that no existing slice holds waits instead of never fitting: a whole
     GPU of an allowed model can be re-partitioned into a slice that holds it (the host's agent does
     it with ``GPUSCHED_DYNAMIC_MIG``, or an operator by hand). None when no GPU could
-    (``static``, the never-fits reason, stands)."""
+    (``static``, the never-fits reason, stands). The ``closed`` nodes' GPUs are out of service."""
     if req.isolation != "hard" or not req.is_fractional:
         return None
     mask, profiles = flt.repartition_candidates(idx, req)
     if not mask.any():
         return None
     info = flt.slice_info(idx)
-    in_service = mask & idx.in_service
+    in_service = mask & service_mask(idx, closed)
     idle = np.zeros(idx.n_devices, dtype=bool)
     for d in np.flatnonzero(in_service):
         slices = info.parent_pos == d

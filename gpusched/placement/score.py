@@ -59,11 +59,14 @@ class FragStats:
         "workload",
     )
 
-    def __init__(self, index: FleetIndex, state: FreeState, workload: Workload) -> None:
+    def __init__(
+        self, index: FleetIndex, state: FreeState, workload: Workload, in_service: np.ndarray | None = None
+    ) -> None:
         self.index = index
         self.state = state
         self.workload = workload
-        self.in_service = index.in_service
+        # The devices that may take work (None: the index's; less closed nodes' for a call).
+        self.in_service = index.in_service if in_service is None else in_service
         n = len(index.nodes)
         node = index.dev_node
         f = np.where(self.in_service, state.free_milli, 0).astype(np.float64)
@@ -103,6 +106,13 @@ class FragStats:
         for name in ("total", "nfull", "frag", "max1", "max2", "maxpart", "frac_frag", "cum", "expected"):
             setattr(clone, name, getattr(self, name).copy())
         return clone
+
+    def set_in_service(self, in_service: np.ndarray, state: FreeState, nodes: Iterable[int]) -> None:
+        """Take ``in_service`` as the devices that may take work (it differs from the current
+        mask only on ``nodes``, which are recomputed in ``state``)."""
+        self.in_service = in_service
+        self.model_ok = _model_ok(self.index, in_service, self.workload)
+        self.refresh(state, nodes)
 
     def refresh(self, state: FreeState, nodes: Iterable[int]) -> None:
         """Recompute the aggregates of the given node positions after their usage changed (the
@@ -304,7 +314,8 @@ def _model_ok(index: FleetIndex, in_service: np.ndarray, workload: Workload) -> 
     if not any(workload.s_models):
         return None
     key = ("model_ok", workload.s_models)
-    hit: np.ndarray | None = index.masks.get(key)
+    own = in_service is index.in_service  # else less some closed nodes': kept per mask object
+    hit: np.ndarray | None = index.masks.get(key) if own else _MODEL_OK.get(in_service, workload.s_models)
     if hit is not None:
         return hit
     allowed = np.array(
@@ -316,19 +327,31 @@ def _model_ok(index: FleetIndex, in_service: np.ndarray, workload: Workload) -> 
                             minlength=len(index.nodes) * models).reshape(len(index.nodes), models)
     out = (per_model > 0).astype(np.float64) @ allowed.astype(np.float64) > 0
     out.flags.writeable = False
-    index.masks[key] = out
+    if own:
+        index.masks[key] = out
+    else:
+        _MODEL_OK.put(out, in_service, workload.s_models)
     return out
 
 
+_MODEL_OK = LruCache()
 _STATS = LruCache()
 
 
-def cached_stats(index: FleetIndex, usage: object, state: FreeState, workload: Workload) -> FragStats:
+def cached_stats(
+    index: FleetIndex,
+    usage: object,
+    state: FreeState,
+    workload: Workload,
+    in_service: np.ndarray | None = None,
+) -> FragStats:
     """Fragmentation aggregates for a snapshot's own usage, built once per (inventory, usage
-    mapping, workload) and handed out as copies; ``state`` must be that usage, unmodified."""
-    hit: FragStats | None = _STATS.get(index, usage, workload)
+    mapping, workload, in-service mask) and handed out as copies; ``state`` must be that usage,
+    unmodified."""
+    service = index.in_service if in_service is None else in_service
+    hit: FragStats | None = _STATS.get(index, usage, workload, service)
     if hit is not None:
         return hit.copy(state)
-    stats = FragStats(index, state, workload)
-    _STATS.put(stats.copy(state), index, usage, workload)
+    stats = FragStats(index, state, workload, service)
+    _STATS.put(stats.copy(state), index, usage, workload, service)
     return stats

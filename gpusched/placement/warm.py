@@ -9,7 +9,8 @@ snapshot of the same fleet (the Airflow executors' cycles) keeps one engine inst
 ``WarmPlacement.place(request)`` rebases the engine it kept on the request's snapshot —
 :meth:`Placer.rebase` recomputes only the nodes whose free capacity (devices, host CPU/RAM)
 differs from what the engine last held, whether a task started or ended elsewhere or a planned
-launch did not happen — and plans there.
+launch did not happen, or that were closed or opened for this call (the snapshot's ``closed``
+nodes: GPU hosts whose worker slots are all busy, placed as if cordoned) — and plans there.
 
 The plan is the one ``place(request)`` gives (``tests/unit/test_placement_warm.py`` replays
 seeded cycles both ways). The engine is rebuilt when what it was built from changes: the

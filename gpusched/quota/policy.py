@@ -151,8 +151,9 @@ class QuotaState:
     :func:`gpusched.quota.usage.quota_state`. ``burst_reserve_gpus``: GPUs kept free for the
     burst partition (the last forecast plan's, while it holds; :func:`usable_gpus`).
     ``capacity_milli``: the fleet's in-service capacity the partitions split, when the snapshot a
-    cycle places on leaves nodes out for a reason that is not capacity (the GPU hosts whose
-    Celery worker slots are all busy); None: :func:`partition_capacity` of that snapshot.
+    cycle places on leaves nodes out for a reason that is not capacity and that the snapshot does
+    not carry; None: :func:`partition_capacity` of that snapshot (whose closed nodes, the GPU
+    hosts whose Celery worker slots are all busy, count).
     """
 
     policy: QuotaPolicy = field(default_factory=QuotaPolicy)
@@ -222,7 +223,9 @@ def physical_milli(shares: Sequence[DeviceShare], snapshot: FleetSnapshot) -> in
 
 
 def partition_capacity(snapshot: FleetSnapshot) -> int:
-    """In-service capacity in milli-GPU: devices not unhealthy, not cordoned, not on standby nodes."""
+    """In-service capacity in milli-GPU: devices not unhealthy, not cordoned, not on standby nodes
+    (those of the snapshot's :attr:`~gpusched.model.FleetSnapshot.closed` nodes count: they take
+    no new work this cycle for a reason that is not capacity)."""
 
     # Slices count by their share of the physical device; a MIG-enabled GPU through its slices.
     return sum(

@@ -97,7 +97,7 @@ def _waiting(
     request, size, same_rack = ordered[0].request, gang.size, gang.scope == "same_rack"
     where = f"on distinct nodes of {'one rack' if same_rack else 'the fleet'}"
     head = f"multi-node gang {gang.gang.rsplit('/', 1)[-1]}: only {best} of {size} members fit {where} now"
-    idle = FleetSnapshot(snapshot.nodes, {}, snapshot.source, snapshot.taken_at)
+    idle = FleetSnapshot(snapshot.nodes, {}, snapshot.source, snapshot.taken_at, snapshot.closed)
     standby = standby_for_gang(request, size, same_rack, idle, empty=True)
     if standby == ():  # the idle fleet holds it: running work must end first
         return GangPlan({}, {}, f"{head}{f' ({why})' if why else ''}")
@@ -127,7 +127,7 @@ def standby_note(reason: str, request: GPURequest, snapshot: FleetSnapshot) -> s
     (:func:`gpusched.capacity.prescale.standby_for_gang` with one member over the free fleet, as
     the reactive rule). Unchanged when it fits now (it waits for something else) or no standby
     node helps."""
-    if not any(n.standby and not n.cordoned for n in snapshot.nodes):
+    if not any(n.standby and not snapshot.takes_no_work(n) for n in snapshot.nodes):
         return reason
     nodes = standby_for_gang(request, 1, False, snapshot)
     if not nodes:
@@ -162,7 +162,7 @@ def _try(
         reason = ""
         for member in members:
             nodes = tuple(n for n in group if n.name not in used)
-            sub = FleetSnapshot(nodes, snap.usage, snap.source, snap.taken_at)
+            sub = FleetSnapshot(nodes, snap.usage, snap.source, snap.taken_at, snap.closed)
             task = PendingTask(member.key, member.request, member.submitted_at)
             # Quota is judged once for the whole gang on the full fleet (cycle.py); per member on
             # a part of the fleet its partition capacity would be wrong, so members place unlimited.

@@ -38,9 +38,9 @@ class _Core:
 def _cycle(pending: list[PendingWork]) -> CycleRequest:
     nodes = [make_node("a1", "A100-SXM-80GB", 1), make_node("b1", "A100-SXM-80GB", 1),
              make_node("c1", "A100-SXM-80GB", 1)]
-    # a1 and b1: hosts whose slots are all busy (the first look left them out); c1 cordoned by
+    # a1 and b1: hosts whose slots are all busy (the first look closed them); c1 cordoned by
     # an operator.
-    snapshot = FleetSnapshot(tuple(replace(n, cordoned=True) for n in nodes))
+    snapshot = FleetSnapshot((*nodes[:2], replace(nodes[2], cordoned=True)), closed=frozenset({"a1", "b1"}))
     running = (RunningTask("airflow/d/r/run/1/-1", QUARTER, (DeviceShare("a1-gpu0", "a1", 0, 250, 0),),
                            NOW - 5, NOW + 5),)
     snapshot = snapshot.with_usage(running[0].shares)
@@ -59,6 +59,7 @@ def test_held_work_goes_only_to_hosts_with_room_and_not_onto_taken_shares() -> N
     # The placement sees the room's nodes alone (not b1, never the operator's c1), and the
     # quota's view the whole fleet.
     assert [(n.name, n.cordoned) for n in placement.snapshot.nodes] == [("a1", False)]
+    assert placement.snapshot.closed == frozenset()  # open there
     assert whole.snapshot is cycle.snapshot
     assert [r.key for r in placement.running] == [r.key for r in whole.running] == [
         "airflow/d/r/run/1/-1", taken.key]
@@ -75,13 +76,14 @@ def test_the_quota_gate_judges_the_second_looks_launches_on_the_whole_fleet() ->
     from gpusched.request import Partition
 
     waiting = [PendingWork(f"airflow/d/w{i}/run/1/-1", GPURequest.build(gpus=0.25, memory="8GiB",
-                                                                       partition="dev"), NOW)
+                                                                       partition="burst"), NOW)
                for i in range(2)]
     cycle = _cycle(waiting)
-    # dev's share: 10 % of the 3 GPUs (300 milli); the running quarter is training work.
-    quota = QuotaState(QuotaPolicy(borrowing=False), capacity_milli=partition_capacity(
-        FleetSnapshot(tuple(replace(n, cordoned=False) for n in cycle.snapshot.nodes))))
-    assert quota.policy.share_milli(Partition.DEV, quota.capacity_milli or 0) == 300
+    # burst's share: 20 % of the 2 GPUs in service, the closed a1 and b1 (400 milli; 200 of a1
+    # alone, the second look's placement fleet); the running quarter is training work.
+    quota = QuotaState(QuotaPolicy(borrowing=False))
+    assert partition_capacity(cycle.snapshot) == 2000
+    assert quota.policy.share_milli(Partition.BURST, partition_capacity(cycle.snapshot)) == 400
     launches = [Launch(w.key, w.request, (DeviceShare("a1-gpu0", "a1", 0, 250, 0),), {}) for w in waiting]
     whole = replace(cycle, quota=quota)
     assert [x.key for x in quota_admitted(launches, whole)] == [waiting[0].key]  # 250 fits, 500 not

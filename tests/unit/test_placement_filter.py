@@ -117,3 +117,43 @@ def test_island_larger_than_any_in_the_fleet_is_permanent() -> None:
     snap = FleetSnapshot((make_node("n1", "A100-SXM-80GB", 8),))
     (rej,) = _one(snap, _task(gpus=8, interconnect="island")).rejections
     assert rej.permanent and "largest matching island in the fleet has 4" in rej.reason
+
+
+def test_closed_nodes_count_as_cordoned_in_every_eligibility() -> None:
+    # A snapshot's closed nodes (busy worker slots) are placed as cordoned nodes are: each
+    # eligibility equals the one on the fleet with those nodes cordoned (masks and counts), on a
+    # fleet with MIG instances, compute partitions, a standby node, a cordoned and an unhealthy
+    # device; the index is the inventory's own either way.
+    import itertools
+
+    from gpusched.fleetfile import load_fleet
+    from gpusched.hardware.simulated import default_fleet_path
+    from gpusched.placement.filter import eligibility
+    from gpusched.placement.index import fleet_index
+
+    nodes = list(load_fleet(default_fleet_path()))
+    first = nodes[0]
+    broken = (replace(first.devices[0], cordoned=True), replace(first.devices[1], health=Health.UNHEALTHY))
+    nodes[0] = replace(first, devices=(*broken, *first.devices[2:]))
+    fleet = FleetSnapshot(tuple(nodes))
+    requests = [GPURequest.build(gpus=1), GPURequest.build(gpus=2, vendor="nvidia"),
+                GPURequest.build(gpus=0.25, memory="8GiB"),
+                GPURequest.build(gpus=0.25, memory="8GiB", isolation="hard"),
+                GPURequest.build(gpus=0.1, memory="16GiB", profile="CPX")]
+    names = ["a-h100-1", "a-a100mig-1", "a-h100-2", "b-mi300x-cpx-1", "b-t4-1"]
+    for size in (1, 2, 3):
+        for shut in itertools.combinations(names, size):
+            closed = fleet.with_closed(shut)
+            cordoned = fleet.with_nodes([replace(fleet.node(n), cordoned=True) for n in shut])
+            assert fleet_index(closed) is fleet_index(fleet)
+            for request in requests:
+                frac = request.milli_per_gpu < MILLI
+                got = eligibility(fleet_index(closed), request, fractional=frac,
+                                  fractions_need_partitioning=True, closed=closed.closed)
+                want = eligibility(fleet_index(cordoned), request, fractional=frac,
+                                   fractions_need_partitioning=True)
+                for name in ("hardware", "usable", "healthy"):
+                    assert (getattr(got, name) == getattr(want, name)).all(), (shut, request, name)
+                counts = ("n_kind", "n_memory", "n_hardware", "n_unhealthy", "n_cordoned", "n_standby",
+                          "n_usable", "largest_slice_milli")
+                assert [getattr(got, c) for c in counts] == [getattr(want, c) for c in counts], shut

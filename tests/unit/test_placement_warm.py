@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpusched.errors import ConfigurationError
-from gpusched.model import FleetSnapshot
+from gpusched.model import DeviceShare, FleetSnapshot, Node
 from gpusched.placement import (
     PendingTask,
     PlacementPlan,
@@ -42,7 +42,15 @@ def _plan(plan: PlacementPlan) -> tuple[list[Any], list[Any], list[Any]]:
     )
 
 
-def _cycles(policy: Policy, seed: int, cycles: int = 40) -> WarmPlacement:
+def _cordoned(snapshot: FleetSnapshot) -> FleetSnapshot:
+    """``snapshot`` with its closed nodes cordoned in the inventory instead."""
+    shut = [dataclasses.replace(n, cordoned=True) for n in snapshot.nodes if n.name in snapshot.closed]
+    return snapshot.with_closed(()).with_nodes(shut)
+
+
+def _cycles(policy: Policy, seed: int, cycles: int = 40, *, closing: bool = False) -> WarmPlacement:
+    """``closing``: every cycle closes a few random nodes (busy worker slots) and the fresh plan is
+    made on the fleet with those nodes cordoned instead."""
     rng = random.Random(seed)
     snapshot: FleetSnapshot = synthetic_fleet(48, 8, seed, used_fraction=0.3)
     stream = synthetic_requests(400, seed=seed)
@@ -55,10 +63,17 @@ def _cycles(policy: Policy, seed: int, cycles: int = 40) -> WarmPlacement:
                                         cpu_milli=rng.choice((0, 4000, 16000)),
                                         host_memory_bytes=rng.choice((0, 32 << 30)))
                     for i, t in enumerate(rng.sample(stream, rng.randint(1, 6)))]
+        if closing:
+            snapshot = snapshot.with_closed(n.name for n in rng.sample(snapshot.nodes, rng.randint(0, 8)))
         request = PlacementRequest(pending=waiting + arrivals, snapshot=snapshot, policy=policy, now=now,
                                    quota=QuotaState.unlimited(), running=tuple(running), seed=cycle)
         got = warm.place(request)
-        assert _plan(got) == _plan(place(request)), f"cycle {cycle}"
+        fresh = dataclasses.replace(request, snapshot=_cordoned(snapshot)) if closing else request
+        assert _plan(got) == _plan(place(fresh)), f"cycle {cycle}"
+        if closing:
+            assert _plan(place(request)) == _plan(got), f"cycle {cycle}"
+            closed = {s.node for a in got.assignments for s in a.shares} & snapshot.closed
+            assert not closed, f"cycle {cycle}: placed on closed nodes {closed}"
         pending = {t.key: t for t in request.pending}
         waiting = [pending[r.key] for r in got.rejections if not r.permanent]
         for assignment in got.assignments:
@@ -88,6 +103,51 @@ def test_warm_plans_equal_fresh_plans_with_an_estimated_workload(name: str) -> N
     warm = _cycles(Policy.named(name), 3)
     # The estimate follows the mix of pending and running requests: a new mix, a new engine.
     assert warm.built + warm.rebased == 40 and warm.built >= 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_closed_nodes_plan_as_cordoned_ones_on_one_engine(seed: int) -> None:
+    # Nodes closed for a cycle (busy worker slots) are not an inventory change: the kept engine
+    # and its index survive every change of the closed set, and each plan is the one a fresh
+    # engine makes on the fleet with those nodes cordoned (reasons included).
+    policy = Policy.named("gpusched", workload=DEFAULT_WORKLOAD)
+    warm = _cycles(policy, seed, closing=True)
+    assert warm.built == 1 and warm.rebased == 39
+
+
+@pytest.mark.parametrize("name", ["fgd", "best-fit"])
+def test_closed_nodes_plan_as_cordoned_ones_under_other_policies(name: str) -> None:
+    _cycles(Policy.named(name, workload=DEFAULT_WORKLOAD), 4, closing=True)
+
+
+def test_a_closed_node_takes_nothing_and_counts_as_cordoned_in_the_reason() -> None:
+    fleet = synthetic_fleet(4, 8, 0, used_fraction=0.0)
+    whole = GPURequest.build(gpus=8)
+    policy = Policy.named("gpusched", workload=DEFAULT_WORKLOAD)
+    warm = WarmPlacement()
+
+    def plan(snapshot: FleetSnapshot) -> PlacementPlan:
+        tasks = [PendingTask(f"t{i}", whole, 0.0) for i in range(2)]
+        return warm.place(PlacementRequest(pending=tasks, snapshot=snapshot, policy=policy, now=0.0,
+                                           quota=QuotaState.unlimited()))
+
+    busy = fleet.with_usage(s for n in fleet.nodes[:2] for s in _whole_shares(n))  # two nodes full
+    open_plan = plan(busy)
+    assert {a.shares[0].node for a in open_plan.assignments} == {fleet.nodes[2].name, fleet.nodes[3].name}
+    closed = busy.with_closed([fleet.nodes[3].name])
+    shut = plan(closed)
+    assert [a.shares[0].node for a in shut.assignments] == [fleet.nodes[2].name]
+    reason = shut.rejections[0].reason
+    assert "8 cordoned" in reason, reason
+    assert _plan(shut) == _plan(place(PlacementRequest(
+        pending=[PendingTask(f"t{i}", whole, 0.0) for i in range(2)], snapshot=_cordoned(closed),
+        policy=policy, now=0.0, quota=QuotaState.unlimited())))
+    assert _plan(plan(busy)) == _plan(open_plan)  # opened again: the same plan as before
+    assert (warm.built, warm.rebased) == (1, 2)
+
+
+def _whole_shares(node: Node) -> list[DeviceShare]:
+    return [DeviceShare(d.uuid, d.node, d.index, 1000, d.memory_bytes) for d in node.devices]
 
 
 def test_a_new_inventory_or_policy_builds_a_new_engine() -> None:

@@ -106,18 +106,21 @@ def test_engine_enforces_70_20_10_without_borrowing() -> None:
 def test_nodes_left_out_for_busy_worker_slots_keep_their_share_of_the_partitions() -> None:
     from dataclasses import replace
 
-    # n0–n2 are on hosts whose Celery slots are all busy: left out of this cycle's snapshot, but
-    # still capacity the partitions split (10 GPUs: dev's share is 1, burst's 2).
+    # n0–n2 are on hosts whose Celery slots are all busy: closed in this cycle's snapshot (no new
+    # work there), but still capacity the partitions split (10 GPUs: dev's share is 1, burst's 2).
     snap = _fleet()
-    busy = snap.with_nodes([replace(n, cordoned=True) for n in snap.nodes[:3]])
+    busy = snap.with_closed(n.name for n in snap.nodes[:3])
+    assert partition_capacity(busy) == CAP
     pending = [_task(f"burst{i}", "burst") for i in range(3)]
-    without = QuotaState(QuotaPolicy(borrowing=False))
-    plan = place(PlacementRequest(pending=pending, snapshot=busy, policy=GPUSCHED, now=0.0, quota=without))
-    assert len(plan.assignments) == 0  # 20 % of the 4 GPUs left: not one whole GPU
-    whole = replace(without, capacity_milli=partition_capacity(snap))
-    plan = place(PlacementRequest(pending=pending, snapshot=busy, policy=GPUSCHED, now=0.0, quota=whole))
+    quota = QuotaState(QuotaPolicy(borrowing=False))
+    plan = place(PlacementRequest(pending=pending, snapshot=busy, policy=GPUSCHED, now=0.0, quota=quota))
     assert sorted(a.key for a in plan.assignments) == ["burst0", "burst1"]
     assert {s.node for a in plan.assignments for s in a.shares} <= {"n3", "n4"}
+    # Cordoned instead (out of service), they would shrink the partitions: 20 % of the 4 GPUs
+    # left is not one whole GPU.
+    cordoned = snap.with_nodes([replace(n, cordoned=True) for n in snap.nodes[:3]])
+    plan = place(PlacementRequest(pending=pending, snapshot=cordoned, policy=GPUSCHED, now=0.0, quota=quota))
+    assert len(plan.assignments) == 0
 
 
 def test_engine_borrows_idle_capacity_for_a_busy_partition() -> None:
