@@ -41,8 +41,7 @@ class QuotaGate:
     ) -> None:
         self.quota = quota
         self.snapshot = snapshot
-        self.capacity = (quota.capacity_milli if quota.capacity_milli is not None
-                         else partition_capacity(self.snapshot))
+        self.capacity = partition_capacity(self.snapshot)
         self.rate = normalised_rate
         self.used = {p: 0 for p in Partition}
         self.committed: dict[str, int] = {}

@@ -392,7 +392,7 @@ class PartitionUse:
         used = dict.fromkeys(Partition, 0)
         if not quota.enforced:
             return cls(used, dict.fromkeys(Partition, 0), False)
-        capacity = quota.capacity_milli if quota.capacity_milli is not None else partition_capacity(snapshot)
+        capacity = partition_capacity(snapshot)
         for task in running:
             used[task.request.partition] += physical_milli(task.shares, snapshot)
         return cls(used, {p: quota.policy.share_milli(p, capacity) for p in Partition}, True)

@@ -150,10 +150,6 @@ class QuotaState:
     budgets nor partitions (nor the burst reserve). Build one from the ledger with
     :func:`gpusched.quota.usage.quota_state`. ``burst_reserve_gpus``: GPUs kept free for the
     burst partition (the last forecast plan's, while it holds; :func:`usable_gpus`).
-    ``capacity_milli``: the fleet's in-service capacity the partitions split, when the snapshot a
-    cycle places on leaves nodes out for a reason that is not capacity and that the snapshot does
-    not carry; None: :func:`partition_capacity` of that snapshot (whose closed nodes, the GPU
-    hosts whose Celery worker slots are all busy, count).
     """
 
     policy: QuotaPolicy = field(default_factory=QuotaPolicy)
@@ -161,7 +157,6 @@ class QuotaState:
     period_start: float = 0.0
     enforced: bool = True
     burst_reserve_gpus: int = 0
-    capacity_milli: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "used", MappingProxyType(dict(self.used)))
