@@ -175,6 +175,7 @@ class _CeleryDispatcher:
         self._slot_use: dict[str, tuple[int, int]] = {}  # host -> (busy, slots), this cycle
         self._node_host: dict[str, str] = {}  # node -> host, this cycle
         self._room: dict[str, int] = {}  # host -> tasks it may hold beyond its slots, this cycle
+        self._started: frozenset[str] = frozenset()  # tries whose task process runs, this cycle
         self.prefetch = settings.get_int("worker_prefetch_multiplier", executor.conf)
         self.prefetch_s = settings.get_float("worker_prefetch_seconds", executor.conf)
 
@@ -184,6 +185,8 @@ class _CeleryDispatcher:
         this cycle's launches on top."""
         hosts = self.executor.ledger.hosts()
         self._room = {}
+        # A try sent and still waiting in its queue frees no slot: only started ones may make room.
+        self._started = frozenset(a.key for a in active if any(p.role == "task" for p in a.processes))
         if not any(h.worker_slots for h in hosts):
             self._slot_use = {}
             return {}
@@ -194,7 +197,8 @@ class _CeleryDispatcher:
                 if host in use and use[host][0] >= use[host][1]}
 
     def prefetch_nodes(self, running: Sequence[Any], now: float) -> frozenset[str]:
-        self._room = prefetch_room(self._slot_use, self._node_host, running, now,
+        started = [task for task in running if task.key in self._started]
+        self._room = prefetch_room(self._slot_use, self._node_host, started, now,
                                    multiplier=self.prefetch, within_s=self.prefetch_s)
         return frozenset(node for node, host in self._node_host.items() if host in self._room)
 

@@ -109,7 +109,8 @@ class Dispatcher(Protocol):
 
     def prefetch_nodes(self, running: Sequence[RunningTask], now: float) -> frozenset[str]:
         """Nodes of hosts without a free slot whose workers may still be sent a task to wait for
-        one (:func:`gpusched.scheduler.hosts.prefetch_room`), after this cycle's launches so far."""
+        one (:func:`gpusched.scheduler.hosts.prefetch_room`, over those of ``running`` whose task
+        process has started), after this cycle's launches so far."""
         ...
 
 

@@ -132,8 +132,9 @@ def prefetch_room(
 
     A host gets ``multiplier`` × its slots at most (a Celery worker reserves
     ``worker_prefetch_multiplier`` × concurrency messages), and no more than the number of its
-    running tries expected to end by ``now + within_s`` (``running``:
-    :class:`~gpusched.placement.types.RunningTask`; a try without an expected end never counts),
+    running tries expected to end by ``now + within_s`` (``running``: the
+    :class:`~gpusched.placement.types.RunningTask` of tries whose task process has started — one
+    sent and still waiting in its queue frees no slot —; a try without an expected end never counts),
     so each task sent there waits for a slot about as long as a predicted end, never behind tries
     whose ends nobody knows. Hosts with a free slot, or without room, are left out.
     """
