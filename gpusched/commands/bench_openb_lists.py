@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.commands.args import comma_list
+from gpusched.errors import ConfigurationError
 
 __all__ = ["register_bench"]
 
@@ -40,8 +41,8 @@ def register_bench(bench_subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    # local: the harness loads the simulator (numpy, scipy); not at `gpusched --help`
     from gpusched.bench.openb_lists import build_lists, lists_report
-    from gpusched.errors import ConfigurationError
 
     if args.tables is not None:
         print(lists_report(args.tables), end="")
