@@ -14,6 +14,11 @@ from typing import Any
 
 from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
 from celery.signals import worker_init
+from sqlalchemy.engine import make_url
+
+import gpusched.airflow.listener  # noqa: F401  (imported before the fork, as the ledger below)
+from gpusched.ledger import Ledger  # noqa: F401
+from gpusched.ledger.engine import default_url
 
 __all__ = ["CELERY_CONFIG", "preload"]
 
@@ -23,16 +28,11 @@ CELERY_CONFIG: dict[str, Any] = dict(DEFAULT_CELERY_CONFIG)
 
 @worker_init.connect
 def preload(**_: Any) -> None:
-    """In a Celery worker's main process, before its pool forks: import what the task-side
-    listener imports for every GPU task (the ledger, and the driver of its database URL). A
-    ledger that cannot be reached or configured now is left to the tasks, which report it."""
+    """In a Celery worker's main process, before its pool forks: import the driver of the
+    ledger's database URL, which the task-side listener needs for every GPU task (the ledger
+    itself and the listener are imported with this module). A ledger that cannot be configured
+    now is left to the tasks, which report it."""
     try:
-        from sqlalchemy.engine import make_url
-
-        import gpusched.airflow.listener  # noqa: F401
-        from gpusched.ledger import Ledger  # noqa: F401
-        from gpusched.ledger.engine import default_url
-
         make_url(default_url()).get_dialect().import_dbapi()
     except Exception:  # the worker runs plain tasks too; never keep it from starting
         return

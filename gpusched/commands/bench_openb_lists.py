@@ -12,17 +12,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpusched.bench.openb_lists import build_lists, lists_report
 from gpusched.commands.args import comma_list
 from gpusched.errors import ConfigurationError
+from gpusched.sim.traces import default_trace_dir
 
 __all__ = ["register_bench"]
 
 
 def register_bench(bench_subparsers: Any) -> None:
     """Add ``openb-lists`` under ``gpusched bench``."""
-    # local: keeps `gpusched --help` from importing the simulator
-    from gpusched.sim.traces import default_trace_dir
-
     parser = bench_subparsers.add_parser(
         "openb-lists", help="build openb pod lists that re-weight default as the family does (held-out lists)"
     )
@@ -41,9 +40,6 @@ def register_bench(bench_subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    # local: the harness loads the simulator (numpy, scipy); not at `gpusched --help`
-    from gpusched.bench.openb_lists import build_lists, lists_report
-
     if args.tables is not None:
         print(lists_report(args.tables), end="")
         return 0

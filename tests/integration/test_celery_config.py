@@ -1,6 +1,7 @@
 """``[celery] celery_config_options = gpusched.airflow.celery_config.CELERY_CONFIG``: Airflow's own
-Celery configuration, and a worker that imports the ledger's SQL driver once, before it forks
-the processes that run tasks, instead of once per GPU task."""
+Celery configuration, and a worker that imports the ledger and its SQL driver once, before it
+forks the processes that run tasks, instead of once per GPU task (the driver only in a worker:
+``worker_init``)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def test_a_worker_imports_the_ledger_driver_before_it_forks(tmp_path: Path) -> N
            "GPUSCHED_DB_URL": "postgresql+psycopg://nobody@127.0.0.1:9/none"}  # never connected to
     out = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    loaded = "['gpusched.airflow.listener', 'gpusched.ledger', 'psycopg']"
-    assert out.stdout.strip().splitlines()[-1] == f"[] {loaded}"
+    ledger = "'gpusched.airflow.listener', 'gpusched.ledger'"
+    assert out.stdout.strip().splitlines()[-1] == f"[{ledger}] [{ledger}, 'psycopg']"
 
 
 def test_the_shipped_deployments_choose_it() -> None:
