@@ -185,8 +185,8 @@ class _CeleryDispatcher:
         this cycle's launches on top."""
         hosts = self.executor.ledger.hosts()
         self._room = {}
-        # A try sent and still waiting in its queue frees no slot: only started ones may make room.
-        self._started = frozenset(a.key for a in active if any(p.role == "task" for p in a.processes))
+        if self.prefetch > 0:  # a try sent and still waiting in its queue frees no slot
+            self._started = frozenset(a.key for a in active if any(p.role == "task" for p in a.processes))
         if not any(h.worker_slots for h in hosts):
             self._slot_use = {}
             return {}
@@ -197,6 +197,8 @@ class _CeleryDispatcher:
                 if host in use and use[host][0] >= use[host][1]}
 
     def prefetch_nodes(self, running: Sequence[Any], now: float) -> frozenset[str]:
+        if self.prefetch <= 0:
+            return frozenset()
         started = [task for task in running if task.key in self._started]
         self._room = prefetch_room(self._slot_use, self._node_host, started, now,
                                    multiplier=self.prefetch, within_s=self.prefetch_s)

@@ -84,7 +84,6 @@ class InputsCore(Protocol):
     def dispatcher(self) -> SlotView: ...
 
     slot_notes: list[str]  # why some hosts take nothing this cycle (their worker slots)
-    slot_cordoned: frozenset[str]  # nodes this cycle leaves out for their hosts' busy slots
 
 
 class SlotView(Protocol):
@@ -155,13 +154,11 @@ def read_cycle_request(core: InputsCore, pending: Sequence[PendingWork], now: fl
                for w in pending]
     snapshot, active = ledger.cycle_view(now)  # one read transaction: both agree
     full = core.dispatcher.full_nodes(active)
-    core.slot_cordoned = frozenset()
     if full:  # hosts whose workers have no free slot take nothing new this cycle
         # Closed, not cordoned: the inventory (and so the warm engine and its index) stays, the
         # placement treats them as cordoned, the partitions still split the whole fleet.
-        core.slot_cordoned = frozenset(
+        snapshot = snapshot.with_closed(
             name for name in full if snapshot.has_node(name) and not snapshot.node(name).cordoned)
-        snapshot = snapshot.with_closed(core.slot_cordoned)
     core.slot_notes = sorted(set(full.values()))
     work, busy, core.predicted = core.durations.apply(ledger, now, pending, core.kept_running(active))
     attained = {}
@@ -181,9 +178,10 @@ def prefetch_request(
     core: InputsCore, cycle: CycleRequest, held: Sequence[PendingWork], launched: Sequence[Launch],
 ) -> tuple[CycleRequest, CycleRequest] | None:
     """The second look of ``cycle`` for ``held``: the work it left waiting that takes no gang and
-    owns no devices, for the hosts whose workers may hold a task beyond their busy slots
-    (``core.dispatcher.prefetch_nodes``). ``launched`` (this cycle's launches so far) count as
-    used devices and as running tasks.
+    owns no devices, for the hosts closed for busy slots (``cycle.snapshot.closed``) whose workers
+    may hold a task beyond them (``core.dispatcher.prefetch_nodes`` over the cycle's running
+    tries: this cycle's launches have not started, so they make no room). ``launched`` (this
+    cycle's launches so far) count as used devices and as running tasks.
 
     Returns two requests, or None when no host has such room or nothing qualifies: the placement
     on those hosts' nodes alone (a fleet of a few nodes: a fresh engine, no quota, no
@@ -191,18 +189,18 @@ def prefetch_request(
     its launches then pass (:func:`~gpusched.scheduler.cycle.quota_admitted`; the quota read
     again after the launches, the partitions splitting the whole fleet)."""
     held = [w for w in held if w.gang is None and not w.existing]
-    if not held or not core.slot_cordoned:
+    if not held or not cycle.snapshot.closed:
         return None
     now = cycle.now
+    room = core.dispatcher.prefetch_nodes(cycle.running, now) & cycle.snapshot.closed
+    if not room:
+        return None
     fresh = [launch for launch in launched if not launch.reused]
     running = cycle.running + tuple(
         RunningTask(key=launch.key, request=launch.request, shares=launch.shares, started_at=now,
                     expected_end=now + launch.request.expected_duration_s
                     if launch.request.expected_duration_s else None)
         for launch in fresh)
-    room = core.dispatcher.prefetch_nodes(running, now) & core.slot_cordoned
-    if not room:
-        return None
     nodes = tuple(n for n in cycle.snapshot.nodes if n.name in room)  # open here: not closed
     devices = {d.uuid for n in nodes for d in n.devices}
     usage = {uuid: use for uuid, use in cycle.snapshot.usage.items() if uuid in devices}

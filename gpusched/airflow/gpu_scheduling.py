@@ -110,7 +110,7 @@ class Dispatcher(Protocol):
     def prefetch_nodes(self, running: Sequence[RunningTask], now: float) -> frozenset[str]:
         """Nodes of hosts without a free slot whose workers may still be sent a task to wait for
         one (:func:`gpusched.scheduler.hosts.prefetch_room`, over those of ``running`` whose task
-        process has started), after this cycle's launches so far."""
+        process has started), after this cycle's launches so far; none when prefetch is off."""
         ...
 
 
@@ -147,7 +147,6 @@ class GPUScheduling:
         self.attained = AttainedService()  # GPU-time of earlier tries (preemption = service)
         self.predicted: dict[str, Prediction] = {}  # ledger key -> this cycle's prediction
         self.slot_notes: list[str] = []  # this cycle: hosts whose worker slots are all busy
-        self.slot_cordoned: frozenset[str] = frozenset()  # this cycle: their nodes, left out
         # The placement engine kept between cycles, and the request mix it scores by (kept until
         # it drifts past [gpusched] workload_drift, so the engine need not be rebuilt every cycle).
         self.warm = WarmPlacement()
@@ -302,7 +301,7 @@ class GPUScheduling:
             self._isolated(launch.key, lambda w=by_key[launch.key], x=launch: launch_one(w, x))
         for hold in reply.holds:
             self._isolated(hold.key, lambda w=by_key[hold.key], x=hold: self.hold(w, x, now))
-        if self.slot_cordoned:
+        if cycle.snapshot.closed:  # hosts with busy worker slots
             self._prefetch(cycle, reply, launched, by_key, now)
         self.metrics.cycle_done()
 

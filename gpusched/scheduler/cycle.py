@@ -302,9 +302,7 @@ def _gang_quota_refusal(
     """Why the quota refuses a whole gang on ``shares`` (each member admitted in turn), or None."""
     if not request.quota.enforced:
         return None
-
-    waiting = [PendingTask(w.key, w.request, w.submitted_at) for w in request.pending]
-    admission = QuotaGate(snapshot, request.quota, request.running, waiting, request.now)
+    admission = _quota_gate(request, snapshot)
     for member in members:
         task = PendingTask(member.key, member.request, member.submitted_at)
         member_shares = tuple(shares[member.key])
@@ -320,8 +318,7 @@ def quota_admitted(launches: Sequence[Launch], request: CycleRequest) -> list[La
     when no quota is enforced. A launch on an already owned allocation is never refused."""
     if not request.quota.enforced:
         return list(launches)
-    waiting = [PendingTask(w.key, w.request, w.submitted_at) for w in request.pending]
-    gate = QuotaGate(request.snapshot, request.quota, request.running, waiting, request.now)
+    gate = _quota_gate(request, request.snapshot)
     by_key = {w.key: w for w in request.pending}
     admitted = []
     for launch in launches:
@@ -334,6 +331,12 @@ def quota_admitted(launches: Sequence[Launch], request: CycleRequest) -> list[La
         if gate.admit(task, launch.shares, need, request.now) is None:
             admitted.append(launch)
     return admitted
+
+
+def _quota_gate(request: CycleRequest, snapshot: FleetSnapshot) -> QuotaGate:
+    """The quota gate of ``request`` (its quota, running tasks and pending work) on ``snapshot``."""
+    waiting = [PendingTask(w.key, w.request, w.submitted_at) for w in request.pending]
+    return QuotaGate(snapshot, request.quota, request.running, waiting, request.now)
 
 
 def running_tasks(allocations: Iterable[object]) -> list[RunningTask]:

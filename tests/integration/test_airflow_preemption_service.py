@@ -145,13 +145,13 @@ def test_a_host_whose_worker_slots_are_all_busy_is_closed_for_the_cycle_not_cord
     slots = core.dispatcher = _SlotsFull()  # type: ignore[assignment]
     waiting = [PendingWork(ti_key("d", "train", "manual__w", 1, -1), ONE, NOW - 10)]
     cycle = read_cycle_request(core, waiting, NOW)
-    assert cycle.snapshot.closed == core.slot_cordoned == frozenset()
+    assert cycle.snapshot.closed == frozenset()
     assert [x.key for x in decide(cycle).launches] == [waiting[0].key]
     slots.full = {"n0": "host h0: 2 of 2 worker slots busy"}
     busy = read_cycle_request(core, waiting, NOW)
     # The node takes nothing this cycle; the inventory is the same (the warm engine and its index
     # stay), and the partitions would still count it.
-    assert busy.snapshot.closed == core.slot_cordoned == frozenset({"n0"})
+    assert busy.snapshot.closed == frozenset({"n0"})
     assert busy.snapshot.nodes is cycle.snapshot.nodes and not busy.snapshot.node("n0").cordoned
     reply = decide(busy)
     assert reply.launches == () and "1 cordoned" in reply.holds[0].reason, reply.holds[0].reason

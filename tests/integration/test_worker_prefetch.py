@@ -31,8 +31,8 @@ class _Dispatcher:
 
 
 class _Core:
-    def __init__(self, room: frozenset[str], cordoned: frozenset[str]) -> None:
-        self.dispatcher, self.slot_cordoned, self.ledger = _Dispatcher(room), cordoned, None
+    def __init__(self, room: frozenset[str]) -> None:
+        self.dispatcher, self.ledger = _Dispatcher(room), None
 
 
 def _cycle(pending: list[PendingWork]) -> CycleRequest:
@@ -51,10 +51,11 @@ def _cycle(pending: list[PendingWork]) -> CycleRequest:
 def test_held_work_goes_only_to_hosts_with_room_and_not_onto_taken_shares() -> None:
     waiting = [PendingWork(f"airflow/d/w{i}/run/1/-1", QUARTER, NOW - 10 + i) for i in range(4)]
     cycle = _cycle(waiting)
-    core = _Core(room=frozenset({"a1"}), cordoned=frozenset({"a1", "b1"}))
+    core = _Core(room=frozenset({"a1"}))
     taken = Launch("airflow/d/first/run/1/-1", QUARTER, (DeviceShare("a1-gpu0", "a1", 0, 500, 0),), {})
     second = prefetch_request(core, cycle, waiting, [taken])  # type: ignore[arg-type]
-    assert second is not None and core.dispatcher.asked == [(2, NOW)]  # the cycle's launch too
+    # Asked over the cycle's running tries (its own launch has not started: it makes no room).
+    assert second is not None and core.dispatcher.asked == [(1, NOW)]
     placement, whole = second
     # The placement sees the room's nodes alone (not b1, never the operator's c1), and the
     # quota's view the whole fleet.
@@ -97,9 +98,10 @@ def test_no_second_look_without_room_or_for_gangs_and_owned_devices() -> None:
                          GangMember(gang="g", size=2, rank=0))
     plain = PendingWork("airflow/d/p/run/1/-1", QUARTER, NOW)
     cycle = _cycle([owned, member, plain])
-    assert prefetch_request(_Core(frozenset(), frozenset({"a1", "b1"})), cycle, [plain], []) is None  # type: ignore[arg-type]
-    assert prefetch_request(_Core(frozenset({"a1"}), frozenset()), cycle, [plain], []) is None  # type: ignore[arg-type]
-    core = _Core(frozenset({"a1"}), frozenset({"a1", "b1"}))
+    assert prefetch_request(_Core(frozenset()), cycle, [plain], []) is None  # type: ignore[arg-type]
+    none_closed = replace(cycle, snapshot=cycle.snapshot.with_closed(()))
+    assert prefetch_request(_Core(frozenset({"a1"})), none_closed, [plain], []) is None  # type: ignore[arg-type]
+    core = _Core(frozenset({"a1"}))
     assert prefetch_request(core, cycle, [owned, member], []) is None  # type: ignore[arg-type]
     second = prefetch_request(core, cycle, [owned, member, plain], [])  # type: ignore[arg-type]
     assert second is not None and [w.key for w in second[0].pending] == [plain.key]
