@@ -194,7 +194,9 @@ class IndexCache:
 
     def __init__(self, limit: int = 100_000) -> None:
         self.limit = limit
-        self._values: dict[str, tuple[float, float, tuple[GroupKey, ...], tuple[object, ...]]] = {}
+        # job -> (value, attained, chain, the groups it was read from, the last history it held in)
+        self._values: dict[str, tuple[float, float, tuple[GroupKey, ...], tuple[object, ...],
+                                      ServiceHistory]] = {}
 
     def get(
         self, history: ServiceHistory, job: str, chain: tuple[GroupKey, ...], attained: float
@@ -203,10 +205,13 @@ class IndexCache:
         hit = self._values.get(job)
         if hit is None or hit[1] != attained or hit[2] is not chain:
             return None
+        if hit[4] is history:
+            return hit[0]
         groups = history.groups
         for key, dist in zip(chain, hit[3], strict=False):
             if groups.get(key) is not dist:
                 return None
+        self._values[job] = (*hit[:4], history)  # checked once per history
         return hit[0]
 
     def put(self, history: ServiceHistory, job: str, chain: tuple[GroupKey, ...], attained: float,
@@ -214,7 +219,8 @@ class IndexCache:
         """Remember ``value``, read from the first ``depth`` groups of ``chain`` in ``history``."""
         if len(self._values) >= self.limit:
             self._values.clear()
-        self._values[job] = (value, attained, chain, tuple(history.groups.get(k) for k in chain[:depth]))
+        self._values[job] = (value, attained, chain, tuple(history.groups.get(k) for k in chain[:depth]),
+                             history)
 
 
 @dataclass(frozen=True, slots=True)

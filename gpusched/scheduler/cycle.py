@@ -37,7 +37,7 @@ from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaState, physical_milli
 from gpusched.records import AllocationStatus
 from gpusched.request import GPURequest
-from gpusched.scheduler.gangs import membership, place_gang, standby_note
+from gpusched.scheduler.gangs import has_standby, membership, place_gang, standby_note
 
 __all__ = [
     "CycleReply", "CycleRequest", "Hold", "Launch", "PendingWork", "PlacementEngine", "RunningTasks",
@@ -67,6 +67,13 @@ class PendingWork:
     job_type: str | None = None
     cpu_milli: int = 0
     host_memory_bytes: int = 0
+
+    def with_rank(self, rank: float) -> PendingWork:
+        """This work with queue key ``rank`` (itself when it has that rank already)."""
+        if rank == self.rank:
+            return self
+        return PendingWork(self.key, self.request, self.submitted_at, self.existing, self.gang, rank,
+                           self.job_type, self.cpu_milli, self.host_memory_bytes)
 
     def task(self) -> PendingTask:
         """Placement's view of this work."""
@@ -223,7 +230,8 @@ def decide(request: CycleRequest) -> CycleReply:
             _launch_or_hold(work, assignment.shares, snapshot, use_uuids, False, launches, holds, note=moved)
         # A standby node "would make it fit" judged on the fleet after this cycle's starts, as the
         # next cycle sees it (so the reason, and the task's log line, do not change between them).
-        noted = {r.key for r in plan.rejections if not (r.permanent or r.by_quota)}
+        noted = {r.key for r in plan.rejections if not (r.permanent or r.by_quota)} \
+            if has_standby(snapshot) else set()
         after = snapshot.with_usage(s for a in assignments for s in a.shares) if noted else snapshot
         for rejection in plan.rejections:
             reason = standby_note(rejection.reason, by_key[rejection.key].request, after) \

@@ -121,13 +121,19 @@ def _waiting(
                             f"its own; {holders}", True)
 
 
+def has_standby(snapshot: FleetSnapshot) -> bool:
+    """Whether ``snapshot`` has a standby node that could take work once switched on (without
+    one, :func:`standby_note` leaves every reason as it is)."""
+    return any(n.standby and not snapshot.takes_no_work(n) for n in snapshot.nodes)
+
+
 def standby_note(reason: str, request: GPURequest, snapshot: FleetSnapshot) -> str:
     """``reason`` (why a single task waits) naming the standby node that would give it room now:
     the node the agents' standby scale-out switches on for it once it has waited long enough
     (:func:`gpusched.capacity.prescale.standby_for_gang` with one member over the free fleet, as
     the reactive rule). Unchanged when it fits now (it waits for something else) or no standby
     node helps."""
-    if not any(n.standby and not snapshot.takes_no_work(n) for n in snapshot.nodes):
+    if not has_standby(snapshot):
         return reason
     nodes = standby_for_gang(request, 1, False, snapshot)
     if not nodes:

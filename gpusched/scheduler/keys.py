@@ -6,6 +6,7 @@ cannot contain ``/``; the run id comes last so it may.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 __all__ = ["KEY_PREFIX", "TaskKeyParts", "parse_ti_key", "task_of", "ti_key", "ti_key_of"]
@@ -55,6 +56,7 @@ def parse_ti_key(key: str) -> TaskKeyParts | None:
         return None
 
 
+@lru_cache(maxsize=65536)
 def task_of(key: str) -> str:
     """The task instance of ledger key ``key`` across its tries (the key without its try number)."""
     parts = parse_ti_key(key)

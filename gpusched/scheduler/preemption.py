@@ -159,9 +159,9 @@ class Preemptions:
         (``running``: the keys of the driver's running work). The hold ends when its victims have
         ended; in that cycle the beneficiary, if it waits, has the first pick (:meth:`decide`)."""
         stopping = {e.beneficiary for k, e in self.evictions.items() if k in running}
-        waiting = {task_of(w.key) for w in request.pending}
-        self.first_pick = frozenset(task_of(b) for b in self.nominated
-                                    if b not in stopping and task_of(b) in waiting)
+        ended = [task_of(b) for b in self.nominated if b not in stopping]
+        waiting = {task_of(w.key) for w in request.pending} if ended else set()
+        self.first_pick = frozenset(b for b in ended if b in waiting)
         self.nominated = {b: shares for b, shares in self.nominated.items() if b in stopping}
         snapshot, held = request.snapshot, []
         for share in (s for shares in self.nominated.values() for s in shares):
@@ -179,6 +179,8 @@ class Preemptions:
         queue time, or any work ahead in the queue order would take the room made for the
         beneficiary and it would need a second round of victims."""
         picks = self.first_pick
+        if not picks:
+            return decide(request)
         gangs = {w.gang.gang for w in request.pending if task_of(w.key) in picks and w.gang is not None}
         first = {w.key for w in request.pending
                  if task_of(w.key) in picks or (w.gang is not None and w.gang.gang in gangs)}
@@ -212,7 +214,7 @@ class Preemptions:
         room: _Room | None = None
         for group in groups:
             keys = [w.key for w in group]
-            if {task_of(k) for k in keys} & waiting_for:
+            if waiting_for and {task_of(k) for k in keys} & waiting_for:
                 victims = sorted(v for v, e in self.evictions.items() if task_of(e.beneficiary) in
                                  {task_of(k) for k in keys})
                 reasons.update({k: f"waiting for preempted {', '.join(victims)} to stop" for k in keys})
@@ -241,7 +243,7 @@ class Preemptions:
             reasons.update({k: f"{outcome.reason}; starts once their devices are free" for k in keys})
         if not reasons:
             return reply, started
-        holds = tuple(replace(h, reason=reasons.get(h.key, h.reason)) for h in reply.holds)
+        holds = tuple(h if h.key not in reasons else replace(h, reason=reasons[h.key]) for h in reply.holds)
         return CycleReply(reply.launches, holds, reply.replanned, reply.replan_improved), started
 
     def _reclaims(self, request: CycleRequest, group: list[PendingWork]) -> bool:
@@ -345,9 +347,14 @@ def _groups(holds: Iterable[Hold], works: Mapping[str, PendingWork],
         units.setdefault(unit, []).append(work)
     complete = [u for u in units.values()
                 if u[0].gang is None or len({w.gang.rank for w in u if w.gang}) == u[0].gang.size]
-    return sorted(complete, key=lambda u: (-max(w.request.priority for w in u),
-                                           -max(indices.get(w.key, 0.0) for w in u),
-                                           min(w.submitted_at for w in u), u[0].key))
+    def urgency(unit: list[PendingWork]) -> tuple[float, float, float, str]:
+        if len(unit) == 1:
+            work = unit[0]
+            return -work.request.priority, -indices.get(work.key, 0.0), work.submitted_at, work.key
+        return (-max(w.request.priority for w in unit), -max(indices.get(w.key, 0.0) for w in unit),
+                min(w.submitted_at for w in unit), unit[0].key)
+
+    return sorted(complete, key=urgency)
 
 
 def _prover(request: CycleRequest, group: list[PendingWork]) -> Prover | None:

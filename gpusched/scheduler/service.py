@@ -61,7 +61,7 @@ def service_ranked(request: CycleRequest, index: ServiceIndex) -> CycleRequest:
         return request
     before = request.attained_gpu_s
     values = index.index_values([(w.key, w.request, before.get(w.key, 0.0)) for w in request.pending])
-    pending = tuple(replace(w, rank=queue_rank(v)) for w, v in zip(request.pending, values, strict=True))
+    pending = tuple(w.with_rank(queue_rank(v)) for w, v in zip(request.pending, values, strict=True))
     ranked = request.policy
     if ranked.queue_order is not QueueOrder.RANKED:
         ranked = replace(ranked, queue_order=QueueOrder.RANKED)

@@ -17,7 +17,6 @@ The prediction a job started with is paired with its true run time for the error
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any, Protocol
 
 from gpusched import settings
@@ -26,14 +25,18 @@ from gpusched.durations import (
     DurationPredictor,
     FinishedRun,
     Prediction,
+    group_keys,
     prediction_errors,
 )
+from gpusched.durations.predictor import GroupKey
 from gpusched.placement import RunningTask
 from gpusched.request import GPURequest
 from gpusched.scheduler.cycle import PendingWork
 from gpusched.scheduler.durations import predict_pending, predict_running
 
 __all__ = ["OnlineDurations"]
+
+_Evidence = tuple[tuple[GroupKey, object], ...]
 
 
 class TraceJob(Protocol):
@@ -62,7 +65,8 @@ class OnlineDurations:
         self._fresh: list[FinishedRun] = []
         self._read_at = -float("inf")
         self._version = 0
-        self._pending: dict[str, tuple[int, GPURequest, GPURequest, Prediction | None]] = {}
+        # key -> (predictor version, work asked, work rewritten, prediction, the groups it read)
+        self._pending: dict[str, tuple[int, PendingWork, PendingWork, Prediction | None, _Evidence]] = {}
         self._running: dict[str, tuple[int, RunningTask, RunningTask]] = {}
         self._started: dict[str, Prediction] = {}
         self._pairs: list[tuple[Prediction, float]] = []
@@ -86,12 +90,32 @@ class OnlineDurations:
         out = []
         for item in work:
             cached = self._pending.get(item.key)
-            if cached is None or cached[0] != self._version or cached[1] is not item.request:
+            if cached is None or cached[1] is not item or (
+                    cached[0] != self._version and not self._holds(cached[4])):
                 (rewritten,), made = predict_pending((item,), self.predictor, self.name)
-                cached = (self._version, item.request, rewritten.request, made.get(item.key))
+                prediction = made.get(item.key)
+                cached = (self._version, item, rewritten, prediction, self._evidence(item, prediction))
                 self._pending[item.key] = cached
-            out.append(item if cached[3] is None else replace(item, request=cached[2]))
+            elif cached[0] != self._version:  # the predictor learnt nothing of this work's groups
+                cached = self._pending[item.key] = (self._version, *cached[1:])
+            out.append(cached[2])
         return tuple(out)
+
+    def _evidence(self, item: PendingWork, prediction: Prediction | None) -> _Evidence:
+        """The predictor's groups ``item``'s prediction read (most specific first, up to the one
+        it came from; all of them when none predicted it): while each is the same object, a
+        newer predictor predicts the same."""
+        if item.request.expected_duration_s > 0:
+            return ()  # the author's estimate: never predicted
+        chain = group_keys(FinishedRun.of(item.request, self.name(item.key), 0.0))
+        depth = len(chain) if prediction is None else \
+            next(n for n, key in enumerate(chain) if key[0] == prediction.basis) + 1
+        groups = self.predictor.groups
+        return tuple((key, groups.get(key)) for key in chain[:depth])
+
+    def _holds(self, evidence: _Evidence) -> bool:
+        groups = self.predictor.groups
+        return all(groups.get(key) is group for key, group in evidence)
 
     def running(self, tasks: Iterable[RunningTask]) -> tuple[RunningTask, ...]:
         """``tasks`` with the expected end of their predicted duration where they have none."""

@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 
 from gpusched.durations import DurationModel, FinishedRun
 from gpusched.durations.service import gpu_seconds
@@ -152,6 +153,12 @@ def simulate(
     preempt = preemption or SimPreemption()
     budget_rule = over_budget or SimOverBudget()
     runs: dict[str, list[tuple[float, float, tuple[DeviceShare, ...]]]] = {}  # key -> its stopped runs
+    saved: dict[str, float] = {}  # key -> seconds of work its stopped runs kept (> 0 only)
+    # key -> GPU-seconds its stopped runs held, as the executors read it from the ledger for
+    # ``CycleRequest.attained_gpu_s`` (mode service only)
+    attained: dict[str, float] = {}
+    works: dict[str, tuple[PendingTask, PendingWork]] = {}  # key -> its pending work, while its task stands
+    lefts: dict[str, tuple[PendingWork, float, PendingWork]] = {}  # key -> (work, saved s, what is left)
     check_at = _INF  # next over-budget check or period reset
     timeline: list[TimelinePoint] = [TimelinePoint(0.0, 0, 0)]
     used = 0
@@ -188,6 +195,10 @@ def simulate(
         if online is not None:
             online.ended(key)
         lost = preempt.evict(stopped, full_run[key], now, fleet, preempted=preempted)
+        if preempt.ran.get(key, 0.0) > 0:
+            saved[key] = preempt.ran[key]
+        if service is not None:
+            attained[key] = gpu_seconds(by_key[key].request, preempt.served_s[key])
         runs.setdefault(key, []).append((stopped.started_at, now, stopped.shares))
         del run_seq[key], records[key]
         store.release(key, reason="preempted" if preempted else reason, now=now)
@@ -203,6 +214,7 @@ def simulate(
         nonlocal seq, used
         job = by_key[key]
         base = pending.pop(key).request  # what it asks without a prediction (re-predicted each pass)
+        works.pop(key, None)
         models = tuple(sorted({fleet.device(s.uuid).model for s in shares}))
         full_run[key] = job.duration_on(models)
         end = now + preempt.restart_delay(key) + full_run[key] * preempt.remaining(key)
@@ -301,17 +313,16 @@ def simulate(
             if online is not None:  # the executors' rewrite: predicted durations where none given
                 online.refresh(t)
                 busy = online.running(busy)
-            saved = {k: s for k, s in preempt.ran.items() if s > 0}  # work kept by earlier runs
             view = (p if p.key not in saved else replace(p, request=request_left(p.request, saved[p.key]))
                     for p in pending.values())
             offered = window.offer(view, state, snapshot, busy, t, max_pending, predicted=online is not None)
             as_offered = {o.key: o for o in offered}
-            work = tuple(_work(pending[o.key], by_key[o.key].gang) for o in offered)
+            work = tuple(_work(works, pending[o.key], by_key[o.key].gang) for o in offered)
             if online is not None:
                 work = online.pending(work)
             # What is left of each job: estimates less the work its earlier runs saved (the executors'
             # rule), so placement expects its end and the budget gate charges only the rest.
-            work, busy = less_saved(work, busy, saved)
+            work, busy = _less_saved(lefts, work, busy, saved)
             # Every waiting request (also those the quota keeps from this pass), as the executors
             # count; read only by a policy that scores by an estimated workload.
             mix = itertools.chain((p.request for p in pending.values()),
@@ -323,7 +334,7 @@ def simulate(
                 seed=seed + calls,
                 replan_budget_ms=replan_budget_ms, replan_weights=replan_weights,
                 replan_generations=replan_generations, strict_fifo=head_of_line,
-                attained_gpu_s=_attained(preempt.served_s, by_key) if service is not None else {},
+                attained_gpu_s=MappingProxyType(attained),
             ), running)
             if service is not None:  # mode service: the queue by Gittins index
                 cycle = service_ranked(cycle, service)
@@ -400,12 +411,6 @@ def simulate(
     )
 
 
-def _attained(served_s: Mapping[str, float], jobs: Mapping[str, SimJob]) -> dict[str, float]:
-    """Key → GPU-seconds its earlier runs held (``served_s``: their run time), as the executors
-    read it from the ledger for ``CycleRequest.attained_gpu_s``."""
-    return {key: gpu_seconds(jobs[key].request, run_s) for key, run_s in served_s.items()}
-
-
 def _without(snapshot: FleetSnapshot, down: Collection[str], fleet: FleetSnapshot) -> FleetSnapshot:
     """``snapshot`` showing the nodes of ``fleet`` except those in ``down`` (lost hosts), as the
     ledger's snapshot leaves out the nodes of lost hosts; the usage is kept."""
@@ -415,11 +420,41 @@ def _without(snapshot: FleetSnapshot, down: Collection[str], fleet: FleetSnapsho
     return FleetSnapshot(nodes, snapshot.usage, snapshot.source, snapshot.taken_at)
 
 
-def _work(task: PendingTask, gang: GangMember | None) -> PendingWork:
-    """The scheduling cycle's pending work for a replay's waiting job (``gang``: its gang membership)."""
-    return PendingWork(task.key, task.request, task.submitted_at, gang=gang, rank=task.rank,
+def _work(works: dict[str, tuple[PendingTask, PendingWork]], task: PendingTask,
+          gang: GangMember | None) -> PendingWork:
+    """The scheduling cycle's pending work for a replay's waiting job (``gang``: its gang
+    membership); the same object every pass while the job's task is the same (``works``: the
+    ones made so far), so the rewrites cached per job recognise it."""
+    made = works.get(task.key)
+    if made is not None and made[0] is task:
+        return made[1]
+    work = PendingWork(task.key, task.request, task.submitted_at, gang=gang, rank=task.rank,
                        job_type=task.job_type, cpu_milli=task.cpu_milli,
                        host_memory_bytes=task.host_memory_bytes)
+    works[task.key] = (task, work)
+    return work
+
+
+def _less_saved(
+    lefts: dict[str, tuple[PendingWork, float, PendingWork]], work: Sequence[PendingWork],
+    busy: Sequence[RunningTask], saved: Mapping[str, float],
+) -> tuple[tuple[PendingWork, ...], tuple[RunningTask, ...]]:
+    """The executors' :func:`~gpusched.scheduler.durations.less_saved`, its result for each
+    waiting job kept while the job's work and saved seconds stand (``lefts``), so a job's work
+    is the same object from pass to pass."""
+    out = []
+    for item in work:
+        kept = saved.get(item.key, 0.0)
+        if kept <= 0:
+            out.append(item)
+            continue
+        hit = lefts.get(item.key)
+        if hit is None or hit[0] is not item or hit[1] != kept:
+            (left,), _ = less_saved((item,), (), {item.key: kept})
+            hit = lefts[item.key] = (item, kept, left)
+        out.append(hit[2])
+    _, running = less_saved((), busy, saved)
+    return tuple(out), running
 
 
 def _bar(total: int, enabled: bool):  # type: ignore[no-untyped-def]

@@ -49,9 +49,13 @@ class OnlineService:
 
     def index_values(self, work: Sequence[tuple[str, GPURequest, float]]) -> list[float]:
         """The index value of each ``(job key, request, attained GPU-s)``."""
-        items = [(request, self.names.get(key) or "", attained) for key, request, attained in work]
-        chains = [self._chain(key, request, self.names.get(key) or "") for key, request, _ in work]
-        return self.history.index_values(items, chains, (self._cache, [key for key, _, _ in work]))
+        items, chains, keys = [], [], []
+        for key, request, attained in work:
+            task = self.names.get(key) or ""
+            items.append((request, task, attained))
+            chains.append(self._chain(key, request, task))
+            keys.append(key)
+        return self.history.index_values(items, chains, (self._cache, keys))
 
     def _chain(self, key: str, request: GPURequest, task: str) -> tuple[GroupKey, ...]:
         """The prediction groups of job ``key`` (a job's tenant, GPUs and model never change)."""
