@@ -214,6 +214,12 @@ class IndexCache:
         self._values[job] = (*hit[:4], history)  # checked once per history
         return hit[0]
 
+    def known(self, history: ServiceHistory, job: str, attained: float) -> float | None:
+        """Job ``job``'s value at ``attained`` if it was found or checked in ``history`` itself
+        (no group to compare: a cycle's second look at the same work)."""
+        hit = self._values.get(job)
+        return hit[0] if hit is not None and hit[4] is history and hit[1] == attained else None
+
     def put(self, history: ServiceHistory, job: str, chain: tuple[GroupKey, ...], attained: float,
             value: float, depth: int) -> None:
         """Remember ``value``, read from the first ``depth`` groups of ``chain`` in ``history``."""

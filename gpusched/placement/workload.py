@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -134,17 +134,19 @@ def estimated_shapes(
 ) -> tuple[WorkloadShape, ...]:
     """Shapes seen in ``requests`` (fractions rounded to 50 milli, with their allowed models),
     blended half-and-half with ``prior``."""
-    seen: Counter[tuple[int, int, frozenset[str]]] = Counter()
-    for req in requests:
-        milli = req.milli_per_gpu
-        if milli < MILLI:
-            milli = min(MILLI - 50, max(50, round(milli / 50) * 50))
-        seen[(req.count, milli, req.models)] += 1
+    seen = Counter(map(_shape_of, requests))  # counted in C; first-seen order as a loop keeps it
     total = sum(seen.values())
     shapes = [WorkloadShape(s.count, s.milli, s.weight * 0.5 if total else s.weight) for s in prior]
     for (count, milli, models), n in seen.most_common(_MAX_SHAPES):
         shapes.append(WorkloadShape(count, milli, 0.5 * n / total, models=models))
     return tuple(shapes)
+
+
+def _shape_of(req: GPURequest) -> tuple[int, int, frozenset[str]]:
+    milli = req.milli_per_gpu
+    if milli < MILLI:
+        milli = min(MILLI - 50, max(50, round(milli / 50) * 50))
+    return req.count, milli, req.models
 
 
 def workload_for(shapes: tuple[WorkloadShape, ...], requests: Iterable[GPURequest]) -> Workload:
@@ -190,10 +192,10 @@ class SteadyWorkload:
 def distance(a: Iterable[WorkloadShape], b: Iterable[WorkloadShape]) -> float:
     """Total variation distance between two shape mixes (weights normalised per mix)."""
 
-    def mix(shapes: Iterable[WorkloadShape]) -> dict[WorkloadShape, float]:
-        weights: dict[WorkloadShape, float] = {}
+    def mix(shapes: Iterable[WorkloadShape]) -> dict[tuple[object, ...], float]:
+        weights: dict[tuple[object, ...], float] = {}
         for s in shapes:
-            key = replace(s, weight=1.0)
+            key = (s.count, s.milli, s.cpu_milli, s.host_memory_bytes, s.models)  # all but the weight
             weights[key] = weights.get(key, 0.0) + s.weight
         total = sum(weights.values()) or 1.0
         return {k: v / total for k, v in weights.items()}

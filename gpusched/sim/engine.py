@@ -35,6 +35,7 @@ from gpusched.extras import lab_module
 from gpusched.gang import GangMember
 from gpusched.model import DeviceShare, FleetSnapshot
 from gpusched.placement import PendingTask, Policy, RunningTask
+from gpusched.placement.warm import WarmPlacement
 from gpusched.placement.workload import SteadyWorkload
 from gpusched.quota.policy import QuotaPolicy, physical_milli
 from gpusched.request import GPURequest
@@ -179,6 +180,7 @@ def simulate(
     pass_policy = service.policy(policy) if service is not None else policy
     store = InMemoryStore(fleet)  # the allocations, as the executors' ledger holds them
     window = BoundedBatch(quota, fleet)
+    warm = WarmPlacement()  # the engine kept between passes, as the executors keep theirs
     kept = SteadyWorkload(workload_drift)
     preemptions = Preemptions(preempt.rules())  # victims' notice, grace, held room, first pick
     in_gangs = frozenset(j.key for j in ordered if j.gang is not None)  # never victims (as in the executors)
@@ -333,7 +335,7 @@ def simulate(
                 pending=work, snapshot=snapshot, policy=now_policy, running=busy, now=t, quota=state,
                 seed=seed + calls,
                 replan_budget_ms=replan_budget_ms, replan_weights=replan_weights,
-                replan_generations=replan_generations, strict_fifo=head_of_line,
+                replan_generations=replan_generations, strict_fifo=head_of_line, engine=warm,
                 attained_gpu_s=MappingProxyType(attained),
             ), running)
             if service is not None:  # mode service: the queue by Gittins index

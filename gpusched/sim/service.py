@@ -9,6 +9,7 @@ predictor gets) — no oracle. A job's prediction group is named by its trace jo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -49,13 +50,22 @@ class OnlineService:
 
     def index_values(self, work: Sequence[tuple[str, GPURequest, float]]) -> list[float]:
         """The index value of each ``(job key, request, attained GPU-s)``."""
-        items, chains, keys = [], [], []
+        history, cache = self.history, self._cache
+        out: list[float] = []
+        items, chains, keys, at = [], [], [], []
         for key, request, attained in work:
-            task = self.names.get(key) or ""
-            items.append((request, task, attained))
-            chains.append(self._chain(key, request, task))
-            keys.append(key)
-        return self.history.index_values(items, chains, (self._cache, keys))
+            value = cache.known(history, key, attained)
+            if value is None:
+                task = self.names.get(key) or ""
+                items.append((request, task, attained))
+                chains.append(self._chain(key, request, task))
+                keys.append(key)
+                at.append(len(out))
+            out.append(math.nan if value is None else value)
+        if items:
+            for n, value in zip(at, history.index_values(items, chains, (cache, keys)), strict=True):
+                out[n] = value
+        return out
 
     def _chain(self, key: str, request: GPURequest, task: str) -> tuple[GroupKey, ...]:
         """The prediction groups of job ``key`` (a job's tenant, GPUs and model never change)."""
