@@ -50,8 +50,10 @@ from gpusched.request import GPURequest
 
 __all__ = ["Placer", "place", "running_host"]
 
-_ALIKE = attrgetter(*(f.name for f in fields(GPURequest) if f.name != "expected_duration_s"))
-"""A request's fields but its duration: what decides whether it fits (without reservations)."""
+_NOT_FITTING = frozenset({"expected_duration_s", "tenant", "priority", "partition"})
+_ALIKE = attrgetter(*(f.name for f in fields(GPURequest) if f.name not in _NOT_FITTING))
+"""A request's fields but its duration and owner: what decides whether it fits (without
+reservations; the tenant, priority and partition only weigh after devices are found)."""
 
 
 def place(request: PlacementRequest) -> PlacementPlan:
@@ -318,11 +320,11 @@ class Placer:
         if self._reserved:  # (a call that raised may have left its reservations)
             res_start[:] = np.inf
         seen: set[str] = set()
-        # A task like one already refused in this call (same request but for its duration, same
-        # host needs and job type) is refused the same way: the state only loses room within a
-        # call, and without a reservation the duration plays no part in fitting. Kept until a
-        # reservation is made. A queue of thousands of alike tasks on a full fleet otherwise
-        # costs a full device search per task per call.
+        # A task like one already refused in this call (same request but for its duration and
+        # owner, same host needs and job type) is refused the same way: the state only loses
+        # room within a call, and without a reservation the duration plays no part in fitting.
+        # Kept until a reservation is made. A queue of thousands of alike tasks on a full fleet
+        # otherwise costs a full device search per task per call.
         refused: dict[tuple[object, ...], Rejection] | None = {}
         for task in ordered:
             if task.key in seen:

@@ -160,6 +160,7 @@ def simulate(
     attained: dict[str, float] = {}
     works: dict[str, tuple[PendingTask, PendingWork]] = {}  # key -> its pending work, while its task stands
     lefts: dict[str, tuple[PendingWork, float, PendingWork]] = {}  # key -> (work, saved s, what is left)
+    ranks: dict[str, tuple[PendingWork, PendingWork]] = {}  # key -> (work, as ranked last pass)
     check_at = _INF  # next over-budget check or period reset
     timeline: list[TimelinePoint] = [TimelinePoint(0.0, 0, 0)]
     used = 0
@@ -216,7 +217,8 @@ def simulate(
         nonlocal seq, used
         job = by_key[key]
         base = pending.pop(key).request  # what it asks without a prediction (re-predicted each pass)
-        works.pop(key, None)
+        for made in (works, lefts, ranks):  # a requeued job is a new task
+            made.pop(key, None)
         models = tuple(sorted({fleet.device(s.uuid).model for s in shares}))
         full_run[key] = job.duration_on(models)
         end = now + preempt.restart_delay(key) + full_run[key] * preempt.remaining(key)
@@ -325,6 +327,8 @@ def simulate(
             # What is left of each job: estimates less the work its earlier runs saved (the executors'
             # rule), so placement expects its end and the budget gate charges only the rest.
             work, busy = _less_saved(lefts, work, busy, saved)
+            if service is not None:  # each job's work as ranked last pass: re-ranked only if its rank moved
+                asked, work = work, tuple(_ranked_before(ranks, w) for w in work)
             # Every waiting request (also those the quota keeps from this pass), as the executors
             # count; read only by a policy that scores by an estimated workload.
             mix = itertools.chain((p.request for p in pending.values()),
@@ -340,6 +344,7 @@ def simulate(
             ), running)
             if service is not None:  # mode service: the queue by Gittins index
                 cycle = service_ranked(cycle, service)
+                ranks.update((w.key, (w, r)) for w, r in zip(asked, cycle.pending, strict=True))
             reply = preemptions.decide(cycle)
             replans += int(reply.replanned)
             improved += int(reply.replan_improved)
@@ -435,6 +440,13 @@ def _work(works: dict[str, tuple[PendingTask, PendingWork]], task: PendingTask,
                        host_memory_bytes=task.host_memory_bytes)
     works[task.key] = (task, work)
     return work
+
+
+def _ranked_before(ranks: Mapping[str, tuple[PendingWork, PendingWork]], work: PendingWork) -> PendingWork:
+    """``work`` as the last pass ranked it, if it is the same work (ranking gives it this pass's
+    rank either way; an unchanged rank then keeps the object)."""
+    hit = ranks.get(work.key)
+    return hit[1] if hit is not None and hit[0] is work else work
 
 
 def _less_saved(
