@@ -14,7 +14,7 @@ shares on it instead of rebuilding state from a snapshot every decision).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from operator import attrgetter
 from typing import Any, cast
@@ -300,19 +300,7 @@ class Placer:
         rng = cast(np.random.Generator, _LazyRng(request.seed))
         # An unlimited state (no quota configured) applies neither budgets nor partitions.
         ctx = QuotaGate(self.snapshot, quota, running, pending, now) if quota.enforced else None
-        ordered = (
-            list(pending)
-            if keep_order
-            else sorted(
-                pending,
-                key=lambda t: (
-                    -self._effective_priority(t, now),
-                    self._service_key(t, now),
-                    t.submitted_at,
-                    t.key,
-                ),
-            )
-        )
+        ordered = list(pending) if keep_order else sorted(pending, key=self._queue_key(now))
         assignments: list[Assignment] = []
         rejections: list[Rejection] = []
         reservations: list[Reservation] = []
@@ -367,6 +355,21 @@ class Placer:
         if saved is not None:
             self.state, self._stats, self._host_stats, self._pristine = saved
         return PlacementPlan(tuple(assignments), tuple(rejections), tuple(reservations))
+
+    def _queue_key(self, now: float) -> Callable[[PendingTask], tuple[float, float, float, str]]:
+        """The queue order at ``now``: effective priority (aged) first, then the service key
+        (:meth:`_service_key`), submission time and key."""
+        policy = self.policy
+        if policy.queue_order is QueueOrder.RANKED:  # the common case of a long queue, inlined
+            aging, halving = policy.aging_per_hour, max(policy.service_halving_s, 1e-9)
+
+            def ranked(t: PendingTask) -> tuple[float, float, float, str]:
+                waited = max(0.0, now - t.submitted_at)
+                return -(t.request.priority + aging * (waited / 3600.0)), t.rank - waited / halving, \
+                    t.submitted_at, t.key
+
+            return ranked
+        return lambda t: (-self._effective_priority(t, now), self._service_key(t, now), t.submitted_at, t.key)
 
     def _effective_priority(self, task: PendingTask, now: float) -> float:
         aging = self.policy.aging_per_hour

@@ -78,8 +78,8 @@ class PendingWork:
     def task(self) -> PendingTask:
         """Placement's view of this work."""
         return PendingTask(self.key, self.request, self.submitted_at,
-                           job_type=self.job_type if self.job_type is not None else self.request.job_type,
-                           cpu_milli=self.cpu_milli, host_memory_bytes=self.host_memory_bytes, rank=self.rank)
+                           self.job_type if self.job_type is not None else self.request.job_type,
+                           self.cpu_milli, self.host_memory_bytes, self.rank)
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,8 @@ class OnlineDurations:
                     cached[0] != self._version and not self._holds(cached[4])):
                 (rewritten,), made = predict_pending((item,), self.predictor, self.name)
                 prediction = made.get(item.key)
+                if cached is not None and cached[1] is item and rewritten.request == cached[2].request:
+                    rewritten = cached[2]  # the same duration: the same work (later rewrites keep theirs)
                 cached = (self._version, item, rewritten, prediction, self._evidence(item, prediction))
                 self._pending[item.key] = cached
             elif cached[0] != self._version:  # the predictor learnt nothing of this work's groups
