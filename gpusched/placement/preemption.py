@@ -64,6 +64,7 @@ from gpusched.model import MILLI, DeviceShare, FleetSnapshot
 from gpusched.placement.engine import place
 from gpusched.placement.policy import Policy
 from gpusched.placement.types import PendingTask, PlacementRequest, RunningTask
+from gpusched.placement.warm import WarmPlacement
 from gpusched.quota.policy import QuotaState, partition_capacity, physical_milli
 from gpusched.request import Partition
 
@@ -106,7 +107,9 @@ class PreemptionRequest:
     victim's by; ``restarted``: keys of running tasks that were preempted before (not victims
     until their checkpoint in ``checkpoints`` is later than their current start, nor before
     they have run ``min_rerun_s`` since it, as victims by index); ``max_unsaved_s``: > 0, tasks
-    with more run time than this since their last checkpoint are not victims by index (0: no limit).
+    with more run time than this since their last checkpoint are not victims by index (0: no limit);
+    ``engine``: a placement engine the caller keeps for its proofs (the plans ``place`` makes, on
+    an engine rebased from proof to proof; None: a fresh engine per proof).
     """
 
     waiting: tuple[PendingTask, ...]
@@ -124,6 +127,7 @@ class PreemptionRequest:
     restarted: frozenset[str] = frozenset()
     max_unsaved_s: float = 0.0
     min_rerun_s: float = 0.0
+    engine: WarmPlacement | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,8 +303,9 @@ def _default_prover(request: PreemptionRequest) -> Prover:
     waiting = request.waiting
 
     def prove(snapshot: FleetSnapshot, running: Sequence[RunningTask]) -> Proof:
-        plan = place(PlacementRequest(pending=waiting, snapshot=snapshot, policy=request.policy,
-                                      now=request.now, quota=request.quota, running=running))
+        asked = PlacementRequest(pending=waiting, snapshot=snapshot, policy=request.policy,
+                                 now=request.now, quota=request.quota, running=running)
+        plan = request.engine.place(asked) if request.engine is not None else place(asked)
         if len(plan.assignments) != len(waiting):
             return None, plan.rejections[0].reason if plan.rejections else "does not fit"
         return {a.key: a.shares for a in plan.assignments}, ""

@@ -45,6 +45,7 @@ from gpusched.placement.preemption import (
     check_mode,
     select_victims,
 )
+from gpusched.placement.warm import WarmPlacement
 from gpusched.quota.policy import physical_milli
 from gpusched.scheduler.attained import PREEMPTED_REASON
 from gpusched.scheduler.cycle import CycleReply, CycleRequest, Hold, PendingWork, decide
@@ -151,6 +152,7 @@ class Preemptions:
         # beneficiaries whose victims have just ended.
         self.first_pick: frozenset[str] = frozenset()
         self._use: tuple[CycleRequest, PartitionUse] | None = None  # this cycle's partition use
+        self._proofs = WarmPlacement()  # the victim selections' proofs, on one engine kept warm
 
     # ---- before and during a cycle ---------------------------------------------------------------
 
@@ -261,7 +263,7 @@ class Preemptions:
             request.running, request.policy, request.now, request.quota, mode=self.rules.mode,
             min_runtime_s=self.rules.min_runtime_s, checkpoints=facts.checkpoints, protected=protected,
             indices=facts.indices, index_margin=self.rules.margin, restarted=facts.restarted,
-            max_unsaved_s=self.rules.max_unsaved_s, min_rerun_s=self.rules.min_rerun_s,
+            max_unsaved_s=self.rules.max_unsaved_s, min_rerun_s=self.rules.min_rerun_s, engine=self._proofs,
         )
 
     def _begin(self, plan: PreemptionPlan, group: tuple[PendingWork, ...], now: float) -> Started:

@@ -161,6 +161,8 @@ def simulate(
     works: dict[str, tuple[PendingTask, PendingWork]] = {}  # key -> its pending work, while its task stands
     lefts: dict[str, tuple[PendingWork, float, PendingWork]] = {}  # key -> (work, saved s, what is left)
     ranks: dict[str, tuple[PendingWork, PendingWork]] = {}  # key -> (work, as ranked last pass)
+    views: dict[str, tuple[PendingTask, float, PendingTask]] = {}  # key -> (task, saved s, what is left)
+    busy_left: dict[str, tuple[RunningTask, float, RunningTask]] = {}  # the same for running jobs
     check_at = _INF  # next over-budget check or period reset
     timeline: list[TimelinePoint] = [TimelinePoint(0.0, 0, 0)]
     used = 0
@@ -217,7 +219,7 @@ def simulate(
         nonlocal seq, used
         job = by_key[key]
         base = pending.pop(key).request  # what it asks without a prediction (re-predicted each pass)
-        for made in (works, lefts, ranks):  # a requeued job is a new task
+        for made in (works, lefts, ranks, views):  # a requeued job is a new task
             made.pop(key, None)
         models = tuple(sorted({fleet.device(s.uuid).model for s in shares}))
         full_run[key] = job.duration_on(models)
@@ -317,8 +319,7 @@ def simulate(
             if online is not None:  # the executors' rewrite: predicted durations where none given
                 online.refresh(t)
                 busy = online.running(busy)
-            view = (p if p.key not in saved else replace(p, request=request_left(p.request, saved[p.key]))
-                    for p in pending.values())
+            view = (p if p.key not in saved else _left_task(views, p, saved[p.key]) for p in pending.values())
             offered = window.offer(view, state, snapshot, busy, t, max_pending, predicted=online is not None)
             as_offered = {o.key: o for o in offered}
             work = tuple(_work(works, pending[o.key], by_key[o.key].gang) for o in offered)
@@ -326,7 +327,7 @@ def simulate(
                 work = online.pending(work)
             # What is left of each job: estimates less the work its earlier runs saved (the executors'
             # rule), so placement expects its end and the budget gate charges only the rest.
-            work, busy = _less_saved(lefts, work, busy, saved)
+            work, busy = _less_saved(lefts, busy_left, work, busy, saved)
             if service is not None:  # each job's work as ranked last pass: re-ranked only if its rank moved
                 asked, work = work, tuple(_ranked_before(ranks, w) for w in work)
             # Every waiting request (also those the quota keeps from this pass), as the executors
@@ -450,12 +451,13 @@ def _ranked_before(ranks: Mapping[str, tuple[PendingWork, PendingWork]], work: P
 
 
 def _less_saved(
-    lefts: dict[str, tuple[PendingWork, float, PendingWork]], work: Sequence[PendingWork],
-    busy: Sequence[RunningTask], saved: Mapping[str, float],
+    lefts: dict[str, tuple[PendingWork, float, PendingWork]],
+    busy_left: dict[str, tuple[RunningTask, float, RunningTask]],
+    work: Sequence[PendingWork], busy: Sequence[RunningTask], saved: Mapping[str, float],
 ) -> tuple[tuple[PendingWork, ...], tuple[RunningTask, ...]]:
-    """The executors' :func:`~gpusched.scheduler.durations.less_saved`, its result for each
-    waiting job kept while the job's work and saved seconds stand (``lefts``), so a job's work
-    is the same object from pass to pass."""
+    """The executors' :func:`~gpusched.scheduler.durations.less_saved`, its result for each job
+    kept while the job's work (or running task) and saved seconds stand (``lefts``,
+    ``busy_left``), so a job's work is the same object from pass to pass."""
     out = []
     for item in work:
         kept = saved.get(item.key, 0.0)
@@ -467,8 +469,28 @@ def _less_saved(
             (left,), _ = less_saved((item,), (), {item.key: kept})
             hit = lefts[item.key] = (item, kept, left)
         out.append(hit[2])
-    _, running = less_saved((), busy, saved)
-    return tuple(out), running
+    running = []
+    for task in busy:
+        kept = saved.get(task.key, 0.0)
+        if kept <= 0:
+            running.append(task)
+            continue
+        ran = busy_left.get(task.key)
+        if ran is None or ran[0] is not task or ran[1] != kept:
+            _, (rest,) = less_saved((), (task,), {task.key: kept})
+            ran = busy_left[task.key] = (task, kept, rest)
+        running.append(ran[2])
+    return tuple(out), tuple(running)
+
+
+def _left_task(views: dict[str, tuple[PendingTask, float, PendingTask]], task: PendingTask,
+               kept: float) -> PendingTask:
+    """``task`` as what is left after ``kept`` seconds of saved work, for the offer's budget
+    check (kept while the task and its saved seconds stand, ``views``)."""
+    hit = views.get(task.key)
+    if hit is None or hit[0] is not task or hit[1] != kept:
+        hit = views[task.key] = (task, kept, replace(task, request=request_left(task.request, kept)))
+    return hit[2]
 
 
 def _bar(total: int, enabled: bool):  # type: ignore[no-untyped-def]
