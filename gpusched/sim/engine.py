@@ -25,9 +25,10 @@ import itertools
 import math
 import sys
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
+from typing import TypeVar
 
 from gpusched.durations import DurationModel, FinishedRun
 from gpusched.durations.service import gpu_seconds
@@ -56,6 +57,7 @@ from gpusched.sim.simjob import SimJob, check_jobs, with_expected_durations
 __all__ = ["JobRecord", "SimJob", "SimResult", "TimelinePoint", "simulate", "with_expected_durations"]
 
 _INF = float("inf")
+_Job = TypeVar("_Job", PendingWork, PendingTask, RunningTask)
 
 
 def simulate(
@@ -458,38 +460,29 @@ def _less_saved(
     """The executors' :func:`~gpusched.scheduler.durations.less_saved`, its result for each job
     kept while the job's work (or running task) and saved seconds stand (``lefts``,
     ``busy_left``), so a job's work is the same object from pass to pass."""
-    out = []
-    for item in work:
-        kept = saved.get(item.key, 0.0)
-        if kept <= 0:
-            out.append(item)
-            continue
-        hit = lefts.get(item.key)
-        if hit is None or hit[0] is not item or hit[1] != kept:
-            (left,), _ = less_saved((item,), (), {item.key: kept})
-            hit = lefts[item.key] = (item, kept, left)
-        out.append(hit[2])
-    running = []
-    for task in busy:
-        kept = saved.get(task.key, 0.0)
-        if kept <= 0:
-            running.append(task)
-            continue
-        ran = busy_left.get(task.key)
-        if ran is None or ran[0] is not task or ran[1] != kept:
-            _, (rest,) = less_saved((), (task,), {task.key: kept})
-            ran = busy_left[task.key] = (task, kept, rest)
-        running.append(ran[2])
-    return tuple(out), tuple(running)
+    out = tuple(_kept(lefts, w, saved.get(w.key, 0.0), lambda w, s: less_saved((w,), (), {w.key: s})[0][0])
+                for w in work)
+    running = tuple(_kept(busy_left, r, saved.get(r.key, 0.0),
+                          lambda r, s: less_saved((), (r,), {r.key: s})[1][0]) for r in busy)
+    return out, running
 
 
 def _left_task(views: dict[str, tuple[PendingTask, float, PendingTask]], task: PendingTask,
                kept: float) -> PendingTask:
     """``task`` as what is left after ``kept`` seconds of saved work, for the offer's budget
     check (kept while the task and its saved seconds stand, ``views``)."""
-    hit = views.get(task.key)
-    if hit is None or hit[0] is not task or hit[1] != kept:
-        hit = views[task.key] = (task, kept, replace(task, request=request_left(task.request, kept)))
+    return _kept(views, task, kept, lambda t, s: replace(t, request=request_left(t.request, s)))
+
+
+def _kept(made: dict[str, tuple[_Job, float, _Job]], job: _Job, saved_s: float,
+          less: Callable[[_Job, float], _Job]) -> _Job:
+    """``less(job, saved_s)``: ``job`` less ``saved_s`` seconds of saved work (itself when none),
+    the same object while ``job`` and ``saved_s`` stand (``made``: the ones made so far)."""
+    if saved_s <= 0:
+        return job
+    hit = made.get(job.key)
+    if hit is None or hit[0] is not job or hit[1] != saved_s:
+        hit = made[job.key] = (job, saved_s, less(job, saved_s))
     return hit[2]
 
 
