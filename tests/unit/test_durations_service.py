@@ -135,10 +135,13 @@ def test_cached_index_values_equal_fresh_ones_as_the_history_grows(seed: int) ->
         cached = history.index_values(jobs, chains, (cache, names))
         fresh = history.index_values(jobs)
         assert cached == fresh
+        # Asked again in the same history: known without comparing groups, the same values.
+        assert [cache.known(history, names[n], a) for n, (_, _, a) in enumerate(jobs)] == cached
         assert cached == [history.index(r, t, a).value for r, t, a in jobs]
         gpus = rng.choice([1, 2, 4])
         history = history.with_runs([FinishedRun("t1" if rng.random() < 0.3 else "", rng.choice(tenants),
                                                  gpus * 1000, "any", rng.lognormvariate(7, 2))])
+        assert all(cache.known(history, name, a) is None for name, (_, _, a) in zip(names, jobs, strict=True))
     assert reused > 0  # values outlived runs added to other groups
 
 

@@ -71,3 +71,32 @@ def test_an_authors_estimate_is_kept() -> None:
                       duration_history=history)
     assert result.durations is not None
     assert result.durations["jobs_with_given_estimate"] == 2 and result.durations["jobs_predicted"] == 0
+
+
+def test_kept_rewrites_equal_fresh_predictions_as_runs_are_learnt() -> None:
+    """OnlineDurations reuses a job's rewritten work while the predictor groups its prediction read
+    are unchanged (and keeps the object when a new prediction gives the same duration): after
+    every refresh its answers equal the executors' rewrite made afresh, and some are reused."""
+    import random
+
+    from gpusched.scheduler.cycle import PendingWork
+    from gpusched.scheduler.durations import predict_pending
+    from gpusched.sim.durations import OnlineDurations
+
+    rng = random.Random(3)
+    tenants, gpus = ["a", "b", "c"], [1, 2, 4]
+    online = OnlineDurations(DurationModel(min_runs=3, recent=5), refresh_s=0.0)
+    work = tuple(PendingWork(f"w{n}", GPURequest(count=rng.choice(gpus), tenant=rng.choice(tenants)), 0.0)
+                 for n in range(30))
+    kept = 0
+    before = online.pending(work)
+    for t in range(1, 80):
+        request = GPURequest(count=rng.choice(gpus), tenant=rng.choice(tenants))
+        online.finished(SimJob(f"done{t}", request, 0.0, 1.0), rng.choice([60.0, 600.0, 6000.0]))
+        online.refresh(float(t))
+        now = online.pending(work)
+        fresh, _ = predict_pending(work, online.predictor, online.name)
+        assert [w.request for w in now] == [w.request for w in fresh]
+        kept += sum(a is b and a is not w for a, b, w in zip(now, before, work, strict=True))
+        before = now
+    assert kept > 0
