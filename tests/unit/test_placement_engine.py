@@ -348,3 +348,23 @@ def test_cpu_only_work_can_be_judged_by_its_own_shapes() -> None:
     trial = no_quota_on(placer, [PendingTask("h", GPURequest.build(gpus=2), 0.0)], now=0.0)
     placer.place(trial, commit=False)
     assert np.array_equal(placer.host_stats.expected, before)
+
+
+def test_a_refusal_holds_for_tasks_alike_but_for_owner_and_duration() -> None:
+    """On a fleet with two free devices on different nodes, every task asking for two same-node
+    GPUs is refused, whatever its tenant, priority, partition or duration, with the reason
+    placing it alone gives (the engine reuses a refusal for tasks alike but for those)."""
+    snap = FleetSnapshot((make_node("a", "A100-PCIE-40GB", 4), make_node("b", "A100-PCIE-40GB", 4)))
+    snap = snap.with_usage([*_full(snap, "a", [0, 1, 2]), *_full(snap, "b", [0, 1, 2])])
+    owners = [{"tenant": "vision"}, {"tenant": "nlp", "priority": 50}, {"partition": "burst"},
+              {"tenant": "nlp", "expected_duration": "2h"}, {}]
+    tasks = [_task(f"t{n}", float(n), gpus=2, **owner) for n, owner in enumerate(owners)]
+    policy = Policy.named("gpusched")
+    plan = place(no_quota(tasks, snap, policy, now=10.0))
+    assert not plan.assignments
+    alone = {t.key: place(no_quota([t], snap, policy, now=10.0)).rejections[0].reason for t in tasks}
+    assert {r.key: r.reason for r in plan.rejections} == alone
+    assert len(set(alone.values())) == 1
+    # One of them asks for one GPU instead: it is not alike, and it fits.
+    plan = place(no_quota([*tasks, _task("one", 9.0, gpus=1, tenant="vision")], snap, policy, now=10.0))
+    assert [a.key for a in plan.assignments] == ["one"]
