@@ -34,7 +34,7 @@ def register_bench(bench_subparsers: Any) -> None:
     parser.add_argument("--manifest", type=Path, default=Path("results/openb/built/lists.json"),
                         help="where to write the manifest (default results/openb/built/lists.json)")
     parser.add_argument("--only", type=comma_list, default=(), metavar="NAME,...",
-                        help="build only these lists (default all)")
+                        help="build only these lists (default all); the manifest keeps the others' entries")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
     parser.set_defaults(func=_main)
 
@@ -46,6 +46,10 @@ def _main(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ConfigurationError("give --out DIR for the built lists, or --tables FOLDER for result tables")
     manifest = build_lists(args.traces, args.out, only=args.only)
+    if args.only and args.manifest.is_file():  # the lists not rebuilt keep their entries
+        built = {item["file"] for item in manifest["lists"]}
+        kept = json.loads(args.manifest.read_text(encoding="utf-8")).get("lists", [])
+        manifest["lists"] = [item for item in kept if item.get("file") not in built] + manifest["lists"]
     text = json.dumps(manifest, indent=2)
     args.manifest.parent.mkdir(parents=True, exist_ok=True)
     args.manifest.write_text(text + "\n", encoding="utf-8")

@@ -212,6 +212,12 @@ def test_the_command_writes_the_lists_and_a_manifest_that_checks_them(tmp_path: 
     assert build_lists(traces, tmp_path / "again", only={"gpushare90"})["lists"][0]["sha256"] == next(
         i["sha256"] for i in data["lists"] if i["recipe"]["name"] == "gpushare90"
     )
+    # Rebuilding one list keeps the others' entries in the manifest.
+    assert main(["bench", "openb-lists", "--out", str(out), "--traces", str(traces),
+                 "--manifest", str(manifest), "--only", "gpushare90"]) == 0
+    again = json.loads(manifest.read_text(encoding="utf-8"))
+    assert sorted(i["file"] for i in again["lists"]) == sorted(i["file"] for i in data["lists"])
+    assert {i["file"]: i["sha256"] for i in again["lists"]} == {i["file"]: i["sha256"] for i in data["lists"]}
 
 
 def test_an_unknown_list_name_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
