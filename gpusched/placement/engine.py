@@ -357,42 +357,29 @@ class Placer:
         return PlacementPlan(tuple(assignments), tuple(rejections), tuple(reservations))
 
     def _queue_key(self, now: float) -> Callable[[PendingTask], tuple[float, float, float, str]]:
-        """The queue order at ``now``: effective priority (aged) first, then the service key
-        (:meth:`_service_key`), submission time and key."""
+        """The queue order at ``now`` (lowest key first): the effective priority (the task's own,
+        plus ``aging_per_hour`` per hour waited) highest first; then the service key within a
+        priority — 0 for FIFO; for shortest-first, log2 of the task's expected GPU-time less one
+        per ``service_halving_s`` waited (so waiting halves it); for ranked, the task's own
+        ``rank`` aged the same way; then submission time and key."""
         policy = self.policy
-        if policy.queue_order is QueueOrder.RANKED:  # the common case of a long queue, inlined
-            aging, halving = policy.aging_per_hour, max(policy.service_halving_s, 1e-9)
+        order, unknown_s = policy.queue_order, policy.unknown_service_s
+        aging, halving = policy.aging_per_hour, max(policy.service_halving_s, 1e-9)
 
-            def ranked(t: PendingTask) -> tuple[float, float, float, str]:
-                waited = max(0.0, now - t.submitted_at)
-                return -(t.request.priority + aging * (waited / 3600.0)), t.rank - waited / halving, \
-                    t.submitted_at, t.key
+        def key(task: PendingTask) -> tuple[float, float, float, str]:
+            req = task.request
+            waited = max(0.0, now - task.submitted_at)
+            if order is QueueOrder.RANKED:  # the caller's rank (log2 units)
+                service = task.rank - waited / halving
+            elif order is QueueOrder.SHORTEST_FIRST:
+                gpu_s = (req.expected_duration_s * req.count * req.milli_per_gpu / MILLI
+                         if req.expected_duration_s > 0 else unknown_s)
+                service = math.log2(max(gpu_s, 1.0)) - waited / halving
+            else:
+                service = 0.0
+            return -(req.priority + aging * (waited / 3600.0)), service, task.submitted_at, task.key
 
-            return ranked
-        return lambda t: (-self._effective_priority(t, now), self._service_key(t, now), t.submitted_at, t.key)
-
-    def _effective_priority(self, task: PendingTask, now: float) -> float:
-        aging = self.policy.aging_per_hour
-        wait_h = max(0.0, now - task.submitted_at) / 3600.0
-        return task.request.priority + aging * wait_h
-
-    def _service_key(self, task: PendingTask, now: float) -> float:
-        """Queue key within a priority: 0 for FIFO; for shortest-first, log2 of the task's expected
-        GPU-time less one per ``service_halving_s`` waited (so waiting halves it); for ranked, the
-        task's own ``rank`` aged the same way."""
-        policy = self.policy
-        if policy.queue_order is QueueOrder.RANKED:  # the caller's rank (log2 units), same aging
-            return task.rank - max(0.0, now - task.submitted_at) / max(policy.service_halving_s, 1e-9)
-        if policy.queue_order is not QueueOrder.SHORTEST_FIRST:
-            return 0.0
-        req = task.request
-        gpu_s = (
-            req.expected_duration_s * req.count * req.milli_per_gpu / MILLI
-            if req.expected_duration_s > 0
-            else policy.unknown_service_s
-        )
-        waited = max(0.0, now - task.submitted_at)
-        return math.log2(max(gpu_s, 1.0)) - waited / max(policy.service_halving_s, 1e-9)
+        return key
 
     def _shares(self, choice: Choice) -> tuple[DeviceShare, ...]:
         devices = self.index.devices

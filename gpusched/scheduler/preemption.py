@@ -349,14 +349,9 @@ def _groups(holds: Iterable[Hold], works: Mapping[str, PendingWork],
         units.setdefault(unit, []).append(work)
     complete = [u for u in units.values()
                 if u[0].gang is None or len({w.gang.rank for w in u if w.gang}) == u[0].gang.size]
-    def urgency(unit: list[PendingWork]) -> tuple[float, float, float, str]:
-        if len(unit) == 1:
-            work = unit[0]
-            return -work.request.priority, -indices.get(work.key, 0.0), work.submitted_at, work.key
-        return (-max(w.request.priority for w in unit), -max(indices.get(w.key, 0.0) for w in unit),
-                min(w.submitted_at for w in unit), unit[0].key)
-
-    return sorted(complete, key=urgency)
+    return sorted(complete, key=lambda u: (-max(w.request.priority for w in u),
+                                           -max(indices.get(w.key, 0.0) for w in u),
+                                           min(w.submitted_at for w in u), u[0].key))
 
 
 def _prover(request: CycleRequest, group: list[PendingWork]) -> Prover | None:
