@@ -67,6 +67,7 @@ class PendingWork:
     job_type: str | None = None
     cpu_milli: int = 0
     host_memory_bytes: int = 0
+    _task: PendingTask | None = field(default=None, init=False, repr=False, compare=False)
 
     def with_rank(self, rank: float) -> PendingWork:
         """This work with queue key ``rank`` (itself when it has that rank already)."""
@@ -76,10 +77,15 @@ class PendingWork:
                            self.job_type, self.cpu_milli, self.host_memory_bytes)
 
     def task(self) -> PendingTask:
-        """Placement's view of this work."""
-        return PendingTask(self.key, self.request, self.submitted_at,
-                           self.job_type if self.job_type is not None else self.request.job_type,
-                           self.cpu_milli, self.host_memory_bytes, self.rank)
+        """Placement's view of this work (made once per object: a driver that keeps its work
+        objects between cycles, as the replay does, asks for the same one every cycle)."""
+        made = self._task
+        if made is None:
+            made = PendingTask(self.key, self.request, self.submitted_at,
+                               self.job_type if self.job_type is not None else self.request.job_type,
+                               self.cpu_milli, self.host_memory_bytes, self.rank)
+            object.__setattr__(self, "_task", made)  # a memo of immutable fields, not a change
+        return made
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +239,9 @@ def decide(request: CycleRequest) -> CycleReply:
         noted = {r.key for r in plan.rejections if not (r.permanent or r.by_quota)} \
             if has_standby(snapshot) else set()
         after = snapshot.with_usage(s for a in assignments for s in a.shares) if noted else snapshot
-        for rejection in plan.rejections:
+        if not noted and not faster:  # the common case, in one pass (a queue holds thousands)
+            holds.extend([Hold(r.key, r.reason, r.permanent) for r in plan.rejections])
+        for rejection in plan.rejections if noted or faster else ():
             reason = standby_note(rejection.reason, by_key[rejection.key].request, after) \
                 if rejection.key in noted else rejection.reason
             if rejection.key in faster:  # its request was narrowed to the faster types above

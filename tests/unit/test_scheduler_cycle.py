@@ -121,3 +121,17 @@ def test_a_task_that_only_a_standby_node_holds_waits_naming_that_node() -> None:
     (hold,) = decide(CycleRequest((PendingWork("t", _req(gpus=8, models=["L40S"]), 1.0),), busy,
                                   Policy.named("gpusched"), (), 5.0, NO_QUOTA)).holds
     assert "standby node" not in hold.reason, hold.reason
+
+
+def test_a_works_placement_view_is_made_once_and_follows_every_rewrite() -> None:
+    from dataclasses import replace
+
+    work = PendingWork("w", GPURequest(count=2, job_type="bert"), 5.0, rank=1.5, cpu_milli=300)
+    task = work.task()
+    assert work.task() is task  # kept: a replay asks for it every pass
+    assert (task.key, task.request, task.submitted_at, task.rank, task.job_type, task.cpu_milli) == (
+        "w", work.request, 5.0, 1.5, "bert", 300)
+    ranked = work.with_rank(3.0)
+    longer = replace(work, request=GPURequest(count=2, expected_duration_s=60.0, job_type="bert"))
+    assert ranked.task().rank == 3.0 and longer.task().request is longer.request  # never the old view
+    assert ranked == PendingWork("w", work.request, 5.0, rank=3.0, cpu_milli=300)  # the memo is no field
