@@ -380,7 +380,9 @@ def simulate(
             dirty = again
             if bar is not None and time.monotonic() - shown > 5.0:  # alive also after the last arrival
                 shown = time.monotonic()
-                bar.set_postfix(day=f"{t / 86400:.2f}", waiting=len(pending), running=len(running))
+                # running counts jobs; busy is the share of the fleet's GPU capacity they hold
+                bar.set_postfix(day=f"{t / 86400:.2f}", waiting=len(pending), running=len(running),
+                                busy=f"{100 * used / max(capacity, 1):.0f}%")
         else:  # mode migrate: the executor's migration rule, every horizon_s while anything runs
             types = {k: by_key[k].job_type for k in running}
             state = quota_at(quota, store, fleet, t)
