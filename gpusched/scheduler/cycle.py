@@ -239,16 +239,13 @@ def decide(request: CycleRequest) -> CycleReply:
         noted = {r.key for r in plan.rejections if not (r.permanent or r.by_quota)} \
             if has_standby(snapshot) else set()
         after = snapshot.with_usage(s for a in assignments for s in a.shares) if noted else snapshot
-        if not noted and not faster:  # the common case, in one pass (a queue holds thousands)
-            holds.extend([Hold(r.key, r.reason, r.permanent) for r in plan.rejections])
-        else:
-            for rejection in plan.rejections:
-                reason = standby_note(rejection.reason, by_key[rejection.key].request, after) \
-                    if rejection.key in noted else rejection.reason
-                if rejection.key in faster:  # its request was narrowed to the faster types above
-                    reason += ("; held for a faster GPU type: expected to finish sooner there than "
-                               "on a free slower one")
-                holds.append(Hold(rejection.key, reason, rejection.permanent))
+        for rejection in plan.rejections:
+            reason = standby_note(rejection.reason, by_key[rejection.key].request, after) \
+                if rejection.key in noted else rejection.reason
+            if rejection.key in faster:  # its request was narrowed to the faster types above
+                reason += ("; held for a faster GPU type: expected to finish sooner there than on a "
+                           "free slower one")
+            holds.append(Hold(rejection.key, reason, rejection.permanent))
         if len(assignments) < len(plan.assignments):
             kept = {a.key for a in assignments}
             holds.extend(Hold(a.key, "fits, but waits behind earlier work (strict FIFO)", queued_behind=True)

@@ -349,16 +349,9 @@ def _groups(holds: Iterable[Hold], works: Mapping[str, PendingWork],
         units.setdefault(unit, []).append(work)
     complete = [u for u in units.values()
                 if u[0].gang is None or len({w.gang.rank for w in u if w.gang}) == u[0].gang.size]
-    return sorted(complete, key=lambda u: _urgency(u, indices))
-
-
-def _urgency(unit: list[PendingWork], indices: Mapping[str, float]) -> tuple[float, float, float, str]:
-    """The sort key of :func:`_groups` (lowest first)."""
-    if len(unit) == 1:  # most units: the same key without the generators
-        w = unit[0]
-        return -w.request.priority, -indices.get(w.key, 0.0), w.submitted_at, w.key
-    return (-max(w.request.priority for w in unit), -max(indices.get(w.key, 0.0) for w in unit),
-            min(w.submitted_at for w in unit), unit[0].key)
+    return sorted(complete, key=lambda u: (-max(w.request.priority for w in u),
+                                           -max(indices.get(w.key, 0.0) for w in u),
+                                           min(w.submitted_at for w in u), u[0].key))
 
 
 def _prover(request: CycleRequest, group: list[PendingWork]) -> Prover | None:
