@@ -392,3 +392,22 @@ def _release_quietly(task_instance: Any, reason: str, *, succeeded: bool = False
         release_devices(task_instance, reason, succeeded=succeeded)
     except Exception:
         _logger(task_instance).exception("gpusched: could not release the task's devices")
+    finally:
+        close_ledgers()
+
+
+def close_ledgers() -> None:
+    """Close this task process's ledger connections once its devices are released.
+
+    The task's last ledger write is behind it. A connection still open when the process exits
+    is closed by the kernel between the end of the task's output and the moment the process can
+    be reaped, and Airflow's supervisor, woken by that end of output and finding the process not
+    yet reaped, sleeps until its next heartbeat (``[workers] min_heartbeat_interval``, 5 s)
+    before it notices: the Celery slot stays busy for it.
+    """
+    while _LEDGERS:
+        _, ledger = _LEDGERS.popitem()
+        try:
+            ledger.close()
+        except Exception:  # the release is done; a connection that will not close is the kernel's
+            _log.debug("gpusched: closing the task's ledger connection failed", exc_info=True)

@@ -118,6 +118,19 @@ def test_release_is_idempotent_and_skips_plain_tasks(ledger: Ledger) -> None:
     assert listener.release_devices(_ti("cpu_only", None), "task succeeded") is False
 
 
+def test_the_task_process_closes_its_ledger_connection_once_released(ledger: Ledger) -> None:
+    # A connection left for the process's exit keeps the Celery slot busy for Airflow's
+    # supervisor heartbeat (5 s) in a share of the tries (listener.close_ledgers).
+    _allocate(ledger, "train", "L40S", 1)
+    ti = _ti("train", {"gpus": 1})
+    listener.record_task_process(ti)
+    task_side = listener._ledger()
+    assert task_side.engine.pool.checkedin() == 1  # the pool kept the export's connection
+    listener.on_task_instance_success(None, ti)
+    assert ledger.active() == []
+    assert listener._LEDGERS == {} and task_side.engine.pool.checkedin() == 0
+
+
 def test_hooks_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("ledger down")
