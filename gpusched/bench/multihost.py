@@ -16,9 +16,11 @@ plain, GPU, GPU, plain (N/2 tasks per run) so that neither gains from running la
    GPU Celery executor: placement, ledger allocation, routing to the owning host, device export.
 
 For each: queued -> running per task (Airflow's ``queued_when`` -> ``start_date``), p50/p95, wall
-time of the batch, and the scheduler's CPU seconds per task. Then ``--deaths`` times: a long GPU
-task starts, its host dies as a machine does (worker, agent and the task processes SIGKILLed), and
-the time until the task's retry runs on the other host is measured; the dead host is restarted
+time of the batch, the scheduler's CPU seconds per task, and how long each try held its Celery
+worker slot (p50, and the share that ran into Airflow's supervisor stall, :data:`STALL_S`).
+Then ``--deaths`` times: a long GPU task starts, its host dies as a machine does (worker, agent
+and the task processes SIGKILLed), and the time until the task's retry runs on the other host is
+measured; the dead host is restarted
 (its agent confirms the old try is gone, ending its quarantine; re-admitted) before the next
 round. Then ``--deaths`` times the same with the host's Celery worker alone killed: its agent
 reports the worker gone and kills the orphaned try itself.
@@ -29,11 +31,14 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
+import re
 import signal
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 
@@ -152,8 +157,32 @@ def _scheduler_cpu(cluster: LocalCluster) -> float:
     return total
 
 
-def _run(cluster: LocalCluster, dag_id: str, tasks: int) -> tuple[list[float], float, float]:
-    """One run of ``dag_id``: the queued -> running waits, wall seconds, scheduler CPU seconds."""
+STALL_S = 4.0
+"""A Celery try that held its worker slot this long ran into Airflow's supervisor stall: a task
+here runs 0.1–0.5 s, and the supervisor that misses its process's exit notices it only at its
+next heartbeat (``[workers] min_heartbeat_interval``, 5 s)."""
+
+_SUCCEEDED = re.compile(r"^(\S+) .*Task \S+\[[^\]]+\] succeeded in ([\d.]+)s")
+
+
+def slot_holds(lines: Iterable[str], since: float, until: float) -> list[float]:
+    """Seconds each Celery try that succeeded between ``since`` and ``until`` held its worker
+    slot, from a worker's log ``lines`` (Celery's ``Task … succeeded in X s``)."""
+    held = []
+    for line in lines:
+        found = _SUCCEEDED.match(line)
+        if found and since <= _ts(found.group(1)) <= until:
+            held.append(float(found.group(2)))
+    return held
+
+
+Batch = tuple[list[float], float, float, list[float]]
+"""One batch: queued -> running waits, wall s, scheduler CPU s, each try's hold of its slot (s)."""
+
+
+def _run(cluster: LocalCluster, dag_id: str, tasks: int) -> Batch:
+    """One run of ``dag_id``: the queued -> running waits, wall seconds, scheduler CPU seconds and
+    how long each try held its worker slot."""
     cpu0, wall0 = _scheduler_cpu(cluster), time.time()
     run_id = cluster.trigger(dag_id)
     last = -1
@@ -171,14 +200,19 @@ def _run(cluster: LocalCluster, dag_id: str, tasks: int) -> tuple[list[float], f
     failed = [t for t in tis if t["state"] != "success"]
     if failed:
         raise SystemExit(f"{dag_id}: {len(failed)} task(s) did not succeed: {failed[:3]}")
-    return [_ts(t["start_date"]) - _ts(t["queued_when"]) for t in tis], wall, cpu
+    held = [s for log in sorted(cluster.logs.glob("*-worker.log"))
+            for s in slot_holds(log.read_text(errors="replace").splitlines(), wall0, wall0 + wall)]
+    return [_ts(t["start_date"]) - _ts(t["queued_when"]) for t in tis], wall, cpu, held
 
 
-def _summary(runs: list[tuple[list[float], float, float]]) -> dict[str, float]:
+def _summary(runs: list[Batch]) -> dict[str, float]:
     waits = [w for run in runs for w in run[0]]
+    held = [h for run in runs for h in run[3]]
     wall, cpu = sum(r[1] for r in runs), sum(r[2] for r in runs)
     return {"tasks": len(waits), "p50_s": _pct(waits, 0.5), "p95_s": _pct(waits, 0.95),
-            "mean_s": statistics.fmean(waits), "wall_s": wall, "scheduler_cpu_s_per_task": cpu / len(waits)}
+            "mean_s": statistics.fmean(waits), "wall_s": wall, "scheduler_cpu_s_per_task": cpu / len(waits),
+            "slot_held_p50_s": _pct(held, 0.5) if held else math.nan,
+            "stalled_share": sum(1 for h in held if h >= STALL_S) / len(held) if held else math.nan}
 
 
 def _death(cluster: LocalCluster, round_no: int, *, worker_only: bool = False) -> dict[str, float | str]:
@@ -272,7 +306,7 @@ def main() -> int:
             cluster.wait(f"{dag_id} to be parsed", parsed, 240, 2)
         print("warm-up:", flush=True)
         _run(cluster, "bench_warm", 16)
-        runs: dict[str, list[tuple[list[float], float, float]]] = {"bench_plain": [], "bench_gpu": []}
+        runs: dict[str, list[Batch]] = {"bench_plain": [], "bench_gpu": []}
         for dag_id in ("bench_plain", "bench_gpu", "bench_gpu", "bench_plain"):
             label = "plain CeleryExecutor, hand-routed" if dag_id == "bench_plain" else "GPU Celery executor"
             print(f"{label}:", flush=True)
