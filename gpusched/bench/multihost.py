@@ -20,9 +20,8 @@ time of the batch, the scheduler's CPU seconds per task, and how long each try h
 worker slot (p50, and the share that ran into Airflow's supervisor stall, :data:`STALL_S`).
 Then ``--deaths`` times: a long GPU task starts, its host dies as a machine does (worker, agent
 and the task processes SIGKILLed), and the time until the task's retry runs on the other host is
-measured; the dead host is restarted
-(its agent confirms the old try is gone, ending its quarantine; re-admitted) before the next
-round. Then ``--deaths`` times the same with the host's Celery worker alone killed: its agent
+measured; the dead host is restarted (its agent confirms the old try is gone, ending its
+quarantine; re-admitted) before the next round. Then ``--deaths`` times the same with the host's Celery worker alone killed: its agent
 reports the worker gone and kills the orphaned try itself.
 """
 
