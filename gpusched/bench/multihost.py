@@ -21,8 +21,8 @@ worker slot (p50, and the share that ran into Airflow's supervisor stall, :data:
 Then ``--deaths`` times: a long GPU task starts, its host dies as a machine does (worker, agent
 and the task processes SIGKILLed), and the time until the task's retry runs on the other host is
 measured; the dead host is restarted (its agent confirms the old try is gone, ending its
-quarantine; re-admitted) before the next round. Then ``--deaths`` times the same with the host's Celery worker alone killed: its agent
-reports the worker gone and kills the orphaned try itself.
+quarantine; re-admitted) before the next round. Then ``--deaths`` times the same with the host's
+Celery worker alone killed: its agent reports the worker gone and kills the orphaned try itself.
 """
 
 from __future__ import annotations
