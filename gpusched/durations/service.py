@@ -324,9 +324,11 @@ class ServiceHistory:
                     by_group.setdefault(chain[level], []).append(n)
             for key, members in by_group.items():
                 dist = self.groups[key]
-                values = gittins_indices(dist.samples, dist.prefix,
-                                         np.array([max(0.0, items[n][2]) for n in members]), model.min_tail)
-                for n, value in zip(members, values, strict=True):
+                attained = [max(0.0, items[n][2]) for n in members]
+                distinct = list(dict.fromkeys(attained))  # fresh jobs share attained 0: each value once
+                found = gittins_indices(dist.samples, dist.prefix, np.array(distinct), model.min_tail)
+                by_value = dict(zip(distinct, found.tolist(), strict=True))
+                for n, value in zip(members, map(by_value.__getitem__, attained), strict=True):
                     if math.isnan(value):
                         later.append(n)
                     else:
