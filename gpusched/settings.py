@@ -155,14 +155,14 @@ OPTIONS: tuple[Option, ...] = (
            "restarted without persistence) or its host is lost while the message still waits, the "
            "message is revoked, the devices released and the task placed again without spending a "
            "retry. 0 turns the check off.", "60"),
-    Option("worker_prefetch_multiplier", "integer", "0",
+    Option("worker_prefetch_multiplier", "integer", "1",
            "Several GPU hosts (GPUCeleryExecutor): a host whose Celery worker slots are all busy may "
            "still be sent up to this many GPU tasks per slot that no host with a free slot can take, "
            "one for each of its running tries predicted to end within worker_prefetch_seconds: the "
            "task waits in the host's queue holding its devices and starts as soon as a slot frees, "
            "as the messages a plain Celery worker reserves ([celery] worker_prefetch_multiplier) do. "
-           "0 (the default: it did not shorten queued → running in the multi-host benchmark) sends "
-           "nothing to a host without a free slot.", "1"),
+           "1 (the default) shortened queued → running in the multi-host benchmark; 0 sends nothing "
+           "to a host without a free slot.", "0"),
     Option("worker_prefetch_seconds", "float", "30",
            "Several GPU hosts (GPUCeleryExecutor): a host with busy slots takes prefetched tasks "
            "(worker_prefetch_multiplier) only for its running tries predicted to end within this "

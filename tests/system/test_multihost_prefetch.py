@@ -1,4 +1,4 @@
-"""Worker prefetch end to end (``[gpusched] worker_prefetch_multiplier = 1``, opt-in).
+"""Worker prefetch end to end (``[gpusched] worker_prefetch_multiplier = 1``, the default, set explicitly).
 
 On the local multi-host cluster (``gpusched.deploy.multihost_cluster.LocalCluster``: Redis,
 PostgreSQL, ``GPUCeleryExecutor``, two GPU hosts whose Celery workers have 2 slots each), eight
