@@ -110,6 +110,16 @@ def wait_on_cluster(cluster: Any, what: str, check: Any, timeout: float, interva
         pytest.fail(str(exc))
 
 
+def most_at_once(spans: list[tuple[float, int]]) -> int:
+    """The most intervals open at one instant; ``spans``: (time, +1) at each start, (time, -1) at
+    each end (at one instant an end comes before a start)."""
+    held = peak = 0
+    for _, step in sorted(spans):
+        held += step
+        peak = max(peak, held)
+    return peak
+
+
 def recording_celery_executor(
     monkeypatch: pytest.MonkeyPatch, url: str, fleet: Any, *, stale_after_s: float = 10.0, record: bool = True
 ) -> Iterator[Any]:

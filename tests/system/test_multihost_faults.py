@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 import pytest
-from _airflow_support import wait_on_cluster
+from _airflow_support import most_at_once, wait_on_cluster
 
 from gpusched.deploy.multihost_cluster import LocalCluster
 from gpusched.ledger import Ledger
@@ -307,15 +307,6 @@ def test_a_frozen_agent_alone_kills_no_healthy_try(cluster: LocalCluster, ledger
     assert audit(ledger) == []
 
 
-def _peak(spans: list[tuple[float, int]]) -> int:
-    """The most spans open at one instant (``spans``: (time, +1 at a start, -1 at an end))."""
-    held = peak = 0
-    for _, step in sorted(spans):  # at one instant an end (-1) comes before a start
-        held += step
-        peak = max(peak, held)
-    return peak
-
-
 def test_no_host_runs_more_tries_than_its_worker_has_slots(cluster: LocalCluster, ledger: Ledger) -> None:
     wait_on_cluster(cluster, "both hosts live with their slots known", lambda: [
         (h.state, h.worker_slots) for h in ledger.hosts()] == [("live", 2), ("live", 2)], 120)
@@ -335,7 +326,8 @@ def test_no_host_runs_more_tries_than_its_worker_has_slots(cluster: LocalCluster
     for i in range(10):
         seen = json.loads((cluster.out / f"mf_slots-q{i}.json").read_text())
         ran[seen["host"]] += [(seen["started"], 1), (seen["ended"], -1)]
-    held, running = {h: _peak(s) for h, s in sent.items()}, {h: _peak(s) for h, s in ran.items()}
+    held = {host: most_at_once(spans) for host, spans in sent.items()}
+    running = {host: most_at_once(spans) for host, spans in ran.items()}
     # Both hosts ran two at once, never more; a host held at most 2 slots + 1 prefetched per slot.
     assert running == {"host-a": 2, "host-b": 2}, (running, held)
     assert all(2 <= peak <= 4 for peak in held.values()), held

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from _airflow_support import wait_on_cluster
+from _airflow_support import most_at_once, wait_on_cluster
 
 from gpusched.deploy.multihost_cluster import LocalCluster
 from gpusched.ledger import Ledger
@@ -75,14 +75,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         local.stop()
 
 
-def _peaks(spans: list[tuple[float, int]]) -> int:
-    held = peak = 0
-    for _, step in sorted(spans):  # at one instant an end (-1) comes before a start
-        held += step
-        peak = max(peak, held)
-    return peak
-
-
 def test_a_busy_host_is_sent_tries_beyond_its_slots_that_start_when_a_slot_frees(
         cluster: LocalCluster) -> None:
     wait_on_cluster(cluster, "scheduler and dag-processor to be healthy", cluster.healthy, 300, 2)
@@ -105,7 +97,7 @@ def test_a_busy_host_is_sent_tries_beyond_its_slots_that_start_when_a_slot_frees
         for alloc in tries:
             host = node_host[alloc.shares[0].node]
             held[host] += [(alloc.created_at, 1), (alloc.released_at or time.time(), -1)]
-        allocated = {host: _peaks(spans) for host, spans in held.items()}
+        allocated = {host: most_at_once(spans) for host, spans in held.items()}
         # Prefetched: some host held more tries than it has slots, never more than slots + 1 × slots.
         assert max(allocated.values()) > SLOTS, allocated
         assert all(peak <= 2 * SLOTS for peak in allocated.values()), allocated
@@ -114,6 +106,6 @@ def test_a_busy_host_is_sent_tries_beyond_its_slots_that_start_when_a_slot_frees
         for i in range(TASKS):
             seen = json.loads((cluster.out / f"p{i}.json").read_text())
             ran[seen["host"]] += [(seen["started"], 1), (seen["ended"], -1)]
-        bodies = {host: _peaks(spans) for host, spans in ran.items()}
+        bodies = {host: most_at_once(spans) for host, spans in ran.items()}
         assert all(peak <= SLOTS for peak in bodies.values()), bodies  # a prefetched try waited for its slot
         assert audit(ledger) == []
