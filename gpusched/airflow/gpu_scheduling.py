@@ -375,7 +375,8 @@ class GPUScheduling:
                 self.hold(workload, Hold(launch.key, f"devices taken meanwhile, retrying: {exc}"), now)
                 return False
         self._queue_reason.pop(launch.key, None)
-        self.ledger.clear_queue(launch.key)
+        if launch.reused:  # a new allocation left the queue with its write
+            self.ledger.clear_queue(launch.key)
         from airflow.executors.workloads import ExecuteTask
 
         # The token minted at queue time expires after task_queued_timeout; a task that waited

@@ -59,6 +59,7 @@ __all__ = [
     "place_test_run",
     "record_task_process",
     "release_devices",
+    "warm_ledger",
 ]
 
 _log = logging.getLogger("gpusched.listener")
@@ -93,6 +94,19 @@ def _ledger() -> Any:
     return _LEDGERS[url]
 
 
+def warm_ledger() -> None:
+    """Open this process's ledger and connect to it once (PostgreSQL only), then close the
+    connection: processes forked from here — a Celery worker's pool and the task processes it
+    forks — inherit the ledger with its SQL dialect already initialised and only open their own
+    connection, instead of each learning the server anew (a few ms of every GPU task's start)."""
+    ledger = _ledger()
+    if ledger.engine.dialect.name != "postgresql":
+        return  # SQLite has nothing to learn, and the worker must not create a ledger file
+    with ledger.engine.connect():
+        pass
+    ledger.engine.dispose()
+
+
 def _logger(task_instance: Any) -> Any:
     return getattr(task_instance, "log", None) or _log
 
@@ -100,47 +114,42 @@ def _logger(task_instance: Any) -> Any:
 def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | None:
     """Make sure the task's devices are in ``environ`` (default ``os.environ``); return the allocation.
 
-    Returns None for a task that asked for no GPU, or when no allocation is found.
+    Returns None for a task that asked for no GPU, or when no allocation is found. On a GPU host
+    (``GPUSCHED_HOST``) the allocation must be on that host (else WrongHostError), and this
+    process is recorded as its ``task`` holder in the same ledger transaction that read it.
     """
+    return _export(task_instance, environ)[0]
 
+
+def _export(task_instance: Any, environ: Any = None) -> tuple[dict[str, Any] | None, bool]:
+    """:func:`export_devices`, and whether this process was recorded as the allocation's holder."""
     env = os.environ if environ is None else environ
     key = ti_key_of(task_instance)
+    recorded = False
     allocation = allocation_from_env(env)
     if allocation is not None and allocation.get("key") not in (None, key):
         allocation = None  # left over from another task: never trust it
     if allocation is None:
         if not is_gpu_task(task_instance):
-            return None
-
+            return None, False
         host = os.environ.get(HOST_VAR, "").strip()
-        try:
-            ledger = _ledger()
-            found = ledger.get(key)
-        except Exception:
-            if host:
-                raise
-            return place_test_run(task_instance, env)  # no ledger here: it says so in one warning
-        if found is None or found.released_at is not None or found.status == AllocationStatus.QUARANTINED:
-            if host:
-                raise WrongHostError(
-                    f"no active GPU allocation for {key} (released or quarantined: host lost or "
-                    f"revoked); host {host} will not run it without devices"
-                )
-            return place_test_run(task_instance, env)
-        from gpusched.ledger.hosts import LAUNCH_EVENT  # local: the ledger package, as in _ledger()
-
-        launched = ledger.events(1, kinds=[LAUNCH_EVENT], subject=key)
-        if not launched and host:
-            launched = _await_launch(ledger, key)
-        if launched:  # the Celery executor recorded the environment and the host at dispatch
-            detail = launched[0].detail
-            if host and detail.get("host") != host:
-                check_host(host, found.shares, ledger.host_nodes(host))
-            variables = {str(k): str(v) for k, v in dict(detail.get("env") or {}).items()}
+        if host:
+            variables, recorded = _host_variables(key, host)
         else:
-            if host:
-                check_host(host, found.shares, ledger.host_nodes(host))
-            variables = devices_env(found.shares, ledger.snapshot(), key=key)
+            try:
+                ledger = _ledger()
+                found = ledger.get(key)
+            except Exception:
+                return place_test_run(task_instance, env), False  # no ledger here: one warning says so
+            if found is None or found.released_at is not None or found.status == AllocationStatus.QUARANTINED:
+                return place_test_run(task_instance, env), False
+            from gpusched.ledger.hosts import LAUNCH_EVENT  # local: the ledger package, as in _ledger()
+
+            launched = ledger.events(1, kinds=[LAUNCH_EVENT], subject=key)
+            if launched:  # the Celery executor recorded the environment at dispatch
+                variables = _launch_env(launched[0])
+            else:
+                variables = devices_env(found.shares, ledger.snapshot(), key=key)
         env.update(variables)
         allocation = allocation_from_env(env)
     visible = {
@@ -157,7 +166,30 @@ def export_devices(task_instance: Any, environ: Any = None) -> dict[str, Any] | 
         key, allocation.get("node"), " ".join(f"{k}={v}" for k, v in visible.items()),
         ", ".join(allocation.get("models") or []),
     )
-    return allocation
+    return allocation, recorded
+
+
+def _host_variables(key: str, host: str) -> tuple[dict[str, str], bool]:
+    """The environment of try ``key`` on GPU host ``host``, and whether this process was recorded
+    as its holder; WrongHostError when it has no active allocation or its devices are elsewhere."""
+    ledger = _ledger()
+    start = ledger.start_on_host(key, host, _this_task_process())
+    found = start.allocation
+    if found is None:
+        raise WrongHostError(
+            f"no active GPU allocation for {key} (released or quarantined: host lost or "
+            f"revoked); host {host} will not run it without devices"
+        )
+    launched = [start.launch] if start.launch is not None else _await_launch(ledger, key)
+    if not launched or launched[0].detail.get("host") != host:
+        check_host(host, found.shares, ledger.host_nodes(host))
+    if launched:  # the Celery executor recorded the environment and the host at dispatch
+        return _launch_env(launched[0]), start.recorded
+    return devices_env(found.shares, ledger.snapshot(), key=key), False
+
+
+def _launch_env(launch: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in dict(launch.detail.get("env") or {}).items()}
 
 
 HIDDEN = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
@@ -340,7 +372,7 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
     if ALLOCATION_VAR not in os.environ and not is_gpu_task(task_instance):
         return
     try:
-        allocation = export_devices(task_instance)
+        allocation, recorded = _export(task_instance)
     except WrongHostError as exc:
         _logger(task_instance).error("gpusched: %s", exc)
         # Airflow swallows listener exceptions; leaving the process is the only way not to run.
@@ -348,7 +380,7 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
     except Exception:
         _logger(task_instance).exception("gpusched: could not export the task's devices")
         return
-    if allocation is not None:
+    if allocation is not None and not recorded:
         try:
             record_task_process(task_instance)
         except Exception:
@@ -357,9 +389,13 @@ def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
 
 def record_task_process(task_instance: Any) -> bool:
     """Record this process as the ``task`` holder of the task's active allocation."""
+    return bool(_ledger().attach_process(ti_key_of(task_instance), _this_task_process()))
+
+
+def _this_task_process() -> Any:
     from gpusched.ledger.liveness import current_process  # local: the ledger package, as in _ledger()
 
-    return bool(_ledger().attach_process(ti_key_of(task_instance), current_process("task")))
+    return current_process("task")
 
 
 @hookimpl

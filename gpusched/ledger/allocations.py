@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,20 +24,34 @@ from gpusched.errors import AllocationConflictError, UnknownAllocationError
 from gpusched.ledger import capacity
 from gpusched.ledger.capacity import demand_series
 from gpusched.ledger.engine import read_tx, write_tx
-from gpusched.ledger.events import write_event
-from gpusched.ledger.schema import ALLOCATION_CHANGE, ALLOCATIONS, SHARES
+from gpusched.ledger.events import read_events, write_event
+from gpusched.ledger.hosts import LAUNCH_EVENT
+from gpusched.ledger.schema import ALLOCATION_CHANGE, ALLOCATIONS, QUEUE, SHARES
 from gpusched.model import DeviceShare
 from gpusched.records import (
     Allocation,
     AllocationStatus,
     HolderProcess,
+    LedgerEvent,
     processes_from_json,
     request_from_json,
 )
 from gpusched.request import GPURequest
 
-__all__ = ["FENCE_HOLDER_PREFIX", "QUARANTINE_EVENT", "UNQUARANTINE_EVENT", "LedgerAllocations",
+__all__ = ["FENCE_HOLDER_PREFIX", "QUARANTINE_EVENT", "UNQUARANTINE_EVENT", "HostStart", "LedgerAllocations",
            "active_allocations", "fence_holder", "last_change", "stamp_changes", "to_allocations"]
+
+@dataclass(frozen=True)
+class HostStart:
+    """What :meth:`LedgerAllocations.start_on_host` found for a starting try."""
+
+    allocation: Allocation | None
+    """The try's active allocation; None when it has none (released, quarantined, never made)."""
+    launch: LedgerEvent | None
+    """Its newest ``launch`` event (environment and host), None before the executor recorded it."""
+    recorded: bool
+    """Whether the starting process was attached as a holder (the launch names this host)."""
+
 
 FENCE_HOLDER_PREFIX = "fence@"
 """Holder of a quarantined allocation: ``fence@<GPU host>``, the host whose agent must confirm."""
@@ -66,6 +80,7 @@ _ACTIVE_BY_KEY = sa.select(ALLOCATIONS).where(
     ALLOCATIONS.c.status == AllocationStatus.ACTIVE,
 )
 _ACTIVE_BY_KEY_LOCKED = _ACTIVE_BY_KEY.with_for_update(of=ALLOCATIONS)
+_DEQUEUE = sa.delete(QUEUE).where(QUEUE.c.key == sa.bindparam("key"))
 _END_ALLOCATION = (
     sa.update(ALLOCATIONS)
     .where(ALLOCATIONS.c.id == sa.bindparam("row_id"))
@@ -190,7 +205,8 @@ class LedgerAllocations:
         """Hand ``shares`` to task ``key`` in one transaction that re-checks capacity.
 
         ``process`` (optional) is recorded as the first holder process (see :meth:`attach_process`);
-        ``queued_at`` (optional): when the try was first queued.
+        ``queued_at`` (optional): when the try was first queued. ``key`` leaves the waiting queue
+        (:meth:`clear_queue`) in the same transaction.
         Idempotent: if ``key`` already holds exactly these shares, that allocation is returned.
         Raises AllocationConflictError (nothing written) when ``key`` holds other shares, when
         another caller allocated or released ``key`` concurrently, or when a device is gone,
@@ -202,6 +218,7 @@ class LedgerAllocations:
         processes = [process.to_dict()] if process is not None else None
         try:
             with write_tx(self.engine) as conn:
+                conn.execute(_DEQUEUE, {"key": key})
                 existing = self._active_row(conn, key)
                 if existing is not None:
                     return self._same_or_conflict(conn, existing, key, ordered)
@@ -289,16 +306,36 @@ class LedgerAllocations:
             row = self._active_row(conn, key, lock=True)
             if row is None:
                 return False
-            kept = [
-                p.to_dict() for p in processes_from_json(row.processes)
-                if (p.role, p.host, p.pid) != (process.role, process.host, process.pid)
-            ]
-            conn.execute(
-                sa.update(ALLOCATIONS).where(ALLOCATIONS.c.id == row.id)
-                .values(processes=[*kept, process.to_dict()])
-            )
-            stamp_changes(conn, [row.id])
+            self._attach(conn, row, process)
             return True
+
+    def start_on_host(self, key: str, host: str, process: HolderProcess) -> HostStart:
+        """What try ``key`` starting on GPU host ``host`` reads and records, in one transaction:
+        its active allocation (None: released, quarantined or never made), its newest ``launch``
+        event, and — only when that launch sent it to ``host`` — ``process`` attached as a holder
+        (:meth:`attach_process`). A try the launch does not place on ``host`` (or with no launch
+        yet) records nothing: the caller checks it, then attaches."""
+        with write_tx(self.engine) as conn:
+            row = self._active_row(conn, key, lock=True)
+            if row is None:
+                return HostStart(None, None, False)
+            launched = read_events(conn, 1, kinds=[LAUNCH_EVENT], subject=key)
+            launch = launched[0] if launched else None
+            here = launch is not None and launch.detail.get("host") == host
+            if here:
+                self._attach(conn, row, process)
+            return HostStart(self._to_allocation(conn, row), launch, here)
+
+    def _attach(self, conn: sa.Connection, row: Any, process: HolderProcess) -> None:
+        kept = [
+            p.to_dict() for p in processes_from_json(row.processes)
+            if (p.role, p.host, p.pid) != (process.role, process.host, process.pid)
+        ]
+        conn.execute(
+            sa.update(ALLOCATIONS).where(ALLOCATIONS.c.id == row.id)
+            .values(processes=[*kept, process.to_dict()])
+        )
+        stamp_changes(conn, [row.id])
 
     def get(self, key: str) -> Allocation | None:
         """The active allocation of ``key``, else its most recent one (a quarantined one

@@ -19,7 +19,7 @@ from gpusched.ledger.engine import read_tx, write_tx
 from gpusched.ledger.schema import EVENTS
 from gpusched.records import LedgerEvent
 
-__all__ = ["LedgerEvents", "write_event"]
+__all__ = ["LedgerEvents", "read_events", "write_event"]
 
 _INSERT_EVENT = sa.insert(EVENTS)
 _PG_CLAIM_LOCK = 0x67707363616C65  # advisory lock key of claim_event ("gpscale")
@@ -44,16 +44,8 @@ class LedgerEvents:
         subject: str | None = None,
     ) -> list[LedgerEvent]:
         """The most recent events, newest first; optionally of some kinds, one subject, after ``since``."""
-        query = sa.select(EVENTS)
-        if kinds:
-            query = query.where(EVENTS.c.kind.in_(list(kinds)))
-        if subject is not None:
-            query = query.where(EVENTS.c.subject == subject)
-        if since is not None:
-            query = query.where(EVENTS.c.at >= since)
         with read_tx(self.engine) as conn:
-            rows = conn.execute(query.order_by(EVENTS.c.id.desc()).limit(limit)).all()
-        return [LedgerEvent(r.id, r.at, r.kind, r.subject, _as_dict(r.detail)) for r in rows]
+            return read_events(conn, limit, kinds=kinds, since=since, subject=subject)
 
     def record_event(self, kind: str, subject: str, *, now: float | None = None, **detail: Any) -> None:
         """Add an event of another layer (for example a fault classification) to the log."""
@@ -85,6 +77,22 @@ class LedgerEvents:
                 return False
             write_event(conn, at, kind, subject, **detail)
         return True
+
+
+def read_events(
+    conn: sa.Connection, limit: int, *, kinds: Sequence[str] = (), since: float | None = None,
+    subject: str | None = None,
+) -> list[LedgerEvent]:
+    """:meth:`LedgerEvents.events` inside the caller's transaction."""
+    query = sa.select(EVENTS)
+    if kinds:
+        query = query.where(EVENTS.c.kind.in_(list(kinds)))
+    if subject is not None:
+        query = query.where(EVENTS.c.subject == subject)
+    if since is not None:
+        query = query.where(EVENTS.c.at >= since)
+    rows = conn.execute(query.order_by(EVENTS.c.id.desc()).limit(limit)).all()
+    return [LedgerEvent(r.id, r.at, r.kind, r.subject, _as_dict(r.detail)) for r in rows]
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

@@ -4,6 +4,7 @@ no GPU), log, release idempotently."""
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -154,9 +155,19 @@ def test_on_a_gpu_host_the_recorded_launch_is_exported_and_another_host_refuses(
     environ: dict[str, str] = {}
     listener.export_devices(_ti("routed", {"gpus": 1}), environ)
     assert environ["CUDA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] and environ["NODE_RANK"] == "1"
+    assert [(p.role, p.pid) for p in ledger.get(key).processes] == [("task", os.getpid())]  # type: ignore[union-attr]
     monkeypatch.setenv("GPUSCHED_HOST", "host-a")  # a stale queue delivered it to the wrong host
     with pytest.raises(SystemExit, match=r"landed on GPU host host-a.*refusing to run"):
         listener.on_task_instance_running(None, _ti("routed", {"gpus": 1}))
+    monkeypatch.setenv("GPUSCHED_HOST", "host-b")
+    before = dict(os.environ)
+    try:
+        listener.on_task_instance_running(None, _ti("routed", {"gpus": 1}))  # recorded with its read, once
+    finally:  # the hook exports into this process's environment
+        os.environ.clear()
+        os.environ.update(before)
+    held = ledger.get(key).processes  # type: ignore[union-attr]
+    assert [(p.role, p.host, p.pid) for p in held] == [("task", held[0].host, os.getpid())]
     ledger.release(key, reason="host lost")
     with pytest.raises(SystemExit, match="no active GPU allocation"):
         listener.on_task_instance_running(None, _ti("routed", {"gpus": 1}))

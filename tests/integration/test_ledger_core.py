@@ -216,6 +216,29 @@ def test_reconcile_releases_only_dead_tasks_of_this_holder(ledger: Ledger) -> No
     assert [a.key for a in ledger.active(holder="s2")] == ["c"]
 
 
+def test_a_try_starting_on_a_host_is_recorded_only_where_its_launch_sent_it(ledger: Ledger) -> None:
+    from gpusched.records import HolderProcess
+
+    d = _devices(ledger)
+    ledger.allocate("t", GPURequest.build(gpus=1), [share(d[0])], holder="s")
+    here = HolderProcess("task", "host-a", 41, 1.0)
+    early = ledger.start_on_host("t", "host-a", here)  # the executor has not recorded the launch yet
+    assert early.allocation is not None and early.launch is None and not early.recorded
+    ledger.record_event("launch", "t", env={"CUDA_VISIBLE_DEVICES": "0"}, host="host-a")
+    elsewhere = ledger.start_on_host("t", "host-b", HolderProcess("task", "host-b", 42, 1.0))
+    assert elsewhere.launch is not None and not elsewhere.recorded
+    assert ledger.get("t").processes == ()  # type: ignore[union-attr]
+    started = ledger.start_on_host("t", "host-a", here)
+    assert started.recorded and started.launch is not None
+    assert started.launch.detail["env"] == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert started.allocation is not None and started.allocation.shares == (share(d[0]),)
+    assert ledger.start_on_host("t", "host-a", here).recorded  # the same process is not repeated
+    assert ledger.get("t").processes == (here,)  # type: ignore[union-attr]
+    ledger.release("t", reason="done")
+    gone = ledger.start_on_host("t", "host-a", here)
+    assert gone.allocation is None and not gone.recorded
+
+
 def test_allocations_survive_reopening(url: str) -> None:
     with Ledger(url) as first:
         first.migrate()

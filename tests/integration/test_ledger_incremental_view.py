@@ -66,10 +66,10 @@ def _random_step(
     """One random write through ``ledger`` (of the allocations only unless ``inventory``)."""
     active = ledger.active()
     keys = [a.key for a in active if a.status == "active"]
-    kinds = ["allocate"] * 4 + ["release", "release", "renew", "process", "quarantine", "end_quarantine",
-                                "expire", "reconcile"]
+    kinds = ["allocate"] * 4 + ["release", "release", "renew", "process", "start", "quarantine",
+                                "end_quarantine", "expire", "reconcile"]
     kind = rng.choice(kinds + ["inventory"] * inventory)
-    if kind == "allocate" or (not keys and kind in ("release", "renew", "process", "quarantine")):
+    if kind == "allocate" or (not keys and kind in ("release", "renew", "process", "start", "quarantine")):
         _try_allocate(ledger, rng, f"task-{step}", devices, now)
     elif kind == "release":
         ledger.release(rng.choice(keys), reason="done", now=now, succeeded=rng.random() < 0.5)
@@ -77,6 +77,10 @@ def _random_step(
         ledger.renew(rng.choice(keys), lease_s=rng.choice((5, 500)), now=now)
     elif kind == "process":
         ledger.attach_process(rng.choice(keys), HolderProcess("worker", "h", rng.randint(1, 9), now))
+    elif kind == "start":  # a task process on a GPU host: its launch, then its process recorded
+        key = rng.choice(keys)
+        ledger.record_event("launch", key, env={}, host="h")
+        ledger.start_on_host(key, "h", HolderProcess("task", "h", rng.randint(1, 9), now))
     elif kind == "quarantine":
         ledger.quarantine(rng.choice(keys), host="h1", reason="host lost", now=now)
     elif kind == "end_quarantine":

@@ -33,6 +33,9 @@ def test_queue_keeps_first_sighting_and_latest_reason(ledger: Ledger) -> None:
     ledger.clear_queue("big")
     ledger.clear_queue("never-queued")
     assert [e.key for e in ledger.queue()] == ["small"]
+    device = next(iter(ledger.snapshot().devices()))
+    ledger.allocate("small", small, [share(device)], holder="s", now=40.0)  # placed: it waits no more
+    assert ledger.queue() == []
 
 
 def test_samples_round_trip_filter_and_prune(ledger: Ledger) -> None:
