@@ -184,13 +184,14 @@ class _CeleryDispatcher:
         hosts' reported slots and the cycle's ``active`` allocations; :meth:`refuse` then counts
         this cycle's launches on top."""
         hosts = self.executor.ledger.hosts()
+        self._hosts = self.executor.ledger.node_hosts()  # the cycle's host states (see refuse)
         self._room = {}
         if self.prefetch > 0:  # a try sent and still waiting in its queue frees no slot
             self._started = frozenset(a.key for a in active if any(p.role == "task" for p in a.processes))
         if not any(h.worker_slots for h in hosts):
             self._slot_use = {}
             return {}
-        node_host = {node: host for node, (host, _) in self.executor.ledger.node_hosts().items()}
+        node_host = {node: host for node, (host, _) in self._hosts.items()}
         self._node_host = node_host
         use = self._slot_use = worker_slot_use(hosts, node_host, active)
         return {node: slot_full_reason(host, *use[host]) for node, host in node_host.items()
@@ -214,7 +215,8 @@ class _CeleryDispatcher:
         if len(nodes) > 1:
             return (f"placed across {len(nodes)} nodes ({', '.join(nodes)}); a task runs on one host: "
                     "write a request bigger than one node as a multi-node gang (gpusched.airflow.gang)")
-        self._hosts = {}  # fresh host states for every launch
+        # Host states as the cycle read them with its snapshot: a host lost since then is caught
+        # by the dispatch watch (its queue's tries are placed again), so one read serves every launch.
         found = self._host_of(nodes[0])
         if found is None:
             return (f"node {nodes[0]} has no GPU host agent; run `gpusched agent --host-name {nodes[0]}` "
