@@ -41,6 +41,7 @@ from gpusched.request import GPURequest
 __all__ = ["FENCE_HOLDER_PREFIX", "QUARANTINE_EVENT", "UNQUARANTINE_EVENT", "HostStart", "LedgerAllocations",
            "active_allocations", "fence_holder", "last_change", "stamp_changes", "to_allocations"]
 
+
 @dataclass(frozen=True)
 class HostStart:
     """What :meth:`LedgerAllocations.start_on_host` found for a starting try."""
