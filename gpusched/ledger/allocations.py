@@ -26,7 +26,8 @@ from gpusched.ledger.capacity import demand_series
 from gpusched.ledger.engine import read_tx, write_tx
 from gpusched.ledger.events import read_events, write_event
 from gpusched.ledger.hosts import LAUNCH_EVENT
-from gpusched.ledger.schema import ALLOCATION_CHANGE, ALLOCATIONS, QUEUE, SHARES
+from gpusched.ledger.queue import dequeue
+from gpusched.ledger.schema import ALLOCATION_CHANGE, ALLOCATIONS, SHARES
 from gpusched.model import DeviceShare
 from gpusched.records import (
     Allocation,
@@ -81,7 +82,6 @@ _ACTIVE_BY_KEY = sa.select(ALLOCATIONS).where(
     ALLOCATIONS.c.status == AllocationStatus.ACTIVE,
 )
 _ACTIVE_BY_KEY_LOCKED = _ACTIVE_BY_KEY.with_for_update(of=ALLOCATIONS)
-_DEQUEUE = sa.delete(QUEUE).where(QUEUE.c.key == sa.bindparam("key"))
 _END_ALLOCATION = (
     sa.update(ALLOCATIONS)
     .where(ALLOCATIONS.c.id == sa.bindparam("row_id"))
@@ -219,7 +219,7 @@ class LedgerAllocations:
         processes = [process.to_dict()] if process is not None else None
         try:
             with write_tx(self.engine) as conn:
-                conn.execute(_DEQUEUE, {"key": key})
+                dequeue(conn, key)
                 existing = self._active_row(conn, key)
                 if existing is not None:
                     return self._same_or_conflict(conn, existing, key, ordered)

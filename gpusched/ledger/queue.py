@@ -20,7 +20,7 @@ from gpusched.ledger.schema import QUEUE
 from gpusched.records import QueueEntry, request_from_json
 from gpusched.request import GPURequest
 
-__all__ = ["GANG_FIELD", "GangQueueEntry", "LedgerQueue"]
+__all__ = ["GANG_FIELD", "GangQueueEntry", "LedgerQueue", "dequeue"]
 
 GANG_FIELD = "gpusched_gang"
 """Key of a gang member's membership (gang, size, rank, scope) in the queue's request JSON."""
@@ -59,7 +59,7 @@ class LedgerQueue:
     def clear_queue(self, key: str) -> None:
         """Forget ``key`` in the queue (it was placed or it went away); no error if absent."""
         with write_tx(self.engine) as conn:
-            conn.execute(sa.delete(QUEUE).where(QUEUE.c.key == key))
+            dequeue(conn, key)
 
     def queue(self) -> list[QueueEntry]:
         """Waiting tasks, longest waiting first (members of multi-node gangs as :class:`GangQueueEntry`)."""
@@ -76,3 +76,8 @@ class LedgerQueue:
             else:
                 entries.append(QueueEntry(r.key, request, r.reason, r.since, r.updated_at))
         return entries
+
+
+def dequeue(conn: sa.Connection, key: str) -> None:
+    """:meth:`LedgerQueue.clear_queue` inside the caller's transaction (an allocation's, for one)."""
+    conn.execute(sa.delete(QUEUE).where(QUEUE.c.key == key))
